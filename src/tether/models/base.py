@@ -1,0 +1,35 @@
+"""The one protocol every model adapter implements."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from tether.types import ModelReply, ModelRequest, TextDelta
+
+
+class ModelError(RuntimeError):
+    """A model call failed for good (after the adapter's own retries)."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """An LLM behind one async interface.
+
+    `complete` returns the whole reply. `stream` yields `TextDelta`s as text arrives and then
+    exactly one final `ModelReply` (with tool calls and usage).
+    """
+
+    name: str
+
+    async def complete(self, request: ModelRequest) -> ModelReply: ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]: ...
+
+
+async def stream_by_completing(model: Model, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
+    """A `stream` for adapters that cannot stream: one delta with the whole text, then the reply."""
+    reply = await model.complete(request)
+    if reply.text:
+        yield TextDelta(reply.text)
+    yield reply

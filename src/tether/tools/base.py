@@ -1,0 +1,134 @@
+"""`Tool` and the `@tool` decorator.
+
+A tool is a Python callable plus what the model and the executor need to know about it: a name,
+a description, a JSON Schema for its arguments, its effect class, whether its output is
+untrusted, and a timeout. Functions may be sync or async. A parameter annotated `ToolContext`
+is filled in by the executor (run id, call id, idempotency key, acting user) and is hidden from
+the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, overload
+
+from tether.tools.schema import JsonSchemaValidator, SignatureValidator, parse_docstring, schema_of, signature_model
+from tether.types import Effect, ToolSpec
+
+
+class ArgsValidator(Protocol):
+    def validate(self, args: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Per-call facts a tool may ask for by annotating a parameter with this type."""
+
+    run_id: str
+    call_id: str
+    user: str | None = None
+    idempotency_key: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class Tool:
+    """A callable the model may invoke through the executor."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    validator: ArgsValidator
+    effect: Effect = Effect.READ_ONLY
+    untrusted_output: bool = False
+    timeout: float | None = None
+    max_result_chars: int | None = None
+    context_param: str | None = None
+    is_async: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    spec: ToolSpec = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spec = ToolSpec(self.name, self.description, self.parameters)
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        fn: Callable[..., Any],
+        **options: Any,
+    ) -> Tool:
+        """A tool whose arguments are described by an explicit JSON Schema.
+
+        `fn` is called with the validated arguments as keyword arguments (and `context=` when
+        `context_param="context"` is passed in options).
+        """
+        params = dict(parameters)
+        params.setdefault("type", "object")
+        params.setdefault("properties", {})
+        return cls(name, description, params, fn, JsonSchemaValidator(params), **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (bypasses the executor; for tests and reuse)."""
+        return self.fn(*args, **kwargs)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Effect | str = Effect.READ_ONLY,
+    untrusted_output: bool = False,
+    timeout: float | None = None,
+    max_result_chars: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Effect | str = Effect.READ_ONLY,
+    untrusted_output: bool = False,
+    timeout: float | None = None,
+    max_result_chars: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a `Tool` from a typed function; the schema comes from its hints and docstring.
+
+    `Literal[...]` becomes an enum, `Annotated[int, Field(ge=1)]` becomes minimum, defaults and
+    `X | None` are kept. Use as `@tool` or `@tool(effect="irreversible", timeout=5)`.
+    """
+
+    def build(f: Callable[..., Any]) -> Tool:
+        doc_desc, param_docs = parse_docstring(f.__doc__)
+        model, context_param = signature_model(f, param_docs)
+        return Tool(
+            name=name or f.__name__,
+            description=description if description is not None else doc_desc,
+            parameters=schema_of(model),
+            fn=f,
+            validator=SignatureValidator(model),
+            effect=Effect(effect),
+            untrusted_output=untrusted_output,
+            timeout=timeout,
+            max_result_chars=max_result_chars,
+            context_param=context_param,
+            metadata=dict(metadata or {}),
+        )
+
+    if fn is not None:
+        return build(fn)
+    return build

@@ -1,0 +1,214 @@
+"""Provider-neutral, serialisable types shared by the loop, models, tools, store and evals.
+
+Plain dataclasses keep construction cheap on the hot path; `to_json` / `from_json` go through
+pydantic's TypeAdapter so every type round-trips through JSON without hand-written codecs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal, TypeVar
+
+from pydantic import TypeAdapter
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+T = TypeVar("T")
+
+
+class StopReason(str, enum.Enum):
+    """Why a run ended. Every run ends with exactly one."""
+
+    COMPLETED = "completed"
+    MAX_STEPS = "max_steps"
+    TOKEN_BUDGET = "token_budget"
+    TIME_BUDGET = "time_budget"
+    COST_BUDGET = "cost_budget"
+    TOOL_CALL_BUDGET = "tool_call_budget"
+    LOOP_DETECTED = "loop_detected"
+    CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "awaiting_approval"
+    ERROR = "error"
+
+
+class Effect(str, enum.Enum):
+    """What a tool call does to the world; the safety policy keys on it."""
+
+    READ_ONLY = "read_only"
+    REVERSIBLE = "reversible"
+    IRREVERSIBLE = "irreversible"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call requested by the model.
+
+    `parse_error` is set when the model sent arguments that are not a JSON object; the executor
+    turns it into an error result the model can correct instead of raising.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    parse_error: str | None = None
+    raw_arguments: str | None = None
+
+
+@dataclass(slots=True)
+class Message:
+    """One chat message. `tool_calls` only on assistant messages, `tool_call_id` only on tool."""
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls("system", content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls("user", content)
+
+    @classmethod
+    def assistant(cls, content: str = "", tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls("assistant", content, tool_calls or [])
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """What the model is told about a tool: name, description and JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The outcome of one call as the model will see it (`content` is already capped)."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    handle: str | None = None  # key of the full result when `content` was capped
+    full_chars: int = 0
+    decision: str = "allowed"  # executor decision: allowed, refused, invalid, unknown, ...
+
+    def to_message(self) -> Message:
+        return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Accounting for one model call or a whole run."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    model_calls: int = 0
+    tool_calls: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+        self.model_calls += other.model_calls
+        self.tool_calls += other.tool_calls
+        self.seconds += other.seconds
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """Everything a model needs for one completion. `tools` empty means a tool-free call."""
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ModelReply:
+    """A model's answer: text, tool calls, or both, with the tokens it used."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    finish_reason: str = ""
+
+    def to_message(self) -> Message:
+        return Message("assistant", self.text, list(self.tool_calls))
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """A piece of streamed text. `Model.stream` yields these, then exactly one ModelReply."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """One thing that happened in a run: a model call, a tool call, a guard firing, the stop."""
+
+    kind: str  # model_call | tool_call | notice | stop
+    step: int
+    t: float  # seconds since the run started (run clock)
+    duration: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What every run returns, however it ended."""
+
+    run_id: str
+    stop_reason: StopReason
+    answer: str
+    findings: list[str] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    messages: list[Message] = field(default_factory=list)
+    trace: list[TraceEvent] = field(default_factory=list)
+    error: str | None = None
+    steps: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return self.stop_reason is StopReason.COMPLETED
+
+
+@cache
+def _adapter(tp: type) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+def to_json(obj: Any) -> str:
+    """Serialise any tether type (or list of them) to a JSON string."""
+    return _adapter(type(obj)).dump_json(obj).decode()
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Serialise to plain Python (dicts, lists, str, numbers)."""
+    return _adapter(type(obj)).dump_python(obj, mode="json")
+
+
+def from_json(tp: type[T], data: str | bytes) -> T:
+    """Parse JSON produced by `to_json` back into `tp` (e.g. `from_json(RunResult, s)`)."""
+    return _adapter(tp).validate_json(data)
+
+
+def from_jsonable(tp: type[T], data: Any) -> T:
+    return _adapter(tp).validate_python(data)
