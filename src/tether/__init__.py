@@ -1,1 +1,24 @@
 """tether: a bounded, safe, durable and testable runtime for tool-using LLM agents."""
+
+from tether.agent import Agent
+from tether.limits import Limits
+from tether.loop import CancelToken
+from tether.tools.base import Tool, ToolContext, tool
+from tether.types import Effect, Message, ModelReply, RunResult, StopReason, ToolCall, Usage
+
+__all__ = [
+    "Agent",
+    "CancelToken",
+    "Effect",
+    "Limits",
+    "Message",
+    "ModelReply",
+    "RunResult",
+    "StopReason",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "Usage",
+    "tool",
+]
+__version__ = "0.1.0"

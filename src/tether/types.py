@@ -18,7 +18,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 T = TypeVar("T")
 
 
-class StopReason(str, enum.Enum):
+class StopReason(enum.StrEnum):
     """Why a run ended. Every run ends with exactly one."""
 
     COMPLETED = "completed"
@@ -33,7 +33,7 @@ class StopReason(str, enum.Enum):
     ERROR = "error"
 
 
-class Effect(str, enum.Enum):
+class Effect(enum.StrEnum):
     """What a tool call does to the world; the safety policy keys on it."""
 
     READ_ONLY = "read_only"

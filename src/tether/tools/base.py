@@ -14,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
-from tether.tools.schema import JsonSchemaValidator, SignatureValidator, parse_docstring, schema_of, signature_model
+from tether.tools.schema import (
+    JsonSchemaValidator,
+    SignatureValidator,
+    parse_docstring,
+    schema_of,
+    signature_model,
+)
 from tether.types import Effect, ToolSpec
 
 

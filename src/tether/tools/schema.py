@@ -194,7 +194,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 class JsonSchemaValidator:
     """Validates arguments against an explicit JSON Schema (the subset tools use)."""
 
-    __slots__ = ("schema", "_defs")
+    __slots__ = ("_defs", "schema")
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = schema

@@ -1,0 +1,155 @@
+"""Run limits, budget accounting and loop detection: the guards checked before every model call."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tether.types import StopReason, Usage
+
+
+class Clock(Protocol):
+    """Seconds from an arbitrary origin; swap it in tests to drive the time budget."""
+
+    def now(self) -> float: ...
+
+
+class MonotonicClock:
+    """The real clock."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(slots=True)
+class Limits:
+    """Bounds on one run. `None` switches a bound off.
+
+    `max_steps` counts model calls. A slice of the token, time and cost budgets
+    (`final_reserve`, a fraction) is kept for the one tool-free call that writes the partial
+    answer when a budget is hit. `max_repeats` identical calls (same tool, same canonical
+    arguments) are allowed; the next one is answered with an observation instead of being run,
+    and one more after that stops the run with `loop_detected`.
+    """
+
+    max_steps: int | None = 20
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+    max_cost_usd: float | None = None
+    max_tool_calls: int | None = None
+    max_repeats: int | None = 3
+    final_answer: bool = True
+    final_reserve: float = 0.1
+    max_parallel_tools: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "max_tokens", "max_seconds", "max_cost_usd", "max_tool_calls", "max_repeats"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"Limits.{name} must be >= 0 or None, got {value}")
+        if not 0 <= self.final_reserve < 1:
+            raise ValueError(f"Limits.final_reserve must be in [0, 1), got {self.final_reserve}")
+        if self.max_parallel_tools < 1:
+            raise ValueError("Limits.max_parallel_tools must be >= 1")
+
+
+class Budget:
+    """Accounts a run's usage against its Limits; `exceeded()` is O(1)."""
+
+    __slots__ = ("_cost_cap", "_time_cap", "_token_cap", "clock", "limits", "started", "steps", "usage")
+
+    def __init__(self, limits: Limits, clock: Clock, usage: Usage | None = None, steps: int = 0) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.started = clock.now() - (usage.seconds if usage else 0.0)
+        self.usage = usage or Usage()
+        self.steps = steps
+        keep = 1.0 - limits.final_reserve if limits.final_answer else 1.0
+        self._token_cap = None if limits.max_tokens is None else limits.max_tokens * keep
+        self._cost_cap = None if limits.max_cost_usd is None else limits.max_cost_usd * keep
+        self._time_cap = None if limits.max_seconds is None else limits.max_seconds * keep
+
+    def elapsed(self) -> float:
+        return self.clock.now() - self.started
+
+    def remaining_seconds(self) -> float | None:
+        """Seconds left before the time budget (reserve excluded); None when unbounded."""
+        if self._time_cap is None:
+            return None
+        return max(0.0, self._time_cap - self.elapsed())
+
+    def exceeded(self) -> StopReason | None:
+        """The budget that forbids another model call, or None."""
+        lim = self.limits
+        if lim.max_steps is not None and self.steps >= lim.max_steps:
+            return StopReason.MAX_STEPS
+        if self._token_cap is not None and self.usage.total_tokens >= self._token_cap:
+            return StopReason.TOKEN_BUDGET
+        if self._cost_cap is not None and self.usage.cost_usd >= self._cost_cap:
+            return StopReason.COST_BUDGET
+        if lim.max_tool_calls is not None and self.usage.tool_calls >= lim.max_tool_calls:
+            return StopReason.TOOL_CALL_BUDGET
+        if self._time_cap is not None and self.elapsed() >= self._time_cap:
+            return StopReason.TIME_BUDGET
+        return None
+
+    def tool_calls_left(self) -> int | None:
+        if self.limits.max_tool_calls is None:
+            return None
+        return max(0, self.limits.max_tool_calls - self.usage.tool_calls)
+
+    def record_model_call(self, usage: Usage) -> None:
+        self.steps += 1
+        self.usage.input_tokens += usage.input_tokens
+        self.usage.output_tokens += usage.output_tokens
+        self.usage.cost_usd += usage.cost_usd
+        self.usage.model_calls += 1
+
+    def finish(self) -> Usage:
+        self.usage.seconds = self.elapsed()
+        return self.usage
+
+
+def canonical_call_key(name: str, arguments: dict[str, Any]) -> str:
+    """Same tool + same arguments (key order, whitespace ignored) -> same key."""
+    try:
+        args = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        args = repr(sorted(arguments.items(), key=lambda kv: kv[0]))
+    return f"{name}\x00{args}"
+
+
+class LoopDetector:
+    """Counts identical calls. Per call: 'run', 'warn' (observation instead of running) or 'stop'."""
+
+    __slots__ = ("counts", "max_repeats", "warned")
+
+    def __init__(self, max_repeats: int | None) -> None:
+        self.max_repeats = max_repeats
+        self.counts: dict[str, int] = {}
+        self.warned: set[str] = set()
+
+    def check(self, name: str, arguments: dict[str, Any]) -> str:
+        if self.max_repeats is None:
+            return "run"
+        key = canonical_call_key(name, arguments)
+        if key in self.warned:
+            return "stop"
+        count = self.counts.get(key, 0) + 1
+        self.counts[key] = count
+        if count > self.max_repeats:
+            self.warned.add(key)
+            return "warn"
+        return "run"
+
+    def observation(self, name: str) -> str:
+        return (
+            f"NOTICE: you already called {name} with exactly these arguments {self.max_repeats} times; "
+            "it was not run again because the result would not change. Use the earlier results, try "
+            "different arguments or another tool, or give your final answer. Repeating this exact call "
+            "again ends the run."
+        )

@@ -1,0 +1,342 @@
+"""The loop: model, tool calls, executor, results, repeat, until an explicit stop reason.
+
+Read `run_loop` top to bottom; everything else here is a small helper or a seam:
+- `StepRunner` runs each model call and each tool call (durable mode swaps it for checkpointed steps);
+- `ContextBuilder` decides what the model sees each turn (compaction slots in there).
+Per-turn work is O(1) in the length of the history: the transcript is appended to, never re-walked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
+from tether.models.base import Model
+from tether.models.pricing import Pricing
+from tether.tools.executor import CallContext, Executor
+from tether.types import (
+    Message,
+    ModelReply,
+    ModelRequest,
+    RunResult,
+    StopReason,
+    TextDelta,
+    ToolCall,
+    ToolResult,
+    TraceEvent,
+    Usage,
+)
+
+EventSink = Callable[[TraceEvent], None]
+
+
+class StepRunner(Protocol):
+    """Runs the side-effecting steps of a run; the durable runner checkpoints each one."""
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply: ...
+
+    async def tool_step(self, step: int, call: ToolCall, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
+
+
+class DirectStepRunner:
+    """Runs steps in memory, as they come."""
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
+        return await run()
+
+    async def tool_step(self, step: int, call: ToolCall, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+        return await run()
+
+
+class ContextBuilder(Protocol):
+    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn."""
+
+    def build(self, messages: list[Message]) -> list[Message]: ...
+
+
+class FullHistory:
+    """The whole transcript, as is (no copy)."""
+
+    def build(self, messages: list[Message]) -> list[Message]:
+        return messages
+
+
+class CancelToken:
+    """Cancels a run from outside (another task, a signal handler, the server)."""
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class RunSpec:
+    """Everything one run needs besides its transcript."""
+
+    model: Model
+    executor: Executor
+    limits: Limits = field(default_factory=Limits)
+    run_id: str = "run"
+    user: str | None = None
+    clock: Clock = field(default_factory=MonotonicClock)
+    pricing: Pricing = field(default_factory=Pricing)
+    step_runner: StepRunner = field(default_factory=DirectStepRunner)
+    context: ContextBuilder = field(default_factory=FullHistory)
+    cancel: CancelToken | None = None
+    on_event: EventSink | None = None
+    stream_text: bool = False
+
+
+FINAL_PROMPT = (
+    "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
+    "found so far, write your best answer now. Say plainly what is unfinished or missing."
+)
+
+
+async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | None = None, steps: int = 0) -> RunResult:
+    """Run the agent loop over `messages` (appended to in place) and return how it ended."""
+    budget = Budget(spec.limits, spec.clock, usage, steps)
+    loops = LoopDetector(spec.limits.max_repeats)
+    trace: list[TraceEvent] = []
+    findings: list[str] = []
+    ctx = CallContext(run_id=spec.run_id, user=spec.user)
+    tools = spec.executor.specs
+    stop: StopReason | None = None
+    error: str | None = None
+    answer = ""
+
+    def emit(kind: str, data: dict, duration: float = 0.0) -> None:
+        event = TraceEvent(kind, budget.steps, budget.elapsed(), duration, data)
+        trace.append(event)
+        if spec.on_event is not None:
+            spec.on_event(event)
+
+    try:
+        while True:
+            # 1. Guards, before every model call.
+            if spec.cancel is not None and spec.cancel.cancelled:
+                raise _Cancelled
+            stop = budget.exceeded()
+            if stop is not None:
+                break
+
+            # 2. The model.
+            request = ModelRequest(spec.context.build(messages), tools)
+            started = budget.elapsed()
+            try:
+                reply = await _with_cancel(spec, spec.step_runner.model_step(
+                    budget.steps, lambda r=request: _call_model(spec, r, emit)))
+            except _Cancelled:
+                raise
+            except Exception as exc:
+                stop, error = StopReason.ERROR, f"model call failed: {type(exc).__name__}: {exc}"
+                emit("error", {"error": error})
+                break
+            reply.usage.cost_usd = spec.pricing.cost(reply.model or spec.model.name, reply.usage.input_tokens,
+                                                     reply.usage.output_tokens)
+            budget.record_model_call(reply.usage)
+            messages.append(reply.to_message())
+            if reply.text:
+                answer = reply.text
+            emit("model_call", {
+                "model": reply.model or spec.model.name, "input_tokens": reply.usage.input_tokens,
+                "output_tokens": reply.usage.output_tokens, "cost_usd": reply.usage.cost_usd,
+                "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
+            }, budget.elapsed() - started)
+
+            # 3. No tool calls: the model has answered.
+            if not reply.tool_calls:
+                stop = StopReason.COMPLETED
+                break
+
+            # 4. Never run a tool whose result no model call would read.
+            stop = budget.exceeded()
+            if stop is not None:
+                _skip_calls(messages, reply.tool_calls, f"not run: the run reached its limit ({stop.value})")
+                emit("notice", {"skipped_calls": len(reply.tool_calls), "reason": stop.value})
+                break
+
+            # 5. The tools, concurrently, through the executor.
+            ctx.step = budget.steps
+            ctx.seconds_left = budget.remaining_seconds()
+            results, stop = await _run_tools(spec, reply.tool_calls, ctx, budget, loops, emit)
+            for call, result in zip(reply.tool_calls, results, strict=True):
+                messages.append(result.to_message())
+                if not result.is_error:
+                    findings.append(_finding(call, result))
+            if stop is not None:
+                break
+    except (_Cancelled, asyncio.CancelledError):
+        stop = StopReason.CANCELLED
+        error = spec.cancel.reason if spec.cancel is not None and spec.cancel.reason else "cancelled"
+        emit("notice", {"cancelled": error})
+        _close_dangling_calls(messages)
+
+    # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
+    if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
+                    StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
+        answer = await _final_answer(spec, messages, stop, budget, emit) or answer
+
+    result = RunResult(
+        run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=findings,
+        usage=budget.finish(), messages=messages, trace=trace, error=error, steps=budget.steps,
+    )
+    emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
+    return result
+
+
+async def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> ModelReply:
+    if not spec.stream_text:
+        return await spec.model.complete(request)
+    final: ModelReply | None = None
+    async for item in spec.model.stream(request):
+        if isinstance(item, TextDelta):
+            emit("text_delta", {"text": item.text})
+        else:
+            final = item
+    if final is None:
+        raise RuntimeError(f"model {spec.model.name} ended its stream without a reply")
+    return final
+
+
+async def _with_cancel(spec: RunSpec, work: Awaitable[ModelReply]) -> ModelReply:
+    """Await `work`, abandoning it if the run is cancelled meanwhile."""
+    if spec.cancel is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(spec.cancel.wait())
+    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        waiter.cancel()
+        return task.result()
+    task.cancel()
+    raise _Cancelled
+
+
+async def _run_tools(
+    spec: RunSpec,
+    calls: list[ToolCall],
+    ctx: CallContext,
+    budget: Budget,
+    loops: LoopDetector,
+    emit: Callable[..., None],
+) -> tuple[list[ToolResult], StopReason | None]:
+    """Apply the per-call guards, run what may run (concurrently, bounded), in call order."""
+    stop: StopReason | None = None
+    results: list[ToolResult | None] = [None] * len(calls)
+    to_run: list[int] = []
+    left = budget.tool_calls_left()
+    for i, call in enumerate(calls):
+        verdict = loops.check(call.name, call.arguments)
+        if verdict == "stop":
+            stop = StopReason.LOOP_DETECTED
+            results[i] = ToolResult(call.id, call.name, "ERROR: repeated identical call; the run is stopping.",
+                                    is_error=True, decision="loop_detected")
+        elif verdict == "warn":
+            results[i] = ToolResult(call.id, call.name, loops.observation(call.name), is_error=True,
+                                    decision="repeat_suppressed")
+        elif left is not None and len(to_run) >= left:
+            results[i] = ToolResult(call.id, call.name, "ERROR: not run: the run's tool-call budget is used up.",
+                                    is_error=True, decision="tool_call_budget")
+        else:
+            to_run.append(i)
+
+    async def one(i: int) -> None:
+        call = calls[i]
+        started = budget.elapsed()
+        result = await spec.step_runner.tool_step(ctx.step, call, lambda: spec.executor.execute(call, ctx))
+        results[i] = result
+        emit("tool_call", {
+            "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
+            "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
+            "truncated": result.handle is not None,
+        }, budget.elapsed() - started)
+
+    if len(to_run) == 1:
+        await one(to_run[0])
+    elif to_run:
+        limit = asyncio.Semaphore(spec.limits.max_parallel_tools)
+
+        async def bounded(i: int) -> None:
+            async with limit:
+                await one(i)
+
+        await asyncio.gather(*(bounded(i) for i in to_run))
+    budget.usage.tool_calls += len(to_run)
+
+    for i in range(len(calls)):
+        r = results[i]
+        if r is not None and r.decision == "awaiting_approval" and stop is None:
+            stop = StopReason.AWAITING_APPROVAL
+    return [r for r in results if r is not None], stop
+
+
+async def _final_answer(
+    spec: RunSpec, messages: list[Message], reason: StopReason, budget: Budget, emit: Callable[..., None]
+) -> str:
+    """The one reserved, tool-free call that turns what was found into a partial answer."""
+    messages.append(Message.user(FINAL_PROMPT.format(reason=reason.value.replace("_", " "))))
+    started = budget.elapsed()
+    try:
+        reply = await spec.step_runner.model_step(
+            budget.steps, lambda: spec.model.complete(ModelRequest(spec.context.build(messages), []))
+        )
+    except Exception as exc:
+        emit("error", {"error": f"final answer call failed: {type(exc).__name__}: {exc}"})
+        return ""
+    reply.usage.cost_usd = spec.pricing.cost(reply.model or spec.model.name, reply.usage.input_tokens,
+                                             reply.usage.output_tokens)
+    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1))
+    messages.append(Message.assistant(reply.text))
+    emit("model_call", {"model": reply.model or spec.model.name, "final": True,
+                        "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
+                        "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
+         budget.elapsed() - started)
+    return reply.text
+
+
+def _skip_calls(messages: list[Message], calls: list[ToolCall], why: str) -> None:
+    """Answer calls that will not run, so the transcript stays valid for every provider."""
+    for call in calls:
+        messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
+
+
+def _close_dangling_calls(messages: list[Message]) -> None:
+    """After a cancellation mid-turn, answer the last assistant message's unanswered calls."""
+    for back in range(len(messages) - 1, -1, -1):
+        m = messages[back]
+        if m.role == "assistant":
+            answered = {x.tool_call_id for x in messages[back + 1:]}
+            _skip_calls(messages, [c for c in m.tool_calls if c.id not in answered], "not run: the run was cancelled")
+            return
+        if m.role != "tool":
+            return
+
+
+def _finding(call: ToolCall, result: ToolResult) -> str:
+    args = json.dumps(call.arguments, ensure_ascii=False, default=str)
+    if len(args) > 120:
+        args = args[:117] + "..."
+    text = result.content if len(result.content) <= 300 else result.content[:297] + "..."
+    return f"{call.name}({args}) -> {text}"

@@ -1,0 +1,56 @@
+"""Prices per million tokens, turning usage into USD. Overridable per agent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# (input USD per 1M tokens, output USD per 1M tokens). Public list prices; override for your contract.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-5": (1.25, 10.00),
+    "gpt-5-mini": (0.25, 2.00),
+    "o4-mini": (1.10, 4.40),
+    "claude-haiku-4.5": (1.00, 5.00),
+    "claude-haiku-4-5": (1.00, 5.00),
+    "claude-sonnet-4.5": (3.00, 15.00),
+    "claude-sonnet-4-5": (3.00, 15.00),
+    "claude-opus-4.1": (15.00, 75.00),
+    "claude-3-5-haiku": (0.80, 4.00),
+}
+
+
+@dataclass(slots=True)
+class Pricing:
+    """Looks a model up by exact name, then without a provider prefix (`anthropic/x` -> `x`),
+    then by the longest known name it starts with (dated snapshots like `gpt-4o-2024-08-06`).
+    Unknown models cost 0; `known()` tells whether a price exists."""
+
+    prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+    def with_prices(self, extra: Mapping[str, tuple[float, float]]) -> Pricing:
+        merged = dict(self.prices)
+        merged.update(extra)
+        return Pricing(merged)
+
+    def lookup(self, model: str) -> tuple[float, float] | None:
+        if model in self.prices:
+            return self.prices[model]
+        bare = model.rsplit("/", 1)[-1]
+        if bare in self.prices:
+            return self.prices[bare]
+        best = max((name for name in self.prices if bare.startswith(name)), key=len, default=None)
+        return self.prices[best] if best else None
+
+    def known(self, model: str) -> bool:
+        return self.lookup(model) is not None
+
+    def cost(self, model: str, input_tokens: int, output_tokens: int) -> float:
+        price = self.lookup(model)
+        if price is None:
+            return 0.0
+        return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000

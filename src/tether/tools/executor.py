@@ -1,0 +1,168 @@
+"""The executor: the one path by which any tool runs (loop, MCP, server and evals all call it).
+
+Order for each call: find the tool -> reject malformed arguments -> validate -> policy (authorize,
+effect, taint, approvals; see tether.policy) -> idempotency key -> run with a timeout -> shape and
+cap the result (full result kept under a handle) -> policy after-hook (taint, labelling) -> trace.
+Every failure becomes a `ToolResult` with `is_error=True` and text the model can act on; nothing
+a tool or a model does here raises into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from tether.tools.base import Tool, ToolContext
+from tether.tools.results import DEFAULT_MAX_RESULT_CHARS, ResultStore, cap, read_result_tool, shape
+from tether.tools.schema import ArgumentError
+from tether.types import ToolCall, ToolResult
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Facts about the run a call belongs to."""
+
+    run_id: str
+    user: str | None = None
+    step: int = 0
+    seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """A policy's answer before a call runs."""
+
+    action: Literal["allow", "refuse", "await_approval"] = "allow"
+    reason: str = ""
+    decision: str = "allowed"  # label for trace and audit: allowed, approved:alice, refused:taint, ...
+    arguments: dict[str, Any] | None = None  # replaced arguments (e.g. redacted); None keeps them
+
+
+ALLOW = Verdict()
+
+
+class Policy(Protocol):
+    """Hooks the safety layer plugs into the executor."""
+
+    async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict: ...
+
+    def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
+
+
+class AllowAll:
+    """No policy: every valid call runs. The default only where no safety policy is configured."""
+
+    async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
+        return ALLOW
+
+    def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
+        return result
+
+
+class Executor:
+    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop."""
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        policy: Policy | None = None,
+        results: ResultStore | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        default_timeout: float | None = 120.0,
+        max_workers: int = 8,
+        read_result: bool = True,
+    ) -> None:
+        self.results = results or ResultStore()
+        self.max_result_chars = max_result_chars
+        self.default_timeout = default_timeout
+        self.policy: Policy = policy or AllowAll()
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in self.tools:
+                raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
+            self.tools[t.name] = t
+        if read_result and "read_result" not in self.tools:
+            self.tools["read_result"] = read_result_tool(self.results, max_result_chars)
+        self.specs = [t.spec for t in self.tools.values()]
+        self._max_workers = max_workers
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
+        return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
+                          decision=decision)
+
+    async def execute(self, call: ToolCall, ctx: CallContext) -> ToolResult:
+        """Run one call through every check; never raises (except cancellation)."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools) or "none"
+            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", "unknown_tool")
+        if call.parse_error is not None:
+            return self._error(
+                call,
+                f"invalid arguments for '{call.name}': {call.parse_error}. Call it again with a JSON object "
+                "that matches its parameters.",
+                "invalid_arguments",
+            )
+        try:
+            args = tool.validator.validate(call.arguments)
+        except ArgumentError as exc:
+            return self._error(
+                call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
+                "invalid_arguments",
+            )
+        verdict = await self.policy.before_call(tool, args, call, ctx)
+        if verdict.action == "refuse":
+            return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
+        if verdict.action == "await_approval":
+            return ToolResult(call.id, call.name, f"PENDING: '{call.name}' awaits approval: {verdict.reason}",
+                              is_error=True, decision="awaiting_approval")
+        if verdict.arguments is not None:
+            args = verdict.arguments
+        result = await self._run(tool, args, call, ctx)
+        if not result.is_error:
+            result.decision = verdict.decision
+        return self.policy.after_call(tool, result, ctx)
+
+    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> ToolResult:
+        if tool.context_param is not None:
+            args = dict(args)
+            args[tool.context_param] = ToolContext(
+                run_id=ctx.run_id, call_id=call.id, user=ctx.user,
+                idempotency_key=f"{ctx.run_id}:{call.id}", extra=ctx.extra,
+            )
+        timeout = tool.timeout if tool.timeout is not None else self.default_timeout
+        if ctx.seconds_left is not None:
+            timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
+        try:
+            if tool.is_async:
+                value = await asyncio.wait_for(tool.fn(**args), timeout)
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
+                fut = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(tool.fn, **args))
+                value = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return self._error(
+                call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "
+                "request or another approach.", "timeout",
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
+        text = shape(value)
+        limit = tool.max_result_chars or self.max_result_chars
+        content, handle = cap(text, limit, self.results)
+        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text))

@@ -1,0 +1,103 @@
+"""Shaping and capping tool results; the full text stays behind a handle `read_result` pages through."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import OrderedDict
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from tether.tools.base import Tool, tool
+
+DEFAULT_MAX_RESULT_CHARS = 4_000
+
+
+def shape(value: Any) -> str:
+    """Turn whatever a tool returned into the text the model reads."""
+    if value is None:
+        return "(no output)"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return f"(binary output, {len(value)} bytes, not shown)"
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json")
+    elif is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class ResultStore:
+    """Keeps full results of capped calls, bounded in total size (oldest dropped first).
+
+    The bound keeps memory flat however many large results a run produces; a handle whose
+    result was dropped gets a clear error from `read_result`.
+    """
+
+    def __init__(self, max_total_chars: int = 8_000_000) -> None:
+        self.max_total_chars = max_total_chars
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._total = 0
+        self._ids = itertools.count(1)
+
+    def put(self, text: str) -> str:
+        handle = f"r{next(self._ids)}"
+        self._items[handle] = text
+        self._total += len(text)
+        while self._total > self.max_total_chars and len(self._items) > 1:
+            _, dropped = self._items.popitem(last=False)
+            self._total -= len(dropped)
+        return handle
+
+    def get(self, handle: str) -> str | None:
+        return self._items.get(handle)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def total_chars(self) -> int:
+        return self._total
+
+
+def cap(text: str, limit: int, store: ResultStore) -> tuple[str, str | None]:
+    """Cut `text` to `limit` characters; when cut, keep the whole under a handle and say how to page."""
+    if len(text) <= limit:
+        return text, None
+    handle = store.put(text)
+    shown = text[:limit]
+    note = (
+        f"\n[truncated: showing characters 0-{limit} of {len(text)}. For more call "
+        f"read_result(handle=\"{handle}\", offset={limit}, length={limit}).]"
+    )
+    return shown + note, handle
+
+
+def read_result_tool(store: ResultStore, max_chars: int = DEFAULT_MAX_RESULT_CHARS) -> Tool:
+    """The built-in `read_result(handle, offset, length)` over one store."""
+
+    @tool(name="read_result")
+    def read_result(handle: str, offset: int = 0, length: int = max_chars) -> str:
+        """Read part of a tool result that was truncated.
+
+        Args:
+            handle: the handle named in the truncation note, e.g. "r1"
+            offset: first character to return
+            length: how many characters to return (at most the result cap)
+        """
+        text = store.get(handle)
+        if text is None:
+            raise ValueError(f"no stored result under handle {handle!r} (unknown or expired)")
+        if offset < 0 or offset >= len(text):
+            raise ValueError(f"offset {offset} is outside the result (0-{len(text) - 1})")
+        length = max(1, min(length, max_chars))
+        end = min(len(text), offset + length)
+        more = f" Next: offset={end}." if end < len(text) else " End of result."
+        return f"{text[offset:end]}\n[characters {offset}-{end} of {len(text)}.{more}]"
+
+    read_result.max_result_chars = max_chars + 200  # the page plus its footer is never re-capped
+    return read_result
