@@ -146,13 +146,15 @@ class Executor:
         if ctx.seconds_left is not None:
             timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
         try:
-            if tool.is_async:
-                value = await asyncio.wait_for(tool.fn(**args), timeout)
-            else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
-                fut = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(tool.fn, **args))
-                value = await asyncio.wait_for(fut, timeout)
+            # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
+            async with asyncio.timeout(timeout):
+                if tool.is_async:
+                    value = await tool.fn(**args)
+                else:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
+                    loop = asyncio.get_running_loop()
+                    value = await loop.run_in_executor(self._pool, functools.partial(tool.fn, **args))
         except TimeoutError:
             return self._error(
                 call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import tempfile
+import threading
 from collections import OrderedDict
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import IO, Any
 
 from tether.tools.base import Tool, tool
 
@@ -32,32 +35,53 @@ def shape(value: Any) -> str:
 
 
 class ResultStore:
-    """Keeps full results of capped calls, bounded in total size (oldest dropped first).
-
-    The bound keeps memory flat however many large results a run produces; a handle whose
-    result was dropped gets a clear error from `read_result`.
+    """Keeps the full text of capped results, off the heap, so memory stays flat however many large
+    results a run produces. Texts go to an anonymous temporary file (opened on first use) and a
+    handle maps to their place in it; past `max_total_chars` the oldest are forgotten, and
+    `read_result` says so for their handles.
     """
 
-    def __init__(self, max_total_chars: int = 8_000_000) -> None:
+    def __init__(self, max_total_chars: int = 100_000_000) -> None:
         self.max_total_chars = max_total_chars
-        self._items: OrderedDict[str, str] = OrderedDict()
+        self._index: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # handle -> offset, bytes, chars
         self._total = 0
         self._ids = itertools.count(1)
+        self._file: IO[bytes] | None = None
+        self._lock = threading.Lock()
 
     def put(self, text: str) -> str:
-        handle = f"r{next(self._ids)}"
-        self._items[handle] = text
-        self._total += len(text)
-        while self._total > self.max_total_chars and len(self._items) > 1:
-            _, dropped = self._items.popitem(last=False)
-            self._total -= len(dropped)
+        data = text.encode("utf-8")
+        with self._lock:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="tether-results-")  # noqa: SIM115 - lives as long as the store
+            offset = self._file.seek(0, os.SEEK_END)
+            self._file.write(data)
+            handle = f"r{next(self._ids)}"
+            self._index[handle] = (offset, len(data), len(text))
+            self._total += len(text)
+            while self._total > self.max_total_chars and len(self._index) > 1:
+                _, (_, _, chars) = self._index.popitem(last=False)
+                self._total -= chars
         return handle
 
     def get(self, handle: str) -> str | None:
-        return self._items.get(handle)
+        with self._lock:
+            where = self._index.get(handle)
+            if where is None or self._file is None:
+                return None
+            self._file.seek(where[0])
+            return self._file.read(where[1]).decode("utf-8")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            self._index.clear()
+            self._total = 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._index)
 
     @property
     def total_chars(self) -> int:

@@ -1,0 +1,153 @@
+"""Every executor path: unknown tool, malformed and invalid arguments, failures, timeouts, capping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+
+from tether import ToolContext, tool
+from tether.tools.base import Tool
+from tether.tools.executor import CallContext, Executor
+from tether.tools.results import ResultStore, cap, shape
+from tether.types import Effect, ToolCall
+
+CTX = CallContext(run_id="run1", user="alice")
+
+
+@tool
+def divide(a: float, b: float) -> float:
+    """Divide a by b."""
+    return a / b
+
+
+@tool(timeout=0.05)
+async def slow_async(x: int) -> int:
+    """Too slow."""
+    await asyncio.sleep(5)
+    return x
+
+
+@tool(timeout=0.05)
+def slow_sync(x: int) -> int:
+    """Too slow, in a thread."""
+    time.sleep(0.5)
+    return x
+
+
+@tool
+def big(n: int) -> str:
+    """A big output."""
+    return "".join(str(i % 10) for i in range(n))
+
+
+def run(ex: Executor, name: str, **args):
+    return asyncio.run(ex.execute(ToolCall("c1", name, args), CTX))
+
+
+def test_unknown_tool_lists_the_available_ones():
+    r = run(Executor([divide]), "multiply", a=1)
+    assert r.is_error and r.decision == "unknown_tool"
+    assert r.content == "ERROR: unknown tool 'multiply'. Available tools: divide, read_result."
+
+
+def test_malformed_arguments_from_the_model():
+    ex = Executor([divide])
+    r = asyncio.run(ex.execute(ToolCall("c1", "divide", {}, parse_error="arguments were not valid JSON"), CTX))
+    assert r.is_error and r.decision == "invalid_arguments"
+    assert "not valid JSON" in r.content and "call it again" in r.content.lower()
+
+
+def test_validation_error_names_field_expected_and_got_and_says_retry():
+    r = run(Executor([divide]), "divide", a="ten", b=2)
+    assert r.is_error and r.decision == "invalid_arguments"
+    assert "'a'" in r.content and "valid number" in r.content and "'ten'" in r.content
+    assert "call the tool again" in r.content
+    r = run(Executor([divide]), "divide", a=1)
+    assert "'b' is required" in r.content
+    r = run(Executor([divide]), "divide", a=1, b=2, c=3)
+    assert "'c' is not a parameter" in r.content
+
+
+def test_exception_becomes_an_actionable_error():
+    r = run(Executor([divide]), "divide", a=1, b=0)
+    assert r.is_error and r.decision == "failed"
+    assert r.content == "ERROR: tool failed - ZeroDivisionError: float division by zero"
+
+
+@pytest.mark.parametrize("name", ["slow_async", "slow_sync"])
+def test_timeouts(name):
+    r = run(Executor([slow_async, slow_sync]), name, x=1)
+    assert r.is_error and r.decision == "timeout"
+    assert "timed out after 0.05 s" in r.content
+
+
+def test_run_time_budget_bounds_the_tool_timeout():
+    ex = Executor([dataclasses.replace(slow_async, timeout=100)])
+    r = asyncio.run(ex.execute(ToolCall("c", "slow_async", {"x": 1}), CallContext("r", seconds_left=0.05)))
+    assert r.decision == "timeout"
+
+
+def test_big_results_are_capped_with_a_handle_and_paged_by_read_result():
+    ex = Executor([big], max_result_chars=100)
+    r = run(ex, "big", n=1000)
+    assert not r.is_error and r.handle == "r1" and r.full_chars == 1000
+    assert r.content.startswith("0123456789" * 10)
+    assert 'read_result(handle="r1", offset=100, length=100)' in r.content
+    page = run(ex, "read_result", handle="r1", offset=100, length=50)
+    assert page.content.startswith("0123456789" * 5 + "\n[characters 100-150 of 1000. Next: offset=150.]")
+    last = run(ex, "read_result", handle="r1", offset=990, length=100)
+    assert last.content.endswith("End of result.]")
+    missing = run(ex, "read_result", handle="r9")
+    assert missing.is_error and "unknown or expired" in missing.content
+
+
+def test_result_store_is_bounded():
+    store = ResultStore(max_total_chars=250)
+    handles = [store.put("x" * 100) for _ in range(5)]
+    assert store.total_chars <= 250 and len(store) == 2
+    assert store.get(handles[0]) is None and store.get(handles[-1]) == "x" * 100
+    text, handle = cap("short", 10, store)
+    assert (text, handle) == ("short", None)
+
+
+def test_shape():
+    assert shape(None) == "(no output)"
+    assert shape({"a": [1, 2]}) == '{"a": [1, 2]}'
+    assert shape(b"\x00\x01") == "(binary output, 2 bytes, not shown)"
+
+
+def test_context_parameter_gets_the_idempotency_key_and_is_hidden():
+    seen: list[ToolContext] = []
+
+    @tool(effect=Effect.IRREVERSIBLE)
+    def pay(amount: int, ctx: ToolContext) -> str:
+        """Pay."""
+        seen.append(ctx)
+        return "paid"
+
+    assert "ctx" not in pay.parameters["properties"]
+    r = run(Executor([pay]), "pay", amount=3)
+    assert r.content == "paid"
+    assert seen[0].idempotency_key == "run1:c1" and seen[0].user == "alice"
+
+
+def test_tools_from_explicit_json_schema_are_validated():
+    t = Tool.from_schema(
+        "send", "Send.",
+        {"properties": {"to": {"type": "string", "pattern": "^[a-z]+$"},
+                        "n": {"type": "integer", "minimum": 1, "default": 1}},
+         "required": ["to"], "additionalProperties": False},
+        lambda to, n: f"{to}:{n}",
+    )
+    ex = Executor([t])
+    assert run(ex, "send", to="bob").content == "bob:1"
+    bad = run(ex, "send", to="Bob!", n=0)
+    assert "must match pattern" in bad.content and "must be >= 1" in bad.content
+
+
+def test_duplicate_tool_names_are_refused():
+    with pytest.raises(ValueError, match="unique"):
+        Executor([divide, divide])

@@ -1,0 +1,320 @@
+"""The loop through every stop reason, driven by scripted models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tether import Agent, CancelToken, Limits, StopReason, tool
+from tether.models.pricing import Pricing
+from tether.models.scripted import RecordingModel, ReplayModel, ScriptedModel, call, reply
+from tether.tools.executor import CallContext, Verdict
+from tether.types import ModelRequest, RunResult, Usage, from_json, to_json
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+def endless(req: ModelRequest):
+    """A model that never stops calling tools (distinct arguments each time)."""
+    if not req.tools:
+        return "partial: I found some values"
+    return call("lookup", key=f"k{len(req.messages)}")
+
+
+def test_completed_with_tool_call_and_answer():
+    model = ScriptedModel([call("add", a=2, b=3), "2 + 3 = 5"])
+    result = Agent(model, tools=[add], instructions="Be brief.").run("What is 2+3?")
+    assert result.stop_reason is StopReason.COMPLETED
+    assert result.answer == "2 + 3 = 5"
+    assert result.usage.model_calls == 2 and result.usage.tool_calls == 1
+    assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert result.messages[3].content == "5"
+    assert result.findings == ['add({"a": 2, "b": 3}) -> 5']
+    kinds = [e.kind for e in result.trace]
+    assert kinds == ["model_call", "tool_call", "model_call", "stop"]
+    tool_event = result.trace[1]
+    assert tool_event.data["name"] == "add" and tool_event.data["decision"] == "allowed"
+    assert tool_event.data["arguments"] == {"a": 2, "b": 3}
+
+
+def test_max_steps_ends_with_tool_free_partial_answer_and_skips_unread_tools():
+    ran: list[str] = []
+
+    @tool
+    def record(key: str) -> str:
+        """Record a key."""
+        ran.append(key)
+        return "ok"
+
+    def script(req: ModelRequest):
+        if not req.tools:
+            return "best partial answer"
+        return call("record", key=f"k{len(req.messages)}")
+
+    model = ScriptedModel(script)
+    result = Agent(model, tools=[record], limits=Limits(max_steps=3)).run("go")
+    assert result.stop_reason is StopReason.MAX_STEPS
+    assert result.answer == "best partial answer"
+    assert result.steps == 3
+    # The third reply's call would have been read by no model call: it never ran.
+    assert len(ran) == 2
+    assert model.requests[-1].tools == []  # the final call was tool-free
+    assert result.usage.model_calls == 4
+    skipped = [m for m in result.messages if m.role == "tool" and "not run" in m.content]
+    assert len(skipped) == 1
+    assert len(result.findings) == 2
+
+
+def test_endless_model_is_bounded_and_final_answer_can_be_switched_off():
+    model = ScriptedModel(endless)
+    result = Agent(model, tools=[lookup], limits=Limits(max_steps=5, final_answer=False)).run("go")
+    assert result.stop_reason is StopReason.MAX_STEPS
+    assert model.calls == 5
+    assert all(r.tools for r in model.requests)
+
+
+def test_token_budget_counts_tokens_and_keeps_a_reserve():
+    model = ScriptedModel(endless, usage=Usage(input_tokens=100, output_tokens=20))
+    result = Agent(model, tools=[lookup], limits=Limits(max_steps=None, max_tokens=1000)).run("go")
+    assert result.stop_reason is StopReason.TOKEN_BUDGET
+    # 10% reserve: regular calls stop once 900 tokens are used (8 calls = 960), then one final call
+    assert result.usage.model_calls == 9
+    assert result.usage.total_tokens == 9 * 120
+    assert result.answer.startswith("partial")
+
+
+def test_cost_budget_uses_the_price_table():
+    pricing = Pricing({"scripted": (1_000_000.0, 0.0)})  # $1 per input token
+    model = ScriptedModel(endless, usage=Usage(input_tokens=1, output_tokens=0))
+    result = Agent(model, tools=[lookup], pricing=pricing, limits=Limits(max_steps=50, max_cost_usd=5)).run("go")
+    assert result.stop_reason is StopReason.COST_BUDGET
+    assert result.usage.cost_usd == pytest.approx(6.0)  # 5 regular ($4.5 cap reached after 5) + final
+    assert result.trace[0].data["cost_usd"] == pytest.approx(1.0)
+
+
+def test_time_budget_with_an_injected_clock():
+    clock = FakeClock()
+
+    @tool
+    def slow(key: str) -> str:
+        """Takes 10 simulated seconds."""
+        clock.t += 10
+        return "done"
+
+    def script(req: ModelRequest):
+        return call("slow", key=str(len(req.messages))) if req.tools else "partial"
+
+    result = Agent(ScriptedModel(script), tools=[slow], clock=clock,
+                   limits=Limits(max_seconds=45, max_steps=None)).run("go")
+    assert result.stop_reason is StopReason.TIME_BUDGET
+    assert result.usage.tool_calls == 5  # 50 s >= 40.5 s (45 minus the reserve)
+    assert result.usage.seconds == pytest.approx(50)
+    assert result.answer == "partial"
+
+
+def test_tool_call_budget_refuses_extra_calls_in_a_turn():
+    model = ScriptedModel([[call("add", a=1, b=1), call("add", a=2, b=2), call("add", a=3, b=3)], "partial"])
+    result = Agent(model, tools=[add], limits=Limits(max_tool_calls=2)).run("go")
+    assert result.stop_reason is StopReason.TOOL_CALL_BUDGET
+    assert result.usage.tool_calls == 2
+    refused = [m.content for m in result.messages if m.role == "tool" and "budget" in m.content]
+    assert len(refused) == 1
+
+
+def test_loop_detection_warns_then_stops():
+    model = ScriptedModel(lambda req: call("add", b=2, a=1) if req.tools else "I kept getting 3")
+    result = Agent(model, tools=[add], limits=Limits(max_repeats=2)).run("go")
+    assert result.stop_reason is StopReason.LOOP_DETECTED
+    assert result.usage.tool_calls == 2  # two real runs, then a notice instead of a third, then stop
+    notices = [m.content for m in result.messages if m.role == "tool" and m.content.startswith("NOTICE")]
+    assert len(notices) == 1 and "exactly these arguments 2 times" in notices[0]
+    assert result.answer == "I kept getting 3"
+
+
+def test_loop_detection_uses_canonical_arguments():
+    from tether.limits import LoopDetector
+
+    d = LoopDetector(1)
+    assert d.check("t", {"a": 1, "b": [1, 2]}) == "run"
+    assert d.check("t", {"b": [1, 2], "a": 1}) == "warn"
+    assert d.check("t", {"a": 2, "b": [1, 2]}) == "run"
+    assert d.check("u", {"a": 1, "b": [1, 2]}) == "run"
+    assert d.check("t", {"a": 1, "b": [1, 2]}) == "stop"
+    assert LoopDetector(None).check("t", {}) == "run"
+
+
+def test_model_error_stops_with_error_and_keeps_the_trace():
+    model = ScriptedModel([call("add", a=1, b=2)])  # runs out: raises ModelError on the 2nd call
+    result = Agent(model, tools=[add]).run("go")
+    assert result.stop_reason is StopReason.ERROR
+    assert "ran out of replies" in (result.error or "")
+    assert result.findings == ['add({"a": 1, "b": 2}) -> 3']
+
+
+async def test_cancellation_during_a_tool_call():
+    token = CancelToken()
+    started = asyncio.Event()
+
+    @tool
+    async def wait_forever(x: int) -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    agent = Agent(ScriptedModel([call("wait_forever", x=1)]), tools=[wait_forever])
+    task = asyncio.create_task(agent.arun("go", cancel=token))
+    await started.wait()
+    task.cancel()
+    result = await task
+    assert result.stop_reason is StopReason.CANCELLED
+    assert result.messages[-1].role == "tool" and "cancelled" in result.messages[-1].content
+
+
+async def test_cancel_token_interrupts_a_model_call():
+    token = CancelToken()
+
+    class SlowModel:
+        name = "slow"
+
+        async def complete(self, request):
+            await asyncio.sleep(3600)
+
+        def stream(self, request):  # pragma: no cover - not used
+            raise NotImplementedError
+
+    agent = Agent(SlowModel())
+    task = asyncio.create_task(agent.arun("go", cancel=token))
+    await asyncio.sleep(0.01)
+    token.cancel("user pressed stop")
+    result = await task
+    assert result.stop_reason is StopReason.CANCELLED
+    assert result.error == "user pressed stop"
+
+
+def test_awaiting_approval_stops_the_run():
+    class NeedsApproval:
+        async def before_call(self, tool, args, call, ctx: CallContext) -> Verdict:
+            return Verdict("await_approval", reason="needs a human", decision="awaiting_approval")
+
+        def after_call(self, tool, result, ctx):
+            return result
+
+    model = ScriptedModel([call("add", a=1, b=1), "unused"])
+    result = Agent(model, tools=[add], policy=NeedsApproval()).run("go")
+    assert result.stop_reason is StopReason.AWAITING_APPROVAL
+    assert model.calls == 1
+
+
+def test_policy_refusal_is_an_error_the_model_sees():
+    class Refuse:
+        async def before_call(self, tool, args, call, ctx):
+            return Verdict("refuse", reason=f"user {ctx.user} may not use {tool.name}", decision="refused:authz")
+
+        def after_call(self, tool, result, ctx):
+            return result
+
+    model = ScriptedModel([call("add", a=1, b=1), "I was not allowed"])
+    result = Agent(model, tools=[add], policy=Refuse(), user="bob").run("go")
+    assert result.stop_reason is StopReason.COMPLETED
+    assert result.messages[2].content == "ERROR: 'add' was not run: user bob may not use add"
+    assert result.trace[1].data["decision"] == "refused:authz"
+    assert result.findings == []
+
+
+async def test_parallel_async_tools_run_concurrently_and_are_bounded():
+    active = 0
+    peak = 0
+
+    @tool
+    async def sleepy(i: int) -> int:
+        """Sleep a little."""
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.05)
+        active -= 1
+        return i
+
+    calls = [call("sleepy", i=i) for i in range(12)]
+    agent = Agent(ScriptedModel([calls, "done"]), tools=[sleepy], limits=Limits(max_parallel_tools=8))
+    result = await agent.arun("go")
+    assert result.stop_reason is StopReason.COMPLETED
+    assert peak == 8
+    # results come back in call order, answered by id
+    tool_msgs = [m for m in result.messages if m.role == "tool"]
+    assert [m.tool_call_id for m in tool_msgs] == [c.id for c in calls]
+    assert [m.content for m in tool_msgs] == [str(i) for i in range(12)]
+
+
+def test_parallel_sync_tools_run_in_threads():
+    barrier = threading.Barrier(4, timeout=10)
+
+    @tool
+    def meet(i: int) -> str:
+        """Wait for the others (only succeeds if 4 run at once)."""
+        barrier.wait()
+        return f"met {i}"
+
+    result = Agent(ScriptedModel([[call("meet", i=i) for i in range(4)], "ok"]), tools=[meet]).run("go")
+    assert [m.content for m in result.messages if m.role == "tool"] == [f"met {i}" for i in range(4)]
+
+
+def test_stream_yields_events_then_result():
+    async def collect():
+        agent = Agent(ScriptedModel([call("add", a=1, b=1), "two"]), tools=[add])
+        return [item async for item in agent.stream("go")]
+
+    items = asyncio.run(collect())
+    assert isinstance(items[-1], RunResult)
+    kinds = [i.kind for i in items[:-1]]
+    assert "text_delta" in kinds and kinds[-1] == "stop"
+    assert items[-1].answer == "two"
+
+
+def test_conversation_continues_from_history():
+    model = ScriptedModel(["Hello Ada", "Your name is Ada"])
+    agent = Agent(model, instructions="sys")
+    first = agent.run("My name is Ada")
+    second = agent.run("What is my name?", history=first.messages)
+    assert [m.role for m in second.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert model.requests[1].messages[2].content == "Hello Ada"
+
+
+def test_run_result_round_trips_through_json():
+    result = Agent(ScriptedModel([call("add", a=1, b=2), "3"]), tools=[add]).run("go")
+    back = from_json(RunResult, to_json(result))
+    assert back == result
+    assert back.stop_reason is StopReason.COMPLETED
+    assert back.messages[1].tool_calls[0].arguments == {"a": 1, "b": 2}
+
+
+def test_record_then_replay_gives_the_same_run(tmp_path):
+    cassette = tmp_path / "run.jsonl"
+    live = RecordingModel(ScriptedModel([call("add", a=4, b=5), reply("9", input_tokens=7)]), cassette)
+    first = Agent(live, tools=[add]).run("4+5?")
+    replayed = Agent(ReplayModel(cassette), tools=[add]).run("4+5?")
+    assert replayed.answer == first.answer == "9"
+    assert replayed.usage.input_tokens == 7
+    with pytest.raises(Exception, match="differs from the recording"):
+        asyncio.run(ReplayModel(cassette).complete(ModelRequest([])))
