@@ -1,0 +1,37 @@
+"""Built-in tools: calculator, workspace file tools (Read, Write, Edit, Glob, Grep) and Bash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tether.tools.base import Tool
+from tether.tools.builtin.calculator import calculator
+from tether.tools.builtin.files import (
+    Workspace,
+    edit_tool,
+    file_tools,
+    glob_tool,
+    grep_tool,
+    read_tool,
+    write_tool,
+)
+from tether.tools.builtin.shell import shell_tool
+
+
+def coding_tools(root: str | Path, *, bash_timeout: float = 120) -> list[Tool]:
+    """Read, Write, Edit, Glob, Grep and Bash, all working in `root` (the CLI's default set)."""
+    return [*file_tools(root), shell_tool(root, timeout=bash_timeout)]
+
+
+__all__ = [
+    "Workspace",
+    "calculator",
+    "coding_tools",
+    "edit_tool",
+    "file_tools",
+    "glob_tool",
+    "grep_tool",
+    "read_tool",
+    "shell_tool",
+    "write_tool",
+]

@@ -1,0 +1,554 @@
+"""File tools confined to a workspace root: Read, Write, Edit, Glob, Grep.
+
+Names and parameters follow Claude Code (and the CodeCrafters "Build your own Claude Code" course),
+so models trained on those tools use them without coaching.
+
+Confinement: every path is resolved to its real path (symlinks followed) and must lie inside the
+real root; `../` escapes, absolute paths elsewhere and symlinks leading out are refused with an
+error naming the root. Directory walks never follow symlinked directories and skip symlinked files
+whose target is outside the root. (A symlink swapped in between the check and the open is not
+defended against; the tools open the already-resolved real path, which narrows that window.)
+
+Read and Grep return text that someone other than the user may have written (cloned repositories,
+downloads, files produced by earlier tool calls), so their output is marked `untrusted_output`:
+the safety policy treats instructions found there as data, not as the user's words.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+
+from tether.tools.base import Tool, tool
+
+MAX_FILE_BYTES = 5_000_000
+MAX_GLOB_RESULTS = 200
+MAX_GREP_MATCHES = 200
+MAX_GREP_LINE_CHARS = 300
+MAX_SCAN_ENTRIES = 100_000
+DEFAULT_READ_LINES = 2_000
+BINARY_SNIFF_BYTES = 8_192
+
+# Directories walks skip unless the search starts inside one: VCS data, dependencies, caches.
+SKIP_DIRS = frozenset(
+    {
+        ".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".tox",
+        ".mypy_cache", ".pytest_cache", ".ruff_cache",
+    }
+)  # fmt: skip
+
+
+class Workspace:
+    """A root directory and the rules for turning model-given paths into real paths inside it."""
+
+    def __init__(self, root: str | Path) -> None:
+        given = Path(os.path.abspath(os.fspath(root)))
+        real = given.resolve()
+        if not real.is_dir():
+            raise ValueError(f"workspace root {given} is not an existing directory")
+        self.given_root = given
+        self.root = real
+
+    def resolve(self, path: str, *, what: str = "path") -> Path:
+        """The real path for `path` (relative to the root, or absolute inside it); ValueError if outside."""
+        if not isinstance(path, str) or not path.strip():
+            raise ValueError(f"{what} is empty; give a path relative to the workspace root {self.root}")
+        if "\0" in path:
+            raise ValueError(f"{what} contains a NUL character")
+        candidate = Path(path)
+        if candidate.is_absolute() and self.given_root != self.root and _inside(candidate, self.given_root):
+            candidate = self.root / candidate.relative_to(self.given_root)
+        lexical = Path(os.path.normpath(self.root / candidate))
+        if not _inside(lexical, self.root):
+            raise ValueError(
+                f"{what} '{path}' is outside the workspace root {self.root}; "
+                "use a path relative to the root or an absolute path inside it"
+            )
+        real = lexical.resolve()
+        if not _inside(real, self.root):
+            raise ValueError(
+                f"{what} '{path}' leads outside the workspace root {self.root} through a symbolic link; refusing"
+            )
+        return real
+
+    def show(self, real: Path) -> str:
+        """How a real path inside the root is shown to the model: relative, with forward slashes."""
+        rel = real.relative_to(self.root).as_posix()
+        return rel or "."
+
+    def existing_file(self, path: str, *, what: str = "file_path") -> Path:
+        """`resolve`, then require an existing regular file."""
+        real = self.resolve(path, what=what)
+        if not real.exists():
+            raise ValueError(f"file not found: '{path}' (workspace root {self.root}); use Glob to find files")
+        if real.is_dir():
+            raise ValueError(f"'{path}' is a directory, not a file; use Glob to list its contents")
+        if not real.is_file():
+            raise ValueError(f"'{path}' is not a regular file")
+        return real
+
+    def walk(self, base: Path, *, max_depth: int | None = None) -> Iterator[tuple[Path, bool]]:
+        """Yield (path, is_dir) under the real directory `base`, sorted, not entering symlinked dirs.
+
+        Symlinks whose target lies outside the root are skipped; so are SKIP_DIRS below `base`.
+        """
+        base_depth = len(base.parts)
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            here = Path(dirpath)
+            depth = len(here.parts) - base_depth
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            entries = [(name, True) for name in dirnames] + [(name, False) for name in sorted(filenames)]
+            descend: list[str] = []
+            for name, is_dir in entries:
+                path = here / name
+                if path.is_symlink():
+                    target = path.resolve()
+                    if not _inside(target, self.root):
+                        continue
+                    is_dir = target.is_dir()
+                elif is_dir:
+                    descend.append(name)
+                yield path, is_dir
+            dirnames[:] = descend if max_depth is None or depth + 1 < max_depth else []
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def _is_binary(head: bytes) -> bool:
+    return b"\0" in head
+
+
+def _read_text(real: Path, shown: str, *, max_bytes: int, strict: bool = False) -> str:
+    size = real.stat().st_size
+    if size > max_bytes:
+        raise ValueError(
+            f"'{shown}' is {size:,} bytes, over the {max_bytes:,}-byte limit for reading a whole file; "
+            "read part of it with offset and limit"
+        )
+    data = real.read_bytes()
+    if _is_binary(data[:BINARY_SNIFF_BYTES]):
+        raise ValueError(
+            f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
+        )
+    if strict:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"'{shown}' is not valid UTF-8 text; it cannot be edited safely") from None
+    return data.decode("utf-8", errors="replace")
+
+
+# --- glob patterns -----------------------------------------------------------------------------
+
+
+def expand_braces(pattern: str, limit: int = 64) -> list[str]:
+    """`*.{py,md}` -> [`*.py`, `*.md`] (nested groups too), at most `limit` patterns."""
+    start = pattern.find("{")
+    if start < 0:
+        return [pattern]
+    depth = 0
+    parts: list[str] = []
+    last = start + 1
+    for i in range(start, len(pattern)):
+        ch = pattern[i]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                parts.append(pattern[last:i])
+                prefix, suffix = pattern[:start], pattern[i + 1 :]
+                out: list[str] = []
+                for part in parts:
+                    for tail in expand_braces(prefix + part + suffix, limit):
+                        out.append(tail)
+                        if len(out) > limit:
+                            raise ValueError(f"glob pattern expands to more than {limit} alternatives")
+                return out
+        elif ch == "," and depth == 1:
+            parts.append(pattern[last:i])
+            last = i + 1
+    return [pattern]  # unbalanced brace: treat literally
+
+
+class GlobPattern:
+    """A glob matched against '/'-separated relative paths.
+
+    `*`, `?` and `[...]` match within one path segment (via `fnmatch`, whose regexes use atomic
+    groups, so patterns like `*a*a*a*b` cannot backtrack for long); `**` as a whole segment matches
+    any number of segments, including none; `{a,b}` alternatives are expanded first.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.alternatives: list[list[re.Pattern[str] | None]] = []
+        for expanded in expand_braces(pattern):
+            segments: list[re.Pattern[str] | None] = []
+            for segment in expanded.split("/"):
+                if segment in ("", "."):
+                    continue
+                if segment == "**":
+                    if not segments or segments[-1] is not None:  # '**/**' is the same as '**'
+                        segments.append(None)
+                    continue
+                try:
+                    segments.append(re.compile(fnmatch.translate(segment)))
+                except re.error as exc:
+                    raise ValueError(f"invalid glob pattern {pattern!r}: {exc}") from None
+            self.alternatives.append(segments)
+
+    @property
+    def max_depth(self) -> int | None:
+        """How many segments deep a match can be (None when `**` makes it unbounded)."""
+        if any(None in segments for segments in self.alternatives):
+            return None
+        return max((len(segments) for segments in self.alternatives), default=0)
+
+    def match(self, path: str) -> bool:
+        parts = path.split("/")
+        return any(_match_segments(segments, parts) for segments in self.alternatives)
+
+
+def _match_segments(segments: list[re.Pattern[str] | None], parts: list[str]) -> bool:
+    memo: dict[tuple[int, int], bool] = {}
+
+    def match(i: int, j: int) -> bool:
+        key = (i, j)
+        if key not in memo:
+            if i == len(segments):
+                memo[key] = j == len(parts)
+            elif segments[i] is None:
+                memo[key] = any(match(i + 1, k) for k in range(j, len(parts) + 1))
+            else:
+                seg = segments[i]
+                memo[key] = (
+                    j < len(parts) and seg is not None and bool(seg.match(parts[j])) and match(i + 1, j + 1)
+                )
+        return memo[key]
+
+    return match(0, 0)
+
+
+def _check_pattern(pattern: str, what: str) -> None:
+    if not pattern.strip():
+        raise ValueError(f"{what} is empty; e.g. '**/*.py'")
+    if pattern.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", pattern):
+        raise ValueError(
+            f"{what} must be relative (e.g. '**/*.py'); use the path parameter to choose a directory"
+        )
+    if ".." in pattern.split("/"):
+        raise ValueError(f"{what} must not contain '..'; use the path parameter to choose a directory")
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+
+def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool:
+    """The `Read` tool for files under `root`."""
+    ws = Workspace(root)
+
+    def Read(
+        file_path: str,
+        offset: Annotated[int, Field(ge=0)] | None = None,
+        limit: Annotated[int, Field(ge=1)] | None = None,
+    ) -> str:
+        """Read a text file.
+
+        Args:
+            file_path: path of the file, relative to the workspace root or absolute inside it
+            offset: 1-based line number to start reading at (only for reading part of a long file)
+            limit: maximum number of lines to return (only for reading part of a long file)
+        """
+        real = ws.existing_file(file_path)
+        shown = ws.show(real)
+        if offset is None and limit is None:
+            return _read_text(real, shown, max_bytes=max_file_bytes)
+        return _read_lines(real, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES, max_file_bytes)
+
+    return tool(
+        name="Read",
+        description=(
+            "Read a text file and return its exact contents. For a long file, pass offset (1-based start "
+            f"line) and limit (number of lines) to read a part. Workspace root: {ws.root}"
+        ),
+        effect="read_only",
+        untrusted_output=True,
+    )(Read)
+
+
+def _read_lines(real: Path, shown: str, start: int, count: int, max_bytes: int) -> str:
+    with real.open("rb") as fh:
+        if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
+            raise ValueError(
+                f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
+            )
+        fh.seek(0)
+        lines: list[str] = []
+        used = 0
+        number = 0
+        more = False
+        for raw in fh:
+            number += 1
+            if number < start:
+                continue
+            if len(lines) >= count or used + len(raw) > max_bytes:
+                more = True
+                break
+            lines.append(raw.decode("utf-8", errors="replace"))
+            used += len(raw)
+    if not lines:
+        if number == 0:
+            return ""
+        raise ValueError(f"offset {start} is past the end of '{shown}', which has {number} lines")
+    text = "".join(lines)
+    if more:
+        next_line = start + len(lines)
+        text += ("" if text.endswith("\n") else "\n") + (
+            f"[lines {start}-{next_line - 1} shown; more follow: continue with offset={next_line}]"
+        )
+    return text
+
+
+def write_tool(root: str | Path) -> Tool:
+    """The `Write` tool for files under `root`."""
+    ws = Workspace(root)
+
+    def Write(file_path: str, content: str) -> str:
+        """Write a file.
+
+        Args:
+            file_path: path of the file, relative to the workspace root or absolute inside it
+            content: the complete new contents of the file
+        """
+        real = ws.resolve(file_path, what="file_path")
+        shown = ws.show(real)
+        if real.is_dir():
+            raise ValueError(f"'{file_path}' is a directory; give a file path")
+        existed = real.exists()
+        try:
+            real.parent.mkdir(parents=True, exist_ok=True)
+            with real.open("w", encoding="utf-8", newline="") as fh:
+                fh.write(content)
+        except OSError as exc:
+            raise ValueError(f"cannot write '{shown}': {exc.strerror or exc}") from None
+        lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
+        verb = "Overwrote" if existed else "Created"
+        return f"{verb} {shown} ({lines} line{'' if lines == 1 else 's'}, {len(content)} characters)"
+
+    return tool(
+        name="Write",
+        description=(
+            "Write a file (create it, or replace all of its contents); parent directories are created. "
+            f"Prefer Edit for changing part of an existing file. Workspace root: {ws.root}"
+        ),
+        effect="reversible",
+    )(Write)
+
+
+def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool:
+    """The `Edit` tool for files under `root`."""
+    ws = Workspace(root)
+
+    def Edit(file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
+        """Replace exact text in a file.
+
+        Args:
+            file_path: path of the file, relative to the workspace root or absolute inside it
+            old_string: the exact text to replace, including whitespace and indentation
+            new_string: the text to put in its place
+            replace_all: replace every occurrence instead of requiring exactly one
+        """
+        real = ws.existing_file(file_path)
+        shown = ws.show(real)
+        if old_string == "":
+            raise ValueError("old_string is empty; to create or overwrite a file use Write")
+        if old_string == new_string:
+            raise ValueError("old_string and new_string are identical; nothing to change")
+        text = _read_text(real, shown, max_bytes=max_file_bytes, strict=True)
+        count = text.count(old_string)
+        if count == 0:
+            raise ValueError(
+                f"old_string was not found in '{shown}' (0 matches); Read the file and copy the text exactly, "
+                "including whitespace and indentation"
+            )
+        if count > 1 and not replace_all:
+            raise ValueError(
+                f"old_string matches {count} places in '{shown}'; include more surrounding lines to make it "
+                "unique, or set replace_all to true to replace every occurrence"
+            )
+        updated = text.replace(old_string, new_string)
+        try:
+            with real.open("w", encoding="utf-8", newline="") as fh:
+                fh.write(updated)
+        except OSError as exc:
+            raise ValueError(f"cannot write '{shown}': {exc.strerror or exc}") from None
+        return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown}"
+
+    return tool(
+        name="Edit",
+        description=(
+            "Replace exact text in a file. old_string must match the file exactly and, unless replace_all "
+            f"is true, exactly once. Read the file first. Workspace root: {ws.root}"
+        ),
+        effect="reversible",
+    )(Edit)
+
+
+def _search_base(ws: Workspace, path: str | None) -> Path:
+    if path is None or path.strip() in ("", "."):
+        return ws.root
+    real = ws.resolve(path)
+    if not real.exists():
+        raise ValueError(f"path not found: '{path}' (workspace root {ws.root})")
+    return real
+
+
+def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
+    """The `Glob` tool for files under `root`."""
+    ws = Workspace(root)
+
+    def Glob(pattern: str, path: str | None = None) -> str:
+        """Find files by glob pattern.
+
+        Args:
+            pattern: glob such as '**/*.py', 'src/*.{ts,tsx}' or 'README*'; '**' matches any number of directories
+            path: directory to search in, relative to the workspace root (default: the root)
+        """
+        _check_pattern(pattern, "pattern")
+        base = _search_base(ws, path)
+        if not base.is_dir():
+            raise ValueError(f"path '{path}' is a file, not a directory")
+        matcher = GlobPattern(pattern)
+        matches: list[str] = []
+        scanned = 0
+        for real, is_dir in ws.walk(base, max_depth=matcher.max_depth):
+            scanned += 1
+            if scanned > MAX_SCAN_ENTRIES:
+                break
+            if matcher.match(real.relative_to(base).as_posix()):
+                matches.append(ws.show(real) + ("/" if is_dir else ""))
+        if not matches:
+            return f"No files match '{pattern}' in {ws.show(base)}"
+        matches.sort()
+        lines = matches[:max_results]
+        if len(matches) > max_results:
+            lines.append(f"[{len(matches) - max_results} more not shown; use a narrower pattern or path]")
+        if scanned > MAX_SCAN_ENTRIES:
+            lines.append(f"[stopped after scanning {MAX_SCAN_ENTRIES:,} entries; use a narrower path]")
+        return "\n".join(lines)
+
+    return tool(
+        name="Glob",
+        description=(
+            "Find files and directories by glob pattern. Returns paths relative to the workspace root, sorted; "
+            f"directories end with '/'. Skips .git, node_modules, virtualenvs and caches. Workspace root: {ws.root}"
+        ),
+        effect="read_only",
+    )(Glob)
+
+
+def grep_tool(
+    root: str | Path, *, max_matches: int = MAX_GREP_MATCHES, max_file_bytes: int = MAX_FILE_BYTES
+) -> Tool:
+    """The `Grep` tool for files under `root`."""
+    ws = Workspace(root)
+
+    def Grep(pattern: str, path: str | None = None, glob: str | None = None) -> str:
+        """Search file contents.
+
+        Args:
+            pattern: Python regular expression searched in each line, e.g. 'def \\w+_tool' or '(?i)todo'
+            path: file or directory to search, relative to the workspace root (default: the root)
+            glob: only search files matching this glob, e.g. '*.py' (file name) or 'src/**/*.ts' (path)
+        """
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        base = _search_base(ws, path)
+        if glob is not None:
+            _check_pattern(glob, "glob")
+        glob_filter = GlobPattern(glob) if glob else None
+        by_name = glob is not None and "/" not in glob
+        if base.is_file():
+            candidates: Iterator[Path] = iter([base])
+        else:
+            candidates = (p for p, is_dir in ws.walk(base) if not is_dir)
+        out: list[str] = []
+        capped = False
+        for real in candidates:
+            if glob_filter is not None and real != base:
+                subject = real.name if by_name else real.relative_to(base).as_posix()
+                if not glob_filter.match(subject):
+                    continue
+            if not _grep_file(ws, real, regex, out, max_matches, max_file_bytes):
+                capped = True
+                break
+        if not out:
+            return f"No matches for {pattern!r} in {ws.show(base)}"
+        if capped:
+            out.append(f"[stopped at {max_matches} matches; narrow the pattern, path or glob]")
+        return "\n".join(out)
+
+    return tool(
+        name="Grep",
+        description=(
+            "Search file contents with a regular expression. Returns 'path:line:text' lines, paths relative "
+            "to the workspace root. Binary files, .git, node_modules, virtualenvs and caches are skipped. "
+            f"Workspace root: {ws.root}"
+        ),
+        effect="read_only",
+        untrusted_output=True,
+    )(Grep)
+
+
+def _grep_file(
+    ws: Workspace, real: Path, regex: re.Pattern[str], out: list[str], cap: int, max_bytes: int
+) -> bool:
+    """Append matches of one file to `out`; False once `cap` is reached."""
+    try:
+        info = real.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return True
+        data = real.read_bytes()
+    except OSError:
+        return True
+    if _is_binary(data[:BINARY_SNIFF_BYTES]):
+        return True
+    shown = ws.show(real)
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if regex.search(line):
+            if len(out) >= cap:
+                return False
+            if len(line) > MAX_GREP_LINE_CHARS:
+                line = line[:MAX_GREP_LINE_CHARS] + "..."
+            out.append(f"{shown}:{number}:{line}")
+    return True
+
+
+def file_tools(root: str | Path, *, read_only: bool = False) -> list[Tool]:
+    """Read, Write, Edit, Glob and Grep confined to `root` (only Read, Glob, Grep when read_only)."""
+    if read_only:
+        return [read_tool(root), glob_tool(root), grep_tool(root)]
+    return [read_tool(root), write_tool(root), edit_tool(root), glob_tool(root), grep_tool(root)]
+
+
+__all__ = [
+    "GlobPattern",
+    "Workspace",
+    "edit_tool",
+    "file_tools",
+    "glob_tool",
+    "grep_tool",
+    "read_tool",
+    "write_tool",
+]
