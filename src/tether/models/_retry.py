@@ -1,0 +1,144 @@
+"""Retries with exponential backoff and jitter, shared by the HTTP model adapters.
+
+The SDKs' own retries are switched off (max_retries=0) so that the policy here is the only one:
+its delays can be made tiny in tests, and it ends in one `ModelError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tether.models.base import ModelError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How an adapter classifies an exception: can it be retried, and what to tell the user."""
+
+    retryable: bool
+    message: str  # one line: "HTTP 500: <provider message>", "connection error: ..."
+    retry_after: float | None = None  # seconds the server asked us to wait
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """`max_retries` retries after the first attempt; delay base * 2**n, capped, with jitter.
+
+    A server's Retry-After is honoured up to `max_retry_after` seconds; a longer one ends the
+    call at once rather than stalling a run for minutes.
+    """
+
+    max_retries: int = 3
+    backoff_base: float = 0.5
+    backoff_max: float = 8.0
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.backoff_base < 0 or self.backoff_max < 0:
+            raise ValueError("backoff_base and backoff_max must be >= 0")
+
+    def delay(self, retry: int, failure: Failure) -> float | None:
+        """Seconds to wait before retry number `retry` (0-based), or None to give up."""
+        if not failure.retryable or retry >= self.max_retries:
+            return None
+        if failure.retry_after is not None:
+            if failure.retry_after > self.max_retry_after:
+                return None
+            return max(0.0, failure.retry_after)
+        backoff = min(self.backoff_max, self.backoff_base * (2.0**retry))
+        return backoff * (0.5 + 0.5 * random.random())  # jitter spreads clients that failed together
+
+
+def give_up(prefix: str, failure: Failure, attempts: int, policy: RetryPolicy) -> ModelError:
+    """The final error: one line with the provider, the reason and how many attempts were made."""
+    tail = ""
+    if failure.retryable and failure.retry_after is not None and failure.retry_after > policy.max_retry_after:
+        tail = f" (server asked to retry after {failure.retry_after:g}s, over the {policy.max_retry_after:g}s limit)"
+    elif attempts > 1:
+        tail = f" (gave up after {attempts} attempts)"
+    return ModelError(f"{prefix}: {failure.message}{tail}")
+
+
+async def call_with_retries(
+    fn: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    classify: Callable[[Exception], Failure | None],
+    prefix: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Await `fn()`, retrying failures `classify` calls retryable; raise ModelError at the end.
+
+    Exceptions `classify` does not recognise (returns None for) propagate unchanged: they are
+    bugs, not provider trouble.
+    """
+    retry = 0
+    while True:
+        try:
+            return await fn()
+        except Exception as exc:
+            failure = classify(exc)
+            if failure is None:
+                raise
+            wait = policy.delay(retry, failure)
+            if wait is None:
+                raise give_up(prefix, failure, retry + 1, policy) from exc
+        retry += 1
+        await sleep(wait)
+
+
+def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds from `retry-after-ms` or `retry-after` (seconds or an HTTP date), if present."""
+    if not headers:
+        return None
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """Collapse whitespace and cap the length, so an error message stays on one line."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def provider_message(body: object) -> str | None:
+    """The human message inside a provider's error body: {"error": {"message": ...}} and kin."""
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail")
+            if msg:
+                return str(msg)
+        elif isinstance(err, str) and err:
+            return err
+        if body.get("message"):
+            return str(body["message"])
+        if body.get("detail"):
+            return str(body["detail"])
+    elif isinstance(body, str) and body:
+        return body
+    return None

@@ -1,0 +1,330 @@
+"""Anthropic's Messages API with native tool use (the `anthropic` SDK, an optional extra).
+
+Mapping from tether messages: system messages are joined into `system=`; an assistant's tool
+calls become `tool_use` blocks; tool results become `tool_result` blocks in a user message, and
+consecutive results (and the user text after them) share one user message, results first, as the
+API requires. Empty messages are dropped (the API rejects empty text blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tether.models._retry import (
+    Failure,
+    RetryPolicy,
+    call_with_retries,
+    give_up,
+    one_line,
+    parse_retry_after,
+    provider_message,
+)
+from tether.models.base import ModelError
+from tether.models.openai_compat import make_tool_call
+from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
+
+
+def _sdk() -> Any:
+    try:
+        import anthropic
+    except ImportError:
+        raise ImportError("AnthropicModel needs the anthropic SDK: pip install 'tether[anthropic]'") from None
+    return anthropic
+
+
+class AnthropicModel:
+    """A `Model` over Anthropic's Messages API; retries like `OpenAICompatModel`.
+
+    `max_tokens` is the default output cap (the API requires one); a request's
+    `max_output_tokens` overrides it. The key comes from `api_key` or ANTHROPIC_API_KEY.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_tokens: int = 4096,
+        max_retries: int = 3,
+        timeout: float = 600.0,
+        temperature: float | None = None,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+    ) -> None:
+        self._anthropic = _sdk()
+        if not model:
+            raise ValueError("model name is required, e.g. AnthropicModel('claude-haiku-4-5')")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.model = model
+        self.name = model
+        self.api_key = api_key
+        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+        self.max_tokens = max_tokens
+        self.timeout = timeout
+        self.temperature = temperature
+        self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max)
+        self._sleep = asyncio.sleep
+        self._client: Any = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._prefix = f"model {model!r} at {self.base_url}"
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel({self.model!r})"
+
+    def _get_client(self) -> Any:
+        loop = asyncio.get_running_loop()  # one client per event loop, as in OpenAICompatModel
+        if self._client is None or self._client_loop is not loop:
+            self._client = self._anthropic.AsyncAnthropic(
+                api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+            )
+            self._client_loop = loop
+        return self._client
+
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        system, messages = to_anthropic_messages(request.messages)
+        params: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_output_tokens or self.max_tokens,
+            "messages": messages,
+        }
+        if system:
+            params["system"] = system
+        if request.tools:
+            params["tools"] = to_anthropic_tools(request.tools)
+        temperature = request.temperature if request.temperature is not None else self.temperature
+        if temperature is not None:
+            # Recent SDKs dropped `temperature` from create()'s signature; the API still takes it.
+            params["extra_body"] = {"temperature": temperature}
+        if request.stop:
+            params["stop_sequences"] = list(request.stop)
+        return params
+
+    def _classify(self, exc: Exception) -> Failure | None:
+        return classify_anthropic_error(self._anthropic, exc, self.timeout)
+
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        params = self._params(request)
+        client = self._get_client()
+
+        async def once() -> Any:
+            return await client.messages.create(**params)
+
+        response = await call_with_retries(once, self.policy, self._classify, self._prefix, self._sleep)
+        return reply_from_message(response, self.model)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
+        """Stream text deltas, then one ModelReply; retried only before the first delta."""
+        params = self._params(request)
+        params["stream"] = True
+        client = self._get_client()
+        retry = 0
+        while True:
+            emitted = False
+            try:
+                events = await client.messages.create(**params)
+                state = AnthropicStreamState(self.model)
+                try:
+                    async for event in events:
+                        text = state.add(event)
+                        if text:
+                            emitted = True
+                            yield TextDelta(text)
+                finally:
+                    await events.close()
+                yield state.reply()
+                return
+            except Exception as exc:
+                failure = self._classify(exc)
+                if failure is None:
+                    raise
+                if emitted:
+                    raise ModelError(
+                        f"{self._prefix}: {failure.message} (stream broke after text was sent)"
+                    ) from exc
+                wait = self.policy.delay(retry, failure)
+                if wait is None:
+                    raise give_up(self._prefix, failure, retry + 1, self.policy) from exc
+            retry += 1
+            await self._sleep(wait)
+
+
+def classify_anthropic_error(sdk: Any, exc: Exception, timeout: float | None = None) -> Failure | None:
+    """Sort an anthropic SDK exception into retryable or not (429, 408, 5xx and 529 retry)."""
+    if isinstance(exc, sdk.APITimeoutError):
+        return Failure(True, f"request timed out after {timeout:g}s" if timeout else "request timed out")
+    if isinstance(exc, sdk.APIConnectionError):
+        return Failure(True, one_line(f"connection error: {exc.__cause__ or exc.message}"))
+    if isinstance(exc, sdk.APIStatusError):
+        status = exc.status_code
+        message = provider_message(exc.body) or exc.message
+        retryable = status in (408, 429) or status >= 500
+        return Failure(
+            retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(exc.response.headers)
+        )
+    if isinstance(exc, sdk.AnthropicError):
+        return Failure(False, one_line(f"{type(exc).__name__}: {exc}"))
+    return None
+
+
+# ----- tether -> Anthropic -------------------------------------------------------------------------
+
+
+def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """(system text, messages) for the Messages API; see the module docstring for the mapping."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.role
+        if role == "system":
+            if m.content:
+                system.append(m.content)
+        elif role == "user":
+            if m.content:
+                _append(out, "user", {"type": "text", "text": m.content})
+        elif role == "tool":
+            if not m.tool_call_id:
+                raise ValueError(
+                    f"tool message without tool_call_id (name={m.name!r}); every tool result needs its call id"
+                )
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+            if m.content:
+                block["content"] = m.content
+            _append(out, "user", block)
+        elif role == "assistant":
+            if m.content.strip():
+                _append(out, "assistant", {"type": "text", "text": m.content})
+            for call in m.tool_calls:
+                _append(out, "assistant", _tool_use(call))
+        else:
+            raise ValueError(f"unknown message role {role!r}; expected system, user, assistant or tool")
+    return "\n\n".join(system), out
+
+
+def _append(out: list[dict[str, Any]], role: str, block: dict[str, Any]) -> None:
+    if out and out[-1]["role"] == role:
+        content = out[-1]["content"]
+        if block["type"] == "tool_result":
+            # tool_result blocks must open a user message, before any text
+            at = 0
+            while at < len(content) and content[at]["type"] == "tool_result":
+                at += 1
+            content.insert(at, block)
+        else:
+            content.append(block)
+    else:
+        out.append({"role": role, "content": [block]})
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    # The API requires `input` to be an object; a call whose arguments did not parse goes back as {}.
+    return {
+        "type": "tool_use",
+        "id": call.id,
+        "name": call.name,
+        "input": {} if call.parse_error else call.arguments,
+    }
+
+
+def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+
+
+# ----- Anthropic -> tether -------------------------------------------------------------------------
+
+
+def _usage(u: Any) -> Usage:
+    if u is None:
+        return Usage()
+    # Cached prompt tokens are still prompt tokens for budgets; pricing can split them later.
+    inp = (
+        (getattr(u, "input_tokens", 0) or 0)
+        + (getattr(u, "cache_creation_input_tokens", 0) or 0)
+        + (getattr(u, "cache_read_input_tokens", 0) or 0)
+    )
+    return Usage(input_tokens=inp, output_tokens=getattr(u, "output_tokens", 0) or 0)
+
+
+def reply_from_message(response: Any, default_model: str) -> ModelReply:
+    """An anthropic `Message` (SDK object) -> ModelReply."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    seen: set[str] = set()
+    for block in response.content or ():
+        kind = block.type
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "tool_use":
+            calls.append(make_tool_call(block.id, block.name, block.input, seen))
+    return ModelReply(
+        text="".join(texts),
+        tool_calls=calls,
+        usage=_usage(response.usage),
+        model=response.model or default_model,
+        finish_reason=response.stop_reason or "",
+    )
+
+
+class AnthropicStreamState:
+    """Accumulates raw stream events: text, tool_use blocks with their JSON pieces, usage."""
+
+    __slots__ = ("_blocks", "_text", "finish_reason", "input_tokens", "model", "output_tokens")
+
+    def __init__(self, model: str) -> None:
+        self._text: list[str] = []
+        self._blocks: dict[int, list[Any]] = {}  # index -> [id, name, [partial json]]
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.finish_reason = ""
+        self.model = model
+
+    def add(self, event: Any) -> str:
+        kind = event.type
+        if kind == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta":
+                self._text.append(delta.text)
+                return delta.text
+            if delta.type == "input_json_delta" and event.index in self._blocks:
+                self._blocks[event.index][2].append(delta.partial_json)
+        elif kind == "content_block_start":
+            block = event.content_block
+            if block.type == "tool_use":
+                start = [block.input] if block.input else []  # usually {} with the JSON in deltas
+                self._blocks[event.index] = [block.id, block.name, start]
+            elif block.type == "text" and block.text:
+                self._text.append(block.text)
+                return block.text
+        elif kind == "message_start":
+            message = event.message
+            self.model = message.model or self.model
+            self.input_tokens = _usage(message.usage).input_tokens
+            self.output_tokens = getattr(message.usage, "output_tokens", 0) or 0
+        elif kind == "message_delta":
+            if event.delta.stop_reason:
+                self.finish_reason = event.delta.stop_reason
+            if event.usage is not None and event.usage.output_tokens:
+                self.output_tokens = event.usage.output_tokens  # cumulative, not a delta
+        return ""
+
+    def reply(self) -> ModelReply:
+        seen: set[str] = set()
+        calls = []
+        for _, (call_id, name, pieces) in sorted(self._blocks.items()):
+            raw: Any = (
+                pieces[0]
+                if len(pieces) == 1 and isinstance(pieces[0], dict)
+                else "".join(p for p in pieces if isinstance(p, str))
+            )
+            calls.append(make_tool_call(call_id, name, raw, seen))
+        return ModelReply(
+            text="".join(self._text),
+            tool_calls=calls,
+            usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens),
+            model=self.model,
+            finish_reason=self.finish_reason,
+        )
