@@ -156,3 +156,12 @@ async def test_parallel_calls_overlap(tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
     assert outs == [f"{i}\n" for i in range(4)]
     assert elapsed < 3.5  # run one after another they would need at least 4 s
+
+
+async def test_bash_does_not_hand_secrets_to_commands(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-secret-value")
+    monkeypatch.setenv("TETHER_PLAIN_SETTING", "visible")
+    bash = shell_tool(tmp_path, timeout=10)
+    out = await bash.fn(command="echo key=${OPENROUTER_API_KEY:-none} plain=$TETHER_PLAIN_SETTING")
+    assert "key=none" in out and "plain=visible" in out
+    assert "sk-secret-value" not in out

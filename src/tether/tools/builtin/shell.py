@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -178,6 +179,15 @@ def format_result(result: CommandResult, timeout: float) -> str:
     return out + "\n".join(notes)
 
 
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION|COOKIE)", re.IGNORECASE)
+
+
+def scrubbed_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment minus variables whose names look like secrets (API keys, tokens, passwords)."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if not _SECRET_NAME.search(k)}
+
+
 def shell_tool(
     cwd: str | Path,
     *,
@@ -185,7 +195,13 @@ def shell_tool(
     max_output_chars: int = 30_000,
     env: Mapping[str, str] | None = None,
 ) -> Tool:
-    """The `Bash` tool: runs commands in `cwd` (env: the process environment unless `env` is given)."""
+    """The `Bash` tool: runs commands in `cwd`.
+
+    `env` defaults to the process environment without its secrets (see `scrubbed_environ`), so an
+    injected `echo $OPENAI_API_KEY` finds nothing; pass `env=os.environ` to hand them over.
+    """
+    if env is None:
+        env = scrubbed_environ()
     workdir = Path(cwd).resolve()
     if not workdir.is_dir():
         raise ValueError(f"working directory {workdir} is not an existing directory")
