@@ -1,5 +1,6 @@
 """tether: a bounded, safe, durable and testable runtime for tool-using LLM agents."""
 
+from tether import models
 from tether.agent import Agent
 from tether.limits import Limits
 from tether.loop import CancelToken
@@ -19,6 +20,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "Usage",
+    "models",
     "tool",
 ]
 __version__ = "0.1.0"
