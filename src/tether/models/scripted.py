@@ -82,9 +82,12 @@ class ScriptedModel:
         return len(self.requests)
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        self.requests.append(request)
+        # The loop passes its live transcript; keep what the model saw at this call.
+        seen = ModelRequest(list(request.messages), request.tools, request.max_output_tokens,
+                            request.temperature, request.stop)
+        self.requests.append(seen)
         if self._fn is not None:
-            item = self._fn(request)
+            item = self._fn(seen)
         else:
             if self._next >= len(self._items):
                 raise ModelError(f"ScriptedModel ran out of replies after {len(self._items)} calls")
