@@ -1,0 +1,255 @@
+"""The `tether` command: `tether -p PROMPT`, `tether run`, `tether chat`, `tether models`.
+
+stdout carries only the answer (or `--json`); progress, tool activity and errors go to stderr.
+Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval,
+130 cancelled (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tether.cli import options as o
+from tether.cli.build import CliError, build_agent
+from tether.cli.progress import EXIT_ERROR, Reporter
+from tether.cli.runner import report, run_turn
+from tether.trace import JsonlTraceWriter
+
+app = typer.Typer(
+    name="tether",
+    help="Run a bounded, tool-using LLM agent. `tether -p PROMPT` prints only the final answer on stdout.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+PromptOption = Annotated[str | None, typer.Option(
+    "--prompt", "-p", help="Run this task and print only the final answer on stdout ('-' reads stdin).",
+    show_default=False)]
+
+
+def err_console() -> Console:
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _fail(console: Console, message: str) -> int:
+    console.print(f"tether: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+    return EXIT_ERROR
+
+
+def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
+    enabled = not opts.quiet and (opts.verbose or console.is_terminal)
+    return Reporter(console, enabled=enabled, verbose=opts.verbose)
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise CliError("the prompt is empty")
+    return prompt.strip()
+
+
+def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
+    if opts.trace is None:
+        return None
+    try:
+        return JsonlTraceWriter(opts.trace)
+    except OSError as exc:
+        raise CliError(f"cannot write the trace file {opts.trace}: {exc}") from exc
+
+
+def execute(opts: o.RunOptions, prompt: str) -> int:
+    """One run, start to exit code."""
+    console = err_console()
+    reporter = _reporter(opts, console)
+    try:
+        text = read_prompt(prompt)
+        agent = build_agent(opts, announce=reporter.announce)
+        trace = open_trace(opts)
+    except CliError as exc:
+        return _fail(console, str(exc))
+    try:
+        result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
+    except Exception as exc:  # a bug, not a run outcome: the loop turns run failures into results
+        if opts.verbose:
+            console.print_exception()
+        return _fail(console, f"internal error: {type(exc).__name__}: {exc}")
+    finally:
+        if trace is not None:
+            trace.close()
+        if agent.executor is not None:
+            agent.executor.close()
+    return report(result, reporter, as_json=opts.json)
+
+
+def execute_chat(opts: o.RunOptions) -> int:
+    from tether.cli.chat import chat
+
+    console = err_console()
+    reporter = _reporter(opts, console)
+    try:
+        agent = build_agent(opts, announce=reporter.announce)
+        trace = open_trace(opts)
+    except CliError as exc:
+        return _fail(console, str(exc))
+    try:
+        return chat(agent, reporter, as_json=opts.json, trace=trace)
+    finally:
+        if trace is not None:
+            trace.close()
+        if agent.executor is not None:
+            agent.executor.close()
+
+
+def _options(**values: object) -> o.RunOptions:
+    return o.RunOptions(**values)  # type: ignore[arg-type]
+
+
+@app.callback(invoke_without_command=True)
+def root(
+    ctx: typer.Context,
+    prompt: PromptOption = None,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """Run a bounded, tool-using LLM agent.
+
+    `tether -p "PROMPT"` runs one task and prints only the final answer on stdout. Exit codes: 0
+    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 130 cancelled.
+    """
+    if version:
+        from tether import __version__
+
+        typer.echo(f"tether {__version__}")
+        raise typer.Exit(0)
+    opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+                    max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json,
+                    trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes,
+                    verbose=verbose, quiet=quiet)
+    ctx.obj = opts
+    if ctx.invoked_subcommand is not None:
+        if prompt is not None:
+            raise typer.BadParameter("-p runs a task by itself; do not combine it with a command", param_hint="-p")
+        return
+    if prompt is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    raise typer.Exit(execute(opts, prompt))
+
+
+@app.command("run")
+def run_command(
+    ctx: typer.Context,
+    prompt: Annotated[str | None, typer.Argument(help="The task; '-' or piped stdin reads it from stdin.",
+                                                 show_default=False)] = None,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+) -> None:
+    """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
+    opts = _root_options(ctx).merge(_options(
+        model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
+        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
+                                     param_hint="PROMPT")
+        prompt = "-"
+    raise typer.Exit(execute(opts, prompt))
+
+
+@app.command("chat")
+def chat_command(
+    ctx: typer.Context,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+) -> None:
+    """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
+    opts = _root_options(ctx).merge(_options(
+        model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
+        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+    raise typer.Exit(execute_chat(opts))
+
+
+@app.command("models")
+def models_command() -> None:
+    """List the models this machine can use: configured endpoints, the embedded model, GGUF files."""
+    from tether.cli.models_cmd import show_models
+
+    show_models(Console(soft_wrap=True))
+
+
+def _root_options(ctx: typer.Context) -> o.RunOptions:
+    parent = ctx.parent
+    obj = parent.obj if parent is not None else None
+    return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
+
+
+def _register_extensions() -> None:
+    """Commands other parts of tether add (`ingest`, `ask`, ... from the retrieval package)."""
+    try:
+        from tether.cli import rag_commands
+    except ImportError:
+        return
+    rag_commands.register(app)
+
+
+_register_extensions()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `tether` script and of `python -m tether`."""
+    app(args=argv, prog_name="tether")
+
+
+__all__ = ["app", "execute", "main"]

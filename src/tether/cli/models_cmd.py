@@ -1,0 +1,40 @@
+"""`tether models`: which models this machine can use, without loading or calling any.
+
+Plain lines (one fact each, never wrapped) so the output reads the same in a terminal and a pipe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from rich.console import Console
+
+from tether.models.resolve import configured_endpoints, default_choice, gguf_files, local_status, models_dir
+
+
+def models_report(env: Mapping[str, str] | None = None) -> list[str]:
+    """The lines `tether models` prints. API keys are never shown, only whether one is set."""
+    env = os.environ if env is None else env
+    lines = ["endpoints configured in the environment:"]
+    endpoints = configured_endpoints(env)
+    for e in endpoints:
+        spec = f"anthropic:{e.default_model}" if e.name == "anthropic" else e.default_model
+        key = "key set" if e.key_set else "no key"
+        lines.append(f"  {e.name:<10} {spec} at {e.base_url} ({key}; from {e.source})")
+    if not endpoints:
+        lines.append("  none (set OPENAI_API_KEY / OPENAI_BASE_URL, OPENROUTER_API_KEY or ANTHROPIC_API_KEY)")
+    local = local_status()
+    lines.append("embedded model:")
+    lines.append(f"  local      {'available: ' if local.available else 'not installed: '}{local.detail}")
+    root = models_dir(env)
+    files = gguf_files(env)
+    lines.append(f"GGUF files under {root} (TETHER_MODELS_DIR), usable as --model local:PATH:")
+    lines += [f"  local:{path}" for path in files] or ["  none"]
+    lines.append(f"default (no --model): {default_choice(env)}")
+    return lines
+
+
+def show_models(console: Console, env: Mapping[str, str] | None = None) -> None:
+    for line in models_report(env):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

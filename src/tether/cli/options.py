@@ -1,0 +1,85 @@
+"""The options shared by `tether -p`, `tether run` and `tether chat`, declared once.
+
+The root command and each subcommand take the same options, so `tether --model X chat` and
+`tether chat --model X` both work; `RunOptions.merge` lets the subcommand's values win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+TOOL_SETS = ("coding", "calculator", "files", "bash", "none")
+
+Model = Annotated[str | None, typer.Option(
+    "--model", "-m", help="openai:NAME, openrouter:NAME, anthropic:NAME, local, local:/path/model.gguf, or a "
+    "bare NAME for the configured endpoint. Default: $TETHER_MODEL, then OPENAI_*, OPENROUTER_*, the "
+    "embedded model.", show_default=False)]
+BaseUrl = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (e.g. "
+                                             "http://localhost:11434/v1).", show_default=False)]
+ApiKey = Annotated[str | None, typer.Option("--api-key", help="API key for the endpoint (default: from the "
+                                            "environment).", show_default=False)]
+MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="Model calls per run. Default: 20.",
+                                              show_default=False)]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Total tokens per run.",
+                                               show_default=False)]
+MaxSeconds = Annotated[float | None, typer.Option("--max-seconds", min=0.001, help="Wall-clock seconds per run.",
+                                                  show_default=False)]
+MaxCost = Annotated[float | None, typer.Option("--max-cost", min=0.0, help="Cost per run in USD.",
+                                               show_default=False)]
+Tools = Annotated[str | None, typer.Option(
+    "--tools", "-t", help="Comma list from: coding (Read, Write, Edit, Glob, Grep, Bash), calculator, files "
+    "(Read, Write, Edit, Glob, Grep), bash, none. Default: coding.", show_default=False)]
+Workspace = Annotated[Path | None, typer.Option(
+    "--workspace", "-w", help="Directory the file tools and Bash work in. Default: the current directory.",
+    show_default=False, file_okay=False)]
+Json = Annotated[bool, typer.Option("--json", help="Print the whole RunResult as JSON on stdout.")]
+Trace = Annotated[Path | None, typer.Option("--trace", help="Write every trace event to FILE, one JSON line each.",
+                                            show_default=False, dir_okay=False)]
+TextProtocol = Annotated[str | None, typer.Option(
+    "--text-protocol", help="Give a raw model tools through a text protocol: tagged or react.",
+    show_default=False)]
+Instructions = Annotated[str | None, typer.Option(
+    "--instructions", help="System instructions (default: a short coding-agent prompt naming the workspace).",
+    show_default=False)]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
+                                       "is not a terminal.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
+
+
+@dataclass(slots=True)
+class RunOptions:
+    """Everything the options say; None means 'not given' so root and subcommand values can merge."""
+
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+    max_cost: float | None = None
+    tools: str | None = None
+    workspace: Path | None = None
+    json: bool = False
+    trace: Path | None = None
+    text_protocol: str | None = None
+    instructions: str | None = None
+    yes: bool = False
+    verbose: bool = False
+    quiet: bool = False
+
+    def merge(self, other: RunOptions) -> RunOptions:
+        """These options overridden by the ones given in `other` (flags: either one set)."""
+        out = dataclasses.replace(self)
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, bool):
+                setattr(out, f.name, mine or theirs)
+            elif theirs is not None:
+                setattr(out, f.name, theirs)
+        return out

@@ -1,0 +1,136 @@
+"""Progress on stderr: tool activity, model calls, the stop line. stdout stays for the answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.status import Status
+
+from tether.types import RunResult, StopReason, TraceEvent
+
+# Exit codes: 2 stays click's usage error, so scripts can tell a typo from a run that ran out of budget.
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_BUDGET = 3
+EXIT_APPROVAL = 4
+EXIT_CANCELLED = 130
+
+BUDGET_STOPS = {
+    StopReason.MAX_STEPS: "the step limit",
+    StopReason.TOKEN_BUDGET: "the token budget",
+    StopReason.TIME_BUDGET: "the time budget",
+    StopReason.COST_BUDGET: "the cost budget",
+    StopReason.TOOL_CALL_BUDGET: "the tool-call budget",
+    StopReason.LOOP_DETECTED: "a repeated tool call",
+}
+
+
+def exit_code(result: RunResult) -> int:
+    if result.stop_reason is StopReason.COMPLETED:
+        return EXIT_OK
+    if result.stop_reason in BUDGET_STOPS:
+        return EXIT_BUDGET
+    if result.stop_reason is StopReason.AWAITING_APPROVAL:
+        return EXIT_APPROVAL
+    if result.stop_reason is StopReason.CANCELLED:
+        return EXIT_CANCELLED
+    return EXIT_ERROR
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def stop_line(result: RunResult, answer_shown: bool = True) -> str:
+    """One line saying why a run that did not complete stopped, and what it found."""
+    found = _plural(len(result.findings), "finding")
+    where = "partial answer on stdout" if result.answer.strip() and answer_shown else "no answer"
+    done = f"after {_plural(result.steps, 'step')} and {_plural(result.usage.tool_calls, 'tool call')}"
+    reason = result.stop_reason
+    if reason in BUDGET_STOPS:
+        head = f"stopped at {BUDGET_STOPS[reason]} ({reason.value}) {done}"
+    elif reason is StopReason.CANCELLED:
+        head = f"cancelled ({result.error or 'cancelled'}) {done}"
+    elif reason is StopReason.AWAITING_APPROVAL:
+        head = f"stopped {done}: a tool call awaits approval (rerun with --yes to approve)"
+    else:
+        head = f"error {done}: {result.error or 'unknown error'}"
+    return " ".join(f"tether: {head}; {where}, {found}".split())
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _call_text(name: str, arguments: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={_short(json.dumps(v, ensure_ascii=False, default=str), 60)}"
+                     for k, v in arguments.items())
+    return f"{name}({_short(args, 100)})"
+
+
+class Reporter:
+    """Renders trace events on a rich console (stderr). Silent unless `enabled`."""
+
+    def __init__(self, console: Console, *, enabled: bool, verbose: bool = False) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.verbose = verbose
+        self._status: Status | None = None
+
+    def announce(self, text: str) -> None:
+        """Always shown: things the user must know (e.g. which model is used)."""
+        self.console.print(escape(text), style="yellow", highlight=False)
+
+    def start(self) -> None:
+        if self.enabled and self.console.is_terminal and self._status is None:
+            self._status = self.console.status("thinking...", spinner="dots")
+            self._status.start()
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __call__(self, event: TraceEvent) -> None:
+        if not self.enabled:
+            return
+        data = event.data
+        if event.kind == "tool_call":
+            if self._status is not None:
+                self._status.update("thinking...")
+            ok = not data.get("is_error")
+            mark = "[green]●[/]" if ok else "[red]●[/]"
+            note = f"{data.get('result_chars', 0)} chars" + (", capped" if data.get("truncated") else "")
+            if not ok:
+                note = f"{data.get('decision', 'error')}, {note}"
+            self.console.print(f"{mark} {escape(_call_text(str(data.get('name')), data.get('arguments') or {}))} "
+                               f"[dim]{escape(note)}, {event.duration:.2f}s[/]", highlight=False)
+        elif event.kind == "model_call":
+            if self._status is not None:
+                n = data.get("tool_calls", 0)
+                self._status.update(f"step {event.step}: running {_plural(n, 'tool call')}..." if n else "done")
+            if self.verbose:
+                final = " (final answer call)" if data.get("final") else ""
+                self.console.print(
+                    f"[dim]· model {escape(str(data.get('model')))}{final}: {data.get('input_tokens', 0)} in / "
+                    f"{data.get('output_tokens', 0)} out tokens, ${data.get('cost_usd', 0):.4f}, "
+                    f"{event.duration:.2f}s[/]", highlight=False)
+        elif event.kind == "notice":
+            self.console.print(f"[yellow]! {escape(_short(data, 200))}[/]", highlight=False)
+        elif event.kind == "error":
+            self.console.print(f"[red]! {escape(str(data.get('error', data)))}[/]", highlight=False)
+
+    def summary(self, result: RunResult) -> None:
+        """A dim usage line after a run (progress mode only)."""
+        if not self.enabled:
+            return
+        u = result.usage
+        self.console.print(
+            f"[dim]{result.stop_reason.value}: {_plural(result.steps, 'step')}, "
+            f"{_plural(u.tool_calls, 'tool call')}, {u.total_tokens} tokens, ${u.cost_usd:.4f}, "
+            f"{u.seconds:.1f}s[/]", highlight=False)

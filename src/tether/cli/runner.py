@@ -1,0 +1,97 @@
+"""One run from the command line: Ctrl-C cancels it cleanly, events go to progress and trace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import TextIO
+
+from tether.agent import Agent
+from tether.cli.progress import Reporter, exit_code, stop_line
+from tether.loop import CancelToken
+from tether.trace import JsonlTraceWriter
+from tether.types import Message, RunResult, TraceEvent, to_json
+
+INTERRUPT_REASON = "interrupted by Ctrl-C"
+
+
+@contextlib.contextmanager
+def sigint_cancels(cancel: CancelToken, on_first: Callable[[], None] | None = None) -> Iterator[None]:
+    """While inside, the first Ctrl-C cancels the run (it ends with its partial state); a second
+    one exits at once. Outside the main thread (tests, embedding) nothing is installed."""
+    loop = asyncio.get_running_loop()
+    presses = 0
+
+    def handler() -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            os._exit(130)
+        if on_first is not None:
+            on_first()
+        cancel.cancel(INTERRUPT_REASON)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+        installed = True
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals here
+        installed = False
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+async def run_turn(
+    agent: Agent,
+    prompt: str,
+    *,
+    history: Iterable[Message] = (),
+    reporter: Reporter,
+    trace: JsonlTraceWriter | None = None,
+) -> RunResult:
+    """Run one prompt; Ctrl-C cancels it and the partial RunResult comes back."""
+    cancel = CancelToken()
+    run_id = uuid.uuid4().hex[:12]
+    if trace is not None:
+        trace.run_id = run_id
+    sinks: list[Callable[[TraceEvent], None]] = [reporter]
+    if trace is not None:
+        sinks.append(trace)
+
+    def on_event(event: TraceEvent) -> None:
+        for sink in sinks:
+            sink(event)
+
+    def first_interrupt() -> None:
+        reporter.stop()
+        reporter.console.print("[yellow]cancelling... (Ctrl-C again to quit at once)[/]", highlight=False)
+
+    reporter.start()
+    try:
+        with sigint_cancels(cancel, first_interrupt):
+            return await agent.arun(prompt, history=history, run_id=run_id, cancel=cancel, on_event=on_event)
+    finally:
+        reporter.stop()
+
+
+def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO | None = None) -> int:
+    """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code."""
+    out = out or sys.stdout
+    if as_json:
+        out.write(to_json(result) + "\n")
+    elif result.answer.strip():
+        out.write(result.answer.rstrip("\n") + "\n")
+    out.flush()
+    code = exit_code(result)
+    if code != 0:
+        reporter.console.print(stop_line(result), style="red", highlight=False,
+                               markup=False, soft_wrap=True)
+    reporter.summary(result)
+    return code

