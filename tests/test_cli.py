@@ -230,7 +230,9 @@ def test_your_program_sh_as_the_course_calls_it(tmp_path: Path) -> None:
     assert tools["Read"]["required"] == ["file_path"]
     assert set(tools["Write"]["required"]) == {"file_path", "content"}
     assert tools["Bash"]["required"] == ["command"]
-    assert bodies[1]["messages"][-1]["content"] == "Project notes."
+    # The file's text reaches the model labelled as data (the safety policy's untrusted wrapper).
+    read_back = bodies[1]["messages"][-1]["content"]
+    assert read_back.startswith('<untrusted-data source="tool \'Read\'">\nProject notes.\n</untrusted-data>')
 
 
 def test_ctrl_c_in_chat_cancels_the_turn_and_keeps_the_conversation(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ class Agent:
     tools: Sequence[Tool] = ()
     instructions: str = ""
     limits: Limits = field(default_factory=Limits)
-    policy: Policy | None = None
+    policy: Policy | None = None  # None: tether.policy.SafetyPolicy() with a deny-all approver
     user: str | None = None
     pricing: Pricing = field(default_factory=Pricing)
     clock: Clock = field(default_factory=MonotonicClock)
@@ -49,6 +49,10 @@ class Agent:
     executor: Executor | None = None
 
     def __post_init__(self) -> None:
+        if self.policy is None:
+            from tether.policy import SafetyPolicy  # the default: deny-by-default approvals after taint
+
+            self.policy = SafetyPolicy()
         if self.executor is None:
             self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
                                      default_timeout=self.tool_timeout,

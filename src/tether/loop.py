@@ -120,7 +120,9 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     loops = LoopDetector(spec.limits.max_repeats)
     trace: list[TraceEvent] = []
     findings: list[str] = []
-    ctx = CallContext(run_id=spec.run_id, user=spec.user)
+    # The user's own words (once per run, not per step) for the policy's argument provenance.
+    ctx = CallContext(run_id=spec.run_id, user=spec.user,
+                      extra={"user_messages": [m.content for m in messages if m.role == "user"]})
     tools = spec.executor.specs
     stop: StopReason | None = None
     error: str | None = None
@@ -197,6 +199,13 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
                     StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
         answer = await _final_answer(spec, messages, stop, budget, emit) or answer
+
+    # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
+    finish = getattr(spec.executor.policy, "finish_run", None)  # optional in a Policy
+    if answer and finish is not None:
+        answer, redacted = finish(spec.run_id, answer)
+        if redacted:
+            emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
     result = RunResult(
         run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=findings,

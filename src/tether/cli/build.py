@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
@@ -12,6 +14,9 @@ from tether.models.base import Model
 from tether.models.resolve import ModelConfigError, resolve_model
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
+
+if TYPE_CHECKING:
+    from tether.policy import Approver
 
 
 class CliError(Exception):
@@ -101,8 +106,15 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor)
 
 
-def build_policy(opts: RunOptions) -> Policy | None:
-    """The executor policy for CLI runs. The safety policy plugs in here: `opts.yes` means approve
-    every call that asks for approval (e.g. an AutoApprove approver); without it, ask on a terminal
-    and refuse otherwise. Until then every valid call runs (no policy)."""
-    return None
+def build_policy(opts: RunOptions) -> Policy:
+    """The safety policy for CLI runs: `--yes` approves every call that asks for approval; otherwise
+    ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal)."""
+    from tether.policy import AutoApprove, DenyAll, SafetyPolicy, TerminalApprover
+
+    if opts.yes:
+        approver: Approver = AutoApprove()
+    elif sys.stdin.isatty() and sys.stderr.isatty():
+        approver = TerminalApprover()
+    else:
+        approver = DenyAll()
+    return SafetyPolicy(approver=approver)

@@ -58,6 +58,7 @@ class Tool:
     spec: ToolSpec = field(init=False)
 
     def __post_init__(self) -> None:
+        self.effect = Effect(self.effect)
         self.spec = ToolSpec(self.name, self.description, self.parameters)
         self.is_async = inspect.iscoroutinefunction(self.fn)
 

@@ -53,15 +53,23 @@ class Policy(Protocol):
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
 
+    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
+        """Optional: filter the final answer as it leaves the run; returns (answer, findings)."""
+        ...
+
 
 class AllowAll:
-    """No policy: every valid call runs. The default only where no safety policy is configured."""
+    """No policy: every valid call runs. Opt-in only (`Agent(policy=AllowAll())`), for tests and
+    trusted tool sets; the Agent's default is `tether.policy.SafetyPolicy`."""
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
         return ALLOW
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         return result
+
+    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
+        return answer, []
 
 
 class Executor:

@@ -1,0 +1,1 @@
+"""AgentDojo under a compromised model, through tether's executor and safety policy."""

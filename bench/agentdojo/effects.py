@@ -1,0 +1,95 @@
+"""How tether classifies AgentDojo's tools: effect class, trusted outputs, URL arguments.
+
+Everything not listed as irreversible or reversible is read-only. Every tool's output is
+untrusted (third parties write emails, files, reviews, web pages, messages, even channel names)
+except the few that return only the user's own account data, listed in TRUSTED. The harness
+checks this: a TRUSTED tool whose output carries an injection fails the benchmark.
+"""
+
+from __future__ import annotations
+
+IRREVERSIBLE: dict[str, set[str]] = {
+    "workspace": {"send_email", "delete_email", "create_calendar_event", "cancel_calendar_event",
+                  "reschedule_calendar_event", "add_calendar_event_participants", "share_file", "delete_file"},
+    "travel": {"reserve_hotel", "reserve_car_rental", "reserve_restaurant", "send_email", "create_calendar_event",
+               "cancel_calendar_event"},
+    "banking": {"send_money", "schedule_transaction", "update_scheduled_transaction", "update_password",
+                "update_user_info"},
+    "slack": {"send_direct_message", "send_channel_message", "add_user_to_channel", "invite_user_to_slack",
+              "remove_user_from_slack", "post_webpage"},
+}
+
+REVERSIBLE: dict[str, set[str]] = {
+    "workspace": {"create_file", "append_to_file"},
+    "travel": set(),
+    "banking": set(),
+    "slack": set(),
+}
+
+TRUSTED: dict[str, set[str]] = {
+    "workspace": {"get_current_day", "search_contacts_by_name", "search_contacts_by_email"},
+    "travel": {"get_user_information"},
+    "banking": {"get_iban", "get_balance", "get_user_info", "get_scheduled_transactions"},
+    "slack": {"get_users_in_channel"},
+}
+
+# The arguments the taint rule checks: the destination or target of each irreversible tool
+# (who receives, what is deleted or changed, where money goes). Payload (subjects, bodies,
+# descriptions) is left out: the user asked for it to be derived from what was read, and it can
+# only reach a destination that is itself traceable to the user.
+_EVENT = ("participants", "title", "start_time")
+GUARDED: dict[str, dict[str, tuple[str, ...]]] = {
+    "workspace": {
+        "send_email": ("recipients", "cc", "bcc"),
+        "delete_email": ("email_id",),
+        "create_calendar_event": _EVENT,
+        "cancel_calendar_event": ("event_id",),
+        "reschedule_calendar_event": ("event_id", "new_start_time"),
+        "add_calendar_event_participants": ("event_id", "participants"),
+        "share_file": ("file_id", "email"),
+        "delete_file": ("file_id",),
+    },
+    "travel": {
+        "reserve_hotel": ("hotel",),
+        "reserve_car_rental": ("company",),
+        "reserve_restaurant": ("restaurant",),
+        "send_email": ("recipients", "cc", "bcc"),
+        "create_calendar_event": _EVENT,
+        "cancel_calendar_event": ("event_id",),
+    },
+    "banking": {
+        "send_money": ("recipient", "amount"),
+        "schedule_transaction": ("recipient", "amount"),
+        "update_scheduled_transaction": ("id", "recipient", "amount"),
+        # update_password, update_user_info: every argument
+    },
+    "slack": {
+        "send_direct_message": ("recipient",),
+        "send_channel_message": ("channel",),
+        "add_user_to_channel": ("user", "channel"),
+        "invite_user_to_slack": ("user", "user_email"),
+        "remove_user_from_slack": ("user",),
+        "post_webpage": ("url",),
+    },
+}
+
+# Tools returning the user's private data (passport, card, account numbers): identifiers from
+# them may not leave in an irreversible call after taint unless the user wrote them.
+PRIVATE: dict[str, set[str]] = {
+    "workspace": set(),
+    "travel": {"get_user_information"},
+    "banking": {"get_user_info"},
+    "slack": set(),
+}
+
+URL_ARGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "slack": {"get_webpage": ("url",), "post_webpage": ("url",)},
+}
+
+
+def effect_of(suite: str, tool: str) -> str:
+    if tool in IRREVERSIBLE.get(suite, set()):
+        return "irreversible"
+    if tool in REVERSIBLE.get(suite, set()):
+        return "reversible"
+    return "read_only"

@@ -1,0 +1,35 @@
+"""Safety by design: capabilities, taint and provenance, approvals, authorization, idempotency,
+egress and output filtering, audit, and a response safety filter. Everything is enforced inside
+the executor through `SafetyPolicy` (the executor's Policy seam)."""
+
+from tether.policy.approvals import (
+    ApprovalBook,
+    ApprovalDecision,
+    ApprovalRequest,
+    Approver,
+    AutoApprove,
+    CallbackApprover,
+    DenyAll,
+    OracleApprover,
+    PendingApprover,
+    TerminalApprover,
+)
+from tether.policy.audit import AuditLog, AuditRecord, JsonlSink, SqliteSink
+from tether.policy.authz import Authorizer, Permissions
+from tether.policy.canonical import action_key, canonical_json
+from tether.policy.capabilities import Capabilities, Capability
+from tether.policy.egress import EgressPolicy
+from tether.policy.idempotency import IdempotencyCache, MemoryIdempotency, idempotent
+from tether.policy.output_filter import Finding, filter_output
+from tether.policy.policy import RunState, SafetyPolicy, wrap_untrusted
+from tether.policy.provenance import Origin, Provenance
+from tether.policy.safety_filter import Rule, RuleResult, SafetyFilter, SafetyVerdict
+
+__all__ = [
+    "ApprovalBook", "ApprovalDecision", "ApprovalRequest", "Approver", "AuditLog", "AuditRecord", "Authorizer",
+    "AutoApprove", "CallbackApprover", "Capabilities", "Capability", "DenyAll", "EgressPolicy", "Finding",
+    "IdempotencyCache", "JsonlSink", "MemoryIdempotency", "OracleApprover", "Origin", "PendingApprover",
+    "Permissions", "Provenance", "Rule", "RuleResult", "RunState", "SafetyFilter", "SafetyPolicy", "SafetyVerdict",
+    "SqliteSink", "TerminalApprover", "action_key", "canonical_json", "filter_output", "idempotent",
+    "wrap_untrusted",
+]

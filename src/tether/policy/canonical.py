@@ -1,0 +1,45 @@
+"""Canonical form of tool arguments: the identity approvals, idempotency and audit bind to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal arguments give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def action_key(tool: str, arguments: dict[str, Any]) -> str:
+    """A hash of the exact action: tool name plus canonical arguments (any change -> new key)."""
+    return hashlib.sha256(f"{tool}\x00{canonical_json(arguments)}".encode()).hexdigest()[:32]
+
+
+def leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    """Every scalar inside `value` with its dotted path (`recipients.0`, `meta.amount`)."""
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for k, v in value.items():
+            out.extend(leaves(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if isinstance(value, list | tuple):
+        out = []
+        for i, v in enumerate(value):
+            out.extend(leaves(v, f"{path}.{i}" if path else str(i)))
+        return out
+    return [(path, value)]
+
+
+def get_path(args: dict[str, Any], path: str) -> tuple[bool, Any]:
+    """Look up a dotted path; returns (found, value)."""
+    cur: Any = args
+    for part in path.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            return False, None
+    return True, cur

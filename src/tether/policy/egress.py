@@ -1,0 +1,72 @@
+"""Egress: which hosts fetching and posting tools may reach, and what counts as internal."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+URL_RE = re.compile(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", re.IGNORECASE)
+_INTERNAL_SUFFIXES = (".internal", ".local", ".localhost", ".corp", ".lan", ".intranet", ".home.arpa")
+
+
+def host_of(url: str) -> str:
+    """The lower-cased host of a URL; scheme-less URLs (`www.x.com/a`) are read as http."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    try:
+        return (urlsplit(url).hostname or "").lower().rstrip(".")
+    except ValueError:
+        return ""
+
+
+def is_internal(host: str) -> bool:
+    """Loopback, private, link-local (cloud metadata) and reserved addresses, and internal names."""
+    host = host.lower().strip("[]")
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(_INTERNAL_SUFFIXES) or "." not in host:
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
+
+
+def find_urls(text: str) -> list[str]:
+    return [m.group().rstrip(".,;:!?") for m in URL_RE.finditer(text)]
+
+
+class EgressPolicy:
+    """A host allowlist. `"example.com"` matches exactly, `"*.example.com"` any subdomain (and the
+    domain itself). Internal hosts are refused unless listed explicitly."""
+
+    def __init__(self, allow: Iterable[str] = ()) -> None:
+        self.exact: set[str] = set()
+        self.suffixes: list[str] = []
+        for pattern in allow:
+            p = pattern.lower().strip()
+            if p.startswith("*."):
+                self.suffixes.append(p[2:])
+            elif p:
+                self.exact.add(p)
+
+    def allows_host(self, host: str) -> bool:
+        host = host.lower()
+        if host in self.exact:
+            return True
+        return any(host == s or host.endswith("." + s) for s in self.suffixes)
+
+    def check(self, url: str) -> tuple[str, str]:
+        """`("allow" | "internal" | "unlisted", reason)` for one URL."""
+        host = host_of(url)
+        if not host:
+            return "internal", f"'{url}' is not a URL with a host"
+        if self.allows_host(host):
+            return "allow", ""
+        if is_internal(host):
+            return "internal", f"'{host}' is an internal address"
+        return "unlisted", f"'{host}' is not on the egress allowlist"

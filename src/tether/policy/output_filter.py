@@ -1,0 +1,113 @@
+"""Scan text leaving the agent (final answers, tool arguments) for secrets and exfiltration.
+
+Finds: secrets (API keys, tokens, private keys, passwords), internal URLs, markdown images that
+point outside the allowlist (a client renders them by fetching the URL: a classic exfiltration
+channel), and URLs that carry base64 or other long encoded blobs. `filter_output` redacts each
+finding and says why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tether.policy.egress import EgressPolicy, find_urls, host_of, is_internal
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str  # secret | internal_url | markdown_image | encoded_url
+    match: str  # the offending text, shortened and masked for secrets
+    reason: str
+
+
+SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
+    ("API key (sk-)", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
+    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----[\s\S]*?(?:-----END (?:[A-Z]+ )?PRIVATE KEY-----|$)")),
+    ("JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("password or secret assignment",
+     re.compile(r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token)\b\s*[:=]\s*[\"']?[^\s\"',;]{6,}")),
+]
+
+_MD_IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)[^)]*\)")
+_BLOB = re.compile(r"[A-Za-z0-9+/_%-]{32,}={0,2}")
+
+
+def _mask(text: str) -> str:
+    return text[:4] + "..." + f"({len(text)} chars)" if len(text) > 8 else "***"
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _encoded_blob(url: str) -> str | None:
+    rest = url.split("?", 1)[1] if "?" in url else url.split("/", 3)[-1] if url.count("/") >= 3 else ""
+    m = _BLOB.search(rest)
+    return m.group() if m else None
+
+
+def scan(text: str, *, egress: EgressPolicy | None = None) -> list[tuple[int, int, Finding]]:
+    """All findings in `text` with their spans (start, end), in order, not overlapping."""
+    allow = egress or EgressPolicy()
+    spans: list[tuple[int, int, Finding]] = []
+    for label, pattern in SECRET_PATTERNS:
+        for m in pattern.finditer(text):
+            spans.append((m.start(), m.end(), Finding("secret", _mask(m.group()),
+                                                      f"looks like a {label}; secrets must not leave the run")))
+    for m in _MD_IMAGE.finditer(text):
+        host = host_of(m.group(1))
+        if not allow.allows_host(host):
+            spans.append((m.start(), m.end(), Finding(
+                "markdown_image", _short(m.group()),
+                f"markdown image loads from '{host or m.group(1)}', which is not allowlisted (the viewer would "
+                "send data to it)")))
+    for m in re.finditer(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", text, re.IGNORECASE):
+        url = m.group().rstrip(".,;:!?")
+        host = host_of(url)
+        if allow.allows_host(host):
+            continue
+        if is_internal(host):
+            spans.append((m.start(), m.start() + len(url), Finding(
+                "internal_url", _short(url), f"'{host}' is an internal address")))
+            continue
+        blob = _encoded_blob(url)
+        if blob is not None:
+            spans.append((m.start(), m.start() + len(url), Finding(
+                "encoded_url", _short(url),
+                f"URL to '{host}' carries an encoded blob ({len(blob)} chars): possible exfiltration")))
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    merged: list[tuple[int, int, Finding]] = []
+    for start, end, finding in spans:
+        if merged and start < merged[-1][1]:
+            continue  # inside an earlier finding (e.g. the URL of a markdown image)
+        merged.append((start, end, finding))
+    return merged
+
+
+def filter_output(text: str, *, egress: EgressPolicy | None = None) -> tuple[str, list[Finding]]:
+    """Redact every finding in `text`: returns (redacted text, findings). Clean text is unchanged."""
+    found = scan(text, egress=egress)
+    if not found:
+        return text, []
+    out: list[str] = []
+    last = 0
+    for start, end, finding in found:
+        out.append(text[last:start])
+        out.append(f"[redacted {finding.kind.replace('_', ' ')}]")
+        last = end
+    out.append(text[last:])
+    return "".join(out), [f for _, _, f in found]
+
+
+def scan_values(values: Iterable[str], *, egress: EgressPolicy | None = None) -> list[Finding]:
+    """Findings in several strings (e.g. a call's string arguments)."""
+    return [f for v in values for _, _, f in scan(v, egress=egress)]
+
+
+__all__ = ["Finding", "filter_output", "find_urls", "scan", "scan_values"]
