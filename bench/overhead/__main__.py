@@ -59,6 +59,21 @@ def stepping_script(steps: int, tool_name: str, payload: dict[str, Any] | None =
     return script
 
 
+class BenchModel:
+    """A scripted model with no bookkeeping of its own (ScriptedModel copies each request for tests)."""
+
+    name = "bench"
+
+    def __init__(self, script) -> None:
+        self.script = script
+
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        return self.script(request)
+
+    def stream(self, request: ModelRequest):  # pragma: no cover - not used by the bench
+        raise NotImplementedError
+
+
 def minimal_loop(steps: int) -> int:
     """The reference: a 20-line loop with no guards at all, same scripted model and tool."""
     tools = {"lookup": lambda key: "value-" + key}
@@ -92,7 +107,7 @@ def cpu_per_turn(fn, turns: int, reps: int = 7) -> float:
 
 
 def tether_runner(steps: int, tools: list[Tool], tool_name: str, payload: dict[str, Any] | None = None):
-    agent = Agent(ScriptedModel(stepping_script(steps, tool_name, payload)), tools=tools,
+    agent = Agent(BenchModel(stepping_script(steps, tool_name, payload)), tools=tools,
                   limits=Limits(max_steps=steps + 5, **GUARDS))
 
     def run_many(n: int = 10):
@@ -135,7 +150,7 @@ def bench_big_outputs() -> dict[str, float]:
         """Return a big document."""
         return (key + "x" * size)[:size]
 
-    agent = Agent(ScriptedModel(stepping_script(steps, "dump")), tools=[dump], limits=Limits(max_steps=40, **GUARDS))
+    agent = Agent(BenchModel(stepping_script(steps, "dump")), tools=[dump], limits=Limits(max_steps=40, **GUARDS))
     held: list[int] = []
 
     def on_event(event) -> None:

@@ -119,7 +119,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     budget = Budget(spec.limits, spec.clock, usage, steps)
     loops = LoopDetector(spec.limits.max_repeats)
     trace: list[TraceEvent] = []
-    findings: list[str] = []
+    found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
     # The user's own words (once per run, not per step) for the policy's argument provenance.
     ctx = CallContext(run_id=spec.run_id, user=spec.user,
                       extra={"user_messages": [m.content for m in messages if m.role == "user"]})
@@ -186,7 +186,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             for call, result in zip(reply.tool_calls, results, strict=True):
                 messages.append(result.to_message())
                 if not result.is_error:
-                    findings.append(_finding(call, result))
+                    found.append((call, result))
             if stop is not None:
                 break
     except (_Cancelled, asyncio.CancelledError):
@@ -208,7 +208,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
     result = RunResult(
-        run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=findings,
+        run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=[_finding(c, r) for c, r in found],
         usage=budget.finish(), messages=messages, trace=trace, error=error, steps=budget.steps,
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})

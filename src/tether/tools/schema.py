@@ -176,8 +176,8 @@ class SignatureValidator:
                 else:
                     problems.append(f"'{where}': {err['msg']} (got {_describe(err.get('input'))})")
             raise ArgumentError("; ".join(problems)) from None
-        # Keep validated values (coerced, defaults filled) without re-serialising nested models.
-        return {name: getattr(obj, name) for name in self.model.model_fields}
+        # Validated values (coerced, defaults filled), nested models kept as objects.
+        return dict(obj.__dict__)
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
