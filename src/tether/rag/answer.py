@@ -1,0 +1,44 @@
+"""Answering questions from an index: pipeline mode (retrieve, then one tool-free model call)
+and agentic mode (the model calls the search tool itself)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from tether.models.base import Model
+from tether.rag.base import Hit
+from tether.rag.prompt import AGENT_INSTRUCTIONS, build_messages
+from tether.rag.tool import Searchable, search_tool
+from tether.types import ModelReply, ModelRequest, RunResult
+
+
+@dataclass
+class PipelineAnswer:
+    answer: str
+    hits: list[Hit] = field(default_factory=list)
+    reply: ModelReply | None = None
+
+
+async def apipeline(question: str, index: Searchable, model: Model, *, k: int = 5,
+                    max_output_tokens: int | None = 512) -> PipelineAnswer:
+    """Retrieve the top `k` passages, then ask the model once, without tools."""
+    hits = index.search(question, k)
+    request = ModelRequest(build_messages(question, hits), max_output_tokens=max_output_tokens, temperature=0.0)
+    reply = await model.complete(request)
+    return PipelineAnswer(reply.text.strip(), hits, reply)
+
+
+def pipeline(question: str, index: Searchable, model: Model, *, k: int = 5) -> PipelineAnswer:
+    """Synchronous `apipeline`."""
+    return asyncio.run(apipeline(question, index, model, k=k))
+
+
+def agentic(question: str, index: Searchable, model: Model, *, k: int = 5, limits=None) -> RunResult:
+    """Run an Agent whose one tool is `search` over `index`."""
+    from tether.agent import Agent
+    from tether.limits import Limits
+
+    agent = Agent(model, tools=[search_tool(index, default_k=k)], instructions=AGENT_INSTRUCTIONS,
+                  limits=limits or Limits(max_steps=6))
+    return agent.run(question)

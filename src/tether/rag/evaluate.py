@@ -1,0 +1,111 @@
+"""Evaluate a retriever on a collection in BEIR's layout (corpus.jsonl, queries.jsonl, qrels)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.rag.base import Retriever
+from tether.rag.metrics import summarize
+
+RETRIEVERS = ("tfidf", "bm25", "dense", "hybrid", "best")
+
+
+@dataclass
+class Collection:
+    doc_ids: list[str]
+    doc_texts: list[str]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return rows
+
+
+def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) -> Collection:
+    """Read BEIR files: corpus rows {id|_id, title, text}, query rows {id|_id, text}, and qrels as
+    TSV `query-id doc-id relevance` (a header line is skipped)."""
+    docs = _jsonl(Path(corpus))
+    ids, texts = [], []
+    for row in docs:
+        did = row.get("id", row.get("_id"))
+        if did is None:
+            raise ValueError(f"{corpus}: a document has no id")
+        ids.append(str(did))
+        texts.append(" ".join(p for p in (row.get("title") or "", row.get("text") or "") if p))
+    qs = {str(r.get("id", r.get("_id"))): r.get("text", "") for r in _jsonl(Path(queries))}
+    judged: dict[str, dict[str, int]] = {}
+    for n, line in enumerate(Path(qrels).read_text(encoding="utf-8").splitlines(), start=1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 3:
+            raise ValueError(f"{qrels}:{n}: expected query-id, doc-id, relevance")
+        try:
+            rel = int(float(parts[-1]))
+        except ValueError:
+            if n == 1:
+                continue  # header
+            raise ValueError(f"{qrels}:{n}: relevance {parts[-1]!r} is not a number") from None
+        judged.setdefault(parts[0], {})[parts[1]] = rel
+    return Collection(ids, texts, qs, judged)
+
+
+def make_retriever(name: str) -> Retriever:
+    """A fresh retriever by name: tfidf, bm25, dense, hybrid (RRF of bm25 + dense) or best."""
+    from tether.rag.dense import DenseRetriever
+    from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever
+    from tether.rag.lexical import BM25Retriever, TfidfRetriever
+
+    makers: dict[str, Callable[[], Retriever]] = {
+        "tfidf": TfidfRetriever,
+        "bm25": BM25Retriever,
+        "dense": DenseRetriever,
+        "hybrid": lambda: HybridRetriever([BM25Retriever(), DenseRetriever()]),
+        "best": lambda: SmoothedFusionRetriever(BM25Retriever(), DenseRetriever()),
+    }
+    if name not in makers:
+        raise ValueError(f"unknown retriever {name!r}; use one of: {', '.join(RETRIEVERS)}")
+    return makers[name]()
+
+
+def run_queries(retriever: Retriever, col: Collection, depth: int = 1000) -> dict[str, list[str]]:
+    """The top `depth` document ids for every judged query."""
+    qids = [q for q in col.queries if q in col.qrels]
+    return {q: [col.doc_ids[i] for i, _ in retriever.search(col.queries[q], depth)] for q in qids}
+
+
+def queries_per_second(retriever: Retriever, queries: list[str], k: int = 100) -> float:
+    """Top-k searches per second, one query at a time (query analysis and encoding included)."""
+    start = time.perf_counter()
+    for q in queries:
+        retriever.search(q, k)
+    elapsed = time.perf_counter() - start
+    return len(queries) / elapsed if elapsed > 0 else float("inf")
+
+
+def evaluate(retriever: Retriever, col: Collection, *, fitted: bool = False) -> dict[str, float]:
+    """Fit (unless `fitted`), run every judged query, and report metrics plus timings.
+
+    Metrics use the top 1,000 per query; `queries_per_second` times top-100 searches.
+    """
+    start = time.perf_counter()
+    if not fitted:
+        retriever.fit(col.doc_texts)
+    index_seconds = time.perf_counter() - start
+    out = summarize(run_queries(retriever, col), col.qrels)
+    out["index_seconds"] = index_seconds
+    out["queries_per_second"] = queries_per_second(retriever, [col.queries[q] for q in col.queries if q in col.qrels])
+    return out

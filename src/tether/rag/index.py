@@ -1,0 +1,396 @@
+"""A persistent passage store: SQLite for sources and chunks, a .npy file for vectors.
+
+Layout of an index directory:
+  index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row)
+  vectors.npy    float32 [rows, dim], row i = the chunk with row = i; memory-mapped on open
+  knn.npy        the neighbour graph `best` smooths over (rebuilt when the store changes)
+  ivf.npz        the IVF partition, only for stores above the ANN threshold
+
+Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
+its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
+chunks are embedded; vectors are compacted (rewritten without deleted rows) after each change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tether.rag.ann import IVFIndex
+from tether.rag.base import Hit, Retriever
+from tether.rag.chunking import Chunk, chunk_sections
+from tether.rag.dense import ANN_THRESHOLD
+from tether.rag.encoder import Embedder
+from tether.rag.loaders import SUPPORTED, Section, load_file
+
+RETRIEVER_NAMES = ("tfidf", "bm25", "dense", "hybrid", "best")
+DENSE_RETRIEVERS = frozenset({"dense", "hybrid", "best"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sources (path TEXT PRIMARY KEY, hash TEXT NOT NULL, chunks INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, position INTEGER NOT NULL,
+    heading TEXT NOT NULL, text TEXT NOT NULL, row INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source);
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_row ON chunks(row);
+"""
+
+
+def default_root() -> Path:
+    """Where named indexes live: $TETHER_HOME/indexes, else ~/.tether/indexes."""
+    home = os.environ.get("TETHER_HOME")
+    return (Path(home) if home else Path.home() / ".tether") / "indexes"
+
+
+def index_path(name_or_path: str | Path) -> Path:
+    """A bare name maps into `default_root()`; anything with a path separator is used as is."""
+    s = str(name_or_path)
+    if not s or s in {".", ".."}:
+        raise ValueError("index name must not be empty")
+    if os.sep in s or "/" in s:
+        return Path(s).expanduser()
+    return default_root() / s
+
+
+@dataclass
+class IngestReport:
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # unsupported or unreadable, with reason
+    chunks_added: int = 0
+    chunks_removed: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.updated or self.deleted)
+
+
+class Index:
+    """A named, persistent passage index. `ingest` files, then `search`.
+
+    >>> idx = Index.open("support")            # ~/.tether/indexes/support
+    >>> idx.ingest("docs/")
+    >>> idx.search("refund after 30 days", k=3)
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        retriever: str | None = None,
+        embedder: Embedder | None = None,
+        chunk_tokens: int = 200,
+        overlap: int = 40,
+        ann_threshold: int = ANN_THRESHOLD,
+    ) -> None:
+        self.path = Path(path)
+        self.ann_threshold = ann_threshold
+        self.path.mkdir(parents=True, exist_ok=True)
+        # Tools run on executor threads: one connection shared under a lock.
+        self._db = sqlite3.connect(self.path / "index.sqlite", check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.executescript(_SCHEMA)
+        stored = self._meta("retriever")
+        if retriever is not None and retriever not in RETRIEVER_NAMES:
+            raise ValueError(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVER_NAMES)}")
+        self.retriever_name = retriever or stored or "best"
+        if stored != self.retriever_name:
+            self._set_meta("retriever", self.retriever_name)
+        self.chunk_tokens = int(self._meta("chunk_tokens") or chunk_tokens)
+        self.overlap = int(self._meta("overlap") or overlap)
+        self._set_meta("chunk_tokens", str(self.chunk_tokens))
+        self._set_meta("overlap", str(self.overlap))
+        self._db.commit()
+        self._embedder = embedder
+        self._retriever: Retriever | None = None
+        self._rows: list[Chunk] = []
+
+    @classmethod
+    def open(cls, name_or_path: str | Path, **kwargs) -> Index:
+        """Open (or create) an index by name (under `default_root()`) or by directory path."""
+        return cls(index_path(name_or_path), **kwargs)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    @property
+    def uses_vectors(self) -> bool:
+        return self.retriever_name in DENSE_RETRIEVERS
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from tether.rag.encoder import MiniLMEncoder
+
+            self._embedder = MiniLMEncoder()
+        return self._embedder
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+
+    def sources(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT path FROM sources ORDER BY path")]
+
+    def chunks(self) -> list[Chunk]:
+        """Every chunk, in vector-row order."""
+        rows = self._db.execute("SELECT id, source, position, heading, text FROM chunks ORDER BY row")
+        return [Chunk(*r) for r in rows]
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    def ingest(self, path: str | Path, *, delete_missing: bool = True) -> IngestReport:
+        """Add, update or (for files gone from an ingested folder) delete sources under `path`."""
+        with self._lock:
+            return self._ingest(path, delete_missing)
+
+    def _ingest(self, path: str | Path, delete_missing: bool) -> IngestReport:
+        root = Path(path).expanduser().resolve()
+        if not root.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+        report = IngestReport()
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED
+                           and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        else:
+            files = [root]
+        new_chunks: list[Chunk] = []
+        hashes: dict[str, str] = {}
+        gone: list[str] = []
+        seen: set[str] = set()
+        for f in files:
+            source = f.as_posix()
+            seen.add(source)
+            try:
+                data = f.read_bytes()
+                digest = hashlib.sha256(data).hexdigest()
+                old = self._db.execute("SELECT hash FROM sources WHERE path = ?", (source,)).fetchone()
+                if old and old[0] == digest:
+                    report.unchanged.append(source)
+                    continue
+                chunks = chunk_sections(source, load_file(f), self.chunk_tokens, self.overlap)
+            except Exception as e:  # one bad file must not stop a folder ingest
+                report.skipped.append(f"{source}: {e}")
+                continue
+            (report.updated if old else report.added).append(source)
+            if old:
+                gone.append(source)
+            new_chunks.extend(chunks)
+            hashes[source] = digest
+        if delete_missing and root.is_dir():
+            prefix = root.as_posix().rstrip("/") + "/"
+            for (src,) in self._db.execute("SELECT path FROM sources WHERE path LIKE ? ESCAPE '\\'",
+                                           (_like_prefix(prefix),)).fetchall():
+                if src not in seen:
+                    gone.append(src)
+                    report.deleted.append(src)
+        self._apply(gone, new_chunks, report, hashes)
+        return report
+
+    def add_text(self, source: str, text: str, *, markdown: bool = True) -> IngestReport:
+        """Index a text under a source name of your choice (replacing what it had)."""
+        with self._lock:
+            return self._add_text(source, text, markdown)
+
+    def _add_text(self, source: str, text: str, markdown: bool) -> IngestReport:
+        from tether.rag.loaders import parse_markdown
+
+        report = IngestReport()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        old = self._db.execute("SELECT hash FROM sources WHERE path = ?", (source,)).fetchone()
+        if old and old[0] == digest:
+            report.unchanged.append(source)
+            return report
+        sections = parse_markdown(text) if markdown else [Section("", text)]
+        chunks = chunk_sections(source, sections, self.chunk_tokens, self.overlap)
+        (report.updated if old else report.added).append(source)
+        self._apply([source] if old else [], chunks, report, {source: digest})
+        return report
+
+    def remove(self, source: str | Path) -> IngestReport:
+        """Delete a source (a path as ingested, or a name given to `add_text`)."""
+        with self._lock:
+            return self._remove(source)
+
+    def _remove(self, source: str | Path) -> IngestReport:
+        src = str(source)
+        if not self._db.execute("SELECT 1 FROM sources WHERE path = ?", (src,)).fetchone():
+            src = Path(source).expanduser().resolve().as_posix()
+        report = IngestReport()
+        if self._db.execute("SELECT 1 FROM sources WHERE path = ?", (src,)).fetchone():
+            report.deleted.append(src)
+            self._apply([src], [], report, {})
+        return report
+
+    def _apply(self, gone: Sequence[str], new: list[Chunk], report: IngestReport, hashes: dict[str, str]) -> None:
+        """Delete the chunks of `gone` sources, insert `new` chunks, embed them, compact vectors.
+
+        `hashes` holds the content hash of every added or updated source.
+        """
+        if not gone and not hashes:
+            return
+        old_rows = self.chunks()
+        gone_set = set(gone)
+        kept = [c for c in old_rows if c.source not in gone_set]
+        report.chunks_removed += len(old_rows) - len(kept)
+        report.chunks_added += len(new)
+        new_vectors = None
+        if self.uses_vectors:
+            old_vectors = self._load_vectors(len(old_rows))
+            keep_idx = [i for i, c in enumerate(old_rows) if c.source not in gone_set]
+            parts = [np.asarray(old_vectors[keep_idx]) if old_vectors is not None else
+                     self.embedder.embed([c.indexed_text for c in kept])]
+            if new:
+                parts.append(self.embedder.embed([c.indexed_text for c in new]))
+            new_vectors = np.concatenate(parts).astype(np.float32) if parts else None
+        with self._db:
+            for src in gone_set:
+                self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
+                self._db.execute("DELETE FROM sources WHERE path = ?", (src,))
+            self._db.execute("UPDATE chunks SET row = -1 - row")  # make room for renumbering
+            for i, c in enumerate(kept):
+                self._db.execute("UPDATE chunks SET row = ? WHERE id = ?", (i, c.id))
+            self._db.executemany(
+                "INSERT OR REPLACE INTO chunks(id, source, position, heading, text, row) VALUES (?, ?, ?, ?, ?, ?)",
+                [(c.id, c.source, c.position, c.heading, c.text, len(kept) + i) for i, c in enumerate(new)],
+            )
+            for src, digest in hashes.items():
+                count = sum(1 for c in new if c.source == src)
+                self._db.execute("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
+                                 (src, digest, count))
+            if new_vectors is not None:
+                self._save_vectors(new_vectors)
+            self._set_meta("generation", str(int(self._meta("generation") or 0) + 1))
+        self._retriever = None
+
+    # -- vectors --------------------------------------------------------------------------------
+
+    def _load_vectors(self, expected_rows: int) -> np.ndarray | None:
+        """The stored vectors, or None when missing or stale (wrong count or other embedder)."""
+        f = self.path / "vectors.npy"
+        if not f.exists() or self._meta("embedder") != self.embedder.name:
+            return None
+        vectors = np.load(f, mmap_mode="r")
+        return vectors if vectors.shape[0] == expected_rows else None
+
+    def _save_vectors(self, vectors: np.ndarray) -> None:
+        tmp = self.path / "vectors.tmp.npy"
+        np.save(tmp, vectors)
+        os.replace(tmp, self.path / "vectors.npy")
+        self._set_meta("embedder", self.embedder.name)
+        self._set_meta("vectors", str(len(vectors)))
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def _build(self) -> Retriever:
+        from tether.rag.evaluate import make_retriever
+
+        self._rows = self.chunks()
+        texts = [c.indexed_text for c in self._rows]
+        retriever = make_retriever(self.retriever_name)
+        if not self.uses_vectors:
+            retriever.fit(texts)
+            return retriever
+        vectors = self._load_vectors(len(self._rows))
+        if vectors is None:  # missing or stale: embed everything once and keep it
+            vectors = self.embedder.embed(texts) if texts else np.zeros((0, self.embedder.dim), np.float32)
+            with self._db:
+                self._save_vectors(vectors)
+                vectors = np.load(self.path / "vectors.npy", mmap_mode="r")
+        for part in _parts(retriever):
+            if hasattr(part, "set_vectors"):
+                part._embedder = self.embedder  # type: ignore[attr-defined]
+                part.ann_threshold = self.ann_threshold  # type: ignore[attr-defined]
+                part.set_vectors(vectors, self._ivf(vectors, self.ann_threshold))  # type: ignore[attr-defined]
+            else:
+                part.fit(texts)
+        if hasattr(retriever, "prepare"):
+            retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
+        return retriever
+
+    def _ivf(self, vectors: np.ndarray, threshold: int) -> IVFIndex | None:
+        """The IVF partition for a large store: loaded when current, else built and saved."""
+        if len(vectors) <= threshold:
+            return None
+        f = self.path / "ivf.npz"
+        gen = self._meta("generation") or "0"
+        if f.exists() and self._meta("ivf_generation") == gen:
+            ivf = IVFIndex.load(str(f))
+            if len(ivf.assign) == len(vectors):
+                return ivf
+        ivf = IVFIndex.build(np.asarray(vectors))
+        ivf.save(str(f))
+        with self._db:
+            self._set_meta("ivf_generation", gen)
+        return ivf
+
+    def _knn_graph(self, retriever: Retriever) -> np.ndarray | None:
+        neighbours = getattr(retriever, "neighbours", 0)
+        if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
+            return None
+        f = self.path / "knn.npy"
+        gen = self._meta("generation") or "0"
+        if f.exists() and self._meta("knn_generation") == gen:
+            graph = np.load(f)
+            if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
+                return graph
+        from tether.rag.dense import knn_graph
+
+        dense = retriever.dense  # type: ignore[attr-defined]
+        graph = knn_graph(np.asarray(dense.vectors), neighbours, ivf=dense.ivf)
+        np.save(f, graph)
+        with self._db:
+            self._set_meta("knn_generation", gen)
+        return graph
+
+    def search(self, query: str, k: int = 5) -> list[Hit]:
+        """The `k` best passages for `query`, with chunk id, source, heading, text and score."""
+        if not query.strip():
+            raise ValueError("query must not be empty")
+        with self._lock:
+            if self._retriever is None:
+                self._retriever = self._build()
+            if not self._rows:
+                return []
+            return [
+                Hit(pos, score, c.id, c.source, c.heading, c.text)
+                for pos, score in self._retriever.search(query, k)
+                for c in (self._rows[pos],)
+            ]
+
+
+def _parts(retriever: Retriever) -> Iterable[Retriever]:
+    if hasattr(retriever, "parts"):
+        return retriever.parts  # type: ignore[attr-defined]
+    if hasattr(retriever, "lexical"):
+        return [retriever.lexical, retriever.dense]  # type: ignore[attr-defined]
+    return [retriever]
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

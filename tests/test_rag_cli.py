@@ -1,0 +1,135 @@
+"""`tether ingest`, `tether ask` and `tether eval-retrieval` end to end (the model is a real HTTP
+server on 127.0.0.1 scripted by the test)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("bm25s")
+pytest.importorskip("Stemmer")
+
+from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from typer.testing import CliRunner
+
+from tether.cli.app import app
+
+REPO = Path(__file__).resolve().parents[1]
+PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
+
+
+def cisi_dir() -> Path:
+    env = os.environ.get("TETHER_CISI_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data" / "cisi"
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path):
+    for k in list(os.environ):
+        if k.startswith(PROVIDER_VARS):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict[str, str] | None = None):
+        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def docs(tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "refunds.md").write_text("# Refunds\nRefunds are issued within 30 days of delivery.\n")
+    (d / "shipping.md").write_text("# Shipping\nParcels ship to Norway within three days.\n")
+    return d
+
+
+def test_ingest_names_an_index_under_tether_home_and_is_incremental(cli, docs, tmp_path):
+    r = cli("ingest", str(docs), "--index", "support", "--retriever", "bm25")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("2 added, 0 updated, 0 deleted, 0 unchanged; +2 -0 chunks; 2 chunks in ")
+    assert (tmp_path / "home" / "indexes" / "support" / "index.sqlite").exists()
+    (docs / "shipping.md").write_text("# Shipping\nParcels ship to Switzerland.\n")
+    r = cli("ingest", str(docs), "--index", "support")
+    assert r.stdout.startswith("0 added, 1 updated, 0 deleted, 1 unchanged; +1 -1 chunks")
+
+
+def test_ingest_of_a_missing_path_is_a_usage_error(cli, tmp_path):
+    r = cli("ingest", str(tmp_path / "nope"), "--index", "x", "--retriever", "bm25")
+    assert r.exit_code == 2 and "no such file or folder" in r.stderr
+
+
+def test_ask_pipeline_sends_numbered_passages_and_prints_the_answer(cli, docs):
+    cli("ingest", str(docs), "--index", "support", "--retriever", "bm25")
+    with FakeOpenAIServer([chat_completion("Refunds are issued within 30 days [1].")]) as server:
+        env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+        r = cli("ask", "Can I get a refund?", "--index", "support", "--pipeline", "--k", "2", env=env)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "Refunds are issued within 30 days [1].\n"
+    body = server.requests[0].body
+    assert "tools" not in body or not body["tools"]
+    user = body["messages"][-1]["content"]
+    assert user.startswith("Passages:\n\n[1] source: ") and "refunds.md | section: Refunds" in user
+    assert "the passages do not say" in body["messages"][0]["content"]
+
+
+def test_ask_agentic_lets_the_model_call_search(cli, docs):
+    cli("ingest", str(docs), "--index", "support", "--retriever", "bm25")
+    script = [chat_completion(None, [tool_call("search", {"query": "refund"})]), chat_completion("Within 30 days [1].")]
+    with FakeOpenAIServer(script) as server:
+        env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+        r = cli("ask", "Can I get a refund?", "--index", "support", "--json", env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["answer"] == "Within 30 days [1]."
+    tool_msg = server.requests[1].body["messages"][-1]
+    assert tool_msg["role"] == "tool" and "\n[1] id=" in tool_msg["content"] and "Refunds are issued" in tool_msg["content"]
+
+
+def test_ask_without_an_index_says_how_to_make_one(cli):
+    r = cli("ask", "anything", "--index", "missing")
+    assert r.exit_code == 2 and "tether ingest PATH --index missing" in r.stderr
+
+
+def _toy_collection(d: Path) -> tuple[str, str, str]:
+    docs = [("d1", "Refunds", "Refunds are issued within 30 days."), ("d2", "Shipping", "Parcels ship fast."),
+            ("d3", "Cards", "Gift cards never expire.")]
+    (d / "corpus.jsonl").write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in docs))
+    (d / "queries.jsonl").write_text(json.dumps({"id": "q1", "text": "refund"}) + "\n"
+                                     + json.dumps({"id": "q2", "text": "gift card expiry"}) + "\n")
+    (d / "qrels.tsv").write_text("q1\td1\t1\nq2\td3\t1\n")
+    return str(d / "corpus.jsonl"), str(d / "queries.jsonl"), str(d / "qrels.tsv")
+
+
+def test_eval_retrieval_json_has_the_documented_keys(cli, tmp_path):
+    c, q, r_ = _toy_collection(tmp_path)
+    r = cli("eval-retrieval", "--corpus", c, "--queries", q, "--qrels", r_, "--retriever", "bm25", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert list(out) == ["ndcg@10", "recall@10", "recall@100", "map", "index_seconds", "queries_per_second"]
+    assert out["ndcg@10"] == 1.0 and out["map"] == 1.0 and out["queries_per_second"] > 0
+    table = cli("eval-retrieval", "--corpus", c, "--queries", q, "--qrels", r_, "--retriever", "tfidf")
+    assert "ndcg@10" in table.stdout and "queries_per_second" in table.stdout
+
+
+def test_eval_retrieval_rejects_bad_input(cli, tmp_path):
+    c, q, r_ = _toy_collection(tmp_path)
+    bad = cli("eval-retrieval", "--corpus", c, "--queries", q, "--qrels", r_, "--retriever", "magic")
+    assert bad.exit_code == 2 and "unknown retriever 'magic'" in bad.stderr
+    missing = cli("eval-retrieval", "--corpus", str(tmp_path / "no.jsonl"), "--queries", q, "--qrels", r_)
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+def test_eval_retrieval_bm25_on_cisi(cli):
+    d = cisi_dir()
+    if not (d / "corpus.jsonl").exists():
+        pytest.skip(f"CISI not found at {d}")
+    r = cli("eval-retrieval", "--corpus", str(d / "corpus.jsonl"), "--queries", str(d / "queries.jsonl"),
+            "--qrels", str(d / "qrels.tsv"), "--retriever", "bm25", "--json")
+    out = json.loads(r.stdout)
+    assert out["ndcg@10"] == pytest.approx(0.386, abs=0.005)  # bm25s + stemmer reference
+    assert 0 < out["recall@10"] < out["recall@100"] < 1
