@@ -10,11 +10,12 @@ import asyncio
 import email.utils
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tether.models.base import ModelError
+from tether.types import ModelReply, TextDelta
 
 T = TypeVar("T")
 
@@ -89,6 +90,54 @@ async def call_with_retries(
             failure = classify(exc)
             if failure is None:
                 raise
+            wait = policy.delay(retry, failure)
+            if wait is None:
+                raise give_up(prefix, failure, retry + 1, policy) from exc
+        retry += 1
+        await sleep(wait)
+
+
+class StreamAccumulator(Protocol):
+    """Accumulates one provider's stream events into text deltas and a final reply."""
+
+    def add(self, event: Any) -> str | None: ...
+
+    def reply(self) -> ModelReply: ...
+
+
+async def stream_with_retries(
+    open_stream: Callable[[], Awaitable[Any]],
+    new_state: Callable[[], StreamAccumulator],
+    policy: RetryPolicy,
+    classify: Callable[[Exception], Failure | None],
+    prefix: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> AsyncIterator[TextDelta | ModelReply]:
+    """Yield text deltas, then one ModelReply. Failures before the first delta are retried like
+    `call_with_retries`; once text was yielded a broken stream raises ModelError (the caller has
+    already shown that text)."""
+    retry = 0
+    while True:
+        emitted = False
+        try:
+            events = await open_stream()
+            state = new_state()
+            try:
+                async for event in events:
+                    text = state.add(event)
+                    if text:
+                        emitted = True
+                        yield TextDelta(text)
+            finally:
+                await events.close()
+            yield state.reply()
+            return
+        except Exception as exc:
+            failure = classify(exc)
+            if failure is None:
+                raise
+            if emitted:
+                raise ModelError(f"{prefix}: {failure.message} (stream broke after text was sent)") from exc
             wait = policy.delay(retry, failure)
             if wait is None:
                 raise give_up(prefix, failure, retry + 1, policy) from exc

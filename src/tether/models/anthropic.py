@@ -17,12 +17,11 @@ from tether.models._retry import (
     Failure,
     RetryPolicy,
     call_with_retries,
-    give_up,
     one_line,
     parse_retry_after,
     provider_message,
+    stream_with_retries,
 )
-from tether.models.base import ModelError
 from tether.models.openai_compat import make_tool_call
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
 
@@ -122,35 +121,10 @@ class AnthropicModel:
         params = self._params(request)
         params["stream"] = True
         client = self._get_client()
-        retry = 0
-        while True:
-            emitted = False
-            try:
-                events = await client.messages.create(**params)
-                state = AnthropicStreamState(self.model)
-                try:
-                    async for event in events:
-                        text = state.add(event)
-                        if text:
-                            emitted = True
-                            yield TextDelta(text)
-                finally:
-                    await events.close()
-                yield state.reply()
-                return
-            except Exception as exc:
-                failure = self._classify(exc)
-                if failure is None:
-                    raise
-                if emitted:
-                    raise ModelError(
-                        f"{self._prefix}: {failure.message} (stream broke after text was sent)"
-                    ) from exc
-                wait = self.policy.delay(retry, failure)
-                if wait is None:
-                    raise give_up(self._prefix, failure, retry + 1, self.policy) from exc
-            retry += 1
-            await self._sleep(wait)
+        async for item in stream_with_retries(
+            lambda: client.messages.create(**params), lambda: AnthropicStreamState(self.model), self.policy, self._classify, self._prefix, self._sleep
+        ):
+            yield item
 
 
 def classify_anthropic_error(sdk: Any, exc: Exception, timeout: float | None = None) -> Failure | None:

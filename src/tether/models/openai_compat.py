@@ -33,10 +33,10 @@ from tether.models._retry import (
     Failure,
     RetryPolicy,
     call_with_retries,
-    give_up,
     one_line,
     parse_retry_after,
     provider_message,
+    stream_with_retries,
 )
 from tether.models.base import ModelError
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
@@ -225,35 +225,10 @@ class OpenAICompatModel:
         if self.stream_usage:
             params["stream_options"] = {"include_usage": True}
         client = self._get_client()
-        retry = 0
-        while True:
-            emitted = False
-            try:
-                chunks = await self._post(client, params, True)
-                state = StreamState(self.model)
-                try:
-                    async for chunk in chunks:
-                        text = state.add(chunk)
-                        if text:
-                            emitted = True
-                            yield TextDelta(text)
-                finally:
-                    await chunks.close()
-                yield state.reply()
-                return
-            except Exception as exc:
-                failure = self._classify(exc)
-                if failure is None:
-                    raise
-                if emitted:
-                    raise ModelError(
-                        f"{self._prefix}: {failure.message} (stream broke after text was sent)"
-                    ) from exc
-                wait = self.policy.delay(retry, failure)
-                if wait is None:
-                    raise give_up(self._prefix, failure, retry + 1, self.policy) from exc
-            retry += 1
-            await self._sleep(wait)
+        async for item in stream_with_retries(
+            lambda: self._post(client, params, True), lambda: StreamState(self.model), self.policy, self._classify, self._prefix, self._sleep
+        ):
+            yield item
 
 
 def classify_openai_error(exc: Exception, timeout: float | None = None) -> Failure | None:
