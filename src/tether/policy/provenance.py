@@ -86,19 +86,32 @@ def words(value: str) -> list[str]:
     return out
 
 
-class Corpus:
-    """Texts of one origin, searchable for strings (on token boundaries) and numbers."""
+_TOKEN = re.compile(r"[^\W_]+")
 
-    __slots__ = ("_nums", "_texts")
+
+class Corpus:
+    """Texts of one origin, searchable for strings (on token boundaries) and numbers.
+
+    A token -> texts index keeps a lookup proportional to the texts that hold every token of the
+    value, not to everything the run has read: a match on token boundaries always covers whole
+    tokens, so a text lacking one of the value's tokens cannot match.
+    """
+
+    __slots__ = ("_index", "_nums", "_texts")
 
     def __init__(self) -> None:
         self._texts: list[str] = []
         self._nums: set[float] = set()
+        self._index: dict[str, set[int]] = {}
 
     def add(self, text: str) -> None:
         if text:
-            self._texts.append(_norm(text))
+            norm = _norm(text)
+            i = len(self._texts)
+            self._texts.append(norm)
             self._nums |= _numbers(text)
+            for token in set(_TOKEN.findall(norm)):
+                self._index.setdefault(token, set()).add(i)
 
     def __bool__(self) -> bool:
         return bool(self._texts)
@@ -106,11 +119,25 @@ class Corpus:
     def has_number(self, value: float) -> bool:
         return float(value) in self._nums
 
+    def _candidates(self, needle: str) -> list[str]:
+        tokens = set(_TOKEN.findall(needle))
+        if not tokens:
+            return self._texts
+        sets = []
+        for token in tokens:
+            ids = self._index.get(token)
+            if not ids:
+                return []
+            sets.append(ids)
+        sets.sort(key=len)
+        ids = set.intersection(*sets) if len(sets) > 1 else sets[0]
+        return [self._texts[i] for i in sorted(ids)]
+
     def has_text(self, value: str) -> bool:
         needle = _norm(value)
         if not needle:
             return False
-        for text in self._texts:
+        for text in self._candidates(needle):
             start = text.find(needle)
             while start != -1:
                 if _bounded(text, start, start + len(needle)):
