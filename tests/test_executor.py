@@ -151,3 +151,13 @@ def test_tools_from_explicit_json_schema_are_validated():
 def test_duplicate_tool_names_are_refused():
     with pytest.raises(ValueError, match="unique"):
         Executor([divide, divide])
+
+
+def test_read_result_is_advertised_once_a_result_was_capped():
+    ex = Executor([big], max_result_chars=100)
+    assert [s.name for s in ex.specs] == ["big"]
+    assert run(ex, "read_result", handle="r1").is_error  # callable all along, just not advertised
+    run(ex, "big", n=50)
+    assert [s.name for s in ex.specs] == ["big"]
+    run(ex, "big", n=1000)
+    assert [s.name for s in ex.specs] == ["big", "read_result"]

@@ -123,7 +123,6 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     # The user's own words (once per run, not per step) for the policy's argument provenance.
     ctx = CallContext(run_id=spec.run_id, user=spec.user,
                       extra={"user_messages": [m.content for m in messages if m.role == "user"]})
-    tools = spec.executor.specs
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
@@ -144,7 +143,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
                 break
 
             # 2. The model.
-            request = ModelRequest(spec.context.build(messages), tools)
+            request = ModelRequest(spec.context.build(messages), spec.executor.specs)
             started = budget.elapsed()
             try:
                 reply = await _with_cancel(spec, spec.step_runner.model_step(

