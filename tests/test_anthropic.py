@@ -82,6 +82,7 @@ def test_empty_messages_are_dropped_and_neighbours_merged() -> None:
             Message.user("a"),
             Message.assistant(""),
             Message.user("b"),
+            Message.user(" \n"),
             Message.assistant("  "),
             Message.assistant("c"),
         ]

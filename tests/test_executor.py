@@ -161,3 +161,52 @@ def test_read_result_is_advertised_once_a_result_was_capped():
     assert [s.name for s in ex.specs] == ["big"]
     run(ex, "big", n=1000)
     assert [s.name for s in ex.specs] == ["big", "read_result"]
+
+
+class _RaisingPolicy:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    async def before_call(self, tool, args, call, ctx):
+        if self.where == "before":
+            raise RuntimeError("policy store is down")
+        from tether.tools.executor import ALLOW
+
+        return ALLOW
+
+    def after_call(self, tool, result, ctx):
+        if self.where == "after":
+            raise RuntimeError("taint label failed")
+        return result
+
+
+def test_a_policy_that_raises_fails_closed_instead_of_crashing_the_run():
+    ran: list[int] = []
+
+    @tool
+    def effect(x: int) -> str:
+        """Has an effect."""
+        ran.append(x)
+        return "secret output"
+
+    before = run(Executor([effect], policy=_RaisingPolicy("before")), "effect", x=1)
+    assert before.is_error and before.decision == "refused:policy_error" and ran == []
+    assert "policy check failed - RuntimeError: policy store is down" in before.content
+    after = run(Executor([effect], policy=_RaisingPolicy("after")), "effect", x=2)
+    assert after.is_error and after.decision == "withheld:policy_error" and ran == [2]
+    assert "secret output" not in after.content
+
+
+def test_a_result_that_cannot_be_shaped_is_an_error_result():
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    @tool
+    def odd() -> object:
+        """Returns something odd."""
+        return Unprintable()
+
+    result = run(Executor([odd]), "odd")
+    assert result.is_error and result.decision == "failed"
+    assert "RuntimeError: no text for you" in result.content

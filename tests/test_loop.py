@@ -11,7 +11,7 @@ from tether import Agent, CancelToken, Limits, StopReason, tool
 from tether.models.pricing import Pricing
 from tether.models.scripted import RecordingModel, ReplayModel, ScriptedModel, call, reply
 from tether.tools.executor import CallContext, Verdict
-from tether.types import ModelRequest, RunResult, Usage, from_json, to_json
+from tether.types import ModelReply, ModelRequest, RunResult, Usage, from_json, to_json
 
 
 class FakeClock:
@@ -318,3 +318,173 @@ def test_record_then_replay_gives_the_same_run(tmp_path):
     assert replayed.usage.input_tokens == 7
     with pytest.raises(Exception, match="differs from the recording"):
         asyncio.run(ReplayModel(cassette).complete(ModelRequest([])))
+
+
+async def test_cancel_token_interrupts_running_tools_and_keeps_finished_results_in_order():
+    token = CancelToken()
+    slow_started = asyncio.Event()
+
+    @tool
+    async def quick(x: int) -> str:
+        """Returns at once."""
+        return "quick result"
+
+    @tool
+    async def stuck(x: int) -> str:
+        """Never returns."""
+        slow_started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    calls = [call("stuck", x=1), call("quick", x=2)]
+    agent = Agent(ScriptedModel([calls, "unused"]), tools=[quick, stuck])
+    task = asyncio.create_task(agent.arun("go", cancel=token))
+    await slow_started.wait()
+    await asyncio.sleep(0.01)
+    token.cancel("user pressed stop")  # the CLI's Ctrl-C: must not wait for the tool to finish
+    result = await asyncio.wait_for(task, 2)
+    assert result.stop_reason is StopReason.CANCELLED and result.error == "user pressed stop"
+    tool_msgs = [m for m in result.messages if m.role == "tool"]
+    assert [m.tool_call_id for m in tool_msgs] == [c.id for c in calls]
+    assert "cancelled" in tool_msgs[0].content and tool_msgs[1].content == "quick result"
+    assert result.findings == ['quick({"x": 2}) -> quick result']
+
+
+async def test_task_cancellation_mid_turn_keeps_the_results_of_tools_that_ran():
+    ran: list[str] = []
+    started = asyncio.Event()
+
+    @tool
+    async def write_note(text: str) -> str:
+        """Has an effect, then returns."""
+        ran.append(text)
+        return "written"
+
+    @tool
+    async def stuck(x: int) -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    agent = Agent(ScriptedModel([[call("write_note", text="hi"), call("stuck", x=1)]]), tools=[write_note, stuck])
+    task = asyncio.create_task(agent.arun("go"))
+    await started.wait()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    result = await task
+    assert result.stop_reason is StopReason.CANCELLED and ran == ["hi"]
+    contents = [m.content for m in result.messages if m.role == "tool"]
+    assert contents[0] == "written"  # it did run: the transcript must not claim otherwise
+    assert contents[1].startswith("ERROR:") and "cancelled" in contents[1]
+
+
+async def test_cancelling_the_run_task_also_cancels_the_model_call():
+    cancelled = asyncio.Event()
+    entered = asyncio.Event()
+
+    class SlowModel:
+        name = "slow"
+
+        async def complete(self, request):
+            entered.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        def stream(self, request):  # pragma: no cover - not used
+            raise NotImplementedError
+
+    task = asyncio.create_task(Agent(SlowModel()).arun("go", cancel=CancelToken()))
+    await entered.wait()
+    task.cancel()
+    result = await task
+    assert result.stop_reason is StopReason.CANCELLED
+    await asyncio.sleep(0)
+    assert cancelled.is_set()  # not left running as an orphaned task
+
+
+def test_a_failing_tool_step_runner_ends_with_error_and_a_valid_transcript():
+    from tether.loop import DirectStepRunner
+
+    class BrokenStore(DirectStepRunner):
+        async def tool_step(self, step, call, run):
+            raise OSError("checkpoint store unavailable")
+
+    model = ScriptedModel([[call("add", a=1, b=2), call("add", a=3, b=4)], "unused"])
+    result = Agent(model, tools=[add], step_runner=BrokenStore()).run("go")
+    assert result.stop_reason is StopReason.ERROR
+    assert "OSError: checkpoint store unavailable" in (result.error or "")
+    assistant = result.messages[-3]
+    assert [m.tool_call_id for m in result.messages[-2:]] == [c.id for c in assistant.tool_calls]
+    assert result.trace[-1].kind == "stop"
+
+
+async def test_a_slow_model_call_is_bounded_by_the_time_budget():
+    class SlowToolCaller:
+        name = "slow"
+
+        async def complete(self, request):
+            if request.tools:
+                await asyncio.sleep(30)
+                return reply("", call("add", a=1, b=1))
+            return reply("partial: nothing found in time")
+
+        def stream(self, request):  # pragma: no cover - not used
+            raise NotImplementedError
+
+    agent = Agent(SlowToolCaller(), tools=[add], limits=Limits(max_seconds=0.3))
+    result = await asyncio.wait_for(agent.arun("go"), 5)
+    assert result.stop_reason is StopReason.TIME_BUDGET
+    assert result.answer == "partial: nothing found in time"
+    assert result.usage.seconds < 1.0
+
+
+def test_loop_stop_without_a_final_call_does_not_run_the_turns_other_calls():
+    ran: list[str] = []
+
+    @tool
+    def note(key: str) -> str:
+        """Record a key."""
+        ran.append(key)
+        return "ok"
+
+    def script(req: ModelRequest):
+        n = len(req.messages)
+        return [call("note", key="same"), call("note", key=f"fresh{n}")]
+
+    result = Agent(ScriptedModel(script), tools=[note], limits=Limits(max_repeats=1, final_answer=False)).run("go")
+    assert result.stop_reason is StopReason.LOOP_DETECTED
+    # turn 1 runs both, turn 2 warns on "same" and runs the fresh one, turn 3 stops: nothing reads its results
+    assert ran == ["same", "fresh1", "fresh4"]
+    last_turn = result.messages[-2:]
+    assert all(m.role == "tool" and m.content.startswith("ERROR") for m in last_turn)
+
+
+def test_the_final_answer_call_streams_its_text_too():
+    async def collect():
+        agent = Agent(ScriptedModel(endless), tools=[lookup], limits=Limits(max_steps=1))
+        return [item async for item in agent.stream("go")]
+
+    items = asyncio.run(collect())
+    deltas = [i.data["text"] for i in items[:-1] if i.kind == "text_delta"]
+    assert deltas == ["partial: I found some values"]
+    assert items[-1].answer == "partial: I found some values"
+
+
+def test_a_cost_reported_by_the_model_is_kept_when_the_price_table_does_not_know_it():
+    class BilledModel:
+        name = "house-model"
+
+        async def complete(self, request):
+            return ModelReply("done", usage=Usage(10, 5, cost_usd=0.25))
+
+        def stream(self, request):  # pragma: no cover - not used
+            raise NotImplementedError
+
+    result = Agent(BilledModel()).run("go")
+    assert result.usage.cost_usd == pytest.approx(0.25)
+    priced = Agent(BilledModel(), pricing=Pricing({"house-model": (1_000_000.0, 0.0)})).run("go")
+    assert priced.usage.cost_usd == pytest.approx(10.0)

@@ -82,6 +82,14 @@ class Budget:
             return None
         return max(0.0, self._time_cap - self.elapsed())
 
+    def final_seconds(self) -> float | None:
+        """Seconds the final tool-free call may take: what is left of the whole time budget, and at
+        least its reserved slice (so a run overrun by a step still gets its partial answer)."""
+        if self.limits.max_seconds is None:
+            return None
+        total = self.limits.max_seconds
+        return max(total - self.elapsed(), total * self.limits.final_reserve)
+
     def exceeded(self) -> StopReason | None:
         """The budget that forbids another model call, or None."""
         lim = self.limits

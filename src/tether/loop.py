@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -32,6 +32,7 @@ from tether.types import (
 )
 
 EventSink = Callable[[TraceEvent], None]
+T = TypeVar("T")
 
 
 class StepRunner(Protocol):
@@ -90,6 +91,37 @@ class _Cancelled(Exception):
     pass
 
 
+class _Deadline:
+    """One timer per run (not one per step): when the time budget, reserve excluded, runs out during
+    a model call, that call is interrupted (the run's task is cancelled, then un-cancelled by `take`)."""
+
+    __slots__ = ("armed", "fired", "handle", "task")
+
+    def __init__(self, seconds: float | None) -> None:
+        self.armed = False
+        self.fired = False
+        self.task = asyncio.current_task()
+        self.handle = None if seconds is None else asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        if self.armed and self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+    def take(self) -> bool:
+        """Whether the timer interrupted the call; if so the cancellation it caused is withdrawn."""
+        if not self.fired:
+            return False
+        self.fired = False
+        if self.task is not None:
+            self.task.uncancel()
+        return True
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
 @dataclass(slots=True)
 class RunSpec:
     """Everything one run needs besides its transcript."""
@@ -120,9 +152,12 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     loops = LoopDetector(spec.limits.max_repeats)
     trace: list[TraceEvent] = []
     found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
-    # The user's own words (once per run, not per step) for the policy's argument provenance.
-    ctx = CallContext(run_id=spec.run_id, user=spec.user,
-                      extra={"user_messages": [m.content for m in messages if m.role == "user"]})
+    # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
+    # outputs of earlier turns (a continued conversation stays as tainted as it was).
+    ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
+        "user_messages": [m.content for m in messages if m.role == "user"],
+        "history_tool_outputs": [m.content for m in messages if m.role == "tool"],
+    })
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
@@ -133,6 +168,10 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         if spec.on_event is not None:
             spec.on_event(event)
 
+    calls: list[ToolCall] = []  # the current turn's calls, answered in order
+    pending: list[ToolResult | None] | None = None  # their results while they run
+    deadline = _Deadline(budget.remaining_seconds())
+
     try:
         while True:
             # 1. Guards, before every model call.
@@ -142,20 +181,29 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             if stop is not None:
                 break
 
-            # 2. The model.
+            # 2. The model, bounded by the time left (the final call's reserve excluded).
             request = ModelRequest(spec.context.build(messages), spec.executor.specs)
             started = budget.elapsed()
+            deadline.armed = True
             try:
                 reply = await _with_cancel(spec, spec.step_runner.model_step(
                     budget.steps, lambda r=request: _call_model(spec, r, emit)))
             except _Cancelled:
                 raise
+            except asyncio.CancelledError:
+                if not deadline.take():
+                    raise
+                stop = StopReason.TIME_BUDGET
+                emit("notice", {"model_call_abandoned": stop.value}, budget.elapsed() - started)
+                break
             except Exception as exc:
                 stop, error = StopReason.ERROR, f"model call failed: {type(exc).__name__}: {exc}"
                 emit("error", {"error": error})
                 break
-            reply.usage.cost_usd = spec.pricing.cost(reply.model or spec.model.name, reply.usage.input_tokens,
-                                                     reply.usage.output_tokens)
+            finally:
+                deadline.armed = False
+            deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
+            _price(spec, reply)
             budget.record_model_call(reply.usage)
             messages.append(reply.to_message())
             if reply.text:
@@ -170,29 +218,41 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             if not reply.tool_calls:
                 stop = StopReason.COMPLETED
                 break
+            calls = reply.tool_calls
+            pending = [None] * len(calls)
 
             # 4. Never run a tool whose result no model call would read.
             stop = budget.exceeded()
             if stop is not None:
-                _skip_calls(messages, reply.tool_calls, f"not run: the run reached its limit ({stop.value})")
-                emit("notice", {"skipped_calls": len(reply.tool_calls), "reason": stop.value})
+                _answer_turn(messages, calls, pending, f"not run: the run reached its limit ({stop.value})")
+                pending = None
+                emit("notice", {"skipped_calls": len(calls), "reason": stop.value})
                 break
 
-            # 5. The tools, concurrently, through the executor.
+            # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            results, stop = await _run_tools(spec, reply.tool_calls, ctx, budget, loops, emit)
-            for call, result in zip(reply.tool_calls, results, strict=True):
-                messages.append(result.to_message())
-                if not result.is_error:
-                    found.append((call, result))
+            stop = await _with_cancel(spec, _run_tools(spec, calls, pending, ctx, budget, loops, emit))
+            _answer_turn(messages, calls, pending, "not run: the run is stopping")
+            found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
+            pending = None
             if stop is not None:
                 break
     except (_Cancelled, asyncio.CancelledError):
         stop = StopReason.CANCELLED
         error = spec.cancel.reason if spec.cancel is not None and spec.cancel.reason else "cancelled"
         emit("notice", {"cancelled": error})
-        _close_dangling_calls(messages)
+    except Exception as exc:  # a failing step runner, context builder, policy or event sink
+        stop, error = StopReason.ERROR, f"run failed: {type(exc).__name__}: {exc}"
+        emit("error", {"error": error})
+    finally:
+        deadline.close()
+    if pending is not None:
+        # Interrupted mid-turn: keep the results that came back, answer the rest, so the transcript
+        # stays valid for every provider (each call answered once, in order).
+        found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
+        why = "cancelled" if stop is StopReason.CANCELLED else "stopped by an error"
+        _answer_turn(messages, calls, pending, f"not run or not finished: the run was {why}")
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
@@ -228,31 +288,35 @@ async def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., 
     return final
 
 
-async def _with_cancel(spec: RunSpec, work: Awaitable[ModelReply]) -> ModelReply:
-    """Await `work`, abandoning it if the run is cancelled meanwhile."""
+async def _with_cancel(spec: RunSpec, work: Awaitable[T]) -> T:
+    """Await `work`, abandoning (cancelling) it if the run is cancelled meanwhile."""
     if spec.cancel is None:
         return await work
     task = asyncio.ensure_future(work)
     waiter = asyncio.ensure_future(spec.cancel.wait())
-    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this task itself is cancelled: leave no orphaned work behind
         waiter.cancel()
-        return task.result()
-    task.cancel()
-    raise _Cancelled
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        raise _Cancelled
+    return task.result()
 
 
 async def _run_tools(
     spec: RunSpec,
     calls: list[ToolCall],
+    results: list[ToolResult | None],
     ctx: CallContext,
     budget: Budget,
     loops: LoopDetector,
     emit: Callable[..., None],
-) -> tuple[list[ToolResult], StopReason | None]:
-    """Apply the per-call guards, run what may run (concurrently, bounded), in call order."""
+) -> StopReason | None:
+    """Apply the per-call guards, run what may run (concurrently, bounded); `results[i]` is filled
+    in place as call `i` finishes, so an interrupted turn keeps what came back."""
     stop: StopReason | None = None
-    results: list[ToolResult | None] = [None] * len(calls)
     to_run: list[int] = []
     left = budget.tool_calls_left()
     for i, call in enumerate(calls):
@@ -269,6 +333,8 @@ async def _run_tools(
                                     is_error=True, decision="tool_call_budget")
         else:
             to_run.append(i)
+    if stop is not None and not spec.limits.final_answer:
+        to_run = []  # the run stops after this turn and no final call would read these results
 
     async def one(i: int) -> None:
         call = calls[i]
@@ -290,14 +356,17 @@ async def _run_tools(
             async with limit:
                 await one(i)
 
-        await asyncio.gather(*(bounded(i) for i in to_run))
+        tasks = [asyncio.ensure_future(bounded(i)) for i in to_run]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed (or the turn was cancelled): stop the others too
+            for task in tasks:
+                task.cancel()
     budget.usage.tool_calls += len(to_run)
 
-    for i in range(len(calls)):
-        r = results[i]
-        if r is not None and r.decision == "awaiting_approval" and stop is None:
-            stop = StopReason.AWAITING_APPROVAL
-    return [r for r in results if r is not None], stop
+    if stop is None and any(r is not None and r.decision == "awaiting_approval" for r in results):
+        stop = StopReason.AWAITING_APPROVAL
+    return stop
 
 
 async def _final_answer(
@@ -307,14 +376,17 @@ async def _final_answer(
     messages.append(Message.user(FINAL_PROMPT.format(reason=reason.value.replace("_", " "))))
     started = budget.elapsed()
     try:
-        reply = await spec.step_runner.model_step(
-            budget.steps, lambda: spec.model.complete(ModelRequest(spec.context.build(messages), []))
-        )
+        async with asyncio.timeout(budget.final_seconds()):
+            request = ModelRequest(spec.context.build(messages), [])
+            reply = await _with_cancel(spec, spec.step_runner.model_step(
+                budget.steps, lambda: _call_model(spec, request, emit)))
+    except _Cancelled:
+        emit("notice", {"cancelled": "final answer call"})
+        return ""
     except Exception as exc:
         emit("error", {"error": f"final answer call failed: {type(exc).__name__}: {exc}"})
         return ""
-    reply.usage.cost_usd = spec.pricing.cost(reply.model or spec.model.name, reply.usage.input_tokens,
-                                             reply.usage.output_tokens)
+    _price(spec, reply)
     budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1))
     messages.append(Message.assistant(reply.text))
     emit("model_call", {"model": reply.model or spec.model.name, "final": True,
@@ -324,22 +396,21 @@ async def _final_answer(
     return reply.text
 
 
-def _skip_calls(messages: list[Message], calls: list[ToolCall], why: str) -> None:
-    """Answer calls that will not run, so the transcript stays valid for every provider."""
-    for call in calls:
-        messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
+def _price(spec: RunSpec, reply: ModelReply) -> None:
+    """Cost from the price table; a model the table does not know keeps the cost it reported."""
+    price = spec.pricing.lookup(reply.model or spec.model.name)
+    if price is not None:
+        reply.usage.cost_usd = (reply.usage.input_tokens * price[0] + reply.usage.output_tokens * price[1]) / 1_000_000
 
 
-def _close_dangling_calls(messages: list[Message]) -> None:
-    """After a cancellation mid-turn, answer the last assistant message's unanswered calls."""
-    for back in range(len(messages) - 1, -1, -1):
-        m = messages[back]
-        if m.role == "assistant":
-            answered = {x.tool_call_id for x in messages[back + 1:]}
-            _skip_calls(messages, [c for c in m.tool_calls if c.id not in answered], "not run: the run was cancelled")
-            return
-        if m.role != "tool":
-            return
+def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str) -> None:
+    """Append one tool message per call, in call order: its result, or an error saying `why` there is none
+    (so the transcript stays valid for every provider)."""
+    for call, result in zip(calls, results, strict=True):
+        if result is not None:
+            messages.append(result.to_message())
+        else:
+            messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
 
 
 def _finding(call: ToolCall, result: ToolResult) -> str:

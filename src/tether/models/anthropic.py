@@ -158,7 +158,7 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
             if m.content:
                 system.append(m.content)
         elif role == "user":
-            if m.content:
+            if m.content.strip():  # the API refuses whitespace-only text blocks
                 _append(out, "user", {"type": "text", "text": m.content})
         elif role == "tool":
             if not m.tool_call_id:

@@ -52,6 +52,8 @@ class JsonlSink:
 
     def write(self, record: AuditRecord) -> None:
         line = json.dumps(record.to_dict(), ensure_ascii=False, default=str)
+        if not _utf8_ok(line):  # lone surrogates: escape them so the line is valid UTF-8 and reads back
+            line = json.dumps(record.to_dict(), default=str)
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
@@ -68,6 +70,14 @@ class JsonlSink:
 
 
 _COLUMNS = [f for f in AuditRecord.__dataclass_fields__]
+
+
+def _utf8_ok(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class SqliteSink:
@@ -89,6 +99,9 @@ class SqliteSink:
         d["arguments"] = json.dumps(d["arguments"], ensure_ascii=False, default=str)
         d["provenance"] = json.dumps(d["provenance"])
         d["tainted"] = int(d["tainted"])
+        for k, v in d.items():  # SQLite text must be valid UTF-8
+            if isinstance(v, str) and not _utf8_ok(v):
+                d[k] = v.encode("utf-8", "backslashreplace").decode("utf-8")
         with self._lock:
             self._db.execute(f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
                              [d[c] for c in _COLUMNS])

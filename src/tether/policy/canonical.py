@@ -14,7 +14,9 @@ def canonical_json(value: Any) -> str:
 
 def action_key(tool: str, arguments: dict[str, Any]) -> str:
     """A hash of the exact action: tool name plus canonical arguments (any change -> new key)."""
-    return hashlib.sha256(f"{tool}\x00{canonical_json(arguments)}".encode()).hexdigest()[:32]
+    # surrogatepass: a lone surrogate (valid in JSON text, "\\ud800") must not crash the policy
+    text = f"{tool}\x00{canonical_json(arguments)}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -71,11 +72,14 @@ class Capability:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 try:
                     value = float(value)
-                except (TypeError, ValueError):
-                    out.append(f"{path}={value!r} is not a number (ceiling {limit:g})")
+                except (TypeError, ValueError, OverflowError):
+                    out.append(f"{path}={_short(value)} is not a number (ceiling {limit:g})")
                     continue
-            if value > limit:
-                out.append(f"{path}={value:g} exceeds the ceiling of {limit:g}")
+            # NaN compares false with everything, so it would pass any ceiling: refuse non-finite values
+            if isinstance(value, float) and not math.isfinite(value):
+                out.append(f"{path}={value!r} is not a finite number (ceiling {limit:g})")
+            elif value > limit:
+                out.append(f"{path}={_short(value)} exceeds the ceiling of {limit:g}")
         return out
 
     @classmethod
@@ -94,6 +98,11 @@ class Capability:
             url_args=tuple(meta.get("url_args", ())),
             authorize=meta.get("authorize"),
         )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Capabilities:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -29,11 +30,32 @@ def is_internal(host: str) -> bool:
         return False
     if host == "localhost" or host.endswith(_INTERNAL_SUFFIXES) or "." not in host:
         return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
+    ip = _ip(host)
+    if ip is None:
         return False
-    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
+            or ip in _SHARED)
+
+
+_SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: not public, not in is_private on 3.11
+_NUMERIC_HOST = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+)){0,3}", re.IGNORECASE)
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host names, including the forms resolvers accept besides dotted quads
+    (`127.1`, `0177.0.0.1`, `0x7f000001`, `2130706433` all reach 127.0.0.1)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if _NUMERIC_HOST.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
 
 
 def find_urls(text: str) -> list[str]:

@@ -1,8 +1,8 @@
 """Scan text leaving the agent (final answers, tool arguments) for secrets and exfiltration.
 
-Finds: secrets (API keys, tokens, private keys, passwords), internal URLs, markdown images that
-point outside the allowlist (a client renders them by fetching the URL: a classic exfiltration
-channel), and URLs that carry base64 or other long encoded blobs. `filter_output` redacts each
+Finds: secrets (API keys, tokens, private keys, passwords), internal URLs, images that point
+outside the allowlist (markdown inline and reference images, HTML `<img>` and kin: a client renders
+them by fetching the URL, a classic exfiltration channel), and URLs that carry base64 or other long encoded blobs. `filter_output` redacts each
 finding and says why.
 """
 
@@ -17,7 +17,7 @@ from tether.policy.egress import EgressPolicy, find_urls, host_of, is_internal
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    kind: str  # secret | internal_url | markdown_image | encoded_url
+    kind: str  # secret | internal_url | markdown_image | html_image | encoded_url
     match: str  # the offending text, shortened and masked for secrets
     reason: str
 
@@ -34,7 +34,71 @@ SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
      re.compile(r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token)\b\s*[:=]\s*[\"']?[^\s\"',;]{6,}")),
 ]
 
-_MD_IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)[^)]*\)")
+_DEST = re.compile(r"\(\s*<?([^)\s>]*)[^)]*\)")  # an inline destination: (url "title")
+_REF_USE = re.compile(r"\s?\[((?:\\.|[^\[\]\\]){0,999})\]")  # [label] after an image's text
+_REF_DEF = re.compile(r"^ {0,3}\[((?:\\.|[^\[\]\\]){1,999})\]:[ \t]*\n?[ \t]*<?([^\s>]+)>?", re.MULTILINE)
+# tags a renderer fetches by itself, and the attributes holding what it fetches
+_HTML_TAG = re.compile(r"<\s*(?:img|image|picture|source|video|audio|track|iframe|frame|embed|object|input|use|svg)\b"
+                       r"[^>]*>?", re.IGNORECASE)
+_HTML_ATTR = re.compile(r"""(?:^|[\s"'/])(?:src|srcset|poster|data|href|xlink:href|background)\s*=\s*"""
+                        r"""("[^"]*"|'[^']*'|[^\s>]+)""", re.IGNORECASE)
+
+
+def _norm_label(label: str) -> str:
+    return " ".join(label.split()).casefold()
+
+
+def _brackets(text: str) -> dict[int, int]:
+    """Position of each `[` -> position of the `]` closing it (nested brackets and backslash
+    escapes respected, as CommonMark does for link text). One pass over the text."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    j, n = 0, len(text)
+    while j < n:
+        c = text[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == "[":
+            stack.append(j)
+        elif c == "]" and stack:
+            pairs[stack.pop()] = j
+        j += 1
+    return pairs
+
+
+def _images(text: str) -> list[tuple[int, int, str, str]]:
+    """Every image a renderer would fetch by itself: (start, end, url, kind). Markdown inline
+    images (`![alt](url)`, brackets nested in the alt text too), reference images (`![alt][ref]`,
+    `![ref]` with a `[ref]: url` definition anywhere) and HTML tags (`<img src=...>`, srcset, ...)."""
+    out: list[tuple[int, int, str, str]] = []
+    labels: set[str] = set()  # reference labels used by images
+    pairs: dict[int, int] | None = None
+    start = text.find("![")
+    while start != -1:
+        if pairs is None:
+            pairs = _brackets(text)
+        close = pairs.get(start + 1, -1)
+        if close != -1:
+            dest = _DEST.match(text, close + 1)
+            if dest is not None:
+                out.append((start, dest.end(), dest.group(1), "markdown_image"))
+            else:
+                ref = _REF_USE.match(text, close + 1)
+                label = ref.group(1) if ref is not None and ref.group(1).strip() else text[start + 2:close]
+                labels.add(_norm_label(label))
+        start = text.find("![", start + 2)
+    if labels:
+        for m in _REF_DEF.finditer(text):
+            if _norm_label(m.group(1)) in labels:
+                out.append((m.start(), m.end(), m.group(2), "markdown_image"))
+    for tag in _HTML_TAG.finditer(text):
+        for attr in _HTML_ATTR.finditer(tag.group()):
+            for part in attr.group(1).strip("\"'").split(","):  # srcset: "url 1x, url 2x"
+                url = part.strip().split(" ")[0]
+                if url:
+                    out.append((tag.start(), tag.end(), url, "html_image"))
+    return out
 _BLOB = re.compile(r"[A-Za-z0-9+/_%-]{32,}={0,2}")
 
 
@@ -60,12 +124,13 @@ def scan(text: str, *, egress: EgressPolicy | None = None) -> list[tuple[int, in
         for m in pattern.finditer(text):
             spans.append((m.start(), m.end(), Finding("secret", _mask(m.group()),
                                                       f"looks like a {label}; secrets must not leave the run")))
-    for m in _MD_IMAGE.finditer(text):
-        host = host_of(m.group(1))
+    for start, end, url, kind in _images(text):
+        host = host_of(url)
         if not allow.allows_host(host):
-            spans.append((m.start(), m.end(), Finding(
-                "markdown_image", _short(m.group()),
-                f"markdown image loads from '{host or m.group(1)}', which is not allowlisted (the viewer would "
+            what = "markdown image" if kind == "markdown_image" else "HTML image"
+            spans.append((start, end, Finding(
+                kind, _short(text[start:end]),
+                f"{what} loads from '{host or url}', which is not allowlisted (the viewer would "
                 "send data to it)")))
     for m in re.finditer(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", text, re.IGNORECASE):
         url = m.group().rstrip(".,;:!?")

@@ -14,6 +14,7 @@ the final answer and appends actions held for the user.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 import time
@@ -21,6 +22,8 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic_core import to_jsonable_python
 
 from tether.policy.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver, DenyAll
 from tether.policy.audit import AuditLog, AuditRecord
@@ -35,7 +38,7 @@ from tether.tools.executor import CallContext, Verdict
 from tether.types import Effect, ToolCall, ToolResult
 
 UNTRUSTED_SOURCES = frozenset({"web", "email", "files", "file", "retrieval", "rag", "mcp", "messages"})
-_CLOSE_TAG = re.compile(r"</?\s*untrusted-data", re.IGNORECASE)
+_CLOSE_TAG = re.compile(r"<\s*/?\s*untrusted-data", re.IGNORECASE)
 
 
 def wrap_untrusted(text: str, source: str) -> str:
@@ -69,6 +72,7 @@ class RunState:
     held: list[str] = field(default_factory=list)  # actions replaced by a summary for the user
     pending: dict[str, _Pending] = field(default_factory=dict)
     approved: set[str] = field(default_factory=set)  # action keys approved in this run
+    trusted_handles: set[str] = field(default_factory=set)  # read_result handles of trusted outputs
     has_prompt: bool = False
 
     @property
@@ -120,6 +124,8 @@ class SafetyPolicy:
         self.clock = clock
         self.max_runs = max_runs
         self._runs: OrderedDict[str, RunState] = OrderedDict()
+        # ids of tainted runs whose state was evicted: if such a run comes back it starts tainted
+        self._evicted_tainted: OrderedDict[str, None] = OrderedDict()
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
 
     # -- runs ---------------------------------------------------------------------------------
@@ -146,33 +152,47 @@ class SafetyPolicy:
     def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Finding]]:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
         append the actions that were held for the user to confirm."""
-        text, findings = filter_output(answer, egress=self.egress)
         state = self._runs.get(run_id)
+        if state is not None and state.held:
+            # held actions carry the model's arguments: they are filtered with the answer
+            answer = answer.rstrip() + "\n\nNot done, waiting for your confirmation:\n" + "\n".join(
+                f"- {h}" for h in state.held)
+        text, findings = filter_output(answer, egress=self.egress)
         if findings:
             self.audit.record(AuditRecord(
                 run_id=run_id, tool="(answer)", decision="redacted", user=state.user if state else None,
                 reason="; ".join(f.reason for f in findings), outcome="ok",
                 tainted=bool(state and state.tainted)))
-        if state is not None and state.held:
-            text = text.rstrip() + "\n\nNot done, waiting for your confirmation:\n" + "\n".join(
-                f"- {h}" for h in state.held)
         return text, findings
 
     def _new_state(self, run_id: str, user: str | None) -> RunState:
         state = RunState(run_id, user)
+        if self._evicted_tainted.pop(run_id, False) is None:
+            # its state was evicted while tainted: taint never goes down within a run
+            state.prov.add_output("", trusted=False, source="(evicted run state)")
         self._runs[run_id] = state
         while len(self._runs) > self.max_runs:
-            self._runs.popitem(last=False)
+            old_id, old = self._runs.popitem(last=False)
+            if old.tainted:
+                self._evicted_tainted[old_id] = None
+                while len(self._evicted_tainted) > 10 * self.max_runs:
+                    self._evicted_tainted.popitem(last=False)
         return state
 
     def _state(self, ctx: CallContext) -> RunState:
         state = self._runs.get(ctx.run_id)
         if state is None:
             state = self._new_state(ctx.run_id, ctx.user)
+        else:
+            self._runs.move_to_end(ctx.run_id)  # least recently used runs are evicted first
         if not state.has_prompt:
             prompt = ctx.extra.get("prompt") or ctx.extra.get("user_messages")
             if prompt:
                 self.begin_run(ctx.run_id, prompt, ctx.user)
+            # tool outputs already in the transcript (a conversation continued with `history`): the
+            # policy never saw where they came from, so they count as untrusted (taint carries over)
+            for text in ctx.extra.get("history_tool_outputs") or ():
+                state.prov.add_output(str(text), trusted=False, source="(earlier turns)")
         if state.user is None and ctx.user is not None:
             state.user = ctx.user
         return state
@@ -188,10 +208,37 @@ class SafetyPolicy:
         # read_result pages through earlier outputs: untrusted once any of them was
         return tool.name == "read_result" and state is not None and state.tainted
 
+    def _reads_untrusted_handle(self, tool: Tool, state: RunState, pend: _Pending | None) -> bool:
+        """read_result is trusted only for a handle this run got from a trusted output: the store is
+        shared by every run of an executor, so a handle from another run (or an unknown one) may hold
+        anybody's untrusted text."""
+        if tool.name != "read_result" or tool.name in self.trusted_tools:
+            return False
+        handle = pend.args.get("handle") if pend is not None else None
+        return handle not in state.trusted_handles
+
     # -- before --------------------------------------------------------------------------------
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
+        """Decide on one call. Never raises: a failing check refuses the call."""
+        try:
+            return await self._before_call(tool, args, call, ctx)
+        except Exception as exc:
+            reason = f"the safety policy failed on this call ({type(exc).__name__}: {exc}); refused"
+            try:
+                state = self._state(ctx)
+                state.pending.pop(call.id, None)
+                self._audit(state, tool, call, plain_args(args), {}, "", ctx, "refused:error", "", reason,
+                            "not_run")
+            except Exception:
+                pass
+            return Verdict("refuse", reason, "refused:error")
+
+    async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
         state = self._state(ctx)
+        # every check reads a JSON-plain view: nested models, URLs and decimals the validator made
+        # would otherwise hide from ceilings, egress and provenance (which walk dicts, lists, str)
+        args = plain_args(raw_args)
         cap = self.capabilities.get(tool)
         if cap is None:
             return self._refuse(state, tool, call, args, {}, "", ctx,
@@ -199,13 +246,16 @@ class SafetyPolicy:
         who = state.user
         reason = None
         if self.authorizer is not None:
-            reason = self.authorizer.authorize(who, tool, args)
+            try:
+                reason = self.authorizer.authorize(who, tool, raw_args)
+            except Exception as exc:  # a broken authorizer denies
+                reason = f"authorization failed ({type(exc).__name__}: {exc}); denied"
         if reason is None:
-            reason = check_tool(cap.authorize, who, tool, args)
+            reason = check_tool(cap.authorize, who, tool, raw_args)
         if reason is not None:
             return self._refuse(state, tool, call, args, {}, "", ctx, "refused:unauthorized", reason)
         try:
-            effect = cap.effect_for(tool, args)
+            effect = cap.effect_for(tool, raw_args)
         except Exception as exc:
             return self._refuse(state, tool, call, args, {}, "", ctx, "refused:effect",
                                 f"could not classify the call's effect ({type(exc).__name__}: {exc})")
@@ -267,12 +317,22 @@ class SafetyPolicy:
                     return await self._hold(state, tool, call, args, prov, effect, ctx, why)
                 ask.append(why)
 
-        state.calls[tool.name] += 1  # reserved now, released if not approved
+        # reserved now (no await since the rate check), released if not approved, so concurrent
+        # calls waiting on the approver cannot all pass the same limit
+        state.calls[tool.name] += 1
+        stamp: tuple[deque[float], float] | None = None
+        if cap.per_user is not None:
+            stamps = self._per_user.setdefault((state.user, tool.name), deque())
+            stamp = (stamps, self.clock())
+            stamps.append(stamp[1])
         decision, by = "allowed", ""
         if ask:
             answer = await self._ask(state, tool, args, prov, effect, "; ".join(ask), call, ctx)
             if not answer.approved:
                 state.calls[tool.name] -= 1
+                if stamp is not None:
+                    with contextlib.suppress(ValueError):
+                        stamp[0].remove(stamp[1])
                 if answer.status == "pending":
                     self._audit(state, tool, call, args, prov, effect, ctx, "awaiting_approval", "",
                                 "; ".join(ask), "not_run")
@@ -285,8 +345,6 @@ class SafetyPolicy:
             # the person vouched for these destinations: later calls to them need no new prompt
             vouched = args if cap.guarded_args is None else {k: args[k] for k in cap.guarded_args if k in args}
             state.prov.vouch([v for _, v in leaves(vouched)])
-        if cap.per_user is not None:
-            self._per_user.setdefault((state.user, tool.name), deque()).append(self.clock())
         state.pending[call.id] = _Pending(args, prov, effect.value, decision, by, "; ".join(ask), ctx.step)
         return Verdict("allow", "", decision)
 
@@ -344,11 +402,24 @@ class SafetyPolicy:
     # -- after ---------------------------------------------------------------------------------
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
+        """Record the output's provenance and label it. Never raises: on a failure the output is
+        treated as untrusted (the run is tainted and the text wrapped)."""
+        try:
+            return self._after_call(tool, result, ctx)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._state(ctx).prov.add_output(result.content, trusted=False, source=tool.name)
+            result.content = wrap_untrusted(result.content, f"tool '{tool.name}'")
+            return result
+
+    def _after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
-        untrusted = self.is_untrusted_source(tool, state)
+        untrusted = self.is_untrusted_source(tool, state) or self._reads_untrusted_handle(tool, state, pend)
         state.prov.add_output(result.content, trusted=not untrusted, source=tool.name,
                               private=bool(tool.metadata.get("private_output")))
+        if result.handle and not untrusted:
+            state.trusted_handles.add(result.handle)
         if pend is not None:
             self.audit.record(AuditRecord(
                 run_id=state.run_id, tool=tool.name, decision=pend.decision, call_id=result.call_id,
@@ -358,6 +429,26 @@ class SafetyPolicy:
         if untrusted and self.wrap_outputs:
             result.content = wrap_untrusted(result.content, f"tool '{tool.name}'")
         return result
+
+
+def plain_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as plain JSON values (models and dataclasses -> dicts, URLs, decimals, dates and
+    enums -> their JSON form); JSON-native arguments come back equal."""
+    return {str(k): _plain(v) for k, v in args.items()}
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    try:
+        # a model's fields may themselves be models or URLs: convert, then walk what came out
+        return _plain(to_jsonable_python(value, fallback=str))
+    except Exception:  # e.g. lone surrogates in a model's string field
+        return str(value)
 
 
 def _under(trace: dict[str, Origin], names: tuple[str, ...] | None) -> dict[str, Origin]:

@@ -19,6 +19,7 @@ words all found in the user's request counts as the user's.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,10 @@ class Corpus:
         return bool(self._texts)
 
     def has_number(self, value: float) -> bool:
-        return float(value) in self._nums
+        try:
+            return float(value) in self._nums
+        except OverflowError:  # an int too large for a float matches no number read
+            return False
 
     def _candidates(self, needle: str) -> list[str]:
         tokens = set(_TOKEN.findall(needle))
@@ -162,7 +166,9 @@ class Corpus:
 
 
 def _fmt_number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+    if isinstance(value, int):
+        return str(value)
+    return str(int(value)) if math.isfinite(value) and value.is_integer() else str(value)
 
 
 @dataclass

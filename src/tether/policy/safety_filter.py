@@ -67,7 +67,7 @@ def _has_secret(text: str) -> bool:
 
 
 def _exfil_link(text: str) -> bool:
-    return any(f.kind in ("markdown_image", "encoded_url") for _, _, f in scan(text))
+    return any(f.kind in ("markdown_image", "html_image", "encoded_url") for _, _, f in scan(text))
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (

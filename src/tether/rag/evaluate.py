@@ -36,7 +36,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) -> Collection:
     """Read BEIR files: corpus rows {id|_id, title, text}, query rows {id|_id, text}, and qrels as
-    TSV `query-id doc-id relevance` (a header line is skipped)."""
+    TSV `query-id doc-id relevance` (a header line is skipped) or TREC's `qid iter doc-id relevance`."""
     docs = _jsonl(Path(corpus))
     ids, texts = [], []
     for row in docs:
@@ -59,7 +59,8 @@ def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) 
             if n == 1:
                 continue  # header
             raise ValueError(f"{qrels}:{n}: relevance {parts[-1]!r} is not a number") from None
-        judged.setdefault(parts[0], {})[parts[1]] = rel
+        # TREC qrels put an unused iteration column between the two ids: `qid 0 docid rel`
+        judged.setdefault(parts[0], {})[parts[2] if len(parts) >= 4 else parts[1]] = rel
     return Collection(ids, texts, qs, judged)
 
 

@@ -122,7 +122,8 @@ class Index:
         return cls(index_path(name_or_path), **kwargs)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
     def __enter__(self) -> Index:
         return self
@@ -151,16 +152,20 @@ class Index:
             self._embedder = MiniLMEncoder()
         return self._embedder
 
+    # Reads take the lock too: on the shared connection they would see a change half applied.
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 
     def sources(self) -> list[str]:
-        return [r[0] for r in self._db.execute("SELECT path FROM sources ORDER BY path")]
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT path FROM sources ORDER BY path")]
 
     def chunks(self) -> list[Chunk]:
         """Every chunk, in vector-row order."""
-        rows = self._db.execute("SELECT id, source, position, heading, text FROM chunks ORDER BY row")
-        return [Chunk(*r) for r in rows]
+        with self._lock:
+            rows = self._db.execute("SELECT id, source, position, heading, text FROM chunks ORDER BY row")
+            return [Chunk(*r) for r in rows]
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class Index:
         report.chunks_removed += len(old_rows) - len(kept)
         report.chunks_added += len(new)
         new_vectors = None
+        gen = str(int(self._meta("generation") or 0) + 1)
         if self.uses_vectors:
             old_vectors = self._load_vectors(len(old_rows))
             keep_idx = [i for i, c in enumerate(old_rows) if c.source not in gone_set]
@@ -284,26 +290,31 @@ class Index:
                 self._db.execute("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  (src, digest, count))
             if new_vectors is not None:
-                self._save_vectors(new_vectors)
-            self._set_meta("generation", str(int(self._meta("generation") or 0) + 1))
+                self._save_vectors(new_vectors, gen)
+            self._set_meta("generation", gen)
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
 
     def _load_vectors(self, expected_rows: int) -> np.ndarray | None:
-        """The stored vectors, or None when missing or stale (wrong count or other embedder)."""
+        """The stored vectors, or None when missing or stale (wrong count, other embedder, or saved
+        before a change made while the index was open with a retriever that keeps no vectors)."""
         f = self.path / "vectors.npy"
         if not f.exists() or self._meta("embedder") != self.embedder.name:
+            return None
+        if self._meta("vectors_generation") != (self._meta("generation") or "0"):
             return None
         vectors = np.load(f, mmap_mode="r")
         return vectors if vectors.shape[0] == expected_rows else None
 
-    def _save_vectors(self, vectors: np.ndarray) -> None:
+    def _save_vectors(self, vectors: np.ndarray, generation: str | None = None) -> None:
+        """Write the vectors of the store as of `generation` (default: the current one)."""
         tmp = self.path / "vectors.tmp.npy"
         np.save(tmp, vectors)
         os.replace(tmp, self.path / "vectors.npy")
         self._set_meta("embedder", self.embedder.name)
         self._set_meta("vectors", str(len(vectors)))
+        self._set_meta("vectors_generation", generation or self._meta("generation") or "0")
 
     # -- search ---------------------------------------------------------------------------------
 
@@ -333,12 +344,17 @@ class Index:
             retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
         return retriever
 
+    def _vectors_key(self) -> str:
+        """What files derived from the vectors (IVF, neighbour graph) are valid for: the store's
+        generation and the embedder (another embedder's vectors need their own)."""
+        return f"{self._meta('generation') or '0'}:{self.embedder.name}"
+
     def _ivf(self, vectors: np.ndarray, threshold: int) -> IVFIndex | None:
         """The IVF partition for a large store: loaded when current, else built and saved."""
         if len(vectors) <= threshold:
             return None
         f = self.path / "ivf.npz"
-        gen = self._meta("generation") or "0"
+        gen = self._vectors_key()
         if f.exists() and self._meta("ivf_generation") == gen:
             ivf = IVFIndex.load(str(f))
             if len(ivf.assign) == len(vectors):
@@ -354,7 +370,7 @@ class Index:
         if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
             return None
         f = self.path / "knn.npy"
-        gen = self._meta("generation") or "0"
+        gen = self._vectors_key()
         if f.exists() and self._meta("knn_generation") == gen:
             graph = np.load(f)
             if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):

@@ -20,20 +20,26 @@ def shape_hits(hits: list[Hit], *, passage_chars: int = 700, max_chars: int = 35
     if not hits:
         return "No passages matched the query."
     blocks: list[str] = []
-    used = 0
+    used = 0  # length of "\n\n".join(blocks) plus one separator
     for n, h in enumerate(hits, start=1):
         head = f"[{n}] id={h.id} source={h.source} score={h.score:.3f}"
         if h.heading:
             head += f"\nsection: {h.heading}"
         block = f"{head}\n{clip(h.text, passage_chars)}"
-        if blocks and used + len(block) + 2 > max_chars:
-            blocks.append(f"({len(hits) - n + 1} more passages not shown; search with a narrower query)")
+        # keep room for the note about the passages after this one, so the whole stays within max_chars
+        reserve = 0 if n == len(hits) else 2 + len(_more(len(hits) - n))
+        if blocks and used + len(block) + reserve > max_chars:
+            blocks.append(_more(len(hits) - n + 1))
             break
-        if not blocks and len(block) > max_chars:
-            block = clip(block, max_chars)
+        if not blocks and len(block) + reserve > max_chars:
+            block = clip(block, max(max_chars - reserve, 1))
         blocks.append(block)
         used += len(block) + 2
     return "\n\n".join(blocks)
+
+
+def _more(count: int) -> str:
+    return f"({count} more passages not shown; search with a narrower query)"
 
 
 def search_tool(
@@ -49,6 +55,10 @@ def search_tool(
 
     Marked `untrusted_output=True`: passages are third-party text the policy treats as tainted.
     """
+
+    if default_k < 1:
+        raise ValueError(f"default_k must be at least 1, got {default_k}")
+    max_k = max(max_k, default_k)  # `tether ask -k 20` must not advertise a default above the maximum
 
     def search(query: str, k: int = default_k) -> str:
         return shape_hits(index.search(query, k), passage_chars=passage_chars, max_chars=max_chars)

@@ -138,7 +138,14 @@ class Executor:
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
                 "invalid_arguments",
             )
-        verdict = await self.policy.before_call(tool, args, call, ctx)
+        except Exception as exc:  # a validator bug must not crash the run, nor let the call through
+            return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
+                               f"{exc}", "invalid_arguments")
+        try:
+            verdict = await self.policy.before_call(tool, args, call, ctx)
+        except Exception as exc:  # fail closed: a policy that cannot decide refuses
+            return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
+                               f"{exc}", "refused:policy_error")
         if verdict.action == "refuse":
             return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
         if verdict.action == "await_approval":
@@ -149,7 +156,11 @@ class Executor:
         result = await self._run(tool, args, call, ctx)
         if not result.is_error:
             result.decision = verdict.decision
-        return self.policy.after_call(tool, result, ctx)
+        try:
+            return self.policy.after_call(tool, result, ctx)
+        except Exception as exc:  # fail closed: an unchecked result is not shown to the model
+            return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
+                               f"{type(exc).__name__}: {exc}", "withheld:policy_error")
 
     async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> ToolResult:
         if tool.context_param is not None:
@@ -180,7 +191,11 @@ class Executor:
             raise
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
-        text = shape(value)
+        try:
+            text = shape(value)
+        except Exception as exc:  # e.g. a model_dump() or __str__ that raises
+            return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
+                               "failed")
         limit = tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text))
