@@ -109,6 +109,10 @@ def test_result_store_is_bounded():
     handles = [store.put("x" * 100) for _ in range(5)]
     assert store.total_chars <= 250 and len(store) == 2
     assert store.get(handles[0]) is None and store.get(handles[-1]) == "x" * 100
+    for i in range(50):  # the file on disk stays bounded too
+        store.put(str(i % 10) * 100)
+    assert store.file_bytes <= 2 * 250
+    assert store.get(f"r{len(handles) + 50}") == "9" * 100 and store.get(f"r{len(handles) + 49}") == "8" * 100
     text, handle = cap("short", 10, store)
     assert (text, handle) == ("short", None)
 

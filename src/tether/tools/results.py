@@ -62,7 +62,30 @@ class ResultStore:
             while self._total > self.max_total_chars and len(self._index) > 1:
                 _, (_, _, chars) = self._index.popitem(last=False)
                 self._total -= chars
+            self._compact(offset + len(data))
         return handle
+
+    def _compact(self, end: int) -> None:
+        """Drop the forgotten prefix of the file once it outweighs what is still live. Oldest go
+        first, so the live entries are always one run at the end of the file."""
+        assert self._file is not None
+        start = next(iter(self._index.values()))[0]
+        if start <= end - start:
+            return
+        self._file.seek(start)
+        live = self._file.read(end - start)
+        fresh = tempfile.TemporaryFile(prefix="tether-results-")  # noqa: SIM115 - lives as long as the store
+        fresh.write(live)
+        self._file.close()
+        self._file = fresh
+        for handle, (offset, nbytes, chars) in self._index.items():
+            self._index[handle] = (offset - start, nbytes, chars)
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes the store keeps on disk (live results plus at most as many forgotten ones)."""
+        with self._lock:
+            return 0 if self._file is None else self._file.seek(0, os.SEEK_END)
 
     def get(self, handle: str) -> str | None:
         with self._lock:
