@@ -31,6 +31,8 @@ class Pricing:
     Unknown models cost 0; `known()` tells whether a price exists."""
 
     prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+    _resolved: dict[str, tuple[float, float] | None] = field(default_factory=dict, init=False, repr=False,
+                                                           compare=False)
 
     def with_prices(self, extra: Mapping[str, tuple[float, float]]) -> Pricing:
         merged = dict(self.prices)
@@ -40,11 +42,18 @@ class Pricing:
     def lookup(self, model: str) -> tuple[float, float] | None:
         if model in self.prices:
             return self.prices[model]
+        try:  # the prefix search runs once per model name, not once per call
+            return self._resolved[model]
+        except KeyError:
+            pass
         bare = model.rsplit("/", 1)[-1]
         if bare in self.prices:
-            return self.prices[bare]
-        best = max((name for name in self.prices if bare.startswith(name)), key=len, default=None)
-        return self.prices[best] if best else None
+            found: tuple[float, float] | None = self.prices[bare]
+        else:
+            best = max((name for name in self.prices if bare.startswith(name)), key=len, default=None)
+            found = self.prices[best] if best else None
+        self._resolved[model] = found
+        return found
 
     def known(self, model: str) -> bool:
         return self.lookup(model) is not None
