@@ -101,6 +101,9 @@ def test_token_budget_counts_tokens_and_keeps_a_reserve():
     assert result.usage.model_calls == 9
     assert result.usage.total_tokens == 9 * 120
     assert result.answer.startswith("partial")
+    # the final call's output is capped by what is left of the budget (here: the 100-token reserve)
+    assert model.requests[-1].max_output_tokens == 100
+    assert all(r.max_output_tokens is None for r in model.requests[:-1])
 
 
 def test_cost_budget_uses_the_price_table():

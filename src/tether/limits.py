@@ -105,6 +105,15 @@ class Budget:
             return StopReason.TIME_BUDGET
         return None
 
+    def final_output_tokens(self) -> int | None:
+        """An output cap for the final call: what is left of the token budget, at least the reserve
+        (and never under 64 tokens, enough for a short partial answer); None when unbounded."""
+        if self.limits.max_tokens is None:
+            return None
+        left = self.limits.max_tokens - self.usage.total_tokens
+        reserve = int(self.limits.max_tokens * self.limits.final_reserve)
+        return max(64, left, reserve)
+
     def tool_calls_left(self) -> int | None:
         if self.limits.max_tool_calls is None:
             return None

@@ -377,7 +377,7 @@ async def _final_answer(
     started = budget.elapsed()
     try:
         async with asyncio.timeout(budget.final_seconds()):
-            request = ModelRequest(spec.context.build(messages), [])
+            request = ModelRequest(spec.context.build(messages), [], max_output_tokens=budget.final_output_tokens())
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:
