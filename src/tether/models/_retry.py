@@ -191,3 +191,20 @@ def provider_message(body: object) -> str | None:
     elif isinstance(body, str) and body:
         return body
     return None
+
+
+def classify_sdk_error(sdk: Any, base_error: type[Exception], exc: Exception, timeout: float | None) -> Failure | None:
+    """Sort an exception from a Stainless-generated SDK (openai, anthropic: same exception tree)
+    into retryable or not: timeouts, connection errors, 408, 429 and 5xx retry."""
+    if isinstance(exc, sdk.APITimeoutError):
+        return Failure(True, f"request timed out after {timeout:g}s" if timeout else "request timed out")
+    if isinstance(exc, sdk.APIConnectionError):
+        return Failure(True, one_line(f"connection error: {exc.__cause__ or exc.message}"))
+    if isinstance(exc, sdk.APIStatusError):
+        status = exc.status_code
+        message = provider_message(exc.body) or exc.message
+        retryable = status in (408, 429) or status >= 500
+        return Failure(retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(exc.response.headers))
+    if isinstance(exc, base_error):
+        return Failure(False, one_line(f"{type(exc).__name__}: {exc}"))
+    return None

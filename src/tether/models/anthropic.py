@@ -17,9 +17,7 @@ from tether.models._retry import (
     Failure,
     RetryPolicy,
     call_with_retries,
-    one_line,
-    parse_retry_after,
-    provider_message,
+    classify_sdk_error,
     stream_with_retries,
 )
 from tether.models.openai_compat import make_tool_call
@@ -129,20 +127,7 @@ class AnthropicModel:
 
 def classify_anthropic_error(sdk: Any, exc: Exception, timeout: float | None = None) -> Failure | None:
     """Sort an anthropic SDK exception into retryable or not (429, 408, 5xx and 529 retry)."""
-    if isinstance(exc, sdk.APITimeoutError):
-        return Failure(True, f"request timed out after {timeout:g}s" if timeout else "request timed out")
-    if isinstance(exc, sdk.APIConnectionError):
-        return Failure(True, one_line(f"connection error: {exc.__cause__ or exc.message}"))
-    if isinstance(exc, sdk.APIStatusError):
-        status = exc.status_code
-        message = provider_message(exc.body) or exc.message
-        retryable = status in (408, 429) or status >= 500
-        return Failure(
-            retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(exc.response.headers)
-        )
-    if isinstance(exc, sdk.AnthropicError):
-        return Failure(False, one_line(f"{type(exc).__name__}: {exc}"))
-    return None
+    return classify_sdk_error(sdk, sdk.AnthropicError, exc, timeout)
 
 
 # ----- tether -> Anthropic -------------------------------------------------------------------------

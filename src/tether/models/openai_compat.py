@@ -33,8 +33,8 @@ from tether.models._retry import (
     Failure,
     RetryPolicy,
     call_with_retries,
+    classify_sdk_error,
     one_line,
-    parse_retry_after,
     provider_message,
     stream_with_retries,
 )
@@ -233,20 +233,7 @@ class OpenAICompatModel:
 
 def classify_openai_error(exc: Exception, timeout: float | None = None) -> Failure | None:
     """Sort an openai SDK exception into retryable or not, with a one-line message."""
-    if isinstance(exc, openai.APITimeoutError):
-        return Failure(True, f"request timed out after {timeout:g}s" if timeout else "request timed out")
-    if isinstance(exc, openai.APIConnectionError):
-        return Failure(True, one_line(f"connection error: {exc.__cause__ or exc.message}"))
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        message = provider_message(exc.body) or exc.message
-        retryable = status in (408, 429) or status >= 500
-        return Failure(
-            retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(exc.response.headers)
-        )
-    if isinstance(exc, openai.OpenAIError):
-        return Failure(False, one_line(f"{type(exc).__name__}: {exc}"))
-    return None
+    return classify_sdk_error(openai, openai.OpenAIError, exc, timeout)
 
 
 # ----- tether -> OpenAI ----------------------------------------------------------------------------
