@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from tether.cli import options as o
+from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
 from tether.cli.progress import EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
@@ -235,16 +236,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
     return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
 
 
-def _register_extensions() -> None:
-    """Commands other parts of tether add (`ingest`, `ask`, ... from the retrieval package)."""
-    try:
-        from tether.cli import rag_commands
-    except ImportError:
-        return
-    rag_commands.register(app)
-
-
-_register_extensions()
+rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from tether.cli.options import TOOL_SETS, RunOptions
 from tether.limits import Limits
 from tether.models.base import Model
 from tether.models.resolve import ModelConfigError, resolve_model
+from tether.tools import builtin
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 
@@ -52,10 +53,6 @@ def build_tools(spec: str | None, workspace: Path) -> list[Tool]:
         if len(names) > 1:
             raise CliError("--tools none cannot be combined with other tool sets")
         return []
-    try:
-        from tether.tools import builtin
-    except ImportError as exc:  # pragma: no cover - only while the built-in tools are missing
-        raise CliError(f"the built-in tools are not available in this install ({exc})") from exc
     tools: list[Tool] = []
     for name in names:
         if name == "coding":
