@@ -1,7 +1,15 @@
-"""Dense retrieval: cosine over sentence embeddings, brute force or IVF when the store is large."""
+"""Dense retrieval: cosine over sentence embeddings, brute force or IVF when the store is large.
+
+A text longer than `window` word pieces is also embedded as overlapping windows of `window`
+pieces (stride `stride`), and scores as the best of its whole-text vector and its window vectors
+(MaxP). MiniLM reads at most 256 pieces and was trained on 128, so without windows the end of a
+long text is invisible and its middle diluted. 126 pieces (128 with [CLS] and [SEP]) was chosen
+on CISI over 254; see docs/retrieval.md for how, and what it is worth.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,18 +20,87 @@ from tether.rag.encoder import Embedder, MiniLMEncoder
 
 # Above this many vectors, search probes an IVF partition instead of scanning every vector.
 ANN_THRESHOLD = 50_000
+WINDOW = 126  # word pieces per window; 0 turns windows off
+STRIDE = 63
+
+_WORD = re.compile(r"\S+")
+
+
+def piece_offsets(embedder: Embedder, text: str) -> list[tuple[int, int]]:
+    """Character spans of the text's word pieces: the embedder's own (`piece_offsets`) when it
+    has them, else whitespace-separated words."""
+    own = getattr(embedder, "piece_offsets", None)
+    if callable(own):
+        return list(own(text))
+    return [m.span() for m in _WORD.finditer(text)]
+
+
+def split_windows(embedder: Embedder, text: str, window: int, stride: int) -> list[str]:
+    """Overlapping windows of `window` pieces every `stride` pieces, or [] when the text fits in one."""
+    if window <= 0:
+        return []
+    offs = piece_offsets(embedder, text)
+    if len(offs) <= window:
+        return []
+    out, start = [], 0
+    while True:
+        end = min(start + window, len(offs))
+        out.append(text[offs[start][0] : offs[end - 1][1]])
+        if end == len(offs):
+            return out
+        start += stride
+
+
+def embed_windows(
+    embedder: Embedder, texts: Sequence[str], window: int = WINDOW, stride: int = STRIDE
+) -> tuple[np.ndarray, np.ndarray]:
+    """Window vectors of every text longer than `window` pieces, and the text each belongs to
+    (`owner`, ascending)."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, t in enumerate(texts):
+        ws = split_windows(embedder, t, window, stride)
+        pieces += ws
+        owner += [i] * len(ws)
+    vectors = embedder.embed(pieces) if pieces else np.zeros((0, embedder.dim), dtype=np.float32)
+    return np.asarray(vectors, dtype=np.float32), np.asarray(owner, dtype=np.int64)
 
 
 class DenseRetriever:
-    """Embeds passages once (`fit`) or takes stored vectors (`set_vectors`) and scores by cosine."""
+    """Embeds passages once (`fit`) or takes stored vectors (`set_vectors`) and scores by cosine.
+
+    `vectors` holds one whole-text vector per passage (the neighbour graph and IVF use these);
+    `window_vectors` / `window_owner` the windows of long passages. A passage scores the max over
+    its whole-text vector and its windows. `window=0` keeps one vector per passage.
+    """
 
     name = "dense"
 
-    def __init__(self, embedder: Embedder | None = None, *, ann_threshold: int = ANN_THRESHOLD) -> None:
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        ann_threshold: int = ANN_THRESHOLD,
+        window: int = WINDOW,
+        stride: int = STRIDE,
+    ) -> None:
+        if window < 0 or (window and not 0 < stride <= window):
+            raise ValueError("window must be >= 0 and stride in 1..window")
         self._embedder = embedder
         self.ann_threshold = ann_threshold
-        self.vectors = np.zeros((0, embedder.dim if embedder else 384), dtype=np.float32)
+        self.window, self.stride = window, stride
+        dim = embedder.dim if embedder else 384
+        self.vectors = np.zeros((0, dim), dtype=np.float32)
+        self.window_vectors = np.zeros((0, dim), dtype=np.float32)
+        self.window_owner = np.zeros(0, dtype=np.int64)
+        self._starts = np.zeros(0, dtype=np.int64)  # first row of each owner's run of windows
+        self._ptr = np.zeros(1, dtype=np.int64)  # windows of passage i: rows _ptr[i]:_ptr[i+1]
         self.ivf: IVFIndex | None = None
+
+    @property
+    def windows_key(self) -> str:
+        """Identifies the window scheme (stored vectors are valid only for the same one)."""
+        return f"{self.window}:{self.stride}" if self.window else "none"
 
     @property
     def embedder(self) -> Embedder:
@@ -32,23 +109,81 @@ class DenseRetriever:
         return self._embedder
 
     def fit(self, texts: Sequence[str]) -> None:
-        self.set_vectors(self.embedder.embed(list(texts)))
+        texts = list(texts)
+        windows, owner = self.embed_windows(texts)
+        self.set_vectors(self.embedder.embed(texts), windows=windows, owner=owner)
 
-    def set_vectors(self, vectors: np.ndarray, ivf: IVFIndex | None = None) -> None:
-        """Use precomputed (L2-normalised) vectors; builds an IVF index above the threshold."""
+    def embed_windows(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Window vectors and owners for `texts` under this retriever's window scheme."""
+        return embed_windows(self.embedder, texts, self.window, self.stride)
+
+    def set_vectors(
+        self,
+        vectors: np.ndarray,
+        ivf: IVFIndex | None = None,
+        *,
+        windows: np.ndarray | None = None,
+        owner: np.ndarray | None = None,
+    ) -> None:
+        """Use precomputed (L2-normalised) vectors, and optionally window vectors with the passage
+        each belongs to (`owner`, ascending). Builds an IVF index (on the whole-text vectors) above
+        the threshold; a probed passage is then scored with its windows too."""
+        n = len(vectors)
+        if windows is None:
+            windows = np.zeros((0, vectors.shape[1]), dtype=np.float32)
+            owner = np.zeros(0, dtype=np.int64)
+        owner = np.asarray(owner, dtype=np.int64)
+        if len(owner) != len(windows):
+            raise ValueError(f"{len(windows)} window vectors but {len(owner)} owners")
+        if len(owner) and (owner.min() < 0 or owner.max() >= n or np.any(np.diff(owner) < 0)):
+            raise ValueError("window owners must be ascending passage rows")
         self.vectors = vectors
-        if ivf is None and len(vectors) > self.ann_threshold:
+        self.window_vectors, self.window_owner = windows, owner
+        self._ptr = np.searchsorted(owner, np.arange(n + 1)).astype(np.int64)
+        self._starts = np.flatnonzero(np.diff(self._ptr)) if len(owner) else np.zeros(0, dtype=np.int64)
+        if ivf is None and n > self.ann_threshold:
             ivf = IVFIndex.build(np.asarray(vectors))
         self.ivf = ivf
 
     def query_vector(self, query: str) -> np.ndarray:
         return self.embedder.embed([query])[0]
 
-    def scores_for(self, qv: np.ndarray) -> np.ndarray:
+    def _window_max(self, qv: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(passage rows that have windows, their best window score), over all passages or `rows`."""
+        if not len(self.window_owner):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        if rows is None:
+            sims = np.asarray(self.window_vectors @ qv, dtype=np.float32)
+            return self._starts, np.maximum.reduceat(sims, self._ptr[self._starts])
+        rows = rows[self._ptr[rows + 1] > self._ptr[rows]]
+        if not len(rows):
+            return rows, np.zeros(0, dtype=np.float32)
+        lens = self._ptr[rows + 1] - self._ptr[rows]
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        idx = np.repeat(self._ptr[rows] - offsets, lens) + np.arange(int(lens.sum()))
+        sims = np.asarray(self.window_vectors[idx] @ qv, dtype=np.float32)
+        return rows, np.maximum.reduceat(sims, offsets)
+
+    def _scored(self, qv: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Scores of all passages (rows None), or of the IVF candidate `rows`."""
         if self.ivf is None:
-            return np.asarray(self.vectors @ qv, dtype=np.float32)
-        rows = self.ivf.candidates(qv)
-        part = np.asarray(self.vectors[rows] @ qv, dtype=np.float32)
+            out = np.asarray(self.vectors @ qv, dtype=np.float32)
+            rows, best = self._window_max(qv)
+            out[rows] = np.maximum(out[rows], best)
+            return None, out
+        cand = self.ivf.candidates(qv)
+        part = np.asarray(self.vectors[cand] @ qv, dtype=np.float32)
+        rows, best = self._window_max(qv, cand)
+        if len(rows):
+            where = np.full(len(self.vectors), -1, dtype=np.int64)
+            where[cand] = np.arange(len(cand))
+            part[where[rows]] = np.maximum(part[where[rows]], best)
+        return cand, part
+
+    def scores_for(self, qv: np.ndarray) -> np.ndarray:
+        rows, part = self._scored(qv)
+        if rows is None:
+            return part
         out = np.full(len(self.vectors), part.min() if len(part) else 0.0, dtype=np.float32)
         out[rows] = part
         return out
@@ -57,11 +192,9 @@ class DenseRetriever:
         return self.scores_for(self.query_vector(query))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
-        qv = self.query_vector(query)
-        if self.ivf is None:
-            return top_k(self.scores_for(qv), k)
-        rows = self.ivf.candidates(qv)
-        part = np.asarray(self.vectors[rows] @ qv, dtype=np.float32)
+        rows, part = self._scored(self.query_vector(query))
+        if rows is None:
+            return top_k(part, k)
         return [(int(rows[i]), s) for i, s in top_k(part, k)]
 
 

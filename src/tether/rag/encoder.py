@@ -76,6 +76,7 @@ class MiniLMEncoder:
         tok.enable_truncation(max_length)
         tok.enable_padding(pad_id=0, pad_token="[PAD]")
         self._tok = tok
+        self._pieces: Any = None  # an untruncated tokenizer for piece_offsets, made on first use
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -91,6 +92,14 @@ class MiniLMEncoder:
             idx = order[start : start + self.batch_size]
             out[idx] = self._embed_batch([texts[i] or " " for i in idx])
         return out
+
+    def piece_offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the text's word pieces (no truncation, no special tokens)."""
+        if self._pieces is None:
+            from tokenizers.implementations import BertWordPieceTokenizer
+
+            self._pieces = BertWordPieceTokenizer(str(VOCAB_PATH), lowercase=True)
+        return list(self._pieces.encode(text, add_special_tokens=False).offsets)
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         enc = self._tok.encode_batch(texts)

@@ -3,12 +3,17 @@
 Layout of an index directory:
   index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row)
   vectors.npy    float32 [rows, dim], row i = the chunk with row = i; memory-mapped on open
+  windows.npy    float32 [windows, dim], overlapping windows of chunks longer than the window
+                 (dense scores a chunk by the max over its vector and its windows); memory-mapped
+  window_owner.npy  int64 [windows], the chunk row each window belongs to (ascending)
   knn.npy        the neighbour graph `best` smooths over (rebuilt when the store changes)
   ivf.npz        the IVF partition, only for stores above the ANN threshold
 
 Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
 its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
-chunks are embedded; vectors are compacted (rewritten without deleted rows) after each change.
+chunks are embedded; vectors and windows are compacted (rewritten without deleted rows) after
+each change. Stored vectors are used only for the same store generation, embedder and window
+scheme; otherwise everything is re-embedded once.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD
+from tether.rag.dense import ANN_THRESHOLD, STRIDE, WINDOW, DenseRetriever
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 
@@ -93,7 +99,12 @@ class Index:
         chunk_tokens: int = 200,
         overlap: int = 40,
         ann_threshold: int = ANN_THRESHOLD,
+        window: int | None = None,
+        stride: int | None = None,
     ) -> None:
+        """`window` / `stride` (word pieces, default 126 / 63; window 0 = none) set how long chunks
+        are split for dense scoring; like `chunk_tokens` they are remembered by the index, and
+        changing them re-embeds the windows on the next search."""
         self.path = Path(path)
         self.ann_threshold = ann_threshold
         self.path.mkdir(parents=True, exist_ok=True)
@@ -111,6 +122,11 @@ class Index:
         self.overlap = int(self._meta("overlap") or overlap)
         self._set_meta("chunk_tokens", str(self.chunk_tokens))
         self._set_meta("overlap", str(self.overlap))
+        self.window = window if window is not None else int(self._meta("window") or WINDOW)
+        self.stride = stride if stride is not None else int(self._meta("stride") or STRIDE)
+        DenseRetriever(window=self.window, stride=self.stride)  # validates them
+        self._set_meta("window", str(self.window))
+        self._set_meta("stride", str(self.stride))
         self._db.commit()
         self._embedder = embedder
         self._retriever: Retriever | None = None
@@ -151,6 +167,11 @@ class Index:
 
             self._embedder = MiniLMEncoder()
         return self._embedder
+
+    def _dense(self) -> DenseRetriever:
+        """A dense retriever with this index's embedder, ANN threshold and window scheme."""
+        return DenseRetriever(self.embedder, ann_threshold=self.ann_threshold, window=self.window,
+                              stride=self.stride)
 
     # Reads take the lock too: on the shared connection they would see a change half applied.
     def __len__(self) -> int:
@@ -264,16 +285,24 @@ class Index:
         kept = [c for c in old_rows if c.source not in gone_set]
         report.chunks_removed += len(old_rows) - len(kept)
         report.chunks_added += len(new)
-        new_vectors = None
+        stored: _Vectors | None = None
         gen = str(int(self._meta("generation") or 0) + 1)
         if self.uses_vectors:
-            old_vectors = self._load_vectors(len(old_rows))
-            keep_idx = [i for i, c in enumerate(old_rows) if c.source not in gone_set]
-            parts = [np.asarray(old_vectors[keep_idx]) if old_vectors is not None else
-                     self.embedder.embed([c.indexed_text for c in kept])]
+            dense = self._dense()
+            old = self._load_vectors(len(old_rows))
+            keep_idx = np.array([i for i, c in enumerate(old_rows) if c.source not in gone_set], dtype=np.int64)
+            if old is not None:
+                remap = np.full(len(old_rows), -1, dtype=np.int64)
+                remap[keep_idx] = np.arange(len(keep_idx))
+                keep_win = remap[old.owner] >= 0
+                parts = [_Vectors(np.asarray(old.vectors[keep_idx]), np.asarray(old.windows[keep_win]),
+                                  remap[old.owner[keep_win]])]
+            else:
+                parts = [_embed(dense, [c.indexed_text for c in kept])]
             if new:
-                parts.append(self.embedder.embed([c.indexed_text for c in new]))
-            new_vectors = np.concatenate(parts).astype(np.float32) if parts else None
+                parts.append(_embed(dense, [c.indexed_text for c in new], offset=len(kept)))
+            stored = _Vectors(*(np.concatenate(x) for x in zip(*((p.vectors, p.windows, p.owner) for p in parts),
+                                                                strict=True)))
         with self._db:
             for src in gone_set:
                 self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
@@ -289,31 +318,41 @@ class Index:
                 count = sum(1 for c in new if c.source == src)
                 self._db.execute("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  (src, digest, count))
-            if new_vectors is not None:
-                self._save_vectors(new_vectors, gen)
+            if stored is not None:
+                self._save_vectors(stored, gen)
             self._set_meta("generation", gen)
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
 
-    def _load_vectors(self, expected_rows: int) -> np.ndarray | None:
-        """The stored vectors, or None when missing or stale (wrong count, other embedder, or saved
-        before a change made while the index was open with a retriever that keeps no vectors)."""
-        f = self.path / "vectors.npy"
-        if not f.exists() or self._meta("embedder") != self.embedder.name:
+    def _load_vectors(self, expected_rows: int) -> _Vectors | None:
+        """The stored vectors and windows (memory-mapped), or None when missing or stale: wrong
+        count, another embedder or window scheme, or saved before a change made while the index
+        was open with a retriever that keeps no vectors."""
+        files = [self.path / f for f in ("vectors.npy", "windows.npy", "window_owner.npy")]
+        if not all(f.exists() for f in files) or self._meta("embedder") != self.embedder.name:
             return None
         if self._meta("vectors_generation") != (self._meta("generation") or "0"):
             return None
-        vectors = np.load(f, mmap_mode="r")
-        return vectors if vectors.shape[0] == expected_rows else None
+        if self._meta("vectors_windows") != self._dense().windows_key:
+            return None
+        vectors, windows = (np.load(f, mmap_mode="r") for f in files[:2])
+        owner = np.load(files[2])
+        if vectors.shape[0] != expected_rows or len(windows) != len(owner):
+            return None
+        if len(owner) and (owner.max() >= expected_rows or np.any(np.diff(owner) < 0)):
+            return None
+        return _Vectors(vectors, windows, owner)
 
-    def _save_vectors(self, vectors: np.ndarray, generation: str | None = None) -> None:
-        """Write the vectors of the store as of `generation` (default: the current one)."""
-        tmp = self.path / "vectors.tmp.npy"
-        np.save(tmp, vectors)
-        os.replace(tmp, self.path / "vectors.npy")
+    def _save_vectors(self, v: _Vectors, generation: str | None = None) -> None:
+        """Write the vectors and windows of the store as of `generation` (default: the current one)."""
+        for name, arr in (("vectors", v.vectors), ("windows", v.windows), ("window_owner", v.owner)):
+            tmp = self.path / f"{name}.tmp.npy"
+            np.save(tmp, np.asarray(arr, dtype=np.int64 if name == "window_owner" else np.float32))
+            os.replace(tmp, self.path / f"{name}.npy")
         self._set_meta("embedder", self.embedder.name)
-        self._set_meta("vectors", str(len(vectors)))
+        self._set_meta("vectors", str(len(v.vectors)))
+        self._set_meta("vectors_windows", self._dense().windows_key)
         self._set_meta("vectors_generation", generation or self._meta("generation") or "0")
 
     # -- search ---------------------------------------------------------------------------------
@@ -327,17 +366,19 @@ class Index:
         if not self.uses_vectors:
             retriever.fit(texts)
             return retriever
-        vectors = self._load_vectors(len(self._rows))
-        if vectors is None:  # missing or stale: embed everything once and keep it
-            vectors = self.embedder.embed(texts) if texts else np.zeros((0, self.embedder.dim), np.float32)
+        stored = self._load_vectors(len(self._rows))
+        if stored is None:  # missing or stale: embed everything once and keep it
             with self._db:
-                self._save_vectors(vectors)
-                vectors = np.load(self.path / "vectors.npy", mmap_mode="r")
+                self._save_vectors(_embed(self._dense(), texts))
+            stored = self._load_vectors(len(self._rows))
+            assert stored is not None
         for part in _parts(retriever):
-            if hasattr(part, "set_vectors"):
-                part._embedder = self.embedder  # type: ignore[attr-defined]
-                part.ann_threshold = self.ann_threshold  # type: ignore[attr-defined]
-                part.set_vectors(vectors, self._ivf(vectors, self.ann_threshold))  # type: ignore[attr-defined]
+            if isinstance(part, DenseRetriever):
+                part._embedder = self.embedder
+                part.ann_threshold = self.ann_threshold
+                part.window, part.stride = self.window, self.stride
+                part.set_vectors(stored.vectors, self._ivf(stored.vectors, self.ann_threshold),
+                                 windows=stored.windows, owner=stored.owner)
             else:
                 part.fit(texts)
         if hasattr(retriever, "prepare"):
@@ -398,6 +439,21 @@ class Index:
                 for pos, score in self._retriever.search(query, k)
                 for c in (self._rows[pos],)
             ]
+
+
+class _Vectors(NamedTuple):
+    """One vector per chunk, plus window vectors and the chunk row each belongs to."""
+
+    vectors: np.ndarray
+    windows: np.ndarray
+    owner: np.ndarray
+
+
+def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0) -> _Vectors:
+    """Embed `texts` whole and as windows; window owners are numbered from `offset`."""
+    vectors = dense.embedder.embed(texts) if texts else np.zeros((0, dense.embedder.dim), np.float32)
+    windows, owner = dense.embed_windows(texts)
+    return _Vectors(np.asarray(vectors, dtype=np.float32), windows, owner + offset)
 
 
 def _parts(retriever: Retriever) -> Iterable[Retriever]:
