@@ -10,27 +10,9 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
+from rag_fakes import BagEmbedder
+
 from tether.rag.index import Index, default_root, index_path
-from tether.rag.text import simple_tokens
-
-
-class BagEmbedder:
-    """Deterministic hashed bag-of-words vectors; counts how many texts it embedded."""
-
-    name = "bag-64"
-    dim = 64
-
-    def __init__(self) -> None:
-        self.texts = 0
-
-    def embed(self, texts):
-        self.texts += len(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for tok in simple_tokens(t):
-                out[i, sum(map(ord, tok)) % self.dim] += 1.0
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.where(norms > 0, norms, 1)
 
 
 @pytest.fixture

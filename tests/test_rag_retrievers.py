@@ -8,33 +8,14 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
+from rag_fakes import BagEmbedder
+
 from tether.rag.ann import IVFIndex
 from tether.rag.base import top_k
 from tether.rag.dense import DenseRetriever, knn_graph
 from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever, rrf_scores, zscore
 from tether.rag.lexical import BM25Retriever, TfidfRetriever
 from tether.rag.text import simple_tokens
-
-
-class BagEmbedder:
-    """A deterministic stand-in embedder: hashed bag of simple tokens, L2-normalised."""
-
-    name = "bag-64"
-    dim = 64
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.texts = 0
-
-    def embed(self, texts):
-        self.calls += 1
-        self.texts += len(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for tok in simple_tokens(t):
-                out[i, sum(map(ord, tok)) % self.dim] += 1.0
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.where(norms > 0, norms, 1)
 
 
 def test_tfidf_matches_the_textbook_by_hand():

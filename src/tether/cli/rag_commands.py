@@ -5,10 +5,12 @@ Answers and results go to stdout; progress and errors to stderr.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,29 +24,36 @@ def _err(message: str) -> None:
     print(f"tether: {message}", file=sys.stderr)
 
 
-def _missing_rag(exc: ImportError) -> int:
-    _err(f"retrieval needs the rag extra ({exc.name or exc}): pip install 'tether[rag]'")
-    return EXIT_ERROR
+def _exit_codes(cmd: Callable[..., int]) -> Callable[..., int]:
+    """One mapping of failures to exit codes for every retrieval command: a missing extra names the
+    install command; bad input (missing files, invalid values) is a usage error; a failing embedder or
+    model is an error. Anything else is a bug and keeps its traceback."""
+
+    @functools.wraps(cmd)
+    def run(*args: Any, **kwargs: Any) -> int:
+        try:
+            return cmd(*args, **kwargs)
+        except ImportError as exc:
+            _err(f"retrieval needs the rag extra ({exc.name or exc}): pip install 'tether[rag]'")
+            return EXIT_ERROR
+        except (FileNotFoundError, ValueError) as exc:
+            _err(str(exc))
+            return EXIT_USAGE
+        except RuntimeError as exc:  # EmbedderUnavailable, ModelError
+            _err(str(exc))
+            return EXIT_ERROR
+
+    return run
 
 
+@_exit_codes
 def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int) -> int:
-    try:
-        from tether.rag.index import Index
-    except ImportError as exc:
-        return _missing_rag(exc)
-    try:
-        with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap) as idx:
-            report = idx.ingest(path)
-            total = len(idx)
-            where = idx.path
-    except (FileNotFoundError, ValueError) as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except ImportError as exc:
-        return _missing_rag(exc)
-    except RuntimeError as exc:
-        _err(str(exc))
-        return EXIT_ERROR
+    from tether.rag.index import Index
+
+    with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap) as idx:
+        report = idx.ingest(path)
+        total = len(idx)
+        where = idx.path
     for line in report.skipped:
         _err(f"skipped {line}")
     print(f"{len(report.added)} added, {len(report.updated)} updated, {len(report.deleted)} deleted, "
@@ -53,13 +62,12 @@ def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int,
     return EXIT_OK
 
 
+@_exit_codes
 def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k: int, as_json: bool) -> int:
-    try:
-        from tether.rag.answer import agentic
-        from tether.rag.answer import pipeline as run_pipeline
-        from tether.rag.index import Index, index_path
-    except ImportError as exc:
-        return _missing_rag(exc)
+    from tether.rag.answer import agentic
+    from tether.rag.answer import pipeline as run_pipeline
+    from tether.rag.index import Index, index_path
+
     if not question.strip():
         _err("the question is empty")
         return EXIT_USAGE
@@ -74,22 +82,13 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
     except Exception as exc:  # configuration errors: name them plainly
         _err(f"cannot set up the model: {exc}")
         return EXIT_USAGE
-    from tether.models.base import ModelError
-    from tether.rag.encoder import EmbedderUnavailable
-
-    try:
-        with Index.open(path) as idx:
-            if pipeline:
-                out = run_pipeline(question, idx, model, k=k)
-                answer, status, hits = out.answer, "completed", out.hits
-            else:
-                result = agentic(question, idx, model, k=k)
-                answer, status, hits = result.answer, result.stop_reason.value, []
-    except ImportError as exc:
-        return _missing_rag(exc)
-    except (EmbedderUnavailable, ModelError) as exc:
-        _err(str(exc))
-        return EXIT_ERROR
+    with Index.open(path) as idx:
+        if pipeline:
+            out = run_pipeline(question, idx, model, k=k)
+            answer, status, hits = out.answer, "completed", out.hits
+        else:
+            result = agentic(question, idx, model, k=k)
+            answer, status, hits = result.answer, result.stop_reason.value, []
     if as_json:
         print(json.dumps({"answer": answer, "stop_reason": status,
                           "passages": [{"id": h.id, "source": h.source, "score": h.score} for h in hits]}))
@@ -98,11 +97,10 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
     return EXIT_OK if status == "completed" else EXIT_STOPPED
 
 
+@_exit_codes
 def eval_cmd(corpus: Path, queries: Path, qrels: Path, retriever: str, as_json: bool) -> int:
-    try:
-        from tether.rag.evaluate import RETRIEVERS, evaluate, load_collection, make_retriever
-    except ImportError as exc:
-        return _missing_rag(exc)
+    from tether.rag.evaluate import RETRIEVERS, evaluate, load_collection, make_retriever
+
     if retriever not in RETRIEVERS:
         _err(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVERS)}")
         return EXIT_USAGE
@@ -110,17 +108,8 @@ def eval_cmd(corpus: Path, queries: Path, qrels: Path, retriever: str, as_json: 
         if not p.is_file():
             _err(f"{p}: no such file")
             return EXIT_USAGE
-    try:
-        col = load_collection(corpus, queries, qrels)
-        result = evaluate(make_retriever(retriever), col)
-    except ValueError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except ImportError as exc:
-        return _missing_rag(exc)
-    except RuntimeError as exc:
-        _err(str(exc))
-        return EXIT_ERROR
+    col = load_collection(corpus, queries, qrels)
+    result = evaluate(make_retriever(retriever), col)
     keys = ("ndcg@10", "recall@10", "recall@100", "map", "index_seconds", "queries_per_second")
     if as_json:
         print(json.dumps({k: round(result[k], 4) for k in keys}))

@@ -4,15 +4,16 @@ Action blocks per reply allowed), `Observation:` user messages for results, `Fin
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
 from tether.models._text_common import (
     IdMaker,
     ParsedReply,
+    arguments_text,
     id_maker,
     load_object,
+    render_turn,
     single_string_param,
     strip_fences,
 )
@@ -30,19 +31,12 @@ STOP = "\nObservation"  # a model that invents its own observations is cut off h
 
 
 def render_call(call: ToolCall) -> str:
-    if call.parse_error is not None:
-        args = call.raw_arguments if call.raw_arguments is not None else "{}"
-    else:
-        args = json.dumps(call.arguments, ensure_ascii=False)
+    args = arguments_text(call)
     return f"Action: {call.name}\nAction Input: {args}"
 
 
 def render_assistant(message: Message) -> str:
-    if not message.tool_calls:
-        return f"Final Answer: {message.content}"
-    parts = [message.content.strip()] if message.content.strip() else []
-    parts.extend(render_call(c) for c in message.tool_calls)
-    return "\n".join(parts)
+    return render_turn(message, lambda text: f"Final Answer: {text}", render_call)
 
 
 def render_result(name: str, call_id: str, content: str) -> str:

@@ -15,11 +15,13 @@ from typing import Any
 from tether.models._text_common import (
     IdMaker,
     ParsedReply,
+    arguments_text,
     decode_at,
     find_name,
     find_raw_arguments,
     id_maker,
     load_object,
+    render_turn,
     single_string_param,
     strip_fences,
 )
@@ -39,19 +41,12 @@ MAX_BLOCKS = 100  # bounds the work on a runaway reply (each block may decode to
 
 def render_call(call: ToolCall) -> str:
     """One call in the exact form the model is asked to write."""
-    if call.parse_error is not None:
-        args = call.raw_arguments if call.raw_arguments is not None else "{}"
-    else:
-        args = json.dumps(call.arguments, ensure_ascii=False)
+    args = arguments_text(call)
     return f'<tool_call>{{"name": {json.dumps(call.name, ensure_ascii=False)}, "arguments": {args}}}</tool_call>'
 
 
 def render_assistant(message: Message) -> str:
-    if not message.tool_calls:
-        return f"<final>{message.content}</final>"
-    parts = [message.content.strip()] if message.content.strip() else []
-    parts.extend(render_call(c) for c in message.tool_calls)
-    return "\n".join(parts)
+    return render_turn(message, lambda text: f"<final>{text}</final>", render_call)
 
 
 def render_result(name: str, call_id: str, content: str) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.types import ToolCall, ToolSpec
+from tether.types import Message, ToolCall, ToolSpec
 
 IdMaker = Callable[[], str]
 
@@ -172,3 +172,19 @@ def single_string_param(tools: Iterable[ToolSpec] | None, name: str) -> str | No
             if isinstance(schema, dict) and schema.get("type", "string") == "string":
                 return str(key)
     return None
+
+
+def arguments_text(call: ToolCall) -> str:
+    """A call's arguments as the model wrote them: JSON, or the raw text when it did not parse."""
+    if call.parse_error is not None:
+        return call.raw_arguments if call.raw_arguments is not None else "{}"
+    return json.dumps(call.arguments, ensure_ascii=False)
+
+
+def render_turn(message: Message, final: Callable[[str], str], render_call: Callable[[ToolCall], str]) -> str:
+    """An assistant message in a text protocol: the final answer, or its prose then its calls."""
+    if not message.tool_calls:
+        return final(message.content)
+    parts = [message.content.strip()] if message.content.strip() else []
+    parts.extend(render_call(c) for c in message.tool_calls)
+    return "\n".join(parts)
