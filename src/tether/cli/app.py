@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether.cli import eval_cmd, rag_commands
 from tether.cli import options as o
-from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
 from tether.cli.progress import EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
@@ -237,6 +237,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
 
 
 rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+eval_cmd.register(app)  # `eval`
 
 
 def main(argv: list[str] | None = None) -> None:
