@@ -22,12 +22,13 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     table.add_column("ok")
     for _, label in COLUMNS:
         table.add_column(label, justify="right")
+    table.add_column("caught by")
     table.add_column("why not")
     for row in report["scenarios"]:
         table.add_row(row["id"], "yes" if row["success"] else "NO", *(_fmt(row[k]) for k, _ in COLUMNS),
-                      "; ".join(row["failures"])[:160])
+                      ", ".join(row["caught_by"]), "; ".join(row["failures"])[:160])
     t = report["totals"]
-    table.add_row("total", f"{t['passed']}/{t['scenarios']}", *(_fmt(t[k]) for k, _ in COLUMNS), "")
+    table.add_row("total", f"{t['passed']}/{t['scenarios']}", *(_fmt(t[k]) for k, _ in COLUMNS), "", "")
     console.print(table)
 
 
@@ -96,7 +97,7 @@ def write_html(report: dict[str, Any], path: str | Path) -> None:
     body = "".join(
         f"<tr class={'ok' if r['success'] else 'bad'}><td>{html.escape(r['id'])}</td>"
         f"<td>{'yes' if r['success'] else 'NO'}</td>" + "".join(f"<td>{_fmt(r[k])}</td>" for k, _ in COLUMNS)
-        + f"<td>{html.escape('; '.join(r['failures']))}</td><td>{html.escape(r['answer'][:200])}</td></tr>"
+        + f"<td>{html.escape(', '.join(r['caught_by']))}</td><td>{html.escape('; '.join(r['failures']))}</td><td>{html.escape(r['answer'][:200])}</td></tr>"
         for r in rows)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(report['suite'])}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
@@ -107,6 +108,6 @@ padding:3px 6px;font-size:13px}}tr.bad td{{background:#fde0e0}}</style></head><b
 cost ${t['cost_usd']:.4f}; drifted scenarios {t['drifted']}</p>
 {_bars(rows, 'input_tokens', 'input tokens per scenario')}
 {_bars(rows, 'steps', 'steps per scenario')}
-<table><tr><th>scenario</th><th>ok</th>{head}<th>why not</th><th>answer</th></tr>{body}</table></body></html>
+<table><tr><th>scenario</th><th>ok</th>{head}<th>caught by</th><th>why not</th><th>answer</th></tr>{body}</table></body></html>
 """
     Path(path).write_text(page, "utf-8")
