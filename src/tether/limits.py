@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from tether.types import StopReason, Usage
@@ -145,10 +146,11 @@ class LoopDetector:
 
     __slots__ = ("counts", "max_repeats", "warned")
 
-    def __init__(self, max_repeats: int | None) -> None:
+    def __init__(self, max_repeats: int | None, counts: dict[str, int] | None = None,
+                 warned: Iterable[str] = ()) -> None:
         self.max_repeats = max_repeats
-        self.counts: dict[str, int] = {}
-        self.warned: set[str] = set()
+        self.counts: dict[str, int] = counts if counts is not None else {}  # a RunState's, carried on
+        self.warned: set[str] = set(warned)
 
     def check(self, name: str, arguments: dict[str, Any]) -> str:
         if self.max_repeats is None:
