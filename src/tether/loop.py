@@ -154,10 +154,10 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
     # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
     # outputs of earlier turns (a continued conversation stays as tainted as it was).
-    ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
-        "user_messages": [m.content for m in messages if m.role == "user"],
-        "history_tool_outputs": [m.content for m in messages if m.role == "tool"],
-    })
+    start = getattr(spec.executor.policy, "start_run", None)  # optional in a Policy
+    ctx = CallContext(run_id=spec.run_id, user=spec.user, policy_state=None if start is None else start(
+        spec.run_id, spec.user, [m.content for m in messages if m.role == "user"],
+        [m.content for m in messages if m.role == "tool"]))
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
@@ -262,7 +262,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
     finish = getattr(spec.executor.policy, "finish_run", None)  # optional in a Policy
     if answer and finish is not None:
-        answer, redacted = finish(spec.run_id, answer)
+        answer, redacted = finish(ctx.policy_state, answer)
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
