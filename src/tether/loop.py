@@ -305,7 +305,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
     finish = getattr(policy, "finish_run", None)  # optional in a Policy
     if answer and finish is not None:
-        answer, redacted = finish(_finish_key(policy, spec, ctx), answer)
+        answer, redacted = finish(ctx.policy_state, answer)
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
@@ -467,11 +467,6 @@ def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:
     if start is not None:
         ctx.policy_state = start(state.run_id, state.user, ctx.extra["user_messages"],
                                  ctx.extra["history_tool_outputs"])
-
-
-def _finish_key(policy: object, spec: RunSpec, ctx: CallContext) -> object:
-    """What finish_run takes: the per-run state (the contract), or the run id (a policy without state)."""
-    return ctx.policy_state if hasattr(policy, "start_run") else spec.run_id
 
 
 async def _final_answer(

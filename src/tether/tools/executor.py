@@ -20,8 +20,8 @@ from tether.tools.base import Tool, ToolContext
 from tether.tools.results import (
     DEFAULT_MAX_RESULT_CHARS,
     HANDLES_KEY,
-    ResultStore,
     Results,
+    ResultStore,
     cap,
     read_result_tool,
     shape,
@@ -39,7 +39,7 @@ class CallContext:
     step: int = 0
     seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
     extra: dict[str, Any] = field(default_factory=dict)
-    policy_state: Any = None  # the policy's per-run state (policy.start_run / load_state); the run owns it
+    policy_state: Any = None  # the policy's per-run state (Policy.start_run); owned by the run
 
 
 # Runs the tool itself (not the checks around it) as one step: the durable runner checkpoints it,
@@ -66,14 +66,40 @@ ALLOW = Verdict()
 
 
 class Policy(Protocol):
-    """Hooks the safety layer plugs into the executor."""
+    """Hooks the safety layer plugs into the executor.
+
+    Every per-run fact lives in the state `start_run` returns, which the run owns (it rides on
+    `CallContext.policy_state`, and `dump_state`/`load_state` turn it into JSON and back), so a
+    resumed run is exactly as tainted as before. `after_call` is deterministic given (tool,
+    result, state). `pending`/`decide` let a person answer an approval out of process.
+    """
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        """A fresh per-run state: the user's own messages so far, and earlier turns' tool outputs."""
+        ...
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict: ...
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
 
-    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
-        """Optional: filter the final answer as it leaves the run; returns (answer, findings)."""
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
+        """Filter the final answer as it leaves the run; returns (answer, findings)."""
+        ...
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        """The state as JSON-safe data with a "version" key."""
+        ...
+
+    def load_state(self, data: dict[str, Any]) -> Any:
+        """The inverse of `dump_state`."""
+        ...
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        """Calls awaiting a decision: [{"call_id", "tool", "arguments", "reason"}]."""
+        ...
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        """Record a decision bound to exactly that pending call, used once."""
         ...
 
 
@@ -87,8 +113,23 @@ class AllowAll:
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         return result
 
-    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> None:
+        return None
+
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
         return answer, []
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, data: dict[str, Any]) -> None:
+        return None
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        return []
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        raise ValueError(f"no call {call_id!r} awaits approval (this policy asks for none)")
 
 
 class Executor:
