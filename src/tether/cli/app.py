@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether.cli import durable_cmd, rag_commands
 from tether.cli import options as o
-from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
 from tether.cli.progress import EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
@@ -180,6 +180,9 @@ def run_command(
     yes: o.Yes = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
+                                          "approvals wait for `tether approve`).")] = False,
+    db: durable_cmd.Db = None,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
@@ -191,7 +194,7 @@ def run_command(
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
                                      param_hint="PROMPT")
         prompt = "-"
-    raise typer.Exit(execute(opts, prompt))
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
 
 
 @app.command("chat")
@@ -237,6 +240,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
 
 
 rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
 
 
 def main(argv: list[str] | None = None) -> None:
