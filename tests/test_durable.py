@@ -17,12 +17,12 @@ import pytest
 
 pytest.importorskip("dbos")
 
-from tether import Agent, Limits, tool  # noqa: E402
-from tether.models.scripted import ScriptedModel, call  # noqa: E402
-from tether.store import RunStore  # noqa: E402
-from tether.tools.base import ToolContext  # noqa: E402
-from tether.tools.executor import AllowAll  # noqa: E402
-from tether.types import RunState, StopReason  # noqa: E402
+from tether import Agent, Limits, tool
+from tether.models.scripted import ScriptedModel, call
+from tether.store import RunStore
+from tether.tools.base import ToolContext
+from tether.tools.executor import AllowAll
+from tether.types import RunState, StopReason
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the crash worker and driver live in bench/durable (the bench uses them too)
