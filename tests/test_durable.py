@@ -208,3 +208,32 @@ def test_stopping_a_durable_run_in_process_cancels_it(durable_db):
     result = asyncio.run(go())
     assert result.stop_reason is StopReason.CANCELLED
     assert RunStore(durable_db).run("c1").status == "cancelled"
+
+
+@pytest.fixture
+def postgres_db():
+    from store_fixtures import fresh_postgres_database
+
+    from tether.durable import teardown
+
+    for url in fresh_postgres_database():
+        yield url
+        teardown()
+
+
+def test_a_durable_run_on_postgres(postgres_db):
+    keys: list[str] = []
+
+    @tool(effect="reversible")
+    def note(text: str, ctx: ToolContext) -> str:
+        """Write a note."""
+        keys.append(ctx.idempotency_key)
+        return "noted " + text
+
+    agent = Agent(ScriptedModel([call("note", text="a"), "done"]), tools=[note], policy=AllowAll(), name="pg",
+                  durable=postgres_db)
+    result = agent.run("go", run_id="pg1")
+    assert result.completed and keys == ["pg1:1:0"]
+    listed = _tether("runs", "pg1", "--events", "--db", postgres_db)
+    assert listed.returncode == 0, listed.stderr
+    assert "status: completed" in listed.stdout and '"name": "note"' in listed.stdout
