@@ -271,5 +271,5 @@ def test_fork_from_step_n_reuses_the_first_n_steps_and_keeps_their_taint(durable
     assert [m.content for m in what_if.requests[0].messages if m.role == "user"][-1] == "and pay them"
     refused = [m for m in forked.messages if m.role == "tool" and m.name == "send_money"]
     assert refused and refused[0].content.startswith("ERROR")  # the fork is as tainted as the original was
-    with pytest.raises(ValueError, match="fork at 0..2"):
+    with pytest.raises(ValueError, match=r"fork at 0\.\.2"):
         asyncio.run(fork(other, durable_db, "orig", 5))
