@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("dbos")
 
-from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call  # noqa: E402
+from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "ANTHROPIC_", "TETHER_")
 ROOT = Path(__file__).resolve().parents[1]
