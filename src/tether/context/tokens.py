@@ -184,27 +184,60 @@ def tools_tokens(counter: TokenCounter, tools: list[ToolSpec]) -> int:
                + counter.count(json.dumps(t.parameters, sort_keys=True)) + 8 for t in tools)
 
 
-class MessageSizes:
-    """Sizes of an append-only transcript, each message counted once: `sync` counts only messages
-    appended since the last call; `total(i, j)` is O(1) from running sums."""
+def size_bound(message: Message) -> int:
+    """An upper bound on a message's tokens from its length alone (a token is at least one byte; the
+    estimate gives at most 1.28 tokens a character, for line breaks): O(1) for ASCII text."""
+    n = MESSAGE_OVERHEAD
+    for text in (message.content, message.name or ""):
+        n += (4 * len(text) + 2) // 3 if text.isascii() else 4 * len(text)
+    for call in message.tool_calls:  # JSON's quotes and separators: at most 6 characters a pair
+        size = len(call.raw_arguments) if call.raw_arguments else sum(
+            len(str(k)) + len(str(v)) + 6 for k, v in call.arguments.items())
+        n += 4 * (len(call.name) + size) + 5
+    return n
 
-    __slots__ = ("_prefix", "counter", "seen")
+
+class MessageSizes:
+    """Sizes of an append-only transcript. `sync` takes a cheap upper bound of each new message;
+    `total(i, j)` counts exactly, each message once (only those not counted yet, up to `j`), then
+    answers from running sums. So a context that is clearly small is never tokenized at all."""
+
+    __slots__ = ("_bound", "_exact", "_messages", "counter")
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
-        self._prefix: list[int] = [0]  # _prefix[i] = tokens of messages[:i]
-        self.seen = 0
+        self._bound: list[int] = [0]  # _bound[i] = upper bound of messages[:i]
+        self._exact: list[int] = [0]  # _exact[i] = tokens of messages[:i], for i <= counted
+        self._messages: list[Message] = []
+
+    @property
+    def seen(self) -> int:
+        return len(self._bound) - 1
+
+    @property
+    def counted(self) -> int:
+        return len(self._exact) - 1
 
     def sync(self, messages: list[Message]) -> None:
-        if len(messages) < self.seen:  # the transcript was replaced, not appended to: start over
-            self._prefix, self.seen = [0], 0
-        for m in messages[self.seen:]:
-            self._prefix.append(self._prefix[-1] + message_tokens(self.counter, m))
-        self.seen = len(messages)
+        if messages is not self._messages or len(messages) < self.seen:  # another transcript: start over
+            self._bound, self._exact, self._messages = [0], [0], messages
+        bound = self._bound
+        total = bound[-1]
+        for m in messages[len(bound) - 1:]:
+            text = m.content  # the common case inline (a plain text or tool message); see size_bound
+            total += size_bound(m) if m.tool_calls or m.name or not text.isascii() else 4 + (4 * len(text) + 2) // 3
+            bound.append(total)
 
-    def size(self, i: int) -> int:
-        return self._prefix[i + 1] - self._prefix[i]
+    def bound(self, start: int = 0, end: int | None = None) -> int:
+        end = self.seen if end is None else end
+        return self._bound[end] - self._bound[start]
 
     def total(self, start: int = 0, end: int | None = None) -> int:
         end = self.seen if end is None else end
-        return self._prefix[end] - self._prefix[start]
+        exact = self._exact
+        for m in self._messages[self.counted:end]:
+            exact.append(exact[-1] + message_tokens(self.counter, m))
+        return exact[end] - exact[start]
+
+    def size(self, i: int) -> int:
+        return self.total(i, i + 1)
