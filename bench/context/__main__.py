@@ -150,8 +150,7 @@ def investigator(meter: Meter, notes: bool):
         missing = [CLUES[i][1] for i in NEEDED if CLUES[i][1] not in seen]
         if missing:
             return ModelReply(f"FAILED: cannot conclude, missing {', '.join(missing)}", usage=usage)
-        return ModelReply("Root cause: deploy {} shrank the pool on {}; first failing trace {}, alert {}.".format(
-            CLUES[8][1], CLUES[4][1], CLUES[1][1], CLUES[12][1]), usage=usage)
+        return ModelReply(f"Root cause: deploy {CLUES[8][1]} shrank the pool on {CLUES[4][1]}; first failing trace {CLUES[1][1]}, alert {CLUES[12][1]}.", usage=usage)
 
     return script
 

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING
 
 from tether.context.facts import FactList, message_facts, result_facts
 from tether.context.task_state import TaskBoard, TaskState, task_state_tools
-from tether.context.tokens import MessageSizes, TokenCounter, context_window, counter_for, message_tokens, tools_tokens
+from tether.context.tokens import (
+    MessageSizes,
+    TokenCounter,
+    context_window,
+    counter_for,
+    message_tokens,
+    tools_tokens,
+)
 from tether.models.base import Model
 from tether.tools.base import Tool
 from tether.types import Message, ModelRequest, ToolSpec

@@ -12,10 +12,12 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import importlib.util
 import json
 import re
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any, Protocol
 
 from tether.types import Message, ToolSpec
@@ -123,12 +125,15 @@ def tiktoken_encoding(name: str) -> Any | None:
     if spec is None:
         return None
     try:
-        from importlib.resources import files
-
         import tiktoken
 
-        raw = gzip.decompress(files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes())
-    except (ImportError, FileNotFoundError, OSError):
+        # located, not imported: importing bpe_openai would load its own 74 MB tokenizer library
+        where = importlib.util.find_spec("bpe_openai")
+        if where is None or not where.submodule_search_locations:
+            return None
+        path = Path(next(iter(where.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
+        raw = gzip.decompress(path.read_bytes())
+    except (ImportError, OSError, EOFError, gzip.BadGzipFile):
         return None
     digest, pattern, special = spec
     if hashlib.sha256(raw).hexdigest() != digest:
