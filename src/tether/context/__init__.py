@@ -5,10 +5,15 @@
     agent = Agent(model, tools=[*tools, *compaction.tools()], context=compaction)
     result = agent.run("...")
     result.task_state                                            # the plan and facts, as JSON-able dict
+
+    Planner(agent).run("...")                                    # planner-executor mode
+    memory = LongTermMemory.open("memory.db")                   # episodic, semantic, procedural
 """
 
 from tether.context.compaction import Compaction, Compactor, ContextOverflow, cut_result
 from tether.context.facts import FactList, message_facts
+from tether.context.memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore, policy_taint
+from tether.context.planning import Planner, parse_plan
 from tether.context.task_state import PlanStep, TaskBoard, TaskState, task_state_tools
 from tether.context.tokens import (
     EstimateCounter,
@@ -26,8 +31,13 @@ __all__ = [
     "ContextOverflow",
     "EstimateCounter",
     "FactList",
+    "LongTermMemory",
+    "Memory",
+    "MemoryStore",
     "MessageSizes",
     "PlanStep",
+    "Planner",
+    "SQLiteMemoryStore",
     "TaskBoard",
     "TaskState",
     "TiktokenCounter",
@@ -37,5 +47,7 @@ __all__ = [
     "cut_result",
     "message_facts",
     "message_tokens",
+    "parse_plan",
+    "policy_taint",
     "task_state_tools",
 ]

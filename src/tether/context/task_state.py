@@ -51,7 +51,8 @@ class TaskState:
         raise KeyError(f"no plan step '{step_id}' (steps: {known})")
 
     def set_plan(self, steps: list[PlanStep], goal: str | None = None) -> None:
-        """Replace the plan; steps already done keep their status, result and attempts."""
+        """Replace the plan; steps already done keep their status and result, and every step kept
+        by id keeps its attempts."""
         ids = [s.id for s in steps]
         if len(set(ids)) != len(ids):
             raise ValueError(f"plan step ids must be unique, got {ids}")
@@ -63,8 +64,11 @@ class TaskState:
         old = {s.id: s for s in self.steps}
         for s in steps:
             prev = old.get(s.id)
-            if prev is not None and prev.status == "done" and s.status == "pending":
-                s.status, s.result, s.attempts = prev.status, prev.result, prev.attempts
+            if prev is None:
+                continue
+            if prev.status == "done" and s.status == "pending":
+                s.status, s.result = prev.status, prev.result
+            s.attempts = max(s.attempts, prev.attempts)  # a re-planned step remembers its tries
         self.steps = steps
         if goal is not None:
             self.goal = goal
