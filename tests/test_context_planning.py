@@ -80,39 +80,19 @@ def test_a_failed_step_triggers_a_replan_that_keeps_done_steps() -> None:
     assert all(x.status == "done" for x in state.steps)
 
 
-def test_each_step_gets_a_budget_carved_from_the_run() -> None:
-    seen: list[int | None] = []
-
-    class Runner:
-        async def model_step(self, step, run):
-            return await run()
-
-        async def tool_step(self, step, call, run):
-            return await run()
-
-    s = Scripted()
-    agent = Agent(s.model, tools=[lookup], limits=Limits(max_steps=13), step_runner=Runner())
-    planner = Planner(agent)
-    original = agent._spec
-
-    def spy(*args, **kwargs):
-        spec = original(*args, **kwargs)
-        return spec
-
-    agent._spec = spy  # type: ignore[method-assign]
+def test_each_step_gets_a_budget_carved_from_the_run(monkeypatch) -> None:
     import tether.context.planning as planning
 
+    seen: list[int | None] = []
     real = planning.run_loop
 
-    async def counting(spec, messages, **kw):
+    async def spying(spec, messages, **kw):
         seen.append(spec.limits.max_steps)
         return await real(spec, messages, **kw)
 
-    planning.run_loop = counting
-    try:
-        result = planner.run("why?")
-    finally:
-        planning.run_loop = real
+    monkeypatch.setattr(planning, "run_loop", spying)
+    s = Scripted()
+    result = Planner(Agent(s.model, tools=[lookup], limits=Limits(max_steps=13))).run("why?")
     assert result.completed
     # 13 steps: 1 for the plan, then 12 over 3 pending steps = 4 each; what a step leaves is re-carved
     assert seen[0] == 4 and seen[1] == (13 - 1 - 2) // 2 and seen[-1] == 1
