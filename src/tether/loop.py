@@ -9,7 +9,6 @@ Per-turn work is O(1) in the length of the history: the transcript is appended t
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -99,7 +98,7 @@ class ContextRun:
 
 async def _build(context: ContextBuilder, messages: list[Message]) -> list[Message]:
     built = context.build(messages)
-    return await built if inspect.isawaitable(built) else built
+    return built if isinstance(built, list) else await built
 
 
 class CancelToken:
@@ -220,7 +219,10 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
                 break
 
             # 2. The model, bounded by the time left (the final call's reserve excluded).
-            request = ModelRequest(await _build(context, messages), spec.executor.specs)
+            built = context.build(messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
+            request = ModelRequest(built, spec.executor.specs)
             started = budget.elapsed()
             deadline.armed = True
             try:
