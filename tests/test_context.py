@@ -115,6 +115,14 @@ def test_cached_tokens_are_priced_at_the_cache_rate() -> None:
     assert cached == pytest.approx(0.1 * 3.0 + 0.9 * 0.3)
     written = pricing.usage_cost("claude-sonnet-4-5", Usage(input_tokens=1_000_000, cache_write_tokens=1_000_000))
     assert written == pytest.approx(3.75)
+    from types import SimpleNamespace
+
+    from tether.models.openai_compat import _usage
+
+    parsed = _usage(SimpleNamespace(prompt_tokens=120, completion_tokens=7,
+                                    prompt_tokens_details=SimpleNamespace(cached_tokens=100)))
+    assert (parsed.input_tokens, parsed.cached_input_tokens, parsed.output_tokens) == (120, 100, 7)
+    assert _usage(SimpleNamespace(prompt_tokens=3, completion_tokens=1)).cached_input_tokens == 0
     total = Usage(input_tokens=5, cached_input_tokens=3)
     total.add(Usage(input_tokens=5, cached_input_tokens=2, cache_write_tokens=1))
     assert (total.cached_input_tokens, total.cache_write_tokens) == (5, 1)

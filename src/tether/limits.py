@@ -31,8 +31,9 @@ class Limits:
 
     `max_steps` counts model calls. A slice of the token, time and cost budgets
     (`final_reserve`, a fraction) is kept for the one tool-free call that writes the partial
-    answer when a budget is hit. `max_input_tokens` bounds what one model call is sent (a compacting
-    context builder keeps under it; see tether.context). `max_repeats` identical calls (same tool, same canonical
+    answer when a budget is hit. `max_input_tokens` bounds what one model call is sent: it is kept by a
+    context builder that counts tokens (`tether.context.Compaction` compacts to fit, or stops the run
+    with one clear error); the default `FullHistory` does not count. `max_repeats` identical calls (same tool, same canonical
     arguments) are allowed; the next one is answered with an observation instead of being run,
     and one more after that stops the run with `loop_detected`.
     """
