@@ -19,6 +19,7 @@ messages appended since the last call, not to the transcript.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass, field
@@ -211,15 +212,16 @@ class Compactor:
         return Message.user(self.state.render())
 
     async def _compact(self, messages: list[Message]) -> None:
-        open_turns = [t for t in self.turns if t >= self.fold]
-        if len(open_turns) <= self.config.keep_turns:
+        first = bisect.bisect_left(self.turns, self.fold)  # turns are indices in order: O(log n)
+        open_count = len(self.turns) - first
+        if open_count <= self.config.keep_turns:
             return
-        new_fold = open_turns[-self.config.keep_turns]
+        new_fold = self.turns[-self.config.keep_turns]
         span = messages[self.fold:new_fold]
         for m in span:
             self.facts.extend(message_facts(m))
         self.summary = await self._summarize(span)
-        self.folded_turns += len(open_turns) - self.config.keep_turns
+        self.folded_turns += open_count - self.config.keep_turns
         self.compactions += 1
         self.fold = new_fold
         text = SUMMARY_HEADER.format(n=self.folded_turns) + "\n" + self.summary
@@ -240,10 +242,17 @@ class Compactor:
         except Exception:  # a failed summary must not end the run: the extractor's facts still stand
             self.summary_failures += 1
             text = ""
-        if not text:
+        if not text:  # what was done, at most the summary's length (the oldest lines go first)
             calls = [f"- {c.name}({json.dumps(c.arguments, ensure_ascii=False, default=str)[:160]})"
                      for m in span for c in m.tool_calls]
-            text = "\n".join(filter(None, [self.summary, *calls]))
+            lines = [*filter(None, self.summary.splitlines()), *calls]
+            words, keep = 0, []
+            for line in reversed(lines):
+                words += len(line.split())
+                if words > self.config.summary_words and keep:
+                    break
+                keep.append(line)
+            text = "\n".join(reversed(keep))
         return text
 
     def _render(self, m: Message) -> str:
