@@ -383,3 +383,24 @@ def test_the_model_keeps_its_plan_and_facts_with_tools_and_gets_them_back() -> N
     assert "no plan step 'nope'" in main.requests[-1].messages[-2].content  # a bad update is text, not a crash
     again = from_json(RunResult, to_json(result))
     assert again.task_state == result.task_state
+
+
+async def test_per_call_work_does_not_grow_with_the_transcript() -> None:
+    counter = CountingCounter()
+    config = Compaction(window=1500, summary_model=ScriptedModel(broken_summary), counter=counter, summary_words=60)
+    spec = RunSpec(model=ScriptedModel([], name="main"), executor=Executor([]))
+    comp = config.start(ContextRun(spec, Budget(spec.limits, MonotonicClock()), lambda *a, **k: None))
+    messages = [Message.system("s"), Message.user("go")]
+    for i in range(120):
+        messages.extend(turn(i, [20]))
+        out = await comp.build(messages)
+        assert len(out) <= 2 + 1 + 2 * 8  # bounded: the window holds a few turns, never the history
+    message_texts = sum(1 + len(m.tool_calls) * 2 + (1 if m.name else 0) for m in messages)
+    assert comp.compactions > 20 and comp.summary_failures == comp.compactions
+    # every message tokenized once; the rest is the summary message, once per compaction
+    assert len(counter.texts) <= message_texts + 3 * comp.compactions
+    assert len(out[2].content.split("Facts kept")[0].split()) <= 60 + 30  # the fallback summary stays bounded
+
+
+def broken_summary(request: ModelRequest) -> ModelReply:
+    raise RuntimeError("no summaries today")
