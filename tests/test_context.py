@@ -404,3 +404,17 @@ async def test_per_call_work_does_not_grow_with_the_transcript() -> None:
 
 def broken_summary(request: ModelRequest) -> ModelReply:
     raise RuntimeError("no summaries today")
+
+
+async def test_a_continued_conversations_prompt_survives_folding() -> None:
+    comp, _ = compactor(window=900)
+    history = [Message.system("s"), Message.user("first task"), *turn(0, [40]), *turn(1, [40]),
+               Message.assistant("earlier answer")]
+    prompt = Message.user("NEW TASK: check db-07 again")
+    messages = [*history, prompt]
+    await comp.build(messages)  # the run's first call: the prompt is the last message
+    for i in range(2, 7):
+        messages.extend(turn(i, [40]))
+        out = await comp.build(messages)
+        check_pairing(out)
+    assert comp.compactions and prompt in out and out.index(prompt) == 3

@@ -127,3 +127,20 @@ def test_sqlite_schema_is_migrated_once_and_survives_reopening(tmp_path: Path) -
     assert [m.text for m in LongTermMemory(again, clock=Clock()).facts("ann", "k")] == ["v"]
     with pytest.raises(ValueError):
         LongTermMemory(again).remember_fact("ann", "k", "  ", source="user")
+
+
+def test_similarity_falls_back_to_shared_words_without_numpy(monkeypatch) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def no_rag(name, *args, **kwargs):
+        if name.startswith("tether.rag"):
+            raise ImportError("no numpy here")
+        return real(name, *args, **kwargs)
+
+    mem = LongTermMemory(clock=Clock())
+    mem.remember_episode("ann", "checkout errors after deploy", "completed", "pool too small", source="r1")
+    mem.remember_episode("ann", "newsletter draft", "completed", "sent", source="r2")
+    monkeypatch.setattr(builtins, "__import__", no_rag)
+    assert [m.source for m in mem.episodes("ann", "checkout errors again")] == ["r1"]

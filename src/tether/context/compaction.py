@@ -135,6 +135,7 @@ class Compactor:
         self.summary_message: Message | None = None
         self.summary_tokens = 0
         self.head = -1  # messages[:head]: the system prompt and the task, sent as they are
+        self.prompt = -1  # index of this run's prompt when it comes after earlier turns
         self.fold = -1  # messages[head:fold] are folded into the summary
         self.turns: list[int] = []  # indices of assistant messages past the head
         self.scanned = 0
@@ -170,6 +171,8 @@ class Compactor:
         out = messages[: self.head]
         if self.summary_message is not None:
             out.append(self.summary_message)
+        if self.head <= self.prompt < self.fold:
+            out.append(messages[self.prompt])
         out.extend(messages[self.fold:])
         if state_msg is not None:
             out.append(state_msg)
@@ -192,6 +195,10 @@ class Compactor:
                 head += 1
             self.head = self.fold = head
             self.scanned = head
+            # a continued conversation: this run's own prompt (the last user message it started with)
+            # stays verbatim even when the turns around it are folded
+            last = len(messages) - 1
+            self.prompt = last if last >= head and messages[last].role == "user" else -1
         self.sizes.sync(messages)
         for i in range(self.scanned, len(messages)):
             if messages[i].role == "assistant":
@@ -199,11 +206,13 @@ class Compactor:
         self.scanned = len(messages)
 
     def _bound(self) -> int:
-        return (self.static_tokens + self.sizes.bound(0, self.head) + self.summary_tokens
+        pinned = self.sizes.bound(self.prompt, self.prompt + 1) if self.head <= self.prompt < self.fold else 0
+        return (self.static_tokens + self.sizes.bound(0, self.head) + self.summary_tokens + pinned
                 + self.sizes.bound(self.fold))
 
     def _tokens(self) -> int:
-        return (self.static_tokens + self.sizes.total(0, self.head) + self.summary_tokens
+        pinned = self.sizes.size(self.prompt) if self.head <= self.prompt < self.fold else 0
+        return (self.static_tokens + self.sizes.total(0, self.head) + self.summary_tokens + pinned
                 + self.sizes.total(self.fold))
 
     def _state_message(self) -> Message | None:

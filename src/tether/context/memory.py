@@ -14,6 +14,7 @@ small `MemoryStore` protocol, so it can move into the run store.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -30,6 +31,7 @@ Kind = Literal["episodic", "semantic", "procedural"]
 KINDS: tuple[str, ...] = ("episodic", "semantic", "procedural")
 DAY = 86_400.0
 DEFAULT_TTL: dict[str, float | None] = {"episodic": 90 * DAY, "semantic": 365 * DAY, "procedural": None}
+_WORD = re.compile(r"\w{3,}")
 ANONYMOUS = ""  # the bucket of runs without a user: it too is kept apart from every named user
 
 
@@ -155,8 +157,12 @@ def _similar(query: str, texts: Sequence[str], k: int) -> list[int]:
     """Positions of the `k` texts most similar to `query` (TF-IDF from tether.rag), best first."""
     if not texts:
         return []
-    from tether.rag.lexical import TfidfRetriever
-
+    try:
+        from tether.rag.lexical import TfidfRetriever
+    except ImportError:  # without the rag extra (numpy): shared words, best first
+        want = set(_WORD.findall(query.lower()))
+        scored = [(len(want & set(_WORD.findall(t.lower()))), -i) for i, t in enumerate(texts)]
+        return [-i for score, i in sorted(scored, reverse=True)[:k] if score > 0]
     retriever = TfidfRetriever()
     retriever.fit(list(texts))
     return [i for i, score in retriever.search(query, k) if score > 0]
