@@ -418,3 +418,15 @@ async def test_a_continued_conversations_prompt_survives_folding() -> None:
         out = await comp.build(messages)
         check_pairing(out)
     assert comp.compactions and prompt in out and out.index(prompt) == 3
+
+
+def test_a_builder_that_fails_to_start_ends_the_run_with_one_error() -> None:
+    class Broken:
+        def build(self, messages):
+            return messages
+
+        def start(self, run):
+            raise RuntimeError("no context today")
+
+    result = Agent(ScriptedModel(["hi"]), context=Broken()).run("go")
+    assert result.stop_reason.value == "error" and "no context today" in (result.error or "")

@@ -203,13 +203,15 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         if spec.on_event is not None:
             spec.on_event(event)
 
-    start = getattr(spec.context, "start", None)  # a builder with per-run state
-    context: ContextBuilder = start(ContextRun(spec, budget, emit)) if start is not None else spec.context
+    context: ContextBuilder = spec.context
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
     deadline = _Deadline(budget.remaining_seconds())
 
     try:
+        start = getattr(spec.context, "start", None)  # a builder with per-run state
+        if start is not None:
+            context = start(ContextRun(spec, budget, emit))
         while True:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
