@@ -430,3 +430,12 @@ def test_a_builder_that_fails_to_start_ends_the_run_with_one_error() -> None:
 
     result = Agent(ScriptedModel(["hi"]), context=Broken()).run("go")
     assert result.stop_reason.value == "error" and "no context today" in (result.error or "")
+
+
+def test_unusable_ranks_fall_back_to_the_estimate(monkeypatch) -> None:
+    import tether.context.tokens as tokens
+
+    monkeypatch.setattr(tokens, "tiktoken_encoding", lambda name: None)  # e.g. a hash mismatch
+    counter = tokens.TiktokenCounter("o200k_base")
+    assert counter.count("hello world") == EstimateCounter().count("hello world")
+    assert counter.name == "estimate"

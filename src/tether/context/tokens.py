@@ -106,32 +106,60 @@ class EstimateCounter:
 
 
 class TiktokenCounter:
-    """An exact count with a tiktoken `Encoding`."""
+    """An exact count with a tiktoken encoding, loaded on the first count (building the o200k ranks
+    takes about 2 s of CPU, and a context that stays small is never counted exactly). If the ranks
+    turn out unusable then, it counts with the estimate and says so in `name`."""
 
-    __slots__ = ("_encoding", "name")
+    __slots__ = ("_encoding", "_estimate", "encoding_name", "name")
 
-    def __init__(self, encoding: Any) -> None:
-        self._encoding = encoding
-        self.name = f"tiktoken/{encoding.name}"
+    def __init__(self, encoding_name: str) -> None:
+        self.encoding_name = encoding_name
+        self.name = f"tiktoken/{encoding_name}"
+        self._encoding: Any = None
+        self._estimate: EstimateCounter | None = None
 
     def count(self, text: str) -> int:
-        return len(self._encoding.encode(text, disallowed_special=())) if text else 0
+        if not text:
+            return 0
+        if self._encoding is None:
+            if self._estimate is not None:
+                return self._estimate.count(text)
+            self._encoding = tiktoken_encoding(self.encoding_name)
+            if self._encoding is None:
+                self._estimate = EstimateCounter()
+                self.name = "estimate"
+                return self._estimate.count(text)
+        return len(self._encoding.encode(text, disallowed_special=()))
+
+
+def _ranks_path(name: str) -> Path | None:
+    """Where bpe-openai ships `name`'s ranks; located, not imported (importing bpe_openai would load
+    its own 74 MB tokenizer library)."""
+    try:
+        where = importlib.util.find_spec("bpe_openai")
+    except (ImportError, ValueError):
+        return None
+    if where is None or not where.submodule_search_locations:
+        return None
+    path = Path(next(iter(where.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
+    return path if path.is_file() else None
+
+
+def tiktoken_available(name: str) -> bool:
+    """Whether tiktoken and the ranks of encoding `name` are installed (cheap: nothing is loaded)."""
+    return name in _ENCODINGS and importlib.util.find_spec("tiktoken") is not None and _ranks_path(name) is not None
 
 
 @cache
 def tiktoken_encoding(name: str) -> Any | None:
     """A tiktoken Encoding built offline from bpe-openai's bundled ranks, or None if either is missing."""
     spec = _ENCODINGS.get(name)
-    if spec is None:
+    path = _ranks_path(name)
+    if spec is None or path is None:
         return None
     try:
         import tiktoken
 
-        # located, not imported: importing bpe_openai would load its own 74 MB tokenizer library
-        where = importlib.util.find_spec("bpe_openai")
-        if where is None or not where.submodule_search_locations:
-            return None
-        path = Path(next(iter(where.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
         raw = gzip.decompress(path.read_bytes())
     except (ImportError, OSError, EOFError, gzip.BadGzipFile):
         return None
@@ -156,8 +184,7 @@ def encoding_name(model: str) -> str | None:
 def counter_for(model: str) -> TokenCounter:
     """The model's own tokenizer where installed, else the calibrated estimate."""
     name = encoding_name(model)
-    encoding = tiktoken_encoding(name) if name else None
-    return TiktokenCounter(encoding) if encoding is not None else EstimateCounter()
+    return TiktokenCounter(name) if name and tiktoken_available(name) else EstimateCounter()
 
 
 def context_window(model: str, windows: Mapping[str, int] | None = None) -> int:
