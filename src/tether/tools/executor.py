@@ -165,8 +165,8 @@ class Executor:
 
     @property
     def specs(self) -> list[ToolSpec]:
-        """Every tool, `read_result` included (a run asks `specs_for` instead)."""
-        return self._specs_with_reader
+        """What a run that has no capped result yet is told about (a run asks `specs_for`)."""
+        return self._specs
 
     def specs_for(self, has_handles: bool) -> list[ToolSpec]:
         """What the model is told about. `read_result` is advertised once one of the run's results
