@@ -266,7 +266,7 @@ class OutputRun:
     transcript for the model), "invalid" (no retries left; `text` is the best partial answer).
     """
 
-    __slots__ = ("attempts", "errors", "kind", "retries_left", "text", "tool_mode", "value", "valid")
+    __slots__ = ("attempts", "errors", "kind", "retries_left", "text", "tool_mode", "valid", "value")
 
     def __init__(self, kind: OutputType[Any], retries: int = DEFAULT_RETRIES) -> None:
         if retries < 0:
