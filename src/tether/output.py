@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from tether.models.base import Model
 from tether.models.pricing import Pricing
+from tether.tools.schema import ArgumentError, JsonSchemaValidator
 from tether.types import Message, ModelReply, ModelRequest, OutputSchema, StopReason, ToolSpec, Usage
 
 T = TypeVar("T")
@@ -53,26 +54,32 @@ class OutputInvalid(ValueError):
 
 
 class JsonSchema:
-    """A raw JSON Schema as an output type; the output is the parsed JSON (validated with `jsonschema`)."""
+    """A raw JSON Schema as an output type; the output is the parsed JSON.
+
+    Validated with the executor's `JsonSchemaValidator` (the subset tool schemas use: types,
+    properties, required, additionalProperties, items, enum, const, anyOf/oneOf, $ref, bounds,
+    lengths, pattern); other keywords are not enforced.
+    """
 
     def __init__(self, schema: dict[str, Any], name: str = FINAL_TOOL) -> None:
-        try:
-            import jsonschema
-        except ImportError:  # pragma: no cover - a dependency of tether
-            raise ImportError("JsonSchema output needs the jsonschema package: pip install jsonschema") from None
         if not isinstance(schema, dict):
             raise ValueError(f"a JSON Schema must be an object, got {type(schema).__name__}")
-        cls = jsonschema.validators.validator_for(schema)
-        try:
-            cls.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        kind = schema.get("type")
+        if kind is not None and not isinstance(kind, str | list):
+            raise ValueError(f"the schema's `type` must be a string or a list, got {kind!r}")
         self.schema = schema
         self.name = name
-        self._validator = cls(schema)
+        self.request_schema, self.wrapped = _object_root(schema)
+        self._validator = JsonSchemaValidator(self.request_schema)
 
     def errors(self, data: Any) -> list[str]:
-        return [f"{_path(e.absolute_path)}: {_clip(e.message, 200)}" for e in self._validator.iter_errors(data)]
+        if not self.wrapped and not isinstance(data, dict):
+            return [f"(root): expected object, got {_got(data)}"]
+        try:
+            self._validator.validate({"result": data} if self.wrapped else data)
+        except ArgumentError as exc:
+            return [str(exc).replace("'result.", "'").replace("'result'", "'(root)'")]
+        return []
 
 
 class _Invalid(Exception):
@@ -148,9 +155,9 @@ def _compile(tp: Any) -> OutputType[Any]:
 
 
 def _compile_raw(raw: JsonSchema) -> OutputType[Any]:
-    schema, wrapped = _object_root(raw.schema)
+    schema = raw.request_schema
     out = OutputSchema(raw.name, schema, str(raw.schema.get("description") or ""), strict=_strict_ok(schema))
-    return OutputType(raw, out, wrapped, False, None, raw)
+    return OutputType(raw, out, raw.wrapped, False, None, raw)
 
 
 def _object_root(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
