@@ -126,18 +126,15 @@ class OutputType(Generic[T]):
     def parse_text(self, text: str) -> T:
         """Validate a text reply: JSON, optionally in a ``` fence (for `str`, any text)."""
         data = parse_json(text)
-        if data is _NOT_JSON:
-            if self.plain_text and text.strip():
-                return text.strip()  # type: ignore[return-value]
-            raise _Invalid([f"(root): expected a JSON value matching the schema, got text {_got(text)}"])
-        return self.validate(data)
-
-    def dump(self, value: Any) -> str:
-        """The JSON text of a validated value (unwrapped)."""
-        if self._raw is not None:
-            return json.dumps(value, ensure_ascii=False)
-        assert self._adapter is not None
-        return self._adapter.dump_json(value).decode()
+        if data is not _NOT_JSON:
+            try:
+                return self.validate(data)
+            except _Invalid:
+                if not self.plain_text:
+                    raise
+        if self.plain_text and text.strip():  # `str`: "42" or prose is the string itself
+            return text.strip()  # type: ignore[return-value]
+        raise _Invalid([f"(root): expected a JSON value matching the schema, got text {_got(text)}"])
 
 
 @cache
