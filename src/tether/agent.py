@@ -64,7 +64,8 @@ class Agent(Generic[OutputT]):
     def __post_init__(self) -> None:
         if self.output_type is not None:
             self._output = OutputType.of(self.output_type)
-            OutputRun(self._output, self.output_retries)  # checks the retry count now, not at run time
+        if self.output_retries < 0:
+            raise ValueError(f"output_retries must be >= 0, got {self.output_retries}")
         if self.policy is None:
             from tether.policy import SafetyPolicy  # the default: deny-by-default approvals after taint
 
