@@ -281,7 +281,8 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
-    stop, output = stop or StopReason.ERROR, answer or None
+    stop = stop or StopReason.ERROR
+    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
     if spec.output is not None:
         stop, error, output = spec.output.finish(stop, error, answer)
     result = RunResult(
