@@ -140,6 +140,9 @@ def test_request_for_uses_a_final_tool_only_without_native_support() -> None:
     assert plain.output_schema is None and plain.tool_choice == "required"
     assert [t.name for t in plain.tools] == [FINAL_TOOL] and plain.tools[0].parameters == schema.schema
     assert "population" in plain.tools[0].description
+    # a call that may not use tools (the budget-stop final answer) must still give the answer
+    no_tools = dataclasses.replace(request, tools=plain.tools[:0], tool_choice="none")
+    assert request_for(ScriptedModel([]), no_tools).tool_choice == FINAL_TOOL
 
 
 # ----- the loop (scripted model: no native support, so the final-result tool) ----------------------------

@@ -14,7 +14,9 @@ from tether.output import FINAL_TOOL
 
 pytest.importorskip("anthropic", reason="the anthropic extra is not installed")
 
-from tether.models.anthropic import AnthropicModel
+from tether.models.anthropic import AnthropicModel, force_output_tool
+from tether.output import OutputType
+from tether.types import Message, ModelRequest, ToolSpec
 
 
 class City(BaseModel):
@@ -88,3 +90,13 @@ async def test_structured_call() -> None:
     with FakeOpenAIServer([message(tool_use(FINAL_TOOL, {"result": ["a", "b"]}))]) as server:
         assert await structured(model_for(server), "two letters", list[str]) == ["a", "b"]
     assert server.requests[0].body["tool_choice"] == {"type": "tool", "name": FINAL_TOOL}
+
+
+def test_tools_that_may_not_be_called_leave_only_the_final_tool_forced() -> None:
+    spec = ToolSpec("lookup", "Look up.", {"type": "object", "properties": {}})
+    request = ModelRequest([Message.user("x")], [spec], tool_choice="none",
+                           output_schema=OutputType.of(City).schema)
+    params: dict[str, Any] = {"tools": [{"name": "lookup"}]}
+    force_output_tool(params, request)
+    assert params["tool_choice"] == {"type": "tool", "name": FINAL_TOOL}
+    assert [t["name"] for t in params["tools"]] == ["lookup", FINAL_TOOL]

@@ -37,6 +37,13 @@ def test_with_tools_the_answer_is_a_forced_call_to_the_final_tool() -> None:
     assert [t.name for t in request.tools] == ["calculator", FINAL_TOOL]
 
 
+def test_tools_that_may_not_be_called_leave_only_the_final_tool() -> None:
+    schema = OutputType.of(Person).schema
+    request = ModelRequest([Message.user("x")], [CALC], tool_choice="none", output_schema=schema)
+    out, _ = _output_request(request)
+    assert [t.name for t in out.tools] == [FINAL_TOOL] and out.tool_choice == "required"
+
+
 def test_request_without_output_schema_is_untouched() -> None:
     request = ModelRequest([Message.user("x")], [CALC])
     assert _output_request(request) == (request, None)

@@ -251,11 +251,13 @@ def final_tool(schema: OutputSchema) -> ToolSpec:
 
 def request_for(model: Model, request: ModelRequest) -> ModelRequest:
     """`request` as `model` can take it: unchanged if it renders `output_schema` natively, else
-    with the schema turned into a final tool the model must call (`tool_choice="required"`)."""
+    with the schema turned into a final tool the model must call (`tool_choice="required"`, or
+    that tool by name when the request allows no tool calls: `tool_choice="none"`)."""
     schema = request.output_schema
     if schema is None or getattr(model, "native_output", False):
         return request
-    return dataclasses.replace(request, tools=[*request.tools, final_tool(schema)], tool_choice="required",
+    choice = schema.name if request.tool_choice == "none" else "required"
+    return dataclasses.replace(request, tools=[*request.tools, final_tool(schema)], tool_choice=choice,
                                output_schema=None)
 
 

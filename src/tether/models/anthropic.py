@@ -197,11 +197,12 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 
 def force_output_tool(params: dict[str, Any], request: ModelRequest) -> None:
     """Structured output: a final tool whose input is the answer, and a turn that must use a tool
-    (that one alone when the run has no other tools)."""
+    (that one alone when there are no other tools, or they may not be called: tool_choice "none")."""
     assert request.output_schema is not None
     final = final_tool(request.output_schema)
     params["tools"] = [*params.get("tools", ()), *to_anthropic_tools([final])]
-    params["tool_choice"] = {"type": "any"} if request.tools else {"type": "tool", "name": final.name}
+    others = bool(request.tools) and request.tool_choice != "none"
+    params["tool_choice"] = {"type": "any"} if others else {"type": "tool", "name": final.name}
 
 
 def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:

@@ -410,9 +410,9 @@ def _output_request(request: ModelRequest) -> tuple[ModelRequest, dict[str, Any]
     out = request.output_schema
     if out is None:
         return request, None
-    if request.tools:
-        return dataclasses.replace(request, tools=[*request.tools, final_tool(out)], tool_choice="required",
-                                   output_schema=None), None
+    if request.tools:  # (tool_choice "none": the other tools are shown only, so the final one alone)
+        tools = [final_tool(out)] if request.tool_choice == "none" else [*request.tools, final_tool(out)]
+        return dataclasses.replace(request, tools=tools, tool_choice="required", output_schema=None), None
     note = Message.system("Answer with one JSON value matching this JSON Schema, nothing else:\n"
                           + json.dumps(out.schema, ensure_ascii=False))
     return dataclasses.replace(request, messages=[*request.messages, note]), out.schema
