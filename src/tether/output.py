@@ -318,8 +318,8 @@ class OutputRun:
             retry = self.retries_left > 0
             if retry:
                 self.retries_left -= 1
-            _answer_calls(messages, reply, final, "ERROR: " + self._feedback(final is not None) if retry else
-                          "ERROR: not accepted; the run is stopping.")
+            verdict = "ERROR: " + self._feedback(True) if retry else "ERROR: not accepted; the run is stopping."
+            _answer_calls(messages, reply, final, verdict)
             if retry and final is None:
                 messages.append(Message.user(self._feedback(False)))
             return "retry" if retry else "invalid"
