@@ -5,7 +5,10 @@
 The base revision's `src/` is exported with `git archive` to a temporary directory; each round runs
 `python -m bench.overhead` once with the base on PYTHONPATH and once with this checkout's `src/`
 (the bench code itself is this checkout's in both). Prints the median per figure and the ratio;
-`bench/overhead/results.json` is left as it was.
+`bench/overhead/results.json` is left as it was. A second measure, independent of the machine's
+load: function calls per turn (Python and C, counted by a `sys.setprofile` hook over one 50-step
+run, async tool); it is deterministic, so a call a change adds to every step shows up exactly
+(work without calls, such as an attribute test, does not).
 """
 
 from __future__ import annotations
@@ -39,6 +42,30 @@ def run_bench(src: Path) -> dict[str, float]:
     return figures
 
 
+CALLS = """
+import sys
+from bench.overhead.__main__ import lookup, tether_runner
+_, run = tether_runner(50, [lookup], "lookup")
+run(1)
+calls = 0
+def count(frame, event, arg):
+    global calls
+    if event in ("call", "c_call"):
+        calls += 1
+sys.setprofile(count)
+run(1)
+sys.setprofile(None)
+print(calls / 51)
+"""
+
+
+def calls_per_turn(src: Path) -> float:
+    env = os.environ | {"PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", CALLS], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return float(out.split()[-1])
+
+
 def main() -> int:
     base = sys.argv[1] if len(sys.argv) > 1 else "main"
     saved = RESULTS.read_bytes() if RESULTS.exists() else None
@@ -48,6 +75,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             with tarfile.open(fileobj=BytesIO(archive)) as tar:
                 tar.extractall(tmp, filter="data")
+            calls = calls_per_turn(Path(tmp) / "src"), calls_per_turn(ROOT / "src")
             for _ in range(ROUNDS):
                 runs["base"].append(run_bench(Path(tmp) / "src"))
                 runs["this"].append(run_bench(ROOT / "src"))
@@ -60,6 +88,8 @@ def main() -> int:
         b = statistics.median(r[name] for r in runs["base"])
         t = statistics.median(r[name] for r in runs["this"])
         print(f"{name:<55} {b:>9.2f} {t:>9.2f} {t / b:>9.2f}")
+    print(f"{'function calls per turn (sys.setprofile, exact)':<55} {calls[0]:>9.2f} {calls[1]:>9.2f} "
+          f"{calls[1] / calls[0]:>9.2f}")
     return 0
 
 
