@@ -410,9 +410,8 @@ async def structured(
         reply = await model.complete(request)
         if usage is not None:
             name = reply.model or model.name
-            cost = (prices.cost(name, reply.usage.input_tokens, reply.usage.output_tokens) if prices.known(name)
-                    else reply.usage.cost_usd)
-            usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, cost, 1))
+            cost = prices.usage_cost(name, reply.usage) if prices.known(name) else reply.usage.cost_usd
+            usage.add(dataclasses.replace(reply.usage, cost_usd=cost, model_calls=1))
         messages.append(reply.to_message())
         verdict = run.check(reply, messages, tools_allowed=False)
         if verdict == "valid":
