@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import options as o
 from tether.cli import mcp_cmd, rag_commands
+from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
 from tether.cli.progress import EXIT_ERROR, Reporter
