@@ -37,6 +37,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether.mcp.config import ServerConfig
 from tether.mcp.convert import annotations_of, effect_of, result_text
@@ -120,6 +121,7 @@ class _Connection:
         self._lock: asyncio.Lock | None = None
         self._stderr: _StderrLog | None = None
         self._refresh: asyncio.Task[None] | None = None
+        self._dying: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -158,7 +160,7 @@ class _Connection:
             async with asyncio.timeout(seconds):
                 await asyncio.shield(ready)
         except TimeoutError:
-            await self._stop()
+            await self._stop(wait=False)  # the SDK's process shutdown takes seconds: not on this clock
             raise MCPUnavailable(f"MCP server '{self.name}' did not start within {seconds:g} s{self._why()}") from None
         except Exception as exc:
             await self._stop()
@@ -172,7 +174,7 @@ class _Connection:
                 self.client = client
                 if not ready.done():
                     ready.set_result(None)
-                await self._closing.wait()
+                await self._follow(client)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # anyio reports transport failures as exception groups
@@ -182,6 +184,31 @@ class _Connection:
                 log.info("MCP server %s closed: %s", self.name, _describe(exc))
         finally:
             self.client = None
+
+    async def _follow(self, client: Client) -> None:
+        """Until closed, re-list the tools when the server says they changed. Handshake-era servers
+        send notifications/tools/list_changed (see `_on_message`); 2026-07-28 servers send them on a
+        subscriptions/listen stream, which must be opened and left in this task."""
+        caps = client.server_capabilities.tools
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or caps is None or not caps.list_changed:
+            await self._closing.wait()
+            return
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                consumer = asyncio.get_running_loop().create_task(self._consume(subscription))
+                try:
+                    await self._closing.wait()
+                finally:
+                    consumer.cancel()
+                    with contextlib.suppress(BaseException):
+                        await consumer
+        except Exception as exc:  # listening is a nicety: the tools keep working without it
+            log.info("MCP server %s: not following tool-list changes: %s", self.name, _describe(exc))
+            await self._closing.wait()
+
+    async def _consume(self, subscription: Any) -> None:
+        async for _event in subscription:
+            await self._relist()
 
     async def _list(self, client: Client) -> list[mt.Tool]:
         tools: list[mt.Tool] = []
@@ -229,29 +256,42 @@ class _Connection:
         except TimeoutError:
             raise MCPUnavailable(f"MCP server '{self.name}' did not answer '{name}' within {seconds:g} s. Try "
                                  "a smaller request or another approach.") from None
-        except MCPError as exc:  # the server answered with a protocol error: the session is fine
-            raise MCPToolError(f"MCP server '{self.name}' refused '{name}': {exc}") from None
-        except Exception as exc:  # the transport broke: the server crashed or went away
-            await self._stop()
-            raise MCPUnavailable(f"MCP server '{self.name}' failed during '{name}' - {_describe(exc)}"
-                                 f"{self._why()}. It will be restarted on the next call.") from None
+        except MCPError as exc:
+            if exc.code != mt.CONNECTION_CLOSED:  # the server answered with an error: the session is fine
+                raise MCPToolError(f"MCP server '{self.name}' refused '{name}': {exc.error.message}") from None
+            broken: Exception = exc
+        except Exception as exc:  # the transport broke
+            broken = exc
+        await self._stop()
+        raise MCPUnavailable(f"MCP server '{self.name}' crashed or went away during '{name}' - {_describe(broken)}"
+                             f"{self._why()}. It will be started again on the next call.")
 
-    async def _stop(self) -> None:
+    async def _stop(self, *, wait: bool = True) -> None:
+        """End the owner task: politely when the session is up (the SDK closes stdin, then
+        terminates the process), by cancellation when it never came up or does not finish.
+        `wait=False` leaves the cancelled task to finish by itself; `close` waits for it."""
         task, self._task = self._task, None
-        self.client = None
+        was_up, self.client = self.client is not None, None
         if task is None:
             return
         self._closing.set()
-        try:
-            async with asyncio.timeout(5):
-                await asyncio.shield(task)
-        except (TimeoutError, Exception):
+        if was_up:
+            with contextlib.suppress(TimeoutError, Exception):
+                async with asyncio.timeout(5):
+                    await asyncio.shield(task)
+        if not task.done():
             task.cancel()
+            if not wait:
+                self._dying.add(task)
+                task.add_done_callback(self._dying.discard)
+                return
             with contextlib.suppress(BaseException):
                 await task
 
     async def close(self) -> None:
         await self._stop()
+        if self._dying:
+            await asyncio.wait(list(self._dying), timeout=10)
         if self._refresh is not None:
             self._refresh.cancel()
         if self._stderr is not None:
