@@ -3,7 +3,7 @@
     python flaky_server.py [ok|crash-at-start|hang-at-start]
 
 Tools: `echo(text)`; `hang()` never answers; `crash()` kills the process mid-call; `grow()` adds
-a tool named `extra_N` and sends notifications/tools/list_changed.
+a tool named `extra_N` and announces the change; `pid()` returns the process id.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ TOOLS = [
     mt.Tool(name="hang", description="Never answers.", input_schema=OBJECT),
     mt.Tool(name="crash", description="Kills the server.", input_schema=OBJECT),
     mt.Tool(name="grow", description="Adds a tool.", input_schema=OBJECT),
+    mt.Tool(name="pid", description="The server's process id.", input_schema=OBJECT),
 ]
 
 
@@ -47,11 +48,13 @@ async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolRe
         print("flaky: crashing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
     if params.name == "grow":
-        n = len(TOOLS) - 3
+        n = len(TOOLS) - 4
         TOOLS.append(mt.Tool(name=f"extra_{n}", description=f"Extra tool {n}.", input_schema=OBJECT))
         await BUS.publish(ToolsListChanged())  # 2026-07-28 clients listen on subscriptions/listen
         await ctx.session.send_tool_list_changed()  # handshake-era clients get the notification
         return mt.CallToolResult(content=[mt.TextContent(text=f"added extra_{n}")])
+    if params.name == "pid":
+        return mt.CallToolResult(content=[mt.TextContent(text=str(os.getpid()))])
     if params.name.startswith("extra_"):
         return mt.CallToolResult(content=[mt.TextContent(text=f"{params.name} ran")])
     return mt.CallToolResult(content=[mt.TextContent(text=f"no tool {params.name}")], is_error=True)
