@@ -4,7 +4,6 @@ agent offered as one tool, and tether's own MCP client talking to tether's serve
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -15,20 +14,11 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from mcp import Client, StdioServerParameters
+from mcp_servers.servers import env
 
 from tether.mcp import MCPToolset, parse_config
 from tether.tools.executor import AllowAll, CallContext, Executor
 from tether.types import ToolCall
-
-REPO = Path(__file__).resolve().parents[1]
-PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
-
-
-def env(**extra: str) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith(PROVIDER_VARS)}
-    out["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), out.get("PYTHONPATH", "")])
-    out.update(extra)
-    return out
 
 
 def serve_args(*args: str) -> list[str]:

@@ -11,6 +11,16 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 FLAKY = HERE / "flaky_server.py"
+REPO = HERE.parents[1]
+PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment for a `python -m tether` child: this checkout's code, no provider settings."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith(PROVIDER_VARS)}
+    out["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), out.get("PYTHONPATH", "")])
+    out.update(extra)
+    return out
 
 
 def npm_server(name: str) -> str:

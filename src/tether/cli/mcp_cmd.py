@@ -138,8 +138,7 @@ def serve(opts: o.RunOptions, *, agents: list[str], user: str | None, http: str 
 
 
 def list_tools(path: Path) -> int:
-    """Print each server's tools with their hints and the effect and trust tether gives them."""
-    console = Console(soft_wrap=True, highlight=False)
+    """Print each server's tools, tab-separated: name, effect, output trust, the server's hints."""
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
         toolset = open_mcp(path, lambda text: err.print(text, style="yellow", markup=False))
@@ -151,7 +150,7 @@ def list_tools(path: Path) -> int:
             hints = t.metadata.get("mcp_annotations", {})
             shown = ", ".join(f"{k}={v}" for k, v in hints.items() if k.endswith("Hint")) or "none"
             trust = "untrusted" if t.untrusted_output else "trusted"
-            console.print(f"{t.name}\t{t.effect.value}\t{trust} output\thints: {shown}", markup=False)
+            typer.echo(f"{t.name}\t{t.effect.value}\t{trust} output\thints: {shown}")
     return 1 if toolset.failures else 0
 
 
