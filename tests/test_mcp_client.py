@@ -162,3 +162,23 @@ async def test_closing_stops_the_servers() -> None:
         for _ in range(100):  # reaped by the SDK's shutdown; allow it a moment
             os.kill(int(pid), 0)
             await asyncio.sleep(0.05)
+
+
+def test_executor_update_tools_swaps_the_set_and_keeps_the_late_reader() -> None:
+    from tether.tools.base import tool
+
+    @tool
+    def one() -> str:
+        """One."""
+        return "1"
+
+    @tool
+    def two() -> str:
+        """Two."""
+        return "2"
+
+    executor = Executor([one], policy=AllowAll())
+    executor.update_tools(add=[two], remove=["one", "read_result"])
+    assert [s.name for s in executor.specs] == ["two"]  # read_result is still advertised only once needed
+    assert set(executor.tools) == {"two", "read_result"}
+    assert [s.name for s in executor._specs_with_reader] == ["two", "read_result"]
