@@ -182,3 +182,27 @@ def test_executor_update_tools_swaps_the_set_and_keeps_the_late_reader() -> None
     assert [s.name for s in executor.specs] == ["two"]  # read_result is still advertised only once needed
     assert set(executor.tools) == {"two", "read_result"}
     assert [s.name for s in executor._specs_with_reader] == ["two", "read_result"]
+
+
+async def test_name_clashes_never_replace_a_tool() -> None:
+    from tether.tools.base import tool
+
+    @tool(name="extra_1")
+    def builtin_extra() -> str:
+        """A tool of the run that happens to share a name with one the server will add."""
+        return "mine"
+
+    with toolset({"a": flaky("ok", connectTimeout=SLOW_START, prefix=""),
+                  "b": flaky("ok", connectTimeout=SLOW_START, prefix="")}) as ts:
+        assert sorted(t.name for t in ts.tools) == ["crash", "echo", "grow", "hang", "pid"]
+        assert {t.metadata["mcp_server"] for t in ts.tools} == {"a"}
+        assert "tool 'echo' of server 'b' is left out: the name is taken by server 'a'" in ts.warnings
+        executor = Executor([*ts.tools, builtin_extra], policy=AllowAll())
+        ts.attach(executor)
+        assert await run(executor, "grow") == (False, "added extra_1")
+        for _ in range(100):  # wait until the toolset has seen the change
+            if "extra_1" in {t.name for t in ts.tools}:
+                break
+            await asyncio.sleep(0.05)
+        assert "extra_1" in {t.name for t in ts.tools}
+        assert await run(executor, "extra_1") == (False, "mine")  # the run's own tool was not replaced

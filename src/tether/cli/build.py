@@ -95,10 +95,10 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     model = build_model(opts, announce)
     mcp = None
     if opts.mcp is not None:  # started after the model resolved, so a bad model leaves no server running
-        from tether.cli.mcp_cmd import open_mcp
+        from tether.cli.mcp_cmd import open_mcp, usable
 
         mcp = open_mcp(opts.mcp, announce)
-        tools += mcp.tools
+        tools += usable(mcp, tools, announce)
     if opts.instructions is not None:
         instructions = opts.instructions
     else:

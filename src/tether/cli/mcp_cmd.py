@@ -38,10 +38,22 @@ def open_mcp(path: Path, announce: Callable[[str], None] | None = None) -> MCPTo
         raise CliError(str(exc)) from exc
     toolset = MCPToolset(servers).start()
     atexit.register(toolset.close)  # a safety net; close_mcp closes it first
-    for name, why in toolset.failures.items():
-        if announce is not None:
+    if announce is not None:
+        for name, why in toolset.failures.items():
             announce(f"mcp: {why}; the tools of '{name}' are not available")
+        for warning in toolset.warnings:
+            announce(f"mcp: {warning}")
     return toolset
+
+
+def usable(toolset: MCPToolset, tools: list[Tool], announce: Callable[[str], None] | None = None) -> list[Tool]:
+    """The toolset's tools whose names no other tool of the run has (those are announced and left out)."""
+    taken = {t.name for t in tools}
+    for t in toolset.tools:
+        if t.name in taken and announce is not None:
+            announce(f"mcp: tool '{t.name}' of server '{t.metadata['mcp_server']}' is left out: a built-in tool "
+                     "has that name (set a 'prefix' for the server)")
+    return [t for t in toolset.tools if t.name not in taken]
 
 
 def adopt(toolset: MCPToolset, executor: Any) -> None:

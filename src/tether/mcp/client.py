@@ -312,6 +312,7 @@ class MCPToolset:
     def __init__(self, servers: Iterable[ServerConfig]) -> None:
         self.servers = list(servers)
         self.failures: dict[str, str] = {}  # server name -> why it is not available
+        self.warnings: list[str] = []  # tools left out (name clashes)
         self._portal: _Portal | None = None
         self._connections: dict[str, _Connection] = {}
         self._tools: dict[str, Tool] = {}
@@ -337,7 +338,12 @@ class MCPToolset:
             if isinstance(outcome, BaseException):
                 self.failures[conn.name] = str(outcome) if isinstance(outcome, MCPToolError) else _describe(outcome)
             else:
-                self._tools.update((t.name, t) for t in self._wrap(conn))
+                for t in self._wrap(conn):
+                    if t.name in self._tools:  # two servers with the same prefix: the first one keeps it
+                        self.warnings.append(f"tool '{t.name}' of server '{conn.name}' is left out: the name is "
+                                             f"taken by server '{self._tools[t.name].metadata['mcp_server']}'")
+                    else:
+                        self._tools[t.name] = t
 
     def _wrap(self, conn: _Connection) -> list[Tool]:
         return [mcp_tool(conn.config, t, self._caller(conn, t.name)) for t in conn.tools]
@@ -359,7 +365,7 @@ class MCPToolset:
         def changed() -> None:
             conn = self._connections[server]
             old = [n for n, t in self._tools.items() if t.metadata.get("mcp_server") == server]
-            new = self._wrap(conn)
+            new = [t for t in self._wrap(conn) if self._tools.get(t.name, t).metadata.get("mcp_server") == server]
             tools = {n: t for n, t in self._tools.items() if n not in old}
             tools.update((t.name, t) for t in new)
             self._tools = tools
@@ -369,8 +375,17 @@ class MCPToolset:
         return changed
 
     def attach(self, executor: Any) -> None:
-        """Keep `executor`'s tools in step with the servers' tool lists (tools/list_changed, restarts)."""
-        self._listeners.append(lambda add, remove: executor.update_tools(add=add, remove=remove))
+        """Keep `executor`'s tools in step with the servers' tool lists (tools/list_changed, restarts).
+        A server's new tool never replaces one the executor got elsewhere (a built-in of that name)."""
+
+        def update(add: list[Tool], remove: list[str]) -> None:
+            def ours(name: str) -> bool:
+                held = executor.tools.get(name)
+                return held is None or "mcp_server" in held.metadata
+
+            executor.update_tools(add=[t for t in add if ours(t.name)], remove=[n for n in remove if ours(n)])
+
+        self._listeners.append(update)
 
     def close(self) -> None:
         """Close every session (servers started over stdio are stopped) and the background loop."""
