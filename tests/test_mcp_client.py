@@ -206,3 +206,28 @@ async def test_name_clashes_never_replace_a_tool() -> None:
             await asyncio.sleep(0.05)
         assert "extra_1" in {t.name for t in ts.tools}
         assert await run(executor, "extra_1") == (False, "mine")  # the run's own tool was not replaced
+
+
+def test_handshake_era_list_changed_notification_is_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """server-everything speaks 2025-11-25 and announces notifications/tools/list_changed right after
+    initialize (it registers the tools that depend on the client's capabilities then)."""
+    from tether.mcp.client import _Connection
+
+    listings: list[int] = []
+    original = _Connection._list
+
+    async def counting(self: _Connection, client: object) -> list[object]:
+        tools = await original(self, client)  # type: ignore[arg-type]
+        listings.append(len(tools))
+        return tools
+
+    monkeypatch.setattr(_Connection, "_list", counting)
+    with toolset({"ev": {"command": npm_server("mcp-server-everything"),
+                         "tether": {"connectTimeout": SLOW_START}}}) as ts:
+        assert ts._connections["ev"].client.protocol_version == "2025-11-25"
+        for _ in range(100):
+            if len(listings) >= 2:
+                break
+            time.sleep(0.05)
+        assert len(listings) >= 2  # listed at start, and again on the server's word
+        assert "ev__simulate-research-query" in {t.name for t in ts.tools}

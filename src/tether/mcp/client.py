@@ -122,6 +122,7 @@ class _Connection:
         self._stderr: _StderrLog | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._dying: set[asyncio.Task[None]] = set()
+        self._stale = False
 
     @property
     def name(self) -> str:
@@ -171,6 +172,9 @@ class _Connection:
             async with Client(self._transport(), message_handler=self._on_message, cache=None,
                               client_info=mt.Implementation(name="tether", version=_version())) as client:
                 self.tools = await self._list(client)
+                while self._stale:  # the list changed while it was being fetched
+                    self._stale = False
+                    self.tools = await self._list(client)
                 self.client = client
                 if not ready.done():
                     ready.set_result(None)
@@ -224,6 +228,9 @@ class _Connection:
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mt.ToolListChangedNotification):
+            if self.client is None:  # still starting: the owner task lists again before it is ready
+                self._stale = True
+                return
             # re-list outside the session's receive loop, which must stay free to deliver the answer
             self._refresh = asyncio.get_running_loop().create_task(self._relist())
 
