@@ -128,11 +128,13 @@ class _Connection:
     def name(self) -> str:
         return self.config.name
 
-    def _transport(self) -> Any:
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         cfg = self.config
         if cfg.url is not None:
-            return streamable_http_client(cfg.url, http_client=httpx2.AsyncClient(
+            # a client passed in is not closed by the transport: the stack closes it
+            http = await stack.enter_async_context(httpx2.AsyncClient(
                 headers=cfg.headers, timeout=httpx2.Timeout(cfg.tether.connect_timeout, read=300)))
+            return streamable_http_client(cfg.url, http_client=http)
         if self._stderr is None:
             self._stderr = _StderrLog()
         assert cfg.command is not None
@@ -169,8 +171,9 @@ class _Connection:
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
         try:
-            async with Client(self._transport(), message_handler=self._on_message, cache=None,
-                              client_info=mt.Implementation(name="tether", version=_version())) as client:
+            async with contextlib.AsyncExitStack() as stack, Client(
+                    await self._transport(stack), message_handler=self._on_message, cache=None,
+                    client_info=mt.Implementation(name="tether", version=_version())) as client:
                 self.tools = await self._list(client)
                 while self._stale:  # the list changed while it was being fetched
                     self._stale = False
@@ -187,7 +190,8 @@ class _Connection:
             else:
                 log.info("MCP server %s closed: %s", self.name, _describe(exc))
         finally:
-            self.client = None
+            if self._task is asyncio.current_task():  # an abandoned owner must not unset its successor's
+                self.client = None
 
     async def _follow(self, client: Client) -> None:
         """Until closed, re-list the tools when the server says they changed. Handshake-era servers
