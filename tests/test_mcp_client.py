@@ -231,3 +231,26 @@ def test_handshake_era_list_changed_notification_is_followed(monkeypatch: pytest
             time.sleep(0.05)
         assert len(listings) >= 2  # listed at start, and again on the server's word
         assert "ev__simulate-research-query" in {t.name for t in ts.tools}
+
+
+async def test_approvals_capping_and_audit_apply_to_mcp_tools() -> None:
+    from tether.policy import CallbackApprover, SafetyPolicy
+
+    asked: list[str] = []
+    policy = SafetyPolicy(approver=CallbackApprover(
+        lambda req: asked.append(req.arguments["text"]) or req.arguments["text"] == "model-written"))
+    with toolset({"ok": flaky("ok", connectTimeout=SLOW_START)}) as ts:
+        model = ScriptedModel([call("ok__echo", text="x" * 10_000),      # untrusted and capped
+                               call("ok__echo", text="model-written"),  # after taint: the approver says yes
+                               call("ok__echo", text="injected"),       # after taint: the approver says no
+                               "done"])
+        result = await Agent(model, tools=ts.tools, policy=policy, user="alice").arun("Echo ten thousand x.")
+    first, second, third = (m.content for m in result.messages if m.role == "tool")
+    assert len(first) < 5_000 and "read_result" in first  # capped, the rest behind a handle
+    assert "echo: model-written" in second
+    assert third.startswith("ERROR: 'ok__echo' was not run")
+    assert asked == ["model-written", "injected"]
+    records = policy.audit.query(result.run_id)
+    assert [(r.tool, r.decision.split(":")[0], r.user) for r in records] == [
+        ("ok__echo", "allowed", "alice"), ("ok__echo", "approved", "alice"), ("ok__echo", "denied", "alice")]
+    assert all(r.effect == "irreversible" for r in records)

@@ -300,11 +300,11 @@ class _Connection:
                 await task
 
     async def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
         await self._stop()
         if self._dying:
             await asyncio.wait(list(self._dying), timeout=10)
-        if self._refresh is not None:
-            self._refresh.cancel()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
