@@ -116,3 +116,16 @@ def test_result_text() -> None:
                                    "[resource link file:///b: b]")
     structured = mt.CallToolResult(content=[], structured_content={"temp": 21})
     assert result_text(structured) == '{"temp": 21}'
+
+
+def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "mcp.json", {"ok": flaky("ok", connectTimeout=60)})
+    script = [chat_completion(None, [tool_call("ok__pid", {})]), chat_completion("first"),
+              chat_completion(None, [tool_call("ok__pid", {}, id="call_2")]), chat_completion("second")]
+    with FakeOpenAIServer(script) as model:
+        proc = subprocess.run([sys.executable, "-m", "tether", "chat", "--tools", "none", "--mcp", str(config)],
+                              cwd=tmp_path, input="one\ntwo\n", capture_output=True, text=True, timeout=120,
+                              env=env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url))
+    assert (proc.returncode, proc.stdout) == (0, "first\nsecond\n"), proc.stderr
+    pids = [r.body["messages"][-1]["content"].split("\n")[1] for r in model.requests[1::2]]
+    assert len(pids) == 2 and pids[0].isdigit() and pids[0] == pids[1]  # the same server process served both
