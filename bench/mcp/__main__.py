@@ -8,7 +8,8 @@ Python `tests/mcp_servers/flaky_server.py`'s `echo`), the same N sequential call
 - tether/allow: `Executor.execute` of the tether tool (validation, capping, the hop to the toolset's
   background loop) with the policy off;
 - tether/policy: the same under the default `SafetyPolicy` (the tool's output trusted and its hints
-  confirmed in the config, so every call is allowed and nothing is wrapped).
+  confirmed in the config, so every call is allowed and nothing is wrapped);
+- portal hop: the toolset's hop to its background event loop and back, with nothing to do there.
 The three setups run at once, on two sessions to the same server command, interleaved call by call
 so the load of a shared machine falls on all of them alike. Each figure is the median wall time per
 call over N calls after 20 warm-up calls; the ratio is to the sdk figure of the same server.
@@ -62,6 +63,22 @@ async def measure(argv: list[str], arg: str, toolset: MCPToolset) -> dict[str, l
     return {k: v[WARMUP:] for k, v in times.items()}
 
 
+async def portal_hop() -> list[float]:
+    """The toolset's thread hop alone: an empty coroutine run on its background loop and awaited."""
+    from tether.mcp.client import _Portal
+
+    async def nothing() -> None:
+        return None
+
+    portal, times = _Portal(), []
+    for _ in range(N + WARMUP):
+        t = time.perf_counter()
+        await portal.arun(nothing())
+        times.append(time.perf_counter() - t)
+    portal.stop()
+    return times[WARMUP:]
+
+
 def main() -> None:
     rows: list[dict[str, Any]] = []
     for label, (argv, arg) in SERVERS.items():
@@ -76,9 +93,13 @@ def main() -> None:
         for setup, value in medians.items():
             rows.append({"server": label, "setup": setup, "ms_per_call": round(value * 1e3, 3),
                          "ratio_to_sdk": round(value / medians["sdk"], 2), "calls": N})
+    hop = statistics.median(asyncio.run(portal_hop()))
+    rows.append({"server": "(none)", "setup": "portal hop", "ms_per_call": round(hop * 1e3, 3),
+                 "ratio_to_sdk": None, "calls": N})
     print(f"{'server':<20} {'setup':<15} {'ms/call':>9} {'x sdk':>7}")
     for r in rows:
-        print(f"{r['server']:<20} {r['setup']:<15} {r['ms_per_call']:>9.3f} {r['ratio_to_sdk']:>7.2f}")
+        ratio = "" if r["ratio_to_sdk"] is None else f"{r['ratio_to_sdk']:.2f}"
+        print(f"{r['server']:<20} {r['setup']:<15} {r['ms_per_call']:>9.3f} {ratio:>7}")
     OUT.write_text(json.dumps({"calls": N, "warmup": WARMUP, "rows": rows}, indent=2) + "\n")
 
 
