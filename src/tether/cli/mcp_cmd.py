@@ -85,7 +85,8 @@ def select_tools(spec: str | None, workspace: Path) -> list[Tool]:
             t = by_name[item.lower()]
             picked.setdefault(t.name, t)
         else:
-            names = ", ".join([*o.TOOL_SETS[:-1], *sorted(t.name for t in by_name.values())])
+            singles = sorted(t.name for t in by_name.values() if t.name.lower() not in o.TOOL_SETS)
+            names = ", ".join([*o.TOOL_SETS[:-1], *singles])
             raise CliError(f"unknown tool {item!r} in --tools; choose from: {names}")
     return list(picked.values())
 
