@@ -17,7 +17,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -37,6 +37,9 @@ from tether.types import (
     TraceEvent,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from tether.output import OutputRun
 
 EventSink = Callable[[TraceEvent], None]
 T = TypeVar("T")
@@ -201,6 +204,7 @@ class RunSpec:
     cancel: CancelToken | None = None
     on_event: EventSink | None = None
     stream_text: bool = False
+    output: OutputRun | None = None  # the run's output type (tether.output), when it has one
 
 
 FINAL_PROMPT = (
@@ -268,6 +272,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             if not isinstance(built, list):  # an async builder (e.g. compaction)
                 built = await built
             request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             started = budget.elapsed()
             deadline.armed = True
             try:
@@ -299,7 +305,16 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
             }, budget.elapsed() - started)
 
-            # 3. No tool calls: the model has answered.
+            # 3. No tool calls: the model has answered. With an output type the answer must validate
+            #    (tether.output): an invalid one goes back to the model with its errors, a bounded
+            #    number of times, each retry a model call within the budget.
+            if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
+                if verdict == "retry":
+                    emit("notice", {"output_invalid": spec.output.errors})
+                    continue
+                stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
+                answer = spec.output.text
+                break
             if not reply.tool_calls:
                 stop = StopReason.COMPLETED
                 break
@@ -341,7 +356,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                    StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
+                    StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
         answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
@@ -351,20 +366,25 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
+    stop = stop or StopReason.ERROR
+    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
+    if spec.output is not None:
+        stop, error, output = spec.output.finish(stop, error, answer)
+
     # 8. Everything the run knows goes back into its state (once, not per step).
     state.findings.extend(_finding(c, r) for c, r in found)
     state.usage, state.steps = budget.finish(), budget.steps
     state.loop_warned = sorted(loops.warned)
     state.handles = sorted(handles)
-    state.stop_reason = stop or StopReason.ERROR
+    state.stop_reason = stop
     state.task_state = _task_state(context) or state.task_state  # the context layer's slot
     dump = getattr(policy, "dump_state", None)
     if dump is not None and ctx.policy_state is not None:
         state.policy = dump(ctx.policy_state)
     result = RunResult(
-        run_id=spec.run_id, stop_reason=state.stop_reason, answer=answer, findings=list(state.findings),
-        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps, state=state,
-        task_state=state.task_state,
+        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
+        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
+        task_state=state.task_state, output=output, state=state,
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
     return result
@@ -521,6 +541,8 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
     try:
         async with asyncio.timeout(budget.final_seconds()):
             request = ModelRequest(await _build(context, messages), [], max_output_tokens=budget.final_output_tokens())
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:
@@ -538,7 +560,7 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
                         "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
                         "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
          budget.elapsed() - started)
-    return reply.text
+    return reply.text if spec.output is None else spec.output.accept_final(reply)
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
