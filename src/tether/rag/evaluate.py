@@ -67,15 +67,19 @@ def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) 
 def make_retriever(name: str) -> Retriever:
     """A fresh retriever by name: tfidf, bm25, dense, hybrid (RRF of bm25 + dense) or best."""
     from tether.rag.dense import DenseRetriever
-    from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever
+    from tether.rag.fusion import HybridRetriever
     from tether.rag.lexical import BM25Retriever, TfidfRetriever
+    from tether.rag.settings import BEST, best_retriever
+
+    def dense() -> DenseRetriever:
+        return DenseRetriever(window=BEST.window, stride=max(BEST.window // 2, 1))
 
     makers: dict[str, Callable[[], Retriever]] = {
         "tfidf": TfidfRetriever,
         "bm25": BM25Retriever,
-        "dense": DenseRetriever,
-        "hybrid": lambda: HybridRetriever([BM25Retriever(), DenseRetriever()]),
-        "best": lambda: SmoothedFusionRetriever(BM25Retriever(), DenseRetriever()),
+        "dense": dense,
+        "hybrid": lambda: HybridRetriever([BM25Retriever(), dense()]),
+        "best": lambda: best_retriever(BEST, dense=dense()),
     }
     if name not in makers:
         raise ValueError(f"unknown retriever {name!r}; use one of: {', '.join(RETRIEVERS)}")
