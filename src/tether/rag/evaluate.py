@@ -92,13 +92,16 @@ def run_queries(retriever: Retriever, col: Collection, depth: int = 1000) -> dic
     return {q: [col.doc_ids[i] for i, _ in retriever.search(col.queries[q], depth)] for q in qids}
 
 
-def queries_per_second(retriever: Retriever, queries: list[str], k: int = 100) -> float:
-    """Top-k searches per second, one query at a time (query analysis and encoding included)."""
-    start = time.perf_counter()
-    for q in queries:
-        retriever.search(q, k)
-    elapsed = time.perf_counter() - start
-    return len(queries) / elapsed if elapsed > 0 else float("inf")
+def queries_per_second(retriever: Retriever, queries: list[str], k: int = 100, repeats: int = 3) -> float:
+    """Top-k searches per second, one query at a time (query analysis and encoding included); the
+    fastest of `repeats` passes, since a shared machine's load only ever slows a pass down."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for q in queries:
+            retriever.search(q, k)
+        best = min(best, time.perf_counter() - start)
+    return len(queries) / best if best > 0 else float("inf")
 
 
 def evaluate(retriever: Retriever, col: Collection, *, fitted: bool = False) -> dict[str, float]:
@@ -113,4 +116,36 @@ def evaluate(retriever: Retriever, col: Collection, *, fitted: bool = False) -> 
     out = summarize(run_queries(retriever, col), col.qrels)
     out["index_seconds"] = index_seconds
     out["queries_per_second"] = queries_per_second(retriever, [col.queries[q] for q in col.queries if q in col.qrels])
+    return out
+
+
+def evaluate_index(index, col: Collection, depth: int = 1000) -> dict[str, float]:
+    """Put the collection in `index` (one source per document id, so reruns find it unchanged and
+    reuse its stored vectors), then run every judged query through `index.search`.
+
+    A document split into several chunks is ranked by its best chunk. The index must hold only
+    this collection's documents."""
+    start = time.perf_counter()
+    ids = set(col.doc_ids)
+    other = [s for s in index.sources() if s not in ids]
+    if other:
+        raise ValueError(f"index {index.path} holds {len(other)} sources that are not documents of this "
+                         f"collection (e.g. {other[0]}); use a separate index for evaluation")
+    index.add_texts(zip(col.doc_ids, col.doc_texts, strict=True), markdown=False)
+    qids = [q for q in col.queries if q in col.qrels]
+    if qids:
+        index.search(col.queries[qids[0]], 1)  # build the retriever: part of indexing
+    index_seconds = time.perf_counter() - start
+
+    def ranked(q: str) -> list[str]:
+        seen: dict[str, None] = {}
+        for h in index.search(q, depth):
+            seen.setdefault(h.source, None)
+        return list(seen)
+
+    out = summarize({q: ranked(col.queries[q]) for q in qids}, col.qrels)
+    out["index_seconds"] = index_seconds
+    out["queries_per_second"] = queries_per_second(
+        type("IndexSearch", (), {"search": lambda self, q, k: index.search(q, k)})(),
+        [col.queries[q] for q in qids])
     return out
