@@ -13,7 +13,7 @@ from rag_fakes import BagEmbedder
 from tether.rag.ann import IVFIndex
 from tether.rag.base import top_k
 from tether.rag.dense import DenseRetriever, knn_graph
-from tether.rag.fusion import HybridRetriever, FusionRetriever, rrf_scores, zscore
+from tether.rag.fusion import FusionRetriever, HybridRetriever, rrf_scores, zscore
 from tether.rag.lexical import BM25Retriever, TfidfRetriever
 from tether.rag.text import simple_tokens
 

@@ -30,7 +30,7 @@ ROCCHIOS: tuple[Rocchio | None, ...] = (None, Rocchio(docs=10, beta=0.5), Rocchi
 NORMS = ("z", "minmax")
 WEIGHTS = (0.3, 0.4, 0.5, 0.6, 0.7)
 RRF_KS = (10, 60)
-SMOOTHING = ((0, 0.0),) + tuple(itertools.product((5, 10, 20), (0.5, 1.0, 2.0)))
+SMOOTHING = ((0, 0.0), *tuple(itertools.product((5, 10, 20), (0.5, 1.0, 2.0))))
 MIN_STORE = 100
 
 

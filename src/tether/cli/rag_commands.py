@@ -94,7 +94,13 @@ class EmbedProgress:
             self._start, self._next = time.monotonic(), 0.1
             if sys.stderr.isatty():
                 from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
 
                 self._bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
                                      TimeRemainingColumn(), console=Console(stderr=True), transient=True)
@@ -118,7 +124,7 @@ class EmbedProgress:
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
