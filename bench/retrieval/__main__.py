@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.retrieval import tuning
-from bench.retrieval.embed_cache import Vectors, collection_vectors, judged_ids
+from bench.retrieval.embed_cache import Vectors, cache_dir, collection_vectors, judged_ids
 from tether.rag.dense import DenseRetriever, knn_graph
 from tether.rag.encoder import MiniLMEncoder
 from tether.rag.evaluate import Collection, load_collection, queries_per_second, run_queries
@@ -63,6 +63,25 @@ class QueryCache:
 
     def piece_offsets(self, text: str) -> list[tuple[int, int]]:
         return self.encoder.piece_offsets(text)
+
+
+def grid_key(name: str, col: Collection, model: str, settings: list[BestSettings]) -> str:
+    """Per-query grid scores are valid for these texts, queries, judgments, model, grid and the
+    code that scores them (the retrievers' and the tuning module's sources)."""
+    import hashlib
+
+    import tether.rag.dense
+    import tether.rag.fusion
+    import tether.rag.lexical
+    import tether.rag.text
+
+    h = hashlib.sha256()
+    for part in (name, model, repr(settings), json.dumps(col.qrels, sort_keys=True), *col.doc_texts,
+                 *(col.queries[q] for q in judged_ids(col))):
+        h.update(part.encode() + b"\x1f")
+    for mod in (tether.rag.dense, tether.rag.fusion, tether.rag.lexical, tether.rag.text, tuning):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def settings_json(s: BestSettings) -> dict:
@@ -142,11 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         qids = judged_ids(col)
         emb = QueryCache(encoder, [col.queries[q] for q in qids], v.queries)
         t = time.perf_counter()
-        per_query[name] = tuning.score_grid(col, qids, {w: dense_for(emb, v, w) for w in tuning.WINDOWS}, v.queries,
-                                            settings, log)
-        log(f"  grid of {len(settings)} settings scored in {time.perf_counter() - t:.0f} s")
+        key = grid_key(name, col, encoder.name, settings)
+        cached_grid = cache_dir() / f"grid-{key}.npy"
+        if not args.no_cache and cached_grid.exists():
+            per_query[name] = np.load(cached_grid)
+            log(f"  grid of {len(settings)} settings from {cached_grid}")
+        else:
+            per_query[name] = tuning.score_grid(col, qids, {w: dense_for(emb, v, w) for w in tuning.WINDOWS},
+                                                v.queries, settings, log)
+            cached_grid.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cached_grid, per_query[name])
+            log(f"  grid of {len(settings)} settings scored in {time.perf_counter() - t:.0f} s")
 
     means = np.stack([per_query[n].mean(axis=1) for n in names])  # collections x settings
+    np.save(cache_dir() / "last-grid-means.npy", means)
     pick = tuning.choose(means)
     chosen = settings[pick]
     loco: dict[str, dict] = {}

@@ -54,6 +54,14 @@ class CachedTexts:
         return self.encoder.piece_offsets(text)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM; unlike ru_maxrss it is not inherited over exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.retrieval.__main__ import data_dir
 
@@ -82,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "index_seconds_excluding_embedding": round(total, 2), "add_seconds": round(added, 2),
         "embedding_seconds_when_cached": round(v.doc_seconds + (v.window_seconds if window else 0.0), 1),
         "texts_embedded_here": emb.missed,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
         "bytes_on_disk": size,
     }))
     return 0
