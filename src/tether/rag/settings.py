@@ -33,7 +33,9 @@ class BestSettings:
         return asdict(self)
 
 
-BEST = BestSettings()
+# The procedure's pick over the 8,640-point grid (bench/retrieval/results.json, `best_settings`).
+BEST = BestSettings(k1=1.2, b=0.4, rm3=RM3(docs=10, terms=20, original=0.7, max_df=0.1), window=126,
+                    rocchio=None, norm="z", fusion="sum", weight=0.3, rrf_k=60, neighbours=10, gain=1.0)
 
 
 def best_retriever(settings: BestSettings = BEST, embedder=None, *, dense=None, min_store: int = 100):
