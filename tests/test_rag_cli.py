@@ -204,3 +204,19 @@ def test_eval_retrieval_with_an_index_embeds_once(cli, tmp_path):
     cli("ingest", str(d), "--index", "evalix")
     mixed = cli(*args)
     assert mixed.exit_code == 2 and "not documents of this collection" in json.loads(mixed.stdout)["error"]
+
+
+def test_search_can_rerank_with_a_cross_encoder_given_by_path(cli, docs, tmp_path):
+    from rag_fakes import tiny_cross_encoder
+
+    pytest.importorskip("onnxruntime")
+    (docs / "gamma.md").write_text("# Gamma\n" + "Radiation, rays and other physics. " * 12 + "Parcels.\n")
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    plain = json.loads(cli("search", "parcels", "--index", "kb", "--json").stdout)["hits"]
+    assert plain[0]["source"].endswith("shipping.md")
+    model = tiny_cross_encoder(tmp_path / "ce.onnx")
+    r = cli("search", "parcels", "--index", "kb", "--json", "--rerank", str(model))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["hits"][0]["source"].endswith("gamma.md")
+    bad = cli("search", "parcels", "--index", "kb", "--json", "--rerank", str(tmp_path / "none.onnx"))
+    assert bad.exit_code == 2 and "no cross-encoder ONNX file" in json.loads(bad.stdout)["error"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from rag_fakes import BagEmbedder
+from rag_fakes import BagEmbedder, tiny_cross_encoder
 
 from tether.limits import Budget, Limits, MonotonicClock
 from tether.models.scripted import ScriptedModel
@@ -55,34 +54,8 @@ def test_llm_judge_stops_when_the_budget_is_spent(index):
     assert [h.source for h in hits][2] == first[2]  # unjudged: first-stage order, below the judged
 
 
-def _tiny_cross_encoder(path):
-    """input_ids -> embedding lookup -> mean -> one logit: scores pairs that share the token
-    "gamma" higher (its embedding row is 1, every other row 0)."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    from tether.rag.encoder import VOCAB_PATH
-
-    vocab = BertWordPieceTokenizer(str(VOCAB_PATH)).get_vocab()
-    table = np.zeros((len(vocab), 1), dtype=np.float32)
-    table[vocab["gamma"]] = 1.0
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "input_ids"], ["emb"], axis=0),
-         helper.make_node("ReduceSum", ["emb", "axes"], ["logits"], keepdims=0)],
-        "tiny", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "l"]),
-                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "l"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 1])],
-        [helper.make_tensor("table", TensorProto.FLOAT, table.shape, table.flatten()),
-         helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def test_cross_encoder_from_a_path_reranks(index, tmp_path):
-    ce = CrossEncoderReranker(_tiny_cross_encoder(tmp_path / "ce.onnx"))
+    ce = CrossEncoderReranker(tiny_cross_encoder(tmp_path / "ce.onnx"))
     assert ce.rerank("refunds", ["alpha refunds", "gamma refunds"]) == [0.0, 1.0]
     hits = RerankedSearch(index, ce).search("refunds", 2)
     assert hits[0].source == "c.md" and hits[0].metadata["reranker"] == "cross-encoder:ce.onnx"
