@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
@@ -100,7 +101,22 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     policy = build_policy(opts)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
-    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor)
+    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
+                 output_type=load_output_schema(opts.output_schema))
+
+
+def load_output_schema(path: Path | None) -> Any:
+    """`--output-schema FILE` as an output type (a JsonSchema), or None."""
+    if path is None:
+        return None
+    from tether.output import JsonSchema
+
+    try:
+        return JsonSchema(json.loads(path.read_text()))
+    except OSError as exc:
+        raise CliError(f"cannot read the output schema {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not JSON, or not a JSON Schema
+        raise CliError(f"the output schema {path} is not a valid JSON Schema: {exc}") from exc
 
 
 def build_policy(opts: RunOptions) -> Policy:
