@@ -4,7 +4,8 @@ A text longer than `window` word pieces is also embedded as overlapping windows 
 pieces (stride `stride`), and scores as the best of its whole-text vector and its window vectors
 (MaxP). MiniLM reads at most 256 pieces and was trained on 128, so without windows the end of a
 long text is invisible and its middle diluted. 126 pieces (128 with [CLS] and [SEP]) was chosen
-on CISI over 254; see docs/retrieval.md for how, and what it is worth.
+on CISI over 254; whether `best` uses windows at all is chosen across collections (rag/settings.py).
+Optional Rocchio feedback moves the query vector towards its top passages.
 """
 
 from __future__ import annotations
