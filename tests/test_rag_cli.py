@@ -220,3 +220,20 @@ def test_search_can_rerank_with_a_cross_encoder_given_by_path(cli, docs, tmp_pat
     assert json.loads(r.stdout)["hits"][0]["source"].endswith("gamma.md")
     bad = cli("search", "parcels", "--index", "kb", "--json", "--rerank", str(tmp_path / "none.onnx"))
     assert bad.exit_code == 2 and "no cross-encoder ONNX file" in json.loads(bad.stdout)["error"]
+
+
+def test_ask_pipeline_with_the_llm_as_judge_reranks_before_answering(cli, docs):
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    # two passages: the judge is asked about each (first-stage order), then the answer call
+    script = [chat_completion("0"), chat_completion("3"), chat_completion("They ship to Norway [1].")]
+    with FakeOpenAIServer(script) as server:
+        env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+        r = cli("ask", "Do parcels ship to Norway, and are refunds issued?", "--index", "kb", "--pipeline",
+                "--k", "2", "--rerank", "llm", "--json", env=env)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["answer"] == "They ship to Norway [1]."
+    judged = [req.body["messages"][-1]["content"] for req in server.requests[:2]]
+    assert all(j.startswith("Query: Do parcels ship") for j in judged)
+    second = "refunds.md" if "Refunds" in judged[1] else "shipping.md"
+    assert out["passages"][0]["source"].endswith(second) and out["passages"][0]["score"] == 3.0
