@@ -52,6 +52,9 @@ OutputSchema = Annotated[Path | None, typer.Option(
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
                                        "is not a terminal.")]
+Mcp = Annotated[Path | None, typer.Option(
+    "--mcp", help="An mcpServers JSON file (the format of Claude Desktop and Cursor): its servers' tools join "
+    "the run. See docs/mcp.md.", show_default=False, dir_okay=False)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -76,6 +79,7 @@ class RunOptions:
     verbose: bool = False
     quiet: bool = False
     output_schema: Path | None = None
+    mcp: Path | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""
