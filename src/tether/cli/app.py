@@ -248,7 +248,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
     return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
 
 
-rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their heavy imports happen per command)
 durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
 mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 
