@@ -221,3 +221,49 @@ def test_compare_and_html_on_a_report(tmp_path: Path) -> None:
     assert "BROKE who-is-oncall: answer lacks 'carol'" in compare(report, worse)
     write_html(worse, tmp_path / "r.html")
     assert "1/2 passed" not in (tmp_path / "r.html").read_text()  # the page shows the report's own totals
+
+
+def test_a_stored_run_exports_as_a_cassette_that_replays(tmp_path: Path) -> None:
+    from tether.evals import CassettePlayer
+    from tether.models.scripted import ScriptedModel, call
+    from tether.store.sql import RunStore
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return {"alpha": "alpha is 41"}.get(key, "unknown")
+
+    first = Agent(ScriptedModel([call("lookup", key="alpha"), call("lookup", key="zeta"), "alpha is 41"]),
+                  tools=[lookup]).run("What is alpha?", run_id="r1")
+    db = tmp_path / "runs.db"
+    store = RunStore(db)
+    store.create_run("r1", "agent", None, "What is alpha?")
+    store.finish_run(first)
+    store.close()
+    out = tmp_path / "r1.json"
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "export-cassette", "r1", "--db", str(db), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    player = CassettePlayer(Cassette.load(out))
+
+    @tool
+    def lookup_gone(key: str) -> str:  # the live tool is not called on replay
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        raise AssertionError("replay called the real tool")
+
+    lookup_gone.name = "lookup"
+    again = Agent(player.model, tools=player.wrap_tools([lookup_gone])).run("What is alpha?")
+    assert again.answer == "alpha is 41" and player.drift == []
+    assert [m.content for m in again.messages if m.role == "tool"] == [m.content for m in first.messages
+                                                                        if m.role == "tool"]
+    missing = subprocess.run([sys.executable, "-m", "tether.cli", "export-cassette", "nope", "--db", str(db), "-o",
+                              str(out)], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no finished run 'nope'" in missing.stderr

@@ -12,11 +12,9 @@ Two checks, cheapest first:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from tether.limits import Limits
 from tether.models.base import Model
 from tether.types import Message, ModelRequest, RunResult, TraceEvent, Usage
 
@@ -102,38 +100,28 @@ class Critic:
         return Review(not reasons, reasons, usage)
 
 
-def _remaining(limits: Limits, used: Usage, steps: int) -> Limits:
-    left: dict[str, object] = {}
-    if limits.max_tokens is not None:
-        left["max_tokens"] = max(1, limits.max_tokens - used.total_tokens)
-    if limits.max_cost_usd is not None:
-        left["max_cost_usd"] = max(0.0, limits.max_cost_usd - used.cost_usd)
-    if limits.max_steps is not None:
-        left["max_steps"] = max(1, limits.max_steps - steps)
-    return dataclasses.replace(limits, **left)
-
-
 async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: int = 1, **kwargs) -> RunResult:
-    """Run, review the answer, and send it back with the reasons up to `max_revisions` times. The review
-    and the revision share the first run's budget; the result adds up usage, steps and traces."""
+    """Run, review the answer, and send it back with the reasons up to `max_revisions` times. The revision
+    continues the run's own state (its budget, taint and loop counts), with the review's usage added."""
     result = await agent.arun(prompt, **kwargs)
     for _ in range(max_revisions):
         if not result.completed:
             return result
         outputs = [m.content for m in result.messages if m.role == "tool"]
         review = await critic.review(prompt, result.answer, outputs)
-        result.usage.add(review.usage)
         result.trace.append(TraceEvent("critic", result.steps, result.trace[-1].t if result.trace else 0.0, 0.0,
                                        {"ok": review.ok, "reasons": review.reasons,
                                         "input_tokens": review.usage.input_tokens}))
         if review.ok:
+            result.usage.add(review.usage)
             return result
-        reviser = dataclasses.replace(agent, limits=_remaining(agent.limits, result.usage, result.steps))
-        again = await reviser.arun(REVISE_PROMPT.format(reasons="\n".join(f"- {r}" for r in review.reasons)),
-                                   history=result.messages, run_id=result.run_id)
-        again.usage.add(result.usage)
-        again.trace = result.trace + again.trace
-        again.findings = result.findings + again.findings
-        again.steps += result.steps
-        result = again
+        state = result.state
+        if state is None:  # a run without a carried state cannot be continued in its own budget
+            result.usage.add(review.usage)
+            return result
+        state.usage.add(review.usage)  # the review counts against the run's budget
+        trace = result.trace
+        result = await agent.arun(REVISE_PROMPT.format(reasons="\n".join(f"- {r}" for r in review.reasons)),
+                                  state=state, run_id=result.run_id)
+        result.trace = trace + result.trace
     return result

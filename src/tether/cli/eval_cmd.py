@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether.cli.durable_cmd import Db
 from tether.cli.progress import EXIT_ERROR, EXIT_OK
 
 EXIT_USAGE = 2
@@ -58,6 +59,27 @@ def eval_cmd(suite_path: Path, model_spec: str | None, record: bool, judge_spec:
     return EXIT_OK if t["passed"] == t["scenarios"] and t["safety_violations"] == 0 else EXIT_ERROR
 
 
+def export_cmd(run_id: str, db: str | None, out: Path) -> int:
+    """`tether export-cassette RUN_ID`: a stored run as a cassette for `tether eval`."""
+    from tether.cli.durable_cmd import database
+    from tether.evals import cassette_from_state
+    from tether.store.sql import RunStore
+
+    store = RunStore(database(db))
+    try:
+        state = store.state(run_id)
+    finally:
+        store.close()
+    if state is None:
+        print(f"tether: no finished run {run_id!r} in the run database (see `tether runs`)", file=sys.stderr)
+        return EXIT_USAGE
+    cassette = cassette_from_state(state)
+    cassette.save(out)
+    print(f"tether: wrote {out} ({len(cassette.model)} model replies, {len(cassette.tools)} tool responses)",
+          file=sys.stderr)
+    return EXIT_OK
+
+
 def register(app: typer.Typer) -> None:
     """Add `tether eval` to the app."""
 
@@ -79,3 +101,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a scenario suite and report success, steps, tokens, cost, side effects and safety violations."""
         raise typer.Exit(eval_cmd(suite, model, record, judge_model, json, html, compare, concurrency, only or []))
+
+    @app.command("export-cassette")
+    def export_cassette(
+        run_id: Annotated[str, typer.Argument(help="A run in the run database (`tether runs`).")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the cassette.")],
+        db: Db = None,
+    ) -> None:
+        """Write a stored run as a cassette that a suite scenario can replay."""
+        raise typer.Exit(export_cmd(run_id, db, out))

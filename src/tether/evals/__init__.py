@@ -4,9 +4,21 @@
     report = await run_suite(suite)                 # replays the cassettes, no network
 """
 
-from tether.evals.cassette import Cassette, CassettePlayer, CassetteRecorder, Drift
+from tether.evals.cassette import Cassette, CassettePlayer, CassetteRecorder, Drift, cassette_from_state
 from tether.evals.runner import run_scenario, run_suite
 from tether.evals.suite import Expect, Scenario, Suite, SuiteError, load_suite
 
-__all__ = ["Cassette", "CassettePlayer", "CassetteRecorder", "Drift", "Expect", "Scenario", "Suite", "SuiteError",
-           "load_suite", "run_scenario", "run_suite"]
+__all__ = [
+           "Cassette",
+           "CassettePlayer",
+           "CassetteRecorder",
+           "Drift",
+           "Expect",
+           "Scenario",
+           "Suite",
+           "SuiteError",
+           "cassette_from_state",
+           "load_suite",
+           "run_scenario",
+           "run_suite",
+]

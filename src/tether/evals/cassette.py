@@ -21,7 +21,7 @@ from tether.models.scripted import ReplayModel, request_fingerprint
 from tether.policy.canonical import canonical_json
 from tether.tools.base import Tool
 from tether.tools.results import shape
-from tether.types import ModelReply, ModelRequest, to_jsonable
+from tether.types import ModelReply, ModelRequest, RunState, to_jsonable
 
 VERSION = 1
 
@@ -58,6 +58,30 @@ def _key(name: str, arguments: dict[str, Any]) -> str:
 
 def _public_args(tool: Tool, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k != tool.context_param}
+
+
+def cassette_from_state(state: RunState) -> Cassette:
+    """A cassette from a stored run's transcript (`RunStore.state(run_id)`): each assistant message is a
+    model reply, each tool message the response to its call. The requests are not fingerprinted (the
+    transcript does not say which tools the model was offered), so a replay checks the tool calls
+    for drift, not the prompts; capped results replay as the capped text the model saw."""
+    calls = {c.id: c for m in state.messages for c in m.tool_calls}
+    cassette = Cassette()
+    for m in state.messages:
+        if m.role == "assistant":
+            cassette.model.append({"request": None, "reply": to_jsonable(ModelReply(m.content, list(m.tool_calls)))})
+        elif m.role == "tool" and m.tool_call_id in calls:
+            call = calls[m.tool_call_id]
+            record: dict[str, Any] = {"name": call.name, "arguments": call.arguments}
+            if m.content.startswith("ERROR: tool failed - "):  # replayed as the same failure
+                name, _, message = m.content.removeprefix("ERROR: tool failed - ").partition(": ")
+                record["error"] = [name, message]
+            elif m.content.startswith(("ERROR: ", "PENDING: ")):
+                continue  # refused or not run: the executor, not the tool, said so; a replay decides again
+            else:
+                record["content"] = m.content
+            cassette.tools.append(record)
+    return cassette
 
 
 class CassetteRecorder:
