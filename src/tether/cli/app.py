@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import durable_cmd, rag_commands
+from tether.cli import durable_cmd, rag_commands, serve_cmd
 from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
 from tether.cli.progress import EXIT_ERROR, Reporter
@@ -241,6 +241,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
 
 rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
 durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
+serve_cmd.register(app)  # `serve`, `worker`, `keys add`
 
 
 def main(argv: list[str] | None = None) -> None:
