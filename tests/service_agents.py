@@ -10,6 +10,7 @@ from pathlib import Path
 from tether import Agent, Limits, tool
 from tether.models.scripted import ScriptedModel
 from tether.policy import Capabilities, Capability, SafetyPolicy
+from tether.tools.base import ToolContext
 from tether.types import ModelRequest, ToolCall
 
 LEDGER = Path(os.environ.get("TETHER_TEST_LEDGER", "/tmp/tether-ledger.txt"))
@@ -53,6 +54,27 @@ async def wait(seconds: float) -> str:
     return "waited"
 
 
+@tool(effect="reversible")
+async def book(item: str, context: ToolContext) -> str:
+    """Book an item (a side effect: the ledger gets one line per idempotency key).
+
+    Args:
+        item: what to book
+    """
+    await asyncio.sleep(0.4)
+    key = context.idempotency_key
+    lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
+    if not any(line.endswith(" " + key) for line in lines):
+        with LEDGER.open("a") as fh:
+            fh.write(f"book {item} {key}\n")
+    return f"booked {item}"
+
+
+def book_script(request: ModelRequest):
+    n = _turn(request)
+    return ToolCall(f"b{n}", "book", {"item": f"item{n}"}) if n < 3 else "booked three"
+
+
 def calc_script(request: ModelRequest):
     if _turn(request) == 0:
         return ToolCall("c1", "add", {"a": 2, "b": 3})
@@ -84,4 +106,8 @@ def slow(user: str | None) -> Agent:
     return Agent(ScriptedModel(slow_script), tools=[wait], limits=Limits(max_steps=60, max_repeats=100))
 
 
-AGENTS = {"calc": calc, "billing": billing, "slow": slow}
+def booking(user: str | None) -> Agent:
+    return Agent(ScriptedModel(book_script), tools=[book], limits=Limits(max_steps=6))
+
+
+AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking}

@@ -263,3 +263,74 @@ def test_openapi_spec(service: Service) -> None:
     spec = httpx.get(service.url + "/openapi.json").json()
     assert {"/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/events", "/v1/tasks/{task_id}/confirm",
             "/v1/tasks/{task_id}/cancel", "/healthz"} <= set(spec["paths"])
+
+
+def _postgres_database() -> str:
+    base = os.environ.get("TETHER_TEST_POSTGRES")
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail("TETHER_TEST_POSTGRES is not set in CI (.ci/run starts PostgreSQL)")
+        pytest.skip("set TETHER_TEST_POSTGRES=postgresql://... to run the PostgreSQL worker test")
+    psycopg = pytest.importorskip("psycopg")
+    name = f"svc_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def test_two_workers_on_postgres_one_killed(tmp_path: Path) -> None:
+    """API-only server + two `tether worker`s on PostgreSQL; one is SIGKILLed with runs in flight: the
+    other adopts them; every run completes; no side effect twice."""
+    db = _postgres_database()
+    api = Service(tmp_path)
+    api.env["TETHER_DB"] = db
+    api.proc = None
+    workers: dict[str, subprocess.Popen] = {}
+
+    def worker(name: str) -> subprocess.Popen:
+        env = {**api.env, "TETHER_EXECUTOR_ID": name}
+        return subprocess.Popen([sys.executable, "-m", "tether.cli", "worker", "--agents", AGENTS, "--concurrency", "4"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    try:
+        api.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port",
+                                     str(api.port), "--workers", "0"], env=api.env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the API first: it creates the schemas the workers use
+            try:
+                if httpx.get(api.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert api.proc.poll() is None, api.proc.stderr.read()
+                time.sleep(0.3)
+        workers["wa"], workers["wb"] = worker("wa"), worker("wb")
+        alice = api.key("alice")
+        tasks = [submit(api, alice, "booking", prompt=f"book {i}") for i in range(12)]
+        psycopg = pytest.importorskip("psycopg")
+
+        def on(executor: str) -> list[str]:
+            with psycopg.connect(db) as conn:
+                return [r[0] for r in conn.execute(
+                    "SELECT workflow_uuid FROM dbos.workflow_status WHERE executor_id = %s AND status = 'PENDING'",
+                    (executor,))]
+
+        deadline = time.monotonic() + 60
+        while not on("wa") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        in_flight = on("wa")
+        assert in_flight, "worker wa never took a run"
+        workers["wa"].send_signal(signal.SIGKILL)
+        workers["wa"].wait()
+        for task in tasks:
+            body = wait_status(api, alice, task, "completed", "error", "stopped", timeout=180)
+            assert body["status"] == "completed", body
+        assert set(in_flight) <= set(tasks)  # the killed worker's runs were among those that completed
+        lines = api.ledger()
+        keys = [line.rsplit(" ", 1)[1] for line in lines]
+        assert len(keys) == len(set(keys)) == 36, lines
+    finally:
+        for proc in [*workers.values(), api.proc]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -28,7 +28,7 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
     from tether.server import RegistryError, build_app
 
     try:
-        app = build_app(database(db), agents, workers=workers)
+        app = build_app(database(db), agents, workers=workers, grace_seconds=grace)
     except RegistryError as exc:
         return _fail(str(exc))
     print(f"tether: serving on http://{host}:{port} ({workers} worker slots)", file=sys.stderr)
@@ -39,8 +39,6 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
 def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int) -> int:
     """Run queued tasks until SIGTERM/SIGINT; then stop taking work, let running steps finish for
     `grace` seconds, and leave the rest to be recovered (by this worker's next start, same id)."""
-    from dbos import DBOS
-
     from tether.server import RegistryError, ServiceConfig, Tasks, load_registry
 
     try:
@@ -57,7 +55,7 @@ def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int) -> int
         print(f"tether: worker {tasks.rt.config.executor_id} running up to {concurrency} tasks", file=sys.stderr)
         await stop.wait()
         print("tether: worker stopping", file=sys.stderr)
-        DBOS.destroy(workflow_completion_timeout_sec=grace)
+        tasks.stop(grace)
 
     asyncio.run(main())
     return 0

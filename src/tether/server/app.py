@@ -124,7 +124,7 @@ def create_app(tasks: Tasks) -> FastAPI:
         try:
             yield
         finally:
-            tasks.stop()
+            tasks.stop(tasks.config.grace_seconds)
 
     app = FastAPI(title="tether task service", version="1", lifespan=lifespan)
     limit = tasks.config.max_body_bytes

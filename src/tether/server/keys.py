@@ -1,4 +1,5 @@
-"""The service's own tables (API keys, idempotent submissions, decided approvals), beside the run
+"""The service's own tables (API keys, idempotent submissions, decided approvals, worker heartbeats),
+beside the run
 store in the same database, with their own migrations."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE IF NOT EXISTS tether_decisions (
             run_id TEXT NOT NULL, call_id TEXT NOT NULL, approved BIGINT NOT NULL, by_user TEXT NOT NULL,
             reason TEXT, created_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (run_id, call_id))""",
+        """CREATE TABLE IF NOT EXISTS tether_workers (
+            executor_id TEXT PRIMARY KEY, beat_at DOUBLE PRECISION NOT NULL, started_at DOUBLE PRECISION NOT NULL)""",
     ],
 ]
 
@@ -80,6 +83,24 @@ class ServiceTables:
                 "VALUES (:r, :c, :a, :b, :why, :t) ON CONFLICT DO NOTHING"),
                 {"r": run_id, "c": call_id, "a": int(approved), "b": by, "why": reason, "t": time.time()})
             return bool(done.rowcount)
+
+    def beat(self, executor_id: str) -> None:
+        now = time.time()
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO tether_workers (executor_id, beat_at, started_at) VALUES (:e, :t, :t) "
+                                 "ON CONFLICT (executor_id) DO UPDATE SET beat_at = :t"), {"e": executor_id, "t": now})
+
+    def silent_workers(self, older_than: float, me: str) -> list[str]:
+        """Workers whose last heartbeat is older than `older_than` seconds (they are taken off the list)."""
+        cutoff = time.time() - older_than
+        with self.engine.begin() as conn:
+            dead = [r[0] for r in conn.execute(sa.text(
+                "SELECT executor_id FROM tether_workers WHERE beat_at < :c AND executor_id != :me"),
+                {"c": cutoff, "me": me})]
+            for executor_id in dead:
+                conn.execute(sa.text("DELETE FROM tether_workers WHERE executor_id = :e AND beat_at < :c"),
+                             {"e": executor_id, "c": cutoff})
+        return dead
 
     def forget_decision(self, run_id: str, call_id: str) -> None:
         with self.engine.begin() as conn:

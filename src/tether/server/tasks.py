@@ -44,6 +44,7 @@ class ServiceConfig:
     max_active_per_user: int = 20
     executor_id: str | None = None
     approval_timeout: float = 7 * 86_400.0
+    grace_seconds: int = 10
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Tasks:
     rt: Any = None
     tables: ServiceTables | None = None
     queue: Any = None
+    _janitor: asyncio.Task[None] | None = None
     _recent: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
 
     async def start(self) -> None:
@@ -83,6 +85,10 @@ class Tasks:
         self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=max(1, self.config.workers),
                                                      global_concurrency=self.config.global_concurrency,
                                                      polling_interval_sec=0.2, on_conflict="always_update")
+        if self.config.workers > 0:
+            from tether.server.janitor import heartbeat_and_janitor
+
+            self._janitor = asyncio.ensure_future(heartbeat_and_janitor(self.tables, rt.config.executor_id))
 
     # -- submit ----------------------------------------------------------------------------------
 
@@ -186,9 +192,16 @@ class Tasks:
         await asyncio.to_thread(self.rt.store.set_status, task_id, "cancelled")
         return was
 
-    def stop(self) -> None:
+    def stop(self, grace: int = 0) -> None:
+        """Stop taking work; running steps get `grace` seconds, the rest is recovered later."""
+        from dbos import DBOS
+
         from tether.durable.runtime import teardown
 
+        if self._janitor is not None:
+            self._janitor.cancel()
+        if grace:
+            DBOS.destroy(workflow_completion_timeout_sec=grace)
         teardown()
 
 
