@@ -53,12 +53,13 @@ def _tainted_waiting(db: str, runs: int) -> set[str]:
 
 
 def crash_until_done(workdir: Path, *, runs: int = 50, seed: int = 0, max_kills: int = 12,
-                     kill_after: tuple[float, float] = (0.2, 3.0), jitter: float = 0.03) -> CrashReport:
+                     kill_after: tuple[float, float] = (0.2, 3.0), jitter: float = 0.03,
+                     database: str | None = None) -> CrashReport:
     """Kill the worker `max_kills` times at a random moment `kill_after` seconds after it launched
     (recovery included), then let it finish."""
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
-    db, ledger = str(workdir / "runs.db"), workdir / "ledger.txt"
+    db, ledger = database or str(workdir / "runs.db"), workdir / "ledger.txt"
     report = CrashReport(runs)
     killed_waiting: set[str] = set()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)}

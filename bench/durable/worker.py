@@ -110,6 +110,51 @@ def build_agent(ledger: Path, jitter: float, name: str = "crash", durable: Any =
                  limits=Limits(max_steps=10), name=name, durable=durable)
 
 
+def build_approval_agent(ledger: Path, durable: Any = None) -> Any:
+    """A run that reads an invoice (untrusted: the run is tainted), then pays it (irreversible: it
+    parks for a person), then tries to pay the attacker too (parks again)."""
+    from tether import Agent, Limits, tool
+    from tether.models.scripted import ScriptedModel
+    from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
+    from tether.types import ModelReply, ModelRequest, ToolCall
+
+    @tool(untrusted_output=True)
+    def read_invoice() -> str:
+        """Read the invoice."""
+        return f"Invoice: 40 EUR to alice-iban. {INJECTION}"
+
+    @tool(effect="irreversible")
+    def pay(to: str, amount: int, ctx: ToolContext) -> str:
+        """Pay someone."""
+        _append(ledger, f"{ctx.idempotency_key}\tpay:{to}:{amount}", unique_key=ctx.idempotency_key)
+        return f"paid {amount} to {to}"
+
+    def script(request: ModelRequest) -> ModelReply:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return ModelReply("", [ToolCall("call_0", "read_invoice", {})])
+        if len(tools) == 1:
+            return ModelReply("", [ToolCall("call_0", "pay", {"to": "alice-iban", "amount": 40})])
+        if len(tools) == 2:
+            return ModelReply("", [ToolCall("call_0", "pay", {"to": ATTACKER, "amount": 500})])
+        return ModelReply("done: " + " | ".join(m.content for m in tools[1:]))
+
+    policy = SafetyPolicy(approver=PendingApprover(ApprovalBook()))
+    return Agent(ScriptedModel(script), tools=[read_invoice, pay], policy=policy, limits=Limits(max_steps=10),
+                 user="alice", name="approval", durable=durable)
+
+
+async def work_approval(db: str, ledger: Path) -> int:
+    from tether.durable import Durable, runtime
+
+    agent = build_approval_agent(ledger, durable=Durable(db))
+    runtime().launch()
+    print("launched", flush=True)
+    result = await agent.arun("pay the invoice I got", run_id="pay1")
+    print(f"{result.stop_reason.value}: {result.answer}", flush=True)
+    return 1 if result.completed else 0
+
+
 async def work(db: str, ledger: Path, runs: int, jitter: float) -> int:
     from tether.durable import Durable, runtime
 
@@ -126,8 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", required=True, type=Path)
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--jitter", type=float, default=0.03)
+    p.add_argument("--scenario", choices=["crash", "approval"], default="crash")
     args = p.parse_args(argv)
-    done = asyncio.run(work(args.db, args.ledger, args.runs, args.jitter))
+    if args.scenario == "approval":
+        args.runs = 1
+        done = asyncio.run(work_approval(args.db, args.ledger))
+    else:
+        done = asyncio.run(work(args.db, args.ledger, args.runs, args.jitter))
     print(f"completed {done}/{args.runs}", flush=True)
     os._exit(0 if done == args.runs else 1)  # no DBOS shutdown dance: the next worker recovers anyway
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -77,6 +78,33 @@ def _runtime(db: str | None) -> Any:
     return rt
 
 
+async def until_parked(run_id: str, work: Any) -> Any:
+    """Await `work` (the run's RunResult), unless the run parks on an approval first: then the run
+    stays parked in the database (no process needed) and a RunResult saying so comes back."""
+    from tether.durable import runtime
+    from tether.types import RunResult, StopReason
+
+    task = asyncio.ensure_future(work)
+    store = runtime().store
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.25)
+            row = store.run(run_id)
+            # parked for a second (a recovered run passes through its decided waits in milliseconds)
+            if not task.done() and row is not None and row.status == "awaiting_approval" and row.pending \
+                    and time.time() - row.updated_at > 1.0:
+                p = row.pending
+                print(f"tether: run {run_id} is parked: {p.get('tool')}("
+                      f"{json.dumps(p.get('arguments'), ensure_ascii=False)}) awaits approval ({p.get('reason')}). "
+                      f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
+                      f"{run_id}", file=sys.stderr)
+                return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=row.steps)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
 def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     """`tether run --durable`: one run as a DBOS workflow, every step checkpointed."""
     from tether.cli.app import _reporter, err_console, read_prompt
@@ -100,7 +128,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
         rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
         rt._built[CLI_AGENT + json.dumps(config, sort_keys=True)] = agent
-        result = asyncio.run(runs.run(agent, state, on_event=reporter))
+        result = asyncio.run(until_parked(run_id, runs.run(agent, state, on_event=reporter)))
     except CliError as exc:
         return _err(str(exc))
     except Exception as exc:
@@ -127,10 +155,7 @@ def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
         if row.status in ("completed", "stopped", "error", "cancelled"):
             result = stored_result(run_id, row.status)
         else:
-            if row.status == "awaiting_approval":
-                console.print(f"run {run_id} awaits approval of call {row.pending and row.pending.get('call_id')}",
-                              style="yellow", highlight=False, markup=False)
-            result = asyncio.run(wait_result(run_id))
+            result = asyncio.run(until_parked(run_id, wait_result(run_id)))
     except Exception as exc:
         return _err(f"cannot resume {run_id}: {type(exc).__name__}: {exc}")
     finally:

@@ -35,6 +35,8 @@ def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, 
         row = store.run(run_id)
         if row is None:
             raise ControlError(f"no run {run_id!r} in {url}")
+        if row.status == "decided":
+            raise ControlError(f"call {call_id} of run {run_id} is already decided")
         if row.status != "awaiting_approval" or not row.pending:
             raise ControlError(f"run {run_id} is {row.status}, not awaiting an approval")
         if row.pending.get("call_id") != call_id:
@@ -42,12 +44,21 @@ def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, 
         pending = row.pending
     finally:
         store.close()
-    client = _client(url)
+    # "decided" before the message goes out: the run's process may take it, and park again, at once
+    store = RunStore(url)
     try:
-        client.send(run_id, {"call_id": call_id, "approved": approved, "by": by or _whoami(), "reason": reason},
-                    APPROVAL_TOPIC)
+        store.set_status(run_id, "decided", pending=pending)
+        client = _client(url)
+        try:
+            client.send(run_id, {"call_id": call_id, "step": pending.get("step"), "approved": approved,
+                                 "by": by or _whoami(), "reason": reason}, APPROVAL_TOPIC)
+        except BaseException:
+            store.set_status(run_id, "awaiting_approval", pending=pending)
+            raise
+        finally:
+            client.destroy()
     finally:
-        client.destroy()
+        store.close()
     return pending
 
 
@@ -68,8 +79,8 @@ def cancel(database: str | os.PathLike[str] | None, run_id: str) -> str:
             client.cancel_workflow(run_id)
         finally:
             client.destroy()
-        if row.status == "pending":  # no process is running it: record the end here
-            store.set_status(run_id, "cancelled")
+        # DBOS abandons a cancelled workflow's execution, so its process may never write the end
+        store.set_status(run_id, "cancelled")
         return row.status
     finally:
         store.close()

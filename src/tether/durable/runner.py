@@ -89,7 +89,9 @@ class DbosStepRunner:
                 break
             if isinstance(message, dict) and message.get("cancel"):
                 raise RunCancelled
-            if isinstance(message, dict) and message.get("call_id") == pending["call_id"]:
+            # bound to this call at this step: call ids repeat across replies, a stale decision must not match
+            if isinstance(message, dict) and message.get("call_id") == pending["call_id"] \
+                    and message.get("step") == pending.get("step"):
                 decision = message
                 break
         store.set_status(run_id, "running")

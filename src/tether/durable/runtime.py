@@ -153,6 +153,11 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     spec.clock = runner.clock
     rt.store.set_status(run_id, "running")
     result = await run_loop(spec, state)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:
+        # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the
+        # next process recovers it, and record nothing
+        raise asyncio.CancelledError
     rt.store.finish_run(result)
     out = to_jsonable(result)
     out["trace"] = []  # the events are in the store; the workflow output stays small
