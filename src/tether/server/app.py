@@ -22,9 +22,10 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from tether.server.events import stream
 from tether.server.tasks import ServiceConfig, TaskError, Tasks
@@ -32,11 +33,28 @@ from tether.server.tasks import ServiceConfig, TaskError, Tasks
 Status = Literal["pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled"]
 
 
+class LimitsIn(BaseModel):
+    """Narrower limits for one task (never wider than the agent's own)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_steps: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0)
+    max_seconds: float | None = Field(None, gt=0)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_tool_calls: int | None = Field(None, gt=0)
+
+
 class TaskIn(BaseModel):
     prompt: str = Field(min_length=1, description="The task, in the user's words.")
     agent: str = Field(min_length=1, description="A configured agent's name.")
-    limits: dict[str, float] | None = Field(None, description="Narrower limits for this task, e.g. {\"max_steps\": 5}.")
+    limits: LimitsIn | None = None
     metadata: dict[str, Any] | None = None
+
+
+def _task_in(agents: list[str]) -> type[TaskIn]:
+    """TaskIn whose `agent` is one of the configured names (so the spec lists them)."""
+    choice = Literal.__getitem__(tuple(agents))  # type: ignore[attr-defined]
+    return create_model("TaskIn", __base__=TaskIn, agent=(choice, Field(description="A configured agent.")))
 
 
 class TaskCreated(BaseModel):
@@ -112,7 +130,7 @@ async def user_of(request: Request, authorization: Annotated[str | None, Header(
 
 
 User = Annotated[str, Depends(user_of)]
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 429)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 429)}
 
 
 def create_app(tasks: Tasks) -> FastAPI:
@@ -150,8 +168,13 @@ def create_app(tasks: Tasks) -> FastAPI:
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not just those of the first route matched
+            methods = {m for r in app.routes if r.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(r, "methods", None) or ()}
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
 
     app.state.tasks = tasks
 
@@ -159,11 +182,14 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "workers": tasks.config.workers, "agents": tasks.registry.names()}
 
-    @app.post("/v1/tasks", status_code=201, response_model=TaskCreated, responses=ERRORS)
     async def submit(body: TaskIn, user: User,
                      idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Any:
-        task_id, created = await tasks.submit(user, body.model_dump(), idempotency_key)
+        task_id, created = await tasks.submit(user, body.model_dump(exclude_none=True), idempotency_key)
         return JSONResponse({"task_id": task_id, "created": created}, status_code=201 if created else 200)
+
+    submit.__annotations__["body"] = _task_in(tasks.registry.names())  # the spec lists the agents
+    replayed = {200: {"model": TaskCreated, "description": "The task an earlier request with this Idempotency-Key made"}}
+    app.post("/v1/tasks", status_code=201, response_model=TaskCreated, responses={**ERRORS, **replayed})(submit)
 
     @app.get("/v1/tasks", response_model=TaskList, responses=ERRORS)
     async def list_tasks(user: User, status: Status | None = None,
