@@ -56,7 +56,7 @@ def test_a_durable_run_checkpoints_each_step_and_keeps_its_results_in_the_store(
     agent = Agent(model, tools=[note, big], policy=AllowAll(), name="t1", durable=durable_db)
     result = agent.run("go", run_id="run1")
     assert result.completed and result.answer == "done" and result.steps == 3
-    assert keys == ["run1:1:0", "run1:1:1"]  # run_id:step:index
+    assert sorted(keys) == ["run1:1:0", "run1:1:1"]  # run_id:step:index (the two ran concurrently)
     store = RunStore(durable_db)
     row = store.run("run1")
     assert row is not None and row.status == "completed" and row.answer == "done" and row.agent == "t1"
@@ -68,7 +68,7 @@ def test_a_durable_run_checkpoints_each_step_and_keeps_its_results_in_the_store(
     assert store.get(state.handles[0]) == "x" * 9000 and store.get(state.handles[0], owner="mallory") is None
     # the same workflow id again returns the recorded result without running anything
     again = agent.run("go", run_id="run1")
-    assert again.answer == "done" and keys == ["run1:1:0", "run1:1:1"] and model.calls == 3
+    assert again.answer == "done" and len(keys) == 2 and model.calls == 3
 
 
 def test_a_durable_run_continues_from_its_state(durable_db):

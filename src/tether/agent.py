@@ -6,7 +6,9 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from tether.limits import Clock, Limits, MonotonicClock
 from tether.loop import (
@@ -20,19 +22,26 @@ from tether.loop import (
 )
 from tether.models.base import Model
 from tether.models.pricing import Pricing
+from tether.output import OutputRun, OutputType
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 from tether.tools.results import DEFAULT_MAX_RESULT_CHARS
 from tether.types import Message, RunResult, RunState, TraceEvent, Usage
 
+OutputT = TypeVar("OutputT", default=str)
+
 
 @dataclass
-class Agent:
+class Agent(Generic[OutputT]):
     """A model with tools, bounded by limits.
 
     >>> agent = Agent(model, tools=[calculator], instructions="Be brief.", limits=Limits(max_steps=5))
     >>> result = agent.run("What is 17 * 23?")
     >>> result.stop_reason, result.answer
+
+    `output_type` (a pydantic model, dataclass, TypedDict, primitive, list or union; see
+    `tether.output`) makes `result.output` a validated value of that type; an invalid answer goes
+    back to the model with its errors up to `output_retries` times.
     """
 
     model: Model
@@ -50,8 +59,15 @@ class Agent:
     executor: Executor | None = None
     durable: Any = None  # tether.durable.Durable (or a database path/URL): every step checkpointed
     name: str = "agent"  # identifies this agent's durable runs, so a restarted process can recover them
+    output_type: type[OutputT] | None = None
+    output_retries: int = 2
+    _output: OutputType[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.output_type is not None:
+            self._output = OutputType.of(self.output_type)
+        if self.output_retries < 0:
+            raise ValueError(f"output_retries must be >= 0, got {self.output_retries}")
         if self.policy is None:
             from tether.policy import SafetyPolicy  # the default: deny-by-default approvals after taint
 
@@ -104,6 +120,7 @@ class Agent:
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
+            output=None if self._output is None else OutputRun(self._output, self.output_retries),
         )
 
     async def arun(
@@ -116,7 +133,7 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event=None,
         stream_text: bool = False,
-    ) -> RunResult:
+    ) -> RunResult[OutputT]:
         """Run to a stop reason. `state=result.state` continues a conversation with everything the
         run knew (budget, loop counts, taint, handles); `history` (a bare transcript) is kept for
         old callers and counts earlier tool outputs as untrusted."""
@@ -126,7 +143,7 @@ class Agent:
             return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
         return await run_loop(self._spec(run_id, cancel, on_event, stream_text), start)
 
-    def run(self, prompt: str, **kwargs) -> RunResult:
+    def run(self, prompt: str | None, **kwargs) -> RunResult[OutputT]:
         """Synchronous `arun` (starts its own event loop)."""
         return asyncio.run(self.arun(prompt, **kwargs))
 
@@ -139,7 +156,7 @@ class Agent:
         run_id: str | None = None,
         cancel: CancelToken | None = None,
         stream_text: bool = True,
-    ) -> AsyncIterator[TraceEvent | RunResult]:
+    ) -> AsyncIterator[TraceEvent | RunResult[OutputT]]:
         """Yield each TraceEvent as it happens (text deltas too), then the RunResult."""
         queue: asyncio.Queue[TraceEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(self.arun(prompt, state=state, history=history, run_id=run_id, cancel=cancel,

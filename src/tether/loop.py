@@ -17,7 +17,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -37,6 +37,9 @@ from tether.types import (
     TraceEvent,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from tether.output import OutputRun
 
 EventSink = Callable[[TraceEvent], None]
 T = TypeVar("T")
@@ -79,9 +82,14 @@ class DirectStepRunner:
 
 
 class ContextBuilder(Protocol):
-    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn."""
+    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn.
 
-    def build(self, messages: list[Message]) -> list[Message]: ...
+    `build` may be async (a compacting builder makes its own model call). Optional hooks: a builder
+    with per-run state has `start(run: ContextRun) -> ContextBuilder`, called once per run, and the
+    per-run builder may have `task_state() -> dict | None`, returned in `RunResult.task_state`.
+    """
+
+    def build(self, messages: list[Message]) -> list[Message] | Awaitable[list[Message]]: ...
 
 
 class FullHistory:
@@ -89,6 +97,36 @@ class FullHistory:
 
     def build(self, messages: list[Message]) -> list[Message]:
         return messages
+
+
+class ContextRun:
+    """What a context builder may use during one run: the spec, and `complete`, a model call that goes
+    through the run's step runner (so durable mode records it), is priced, and counts against the budget."""
+
+    __slots__ = ("_budget", "_emit", "spec")
+
+    def __init__(self, spec: RunSpec, budget: Budget, emit: Callable[..., None]) -> None:
+        self.spec = spec
+        self._budget = budget
+        self._emit = emit
+
+    async def complete(self, request: ModelRequest, model: Model | None = None, purpose: str = "context") -> ModelReply:
+        use = model or self.spec.model
+        started = self._budget.elapsed()
+        reply = await _with_cancel(self.spec, self.spec.step_runner.model_step(
+            self._budget.steps, lambda: use.complete(request)))
+        _price(self.spec, reply, use)
+        self._budget.record_model_call(reply.usage)
+        self._emit("model_call", {"model": reply.model or use.name, "purpose": purpose,
+                                  "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
+                                  "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
+                   self._budget.elapsed() - started)
+        return reply
+
+
+async def _build(context: ContextBuilder, messages: list[Message]) -> list[Message]:
+    built = context.build(messages)
+    return built if isinstance(built, list) else await built
 
 
 class CancelToken:
@@ -166,6 +204,7 @@ class RunSpec:
     cancel: CancelToken | None = None
     on_event: EventSink | None = None
     stream_text: bool = False
+    output: OutputRun | None = None  # the run's output type (tether.output), when it has one
 
 
 FINAL_PROMPT = (
@@ -210,12 +249,16 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         if spec.on_event is not None:
             spec.on_event(event)
 
+    context: ContextBuilder = spec.context
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
     deadline = _Deadline(budget.remaining_seconds())
 
     try:
         _start_policy(policy, state, ctx)
+        start = getattr(spec.context, "start", None)  # a builder with per-run state
+        if start is not None:
+            context = start(ContextRun(spec, budget, emit))
         while True:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
@@ -225,7 +268,12 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 break
 
             # 2. The model, bounded by the time left (the final call's reserve excluded).
-            request = ModelRequest(spec.context.build(messages), spec.executor.specs_for(bool(handles)))
+            built = context.build(messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
+            request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             started = budget.elapsed()
             deadline.armed = True
             try:
@@ -257,7 +305,16 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
             }, budget.elapsed() - started)
 
-            # 3. No tool calls: the model has answered.
+            # 3. No tool calls: the model has answered. With an output type the answer must validate
+            #    (tether.output): an invalid one goes back to the model with its errors, a bounded
+            #    number of times, each retry a model call within the budget.
+            if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
+                if verdict == "retry":
+                    emit("notice", {"output_invalid": spec.output.errors})
+                    continue
+                stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
+                answer = spec.output.text
+                break
             if not reply.tool_calls:
                 stop = StopReason.COMPLETED
                 break
@@ -299,8 +356,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                    StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
-        answer = await _final_answer(spec, messages, stop, budget, emit) or answer
+                    StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
+        answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
     finish = getattr(policy, "finish_run", None)  # optional in a Policy
@@ -309,18 +366,25 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
+    stop = stop or StopReason.ERROR
+    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
+    if spec.output is not None:
+        stop, error, output = spec.output.finish(stop, error, answer)
+
     # 8. Everything the run knows goes back into its state (once, not per step).
     state.findings.extend(_finding(c, r) for c, r in found)
     state.usage, state.steps = budget.finish(), budget.steps
     state.loop_warned = sorted(loops.warned)
     state.handles = sorted(handles)
-    state.stop_reason = stop or StopReason.ERROR
+    state.stop_reason = stop
+    state.task_state = _task_state(context) or state.task_state  # the context layer's slot
     dump = getattr(policy, "dump_state", None)
     if dump is not None and ctx.policy_state is not None:
         state.policy = dump(ctx.policy_state)
     result = RunResult(
-        run_id=spec.run_id, stop_reason=state.stop_reason, answer=answer, findings=list(state.findings),
-        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps, state=state,
+        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
+        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
+        task_state=state.task_state, output=output, state=state,
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
     return result
@@ -469,15 +533,16 @@ def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:
                                  ctx.extra["history_tool_outputs"])
 
 
-async def _final_answer(
-    spec: RunSpec, messages: list[Message], reason: StopReason, budget: Budget, emit: Callable[..., None]
-) -> str:
+async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,
+                        budget: Budget, emit: Callable[..., None]) -> str:
     """The one reserved, tool-free call that turns what was found into a partial answer."""
     messages.append(Message.user(FINAL_PROMPT.format(reason=reason.value.replace("_", " "))))
     started = budget.elapsed()
     try:
         async with asyncio.timeout(budget.final_seconds()):
-            request = ModelRequest(spec.context.build(messages), [], max_output_tokens=budget.final_output_tokens())
+            request = ModelRequest(await _build(context, messages), [], max_output_tokens=budget.final_output_tokens())
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:
@@ -487,20 +552,28 @@ async def _final_answer(
         emit("error", {"error": f"final answer call failed: {type(exc).__name__}: {exc}"})
         return ""
     _price(spec, reply)
-    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1))
+    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
+                           cached_input_tokens=reply.usage.cached_input_tokens,
+                           cache_write_tokens=reply.usage.cache_write_tokens))
     messages.append(Message.assistant(reply.text))
     emit("model_call", {"model": reply.model or spec.model.name, "final": True,
                         "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
                         "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
          budget.elapsed() - started)
-    return reply.text
+    return reply.text if spec.output is None else spec.output.accept_final(reply)
 
 
-def _price(spec: RunSpec, reply: ModelReply) -> None:
-    """Cost from the price table; a model the table does not know keeps the cost it reported."""
-    price = spec.pricing.lookup(reply.model or spec.model.name)
-    if price is not None:
-        reply.usage.cost_usd = (reply.usage.input_tokens * price[0] + reply.usage.output_tokens * price[1]) / 1_000_000
+def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
+    """Cost from the price table (cached input at its own price); a model the table does not know
+    keeps the cost it reported."""
+    name = reply.model or (model or spec.model).name
+    if spec.pricing.known(name):
+        reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
+
+
+def _task_state(context: ContextBuilder) -> dict | None:
+    get = getattr(context, "task_state", None)
+    return get() if get is not None else None
 
 
 def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str) -> None:

@@ -55,7 +55,8 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     from tether.cli.build import build_agent
     from tether.policy import ApprovalBook, PendingApprover
 
-    opts = o.RunOptions(**{k: (Path(v) if k == "workspace" and v else v) for k, v in config.items()})
+    paths = ("workspace", "output_schema", "mcp")
+    opts = o.RunOptions(**{k: (Path(v) if k in paths and v else v) for k, v in config.items()})
     agent = build_agent(opts, announce=announce or (lambda *_: None))
     policy = agent.policy
     if not opts.yes and hasattr(policy, "approver"):
@@ -115,11 +116,13 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
 
     console = err_console()
     reporter = _reporter(opts, console)
+    opened = None
     try:
         text = read_prompt(prompt)
         rt = _runtime(db)
         config = _config(opts)
         agent = _agent(config, announce=reporter.announce)
+        opened = agent.executor  # its MCP sessions (if any) are closed by it; attach makes a new executor
         attach(agent, rt.config)
         rt.agents.pop(CLI_AGENT, None)  # runs are rebuilt from their own options, not this agent
         runs = DurableRuns(rt)
@@ -135,7 +138,11 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         return _err(f"durable run failed: {type(exc).__name__}: {exc}")
     finally:
         teardown()
-    return report(result, reporter, as_json=opts.json)
+        if opened is not None:
+            from tether.cli.mcp_cmd import close_mcp
+
+            close_mcp(opened)
+    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
 
 
 def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:

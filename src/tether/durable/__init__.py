@@ -25,7 +25,9 @@ def attach(agent: Any, durable: Durable | str | os.PathLike[str] | bool) -> Dura
         raise ValueError(f"a durable agent named {agent.name!r} is already registered; give each a unique name")
     rt.agents[agent.name] = agent
     # capped results must survive a restart: they go to the run store (scoped as in memory)
-    agent.executor = Executor(agent.tools, policy=agent.policy, results=rt.store,
+    old = agent.executor
+    tools = [t for name, t in old.tools.items() if name != "read_result"] if old is not None else list(agent.tools)
+    agent.executor = Executor(tools, policy=agent.policy, results=rt.store, read_result=bool(tools),
                               max_result_chars=agent.max_result_chars, default_timeout=agent.tool_timeout,
                               max_workers=max(8, agent.limits.max_parallel_tools))
     return DurableRuns(rt)
