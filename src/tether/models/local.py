@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -29,12 +30,15 @@ from tether.models._gbnf import (
     FINAL_OPEN,
     TOOL_CLOSE,
     TOOL_OPEN,
+    GrammarError,
     GrammarLimits,
+    Offered,
     format_call,
     reply_grammar,
 )
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
+from tether.models._world import resolve_values, result_quotes
 from tether.models.base import ModelError, stream_by_completing
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
@@ -147,6 +151,16 @@ After a tool call you get its result in a <tool_result> message. Answer with the
 
 Tools:
 """
+# For tiny models the grammar makes the answer a copy of result text; the prompt says so.
+_PROTOCOL_QUOTE = """\
+You can call tools. Reply with exactly one of:
+- a tool call: <tool_call>{"name":"TOOL","arguments":{...}}</tool_call>
+- the final answer: <final>LINE</final>, where LINE is copied exactly from a tool result
+First call a tool. Its result comes in a <tool_result> message. Then answer with the line of the result that answers the question.
+
+Tools:
+"""
+_FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s")
 
 
 def _describe_type(schema: Any) -> str:
@@ -164,8 +178,9 @@ def _describe_type(schema: Any) -> str:
 def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
     """One line per tool: `- name(arg: type, opt?: type): description`.
 
-    `brief` keeps only the first paragraph of each description (tiny models lose the thread in
-    long ones: measured with SmolLM2-135M, the calculator's usage examples leaked into answers).
+    `brief` keeps only the first sentence of each description (tiny models lose the thread in
+    long ones: measured with SmolLM2-135M, the calculator's usage examples leaked into answers,
+    and a workspace path in a description changed the answers with the directory's name).
     """
     lines = []
     for spec in tools:
@@ -174,7 +189,7 @@ def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
         args = ", ".join(f"{k}{'' if k in required else '?'}: {_describe_type(v)}" for k, v in props.items())
         description = spec.description.strip()
         if brief:
-            description = description.split("\n\n", 1)[0]
+            description = _FIRST_SENTENCE.split(description.split("\n\n", 1)[0], 1)[0]
         description = " ".join(description.split())
         lines.append(f"- {spec.name}({args}): {description}".rstrip(": "))
     return "\n".join(lines)
@@ -183,15 +198,15 @@ def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
 # One worked exchange, sent as real chat turns before the conversation. Measured with
 # SmolLM2-135M: as turns it makes the model answer after a tool result; written out inside the
 # system prompt it kept repeating the call instead.
-# The result has several lines and the answer picks one fact out of it, like real results
-# (measured: slightly better than a one-line result; the 135M model still copies this answer
-# verbatim when a long search result confuses it).
+# The result has several lines and the answer copies the one that answers, as the quote grammar
+# of tiny models forces (their answers can only be text of the real results, so this example's
+# text can no longer leak into them).
 EXAMPLE_TURNS: tuple[tuple[str, str], ...] = (
     ("user", "What is the weather in Paris?"),
     ("assistant", format_call("get_weather", {"city": "Paris"})),
     ("user", render_result("get_weather", "call_1", "Weather report for Paris, France.\nToday: 18 C, sunny, "
                                                      "wind 10 km/h.\nTomorrow: 14 C, rain.")),
-    ("assistant", f"{FINAL_OPEN}Today it is 18 C and sunny in Paris.{FINAL_CLOSE}"),
+    ("assistant", f"{FINAL_OPEN}Today: 18 C, sunny, wind 10 km/h.{FINAL_CLOSE}"),
 )
 
 
@@ -206,7 +221,7 @@ def render_chat(request: ModelRequest, *, brief: bool = False) -> list[dict[str,
     instructions = "\n\n".join(m.content.strip() for m in request.messages if m.role == "system" and m.content.strip())
     parts = [instructions] if instructions else []
     if request.tools:
-        parts.append(_PROTOCOL + render_tool_list(request.tools, brief=brief))
+        parts.append((_PROTOCOL_QUOTE if brief else _PROTOCOL) + render_tool_list(request.tools, brief=brief))
     chat: list[dict[str, str]] = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
     if request.tools:
         chat += [{"role": role, "content": content} for role, content in EXAMPLE_TURNS]
@@ -310,23 +325,36 @@ class LocalModel:
     def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
         return stream_by_completing(self, request)
 
-    def grammar_text(self, tools: Sequence[ToolSpec]) -> str:
-        """The GBNF text forcing a reply to `tools` (one call or a final answer)."""
-        return reply_grammar(tools, self.grammar_limits)
+    def grammar_text(self, tools: Sequence[ToolSpec], messages: Sequence[Message] = ()) -> str:
+        """The GBNF text forcing a reply to `tools` in the conversation `messages`.
 
-    def _grammar(self, tools: Sequence[ToolSpec]) -> Any:
-        key = json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True, default=str)
-        grammar = self._grammars.get(key)
+        Declared value sources are resolved against the world (the workspace's files, the words
+        of the request). For tiny models also: a tool call first (no answer before any result),
+        files already read are not offered again, and the answer copies result text.
+        """
+        def values(source: dict[str, Any]) -> Offered | None:
+            return resolve_values(source, messages, fresh_only=self.tiny)
+
+        if not self.tiny:
+            return reply_grammar(tools, self.grammar_limits, values=values)
+        quotes = result_quotes(messages)
+        return reply_grammar(tools, self.grammar_limits, values=values, quotes=quotes, allow_final=bool(quotes))
+
+    def _grammar(self, tools: Sequence[ToolSpec], messages: Sequence[Message]) -> Any:
+        try:
+            text = self.grammar_text(tools, messages)
+        except GrammarError as exc:
+            raise ModelError(f"{self.name}: cannot build the tool grammar: {exc}") from exc
+        grammar = self._grammars.get(text)
         if grammar is None:
             llama_cpp = _import_llama_cpp()
-            text = self.grammar_text(tools)
             try:
                 grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
             except ValueError as exc:
                 raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
             if len(self._grammars) >= 32:
                 self._grammars.clear()
-            self._grammars[key] = grammar
+            self._grammars[text] = grammar
         return grammar
 
     def complete_sync(self, request: ModelRequest) -> ModelReply:
@@ -338,7 +366,7 @@ class LocalModel:
         if tools:
             # The grammar ends the reply; no closing-tag stop sequences, which would also fire
             # inside a string argument.
-            grammar = self._grammar(tools)
+            grammar = self._grammar(tools, request.messages)
         else:
             grammar = None
             stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make
