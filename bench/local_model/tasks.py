@@ -140,6 +140,6 @@ def _norm(text: str) -> str:
 
 
 def check(answer: str, expected: tuple[str, ...]) -> bool:
-    """True when every expected string appears in the answer."""
+    """True when every expected string appears in the answer ("13" also as "13.0", never as "13.5")."""
     norm = _norm(answer)
-    return all(re.search(rf"(?<![0-9a-z]){re.escape(_norm(e))}(?![0-9a-z]|\.\d)", norm) for e in expected)
+    return all(re.search(rf"(?<![0-9a-z]){re.escape(_norm(e))}(?:\.0+)?(?![0-9a-z]|\.\d)", norm) for e in expected)

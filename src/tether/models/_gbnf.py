@@ -40,6 +40,11 @@ class Offered:
     values: tuple[str, ...] = ()
     words: tuple[str, ...] = ()
     max_words: int = 8
+    exhausted: bool = False  # the source has nothing (left) to offer: the tool is not offered at all
+
+
+class _NothingToOffer(Exception):
+    """A parameter's value source is exhausted, so its tool cannot be called now."""
 
 
 # Resolves a value-source declaration to what to offer (None: anything the schema allows).
@@ -304,6 +309,8 @@ class _Builder:
         found = self.values(source)
         if found is None:
             return None
+        if found.exhausted:
+            raise _NothingToOffer
         low, high = int(node.get("minLength", 0)), node.get("maxLength")
         high = self.limits.max_string_chars if high is None else min(int(high), self.limits.max_string_chars)
         pattern = node.get("pattern")
@@ -400,12 +407,13 @@ def reply_grammar(
     *,
     allow_final: bool = True,
     values: ValueResolver | None = None,
-    quotes: Sequence[str] | None = None,
+    quotes: Sequence[Sequence[str]] | None = None,
 ) -> str:
     """GBNF text for a reply that is exactly one tool call (to one of `tools`) or a final answer.
 
-    `values` resolves value-source declarations (VALUES_KEY) to the values to offer; `quotes`,
-    when given and not empty, makes the final answer one to three of those texts, copied verbatim.
+    `values` resolves value-source declarations (VALUES_KEY) to the values to offer; `quotes`
+    (groups of texts, one per tool result), when given, makes the final answer one text of each
+    group, copied verbatim (see `final_rule`).
     """
     builder = _Builder(limits or GrammarLimits(), values)
     names = [t.name for t in tools]
@@ -416,7 +424,10 @@ def reply_grammar(
         raise GrammarError(f"duplicate tool names: {', '.join(dupes)}")
     calls = []
     for spec in tools:
-        args = arguments_rule(builder, spec)
+        try:
+            args = arguments_rule(builder, spec)
+        except _NothingToOffer:
+            continue
         calls.append(builder.add(f"call-{spec.name}", f"{json_literal(spec.name)} {_ARGS_KEY} {args}"))
     alternatives = []
     if calls:
@@ -427,19 +438,19 @@ def reply_grammar(
     return builder.render(" | ".join(alternatives))
 
 
-MAX_QUOTES = 3  # texts one final answer may join
-
-
-def final_rule(builder: _Builder, quotes: Sequence[str] | None = None) -> str:
-    usable = [q for q in dict.fromkeys(quotes or ()) if q.strip() and FINAL_CLOSE not in q]
-    if usable:
-        quote = builder.add("quote", " | ".join(literal(q) for q in usable))
-        text = builder.add("final-text", f'{quote} (" " {quote}){{0,{MAX_QUOTES - 1}}}')
+def final_rule(builder: _Builder, quotes: Sequence[Sequence[str]] | None = None) -> str:
+    """`<final>TEXT</final>`; with `quotes` (one group of texts per tool result), TEXT is one text
+    of each group, copied verbatim, joined by spaces: the answer quotes every result it got."""
+    groups = [[q for q in dict.fromkeys(g) if q.strip() and FINAL_CLOSE not in q] for g in quotes or ()]
+    groups = [g for g in groups if g]
+    if groups:
+        parts = [builder.add("quote", " | ".join(literal(q) for q in g)) for g in groups]
+        text = builder.add("final-text", ' " " '.join(parts))
     else:
         text = builder.add("final-text", _repeat("[^<]", 1, builder.limits.max_final_chars))
     return builder.add("final", f"{literal(FINAL_OPEN)} {text} {literal(FINAL_CLOSE)}")
 
 
-def final_grammar(limits: GrammarLimits | None = None) -> str:
-    """GBNF text for a final answer only (`<final>TEXT</final>`)."""
-    return reply_grammar([], limits, allow_final=True)
+def final_grammar(limits: GrammarLimits | None = None, quotes: Sequence[Sequence[str]] | None = None) -> str:
+    """GBNF text for a final answer only (`<final>TEXT</final>`, quoting `quotes` when given)."""
+    return reply_grammar([], limits, allow_final=True, quotes=quotes)

@@ -191,7 +191,7 @@ class _Parser:
         if ch == "[":
             return self.char_class()
         if ch == ".":
-            return Chars(PRINTABLE + ((0xA0, 0x10FFFF),))
+            return Chars((*PRINTABLE, (0xA0, 0xD7FF), (0xE000, 0x10FFFF)))  # no surrogates
         if ch == "\\":
             return self.escape(in_class=False)
         if ch in "^$":
@@ -308,6 +308,8 @@ class Emitter:
         if isinstance(node, Alt):
             return "(" + " | ".join(self.emit(o) for o in node.options) + ")"
         item = self.emit(node.node)
+        if isinstance(node.node, Repeat):
+            item = f"({item})"  # GBNF takes one quantifier per item
         high = node.high if node.high is not None else max(self.cap, node.low)
         if high == 0:
             return '""'

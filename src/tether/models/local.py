@@ -33,9 +33,11 @@ from tether.models._gbnf import (
     GrammarError,
     GrammarLimits,
     Offered,
+    final_grammar,
     format_call,
     reply_grammar,
 )
+from tether.models._llama_grammar import check_grammar
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
@@ -345,10 +347,15 @@ class LocalModel:
             text = self.grammar_text(tools, messages)
         except GrammarError as exc:
             raise ModelError(f"{self.name}: cannot build the tool grammar: {exc}") from exc
+        return self._compile(text)
+
+    def _compile(self, text: str) -> Any:
         grammar = self._grammars.get(text)
         if grammar is None:
             llama_cpp = _import_llama_cpp()
+            loaded = _load(self.path, self.n_ctx, self.n_threads)
             try:
+                check_grammar(llama_cpp, loaded.llama, text)  # from_string alone does not parse
                 grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
             except ValueError as exc:
                 raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
@@ -367,6 +374,9 @@ class LocalModel:
             # The grammar ends the reply; no closing-tag stop sequences, which would also fire
             # inside a string argument.
             grammar = self._grammar(tools, request.messages)
+        elif self.tiny and (quotes := result_quotes(request.messages)):
+            # The loop's last, tool-free call (step limit, repeated call): still copy, don't imagine.
+            grammar = self._compile(final_grammar(self.grammar_limits, quotes))
         else:
             grammar = None
             stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make

@@ -160,6 +160,12 @@ def request_words_source(*, max_words: int = 8) -> dict[str, Any]:
     return {"from": "request", "max_words": max_words}
 
 
+def request_spans_source(pattern: str) -> dict[str, Any]:
+    """Values: the pieces of the user's latest request that match `pattern` (a Python regex), when
+    there are any (e.g. the arithmetic written in "What is 17 * 23?")."""
+    return {"from": "request", "match": pattern}
+
+
 def values_from(t: Tool, param: str, source: dict[str, Any]) -> Tool:
     """Declare where `param`'s values come from (see `files_source`, `request_words_source`)."""
     props = t.parameters.get("properties") or {}

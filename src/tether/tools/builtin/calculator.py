@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from tether.tools.base import ArgsValidator, tool
+from tether.tools.base import ArgsValidator, request_spans_source, tool, values_from
 from tether.tools.schema import ArgumentError
 
 MAX_CHARS = 1_000
@@ -341,6 +341,12 @@ def calculator(expression: Annotated[str, Field(pattern=EXPRESSION_PATTERN)]) ->
 
 
 calculator.validator = _ExpressionValidator(calculator.validator)
+
+_TERM = rf"(?:[-+(]\s*)*(?:(?:{'|'.join(FUNCTIONS)})\([^()]*\)|\d+(?:\.\d+)?|pi)\)*"
+# Arithmetic written in a request ("What is 17 * 23?" -> "17 * 23"): a grammar-constrained model
+# is offered these as the expression (it otherwise stopped after the first number: "156").
+EXPRESSION_IN_TEXT = rf"{_TERM}(?:\s*(?:\*\*|//|[-+*/%])\s*{_TERM})+|(?:{'|'.join(FUNCTIONS)})\([^()]*\)"
+values_from(calculator, "expression", request_spans_source(EXPRESSION_IN_TEXT))
 
 
 __all__ = ["calculator", "evaluate", "format_number"]
