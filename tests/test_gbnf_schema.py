@@ -18,10 +18,10 @@ from typing import Any
 
 import jsonschema
 import pytest
+from gbnf_tools import Gbnf
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gbnf_tools import Gbnf
 from tether.models._gbnf import TOOL_CLOSE, GrammarError, GrammarLimits, Offered, format_call, reply_grammar
 from tether.models._gbnf_numbers import integer_range
 from tether.models._regex_gbnf import RegexError, pattern_body

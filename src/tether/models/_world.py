@@ -145,8 +145,7 @@ def _result_lines(content: str) -> list[str]:
     return list(dict.fromkeys(quotes))
 
 
-_STOP = frozenset("""a an and are as at be by can do does for from has have how i in is it me my of on or read
-please set tell that the their there these this to was what when where which who why will with you your""".split())
+_STOP = frozenset(["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "has", "have", "how", "i", "in", "is", "it", "me", "my", "of", "on", "or", "read", "please", "set", "tell", "that", "the", "their", "there", "these", "this", "to", "was", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"])
 
 
 def _stems(text: str) -> set[str]:
