@@ -41,6 +41,7 @@ class Offered:
     words: tuple[str, ...] = ()
     max_words: int = 8
     exhausted: bool = False  # the source has nothing (left) to offer: the tool is not offered at all
+    pending: bool = False  # the request still needs one of these (a file it names is unread): no answer yet
 
 
 class _NothingToOffer(Exception):
@@ -153,6 +154,7 @@ def _repeat(item: str, low: int, high: int) -> str:
 class _Builder:
     limits: GrammarLimits
     values: ValueResolver | None = None
+    pending: bool = False  # some offered values are still needed before an answer
     defs: dict[str, Any] = field(default_factory=dict)
     rules: dict[str, str] = field(default_factory=dict)
     _by_body: dict[str, str] = field(default_factory=dict)
@@ -311,6 +313,7 @@ class _Builder:
             return None
         if found.exhausted:
             raise _NothingToOffer
+        self.pending = self.pending or found.pending
         low, high = int(node.get("minLength", 0)), node.get("maxLength")
         high = self.limits.max_string_chars if high is None else min(int(high), self.limits.max_string_chars)
         pattern = node.get("pattern")
@@ -429,6 +432,8 @@ def reply_grammar(
         except _NothingToOffer:
             continue
         calls.append(builder.add(f"call-{spec.name}", f"{json_literal(spec.name)} {_ARGS_KEY} {args}"))
+    if calls and builder.pending:
+        allow_final = False  # e.g. the request names a file not read yet
     alternatives = []
     if calls:
         call = builder.add("call", " | ".join(calls))

