@@ -9,6 +9,8 @@
 # Idempotent; fails loudly.
 #
 # Usage: .ci/install-local.sh [PYTHON]        (default: .venv/bin/python, else python3)
+#        TETHER_BUILD_ONLY=1 .ci/install-local.sh [PYTHON]   only build (or find) the cached wheel; the
+#        environment is not changed, so this can run while another pip installs into it
 # Env:   TETHER_WHEEL_CACHE   wheel cache dir (default: ~/.cache/tether-wheels)
 #        TETHER_LOCAL_SERVER=1 also install llama-cpp-python[server] deps for tests/test_local_server.py
 set -euo pipefail
@@ -41,6 +43,9 @@ except m.PackageNotFoundError: print("")' 2>/dev/null || true)"
 
 if [[ "$installed" == "$LLAMA_VERSION" ]] && "$py" -c 'import llama_cpp' 2>/dev/null; then
     say "llama-cpp-python $LLAMA_VERSION already installed and importable: skipping"
+    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
+        exit 0
+    fi
 else
     if ls "$wheeldir"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
         say "reusing cached wheel: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
@@ -69,6 +74,9 @@ else
             die "building llama-cpp-python failed (log above)"
         fi
         say "built in $(( $(date +%s) - start )) s: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+    fi
+    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
+        exit 0
     fi
     say "installing llama-cpp-python $LLAMA_VERSION from $wheeldir"
     "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
