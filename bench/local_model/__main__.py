@@ -2,7 +2,7 @@
 
 Every variant runs in a fresh process, in a working directory with a different name. Options:
 --gguf PATH (another model), --threads N, --tasks a,b (families), --dev (leave out the held-out
-variants, for tuning), --dirname NAME (one directory name for all), --out PATH. Writes
+variants, for tuning), --dirname NAME (one directory name for all), --jobs N (variants at once), --out PATH. Writes
 bench/local_model/results.json for a full run unless --out says otherwise.
 """
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", help="comma-separated families to run (default: all)")
     parser.add_argument("--dev", action="store_true", help="leave out the held-out variants")
     parser.add_argument("--dirname", help="one working-directory name for every variant")
+    parser.add_argument("--jobs", type=int, default=1, help="variants run at the same time (default 1)")
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
     args = parser.parse_args(argv)
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [known[w] for w in wanted]
     start = time.perf_counter()
     results = run_suite(tasks, gguf=args.gguf, threads=args.threads, include_held_out=not args.dev,
-                        dirname=args.dirname, progress=lambda line: print(line, file=sys.stderr))
+                        dirname=args.dirname, jobs=args.jobs, progress=lambda line: print(line, file=sys.stderr))
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     if "search_support_rag" not in known:
         results["tasks"]["search_support_rag"] = {"skipped": "tether.rag / examples/support_rag not available"}

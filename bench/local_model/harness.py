@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,29 +65,33 @@ def run_suite(
     threads: int | None = None,
     include_held_out: bool = True,
     dirname: str | None = None,
+    jobs: int = 1,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Every variant of `tasks` in its own process; per-family counts and llama.cpp timings."""
-    reports: dict[str, Any] = {}
-    all_calls: list[list[float]] = []
-    first: dict[str, Any] | None = None
+    """Every variant of `tasks` in its own process (`jobs` at a time); per-family counts and
+    llama.cpp timings. At temperature 0 the outcomes do not depend on `jobs` or on load."""
+    planned = []
     for fi, task in enumerate(tasks):
-        outcomes = []
         for vi, variant in enumerate(task.variants):
             if variant.held_out and not include_held_out:
                 continue
-            job = {"family": task.name, "index": vi, "dirname": dirname or dirname_for(fi, vi),
-                   "gguf": gguf, "threads": threads}
-            out = run_one(job)
-            first = first or out
-            all_calls += out["calls"]
-            outcomes.append(out)
-            mark = "ok " if out["ok"] else "BAD"
-            tag = "H" if variant.held_out else " "
-            progress(f"  {mark}{tag} {task.name:<18} {out['seconds']:5.1f}s {out['stop_reason']:<13} "
-                     f"[{out['dirname']}] {variant.prompt[:44]!r} -> {out['answer'][:60]!r} "
-                     f"calls={out['tool_calls']}")
-        reports[task.name] = _family_report(task, outcomes)
+            planned.append((task, variant, {"family": task.name, "index": vi, "gguf": gguf, "threads": threads,
+                                            "dirname": dirname or dirname_for(fi, vi)}))
+
+    def one(item: tuple[Task, Any, dict[str, Any]]) -> dict[str, Any]:
+        task, variant, job = item
+        out = run_one(job)
+        mark = "ok " if out["ok"] else "BAD"
+        tag = "H" if variant.held_out else " "
+        progress(f"  {mark}{tag} {task.name:<18} {out['seconds']:5.1f}s {out['stop_reason']:<13} "
+                 f"[{out['dirname']}] {variant.prompt[:44]!r} -> {out['answer'][:60]!r} calls={out['tool_calls']}")
+        return out
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        outcomes = list(pool.map(one, planned))
+    reports = {task.name: _family_report(task, [o for o in outcomes if o["family"] == task.name]) for task in tasks}
+    all_calls = [c for o in outcomes for c in o["calls"]]
+    first = outcomes[0] if outcomes else None
     p_tok = sum(c[1] for c in all_calls)
     p_sec = sum(c[2] for c in all_calls)
     g_tok = sum(c[3] for c in all_calls)
@@ -97,6 +102,7 @@ def run_suite(
         "n_threads": first["n_threads"] if first else None,
         "temperature": 0.0,
         "process_per_variant": True,
+        "parallel_jobs": jobs,
         "limits": {"max_steps": LIMITS.max_steps, "max_repeats": LIMITS.max_repeats},
         "machine": {"cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
         "tasks": reports,
