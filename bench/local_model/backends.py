@@ -30,7 +30,7 @@ import json, sys, time
 job = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 if job["backend"] == "cyllama":
-    from cyllama.agents.constrained import ConstrainedLLM
+    from cyllama.agents.constrained import GrammarConstrainedLLM as ConstrainedLLM
     from cyllama.api import GenerationConfig, apply_chat_template
     import_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         python, seconds, error = _venv_install(tmp, "cyllama", CYLLAMA)
         cyl: dict[str, Any] = {"package": CYLLAMA, "install_s": round(seconds, 1), "install_error": error}
         if not error:
-            cyl.update(_probe(python, job))
+            cyl.update(_probe(python, {**job, "backend": "cyllama"}))
         results["cyllama"] = cyl
         llama: dict[str, Any] = {"package": "llama-cpp-python==0.3.36"}
         if args.build:
             _, seconds, error = _venv_install(tmp, "llama", "llama-cpp-python==0.3.36",
                                               {"CMAKE_ARGS": "-DGGML_NATIVE=OFF"})
             llama.update({"install_s": round(seconds, 1), "install_error": error})
-        llama.update(_probe(sys.executable, job))
+        llama.update(_probe(sys.executable, {**job, "backend": "llama_cpp_python"}))
         results["llama_cpp_python"] = llama
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -193,7 +193,7 @@ class _Parser:
         if ch == ".":
             return Chars((*PRINTABLE, (0xA0, 0xD7FF), (0xE000, 0x10FFFF)))  # no surrogates
         if ch == "\\":
-            return self.escape(in_class=False)
+            return self.escape()
         if ch in "^$":
             raise self.fail(f"'{ch}' is supported only at the ends")
         if ch in "*+?{":
@@ -202,7 +202,7 @@ class _Parser:
             raise self.fail(f"nothing to repeat before '{ch}'")
         return Chars(((ord(ch), ord(ch)),))
 
-    def escape(self, *, in_class: bool) -> Chars:
+    def escape(self) -> Chars:
         ch = self.take()
         if not ch:
             raise self.fail("pattern ends with '\\'")
@@ -250,7 +250,7 @@ class _Parser:
     def _class_item(self) -> Ranges:
         ch = self.take()
         if ch == "\\":
-            return self.escape(in_class=True).ranges
+            return self.escape().ranges
         if ch == "[" and self.peek() == ":":
             raise self.fail("POSIX classes are not supported")
         return ((ord(ch), ord(ch)),)
