@@ -53,7 +53,7 @@ else
         command -v cmake >/dev/null || die "cmake is needed to build llama-cpp-python (apt-get install cmake)"
         command -v g++ >/dev/null || die "a C++ compiler is needed to build llama-cpp-python (apt-get install g++)"
         say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS, $jobs jobs) into $wheeldir"
-        say "this is the one slow step: about 2-3 min on 2 idle cores, up to 6 min on busy ones; later runs reuse the wheel"
+        say "this is the one slow step: 4 min on 2 idle cores (measured before it used both cores), much longer on busy ones; later runs reuse the wheel"
         mkdir -p "$wheeldir"
         start=$(date +%s)
         log="$wheeldir/build.log"
