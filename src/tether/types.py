@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
+OutputT = TypeVar("OutputT")
 
 
 class StopReason(enum.StrEnum):
@@ -30,6 +31,7 @@ class StopReason(enum.StrEnum):
     LOOP_DETECTED = "loop_detected"
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
+    OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
     ERROR = "error"
 
 
@@ -106,7 +108,8 @@ class ToolResult:
 
 @dataclass(slots=True)
 class Usage:
-    """Accounting for one model call or a whole run."""
+    """Accounting for one model call or a whole run. `input_tokens` includes the cached part:
+    `cached_input_tokens` read from a provider's prompt cache, `cache_write_tokens` written to it."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -114,6 +117,8 @@ class Usage:
     model_calls: int = 0
     tool_calls: int = 0
     seconds: float = 0.0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -126,17 +131,39 @@ class Usage:
         self.model_calls += other.model_calls
         self.tool_calls += other.tool_calls
         self.seconds += other.seconds
+        self.cached_input_tokens += other.cached_input_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+
+
+@dataclass(slots=True)
+class OutputSchema:
+    """The shape a reply must have (structured output): a JSON Schema whose root is an object.
+
+    An adapter with native structured output renders it (OpenAI `response_format`, Anthropic a
+    forced final tool, the embedded model a grammar); `tether.output` does the rest for others.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+    strict: bool = False  # the schema fits OpenAI's strict mode (all keys required, no extras)
 
 
 @dataclass(slots=True)
 class ModelRequest:
-    """Everything a model needs for one completion. `tools` empty means a tool-free call."""
+    """Everything a model needs for one completion. `tools` empty means a tool-free call.
+
+    `tool_choice`: None (the provider's default), "auto", "none", "required" or a tool's name.
+    `output_schema`: the reply must be JSON of this shape (see `OutputSchema`).
+    """
 
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     max_output_tokens: int | None = None
     temperature: float | None = None
     stop: list[str] = field(default_factory=list)
+    tool_choice: str | None = None
+    output_schema: OutputSchema | None = None
 
 
 @dataclass(slots=True)
@@ -172,8 +199,12 @@ class TraceEvent:
 
 
 @dataclass(slots=True)
-class RunResult:
-    """What every run returns, however it ended."""
+class RunResult(Generic[OutputT]):
+    """What every run returns, however it ended.
+
+    `output` is the validated object when the agent has an `output_type` (None if no reply
+    validated); `answer` is always the text.
+    """
 
     run_id: str
     stop_reason: StopReason
@@ -184,10 +215,23 @@ class RunResult:
     trace: list[TraceEvent] = field(default_factory=list)
     error: str | None = None
     steps: int = 0
+    task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
+    output: OutputT | None = None
 
     @property
     def completed(self) -> bool:
         return self.stop_reason is StopReason.COMPLETED
+
+    @property
+    def usage_by_model(self) -> dict[str, Usage]:
+        """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
+        out: dict[str, Usage] = {}
+        for event in self.trace:
+            if event.kind == "model_call":
+                d = event.data
+                u = out.setdefault(str(d.get("model", "")), Usage())
+                u.add(Usage(d.get("input_tokens", 0), d.get("output_tokens", 0), d.get("cost_usd", 0.0), 1))
+        return out
 
 
 @cache

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -42,6 +43,7 @@ from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
 from tether.models.base import ModelError, stream_by_completing
+from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
 INSTALL_HINT = (
@@ -325,6 +327,8 @@ class LocalModel:
         self.last_stats = CallStats()
         self._grammars: dict[str, Any] = {}
 
+    native_output = True  # structured output through a grammar (see `_output_request`)
+
     def __repr__(self) -> str:
         return f"LocalModel({str(self.path)!r}, n_threads={self.n_threads}, n_ctx={self.n_ctx})"
 
@@ -339,8 +343,10 @@ class LocalModel:
     def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
         return stream_by_completing(self, request)
 
-    def grammar_text(self, tools: Sequence[ToolSpec], messages: Sequence[Message] = ()) -> str:
-        """The GBNF text forcing a reply to `tools` in the conversation `messages`.
+    def grammar_text(self, tools: Sequence[ToolSpec], messages: Sequence[Message] = (), *,
+                     allow_final: bool = True) -> str:
+        """The GBNF text forcing a reply to `tools` in the conversation `messages` (one call or, if
+        allowed, a final answer).
 
         Declared value sources are resolved against the world (the workspace's files, the words
         of the request). For tiny models also: a tool call first (no answer before any result),
@@ -350,15 +356,25 @@ class LocalModel:
             return resolve_values(source, messages, fresh_only=self.tiny)
 
         if not self.tiny:
-            return reply_grammar(tools, self.grammar_limits, values=values)
+            return reply_grammar(tools, self.grammar_limits, values=values, allow_final=allow_final)
         quotes = result_quotes(messages)
-        return reply_grammar(tools, self.grammar_limits, values=values, quotes=quotes, allow_final=bool(quotes))
+        return reply_grammar(tools, self.grammar_limits, values=values, quotes=quotes,
+                             allow_final=allow_final and bool(quotes))
 
-    def _grammar(self, tools: Sequence[ToolSpec], messages: Sequence[Message]) -> Any:
+    def _grammar(self, tools: Sequence[ToolSpec], messages: Sequence[Message], allow_final: bool = True) -> Any:
         try:
-            text = self.grammar_text(tools, messages)
+            text = self.grammar_text(tools, messages, allow_final=allow_final)
         except GrammarError as exc:
             raise ModelError(f"{self.name}: cannot build the tool grammar: {exc}") from exc
+        return self._compile(text)
+
+    def _schema_grammar(self, json_schema: Any) -> Any:
+        """llama.cpp's own JSON Schema -> GBNF translation, for structured output."""
+        llama_cpp = _import_llama_cpp()
+        try:
+            text = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(json_schema), verbose=False)._grammar
+        except (ValueError, AttributeError) as exc:
+            raise ModelError(f"llama.cpp rejected the output schema: {exc}") from exc
         return self._compile(text)
 
     def _compile(self, text: str) -> Any:
@@ -379,13 +395,16 @@ class LocalModel:
     def complete_sync(self, request: ModelRequest) -> ModelReply:
         """The blocking completion (what `complete` runs in a worker thread)."""
         loaded = _load(self.path, self.n_ctx, self.n_threads)
+        request, output_schema = _output_request(request)
         tools = list(request.tools)
         chat = render_chat(request, brief=self.tiny)
         stop = list(request.stop)
         if tools:
             # The grammar ends the reply; no closing-tag stop sequences, which would also fire
             # inside a string argument.
-            grammar = self._grammar(tools, request.messages)
+            grammar = self._grammar(tools, request.messages, allow_final=request.tool_choice != "required")
+        elif output_schema is not None:
+            grammar = self._schema_grammar(output_schema)
         elif self.tiny and (quotes := result_quotes(request.messages)):
             # The loop's last, tool-free call (step limit, repeated call): still copy, don't imagine.
             grammar = self._compile(final_grammar(self.grammar_limits, quotes))
@@ -440,6 +459,21 @@ class LocalModel:
             return ModelReply(tool_calls=parsed.calls[:1], usage=usage, model=self.name, finish_reason="tool_calls")
         answer = parsed.final if parsed.final is not None else parsed.text
         return ModelReply(text=answer, usage=usage, model=self.name, finish_reason=finish)
+
+
+def _output_request(request: ModelRequest) -> tuple[ModelRequest, dict[str, Any] | None]:
+    """Structured output as this model does it: with tools, a final tool the grammar forces a call
+    to (the answer is its arguments); without, a JSON grammar of the schema, which the prompt
+    also shows. Returns the request to render and the schema for a JSON grammar (or None)."""
+    out = request.output_schema
+    if out is None:
+        return request, None
+    if request.tools:  # (tool_choice "none": the other tools are shown only, so the final one alone)
+        tools = [final_tool(out)] if request.tool_choice == "none" else [*request.tools, final_tool(out)]
+        return dataclasses.replace(request, tools=tools, tool_choice="required", output_schema=None), None
+    note = Message.system("Answer with one JSON value matching this JSON Schema, nothing else:\n"
+                          + json.dumps(out.schema, ensure_ascii=False))
+    return dataclasses.replace(request, messages=[*request.messages, note]), out.schema
 
 
 def _strip_final(text: str) -> str:
