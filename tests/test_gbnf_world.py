@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gbnf_tools import Gbnf
+
 from tether.cli.build import DEFAULT_INSTRUCTIONS, SMALL_MODEL_INSTRUCTIONS, default_instructions
 from tether.models._gbnf import format_call
 from tether.models._world import request_words, resolve_values, result_quotes, workspace_files

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 
 README = Path(__file__).resolve().parents[1] / "README.md"
