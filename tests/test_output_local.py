@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from tether import Agent, Limits, structured, tool
 from tether.models.local import LocalModel, _output_request, default_gguf_path
 from tether.output import FINAL_TOOL, OutputType
-from tether.types import Message, ModelRequest, ToolSpec
+from tether.types import Message, ModelRequest, ToolCall, ToolSpec
 
 
 class Person(BaseModel):
@@ -71,7 +71,11 @@ def model() -> LocalModel:
 @pytest.mark.local_model
 @needs_model
 def test_grammar_without_final_answer_has_no_final_tag(model: LocalModel) -> None:
-    assert "<final>" in model.grammar_text([CALC]) and "<final>" not in model.grammar_text([CALC], allow_final=False)
+    # After a tool result (before one, the embedded model must call a tool anyway).
+    convo = [Message.user("What is 2 + 2?"), Message.assistant(tool_calls=[ToolCall("c1", "calculator", {"expression": "2 + 2"})]),
+             Message("tool", "4", tool_call_id="c1", name="calculator")]
+    assert "<final>" in model.grammar_text([CALC], convo)
+    assert "<final>" not in model.grammar_text([CALC], convo, allow_final=False)
 
 
 @pytest.mark.local_model

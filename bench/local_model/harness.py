@@ -1,155 +1,115 @@
-"""Run the offline task suite through tether's Agent loop with a given model and collect figures."""
+"""Run the offline task suite, one fresh process per variant (`worker.py`), and collect figures.
+
+Each variant runs in a working directory with a different name (`DIRNAMES`), since the embedded
+model's answers once changed with the directory's name.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.local_model.tasks import TASKS, Task, Variant, check, make_workspace
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.local import CallStats, LocalModel
-from tether.tools.base import Tool
-from tether.tools.builtin.calculator import calculator
-from tether.tools.builtin.files import read_tool
-from tether.tools.executor import Executor
-from tether.types import ModelReply, ModelRequest, StopReason, TextDelta
+from bench.local_model.tasks import Task
+from bench.local_model.worker import LIMITS
 
-LIMITS = Limits(max_steps=6, max_repeats=2)
-
-def instructions(workspace: Path) -> str:
-    """The CLI's default instructions, so the suite measures the main job as `tether -p` runs it."""
-    try:
-        from tether.cli.build import DEFAULT_INSTRUCTIONS
-    except ImportError:  # CLI not installed: a neutral stand-in
-        return "Answer the user's question with the tools you are given. Reply with the answer only."
-    return DEFAULT_INSTRUCTIONS.format(workspace=workspace)
+ROOT = Path(__file__).resolve().parents[2]
+DIRNAMES = ("tether", "my project", "Paris weather", "2024-q3_report", "calc", "x", "home-assistant",
+            "données", "build output", "README", "17 times 23", "tmp.work")
 
 
-class StatsModel:
-    """Wraps a LocalModel and keeps the llama.cpp timing of every call."""
-
-    def __init__(self, inner: LocalModel) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.calls: list[CallStats] = []
-
-    async def complete(self, request: ModelRequest) -> ModelReply:
-        reply = await self.inner.complete(request)
-        self.calls.append(self.inner.last_stats)
-        return reply
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
-        reply = await self.complete(request)
-        yield reply
+def dirname_for(family_index: int, variant_index: int) -> str:
+    return DIRNAMES[(family_index * 5 + variant_index) % len(DIRNAMES)]
 
 
-@dataclass
-class Outcome:
-    prompt: str
-    ok: bool
-    answer: str
-    stop_reason: str
-    seconds: float
-    steps: int
-    tool_calls: list[str] = field(default_factory=list)
+def run_one(job: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "bench.local_model.worker", json.dumps(job)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"worker failed for {job}: {' | '.join(tail)}")
+    return json.loads(lines[-1])
 
 
-@dataclass
-class TaskReport:
-    name: str
-    description: str
-    outcomes: list[Outcome]
-
-    @property
-    def success_rate(self) -> float:
-        return sum(o.ok for o in self.outcomes) / len(self.outcomes) if self.outcomes else 0.0
-
-    @property
-    def seconds(self) -> float:
-        return sum(o.seconds for o in self.outcomes) / len(self.outcomes) if self.outcomes else 0.0
-
-
-def _tools(kind: str, workspace: Path, rag_tools: Callable[[], list[Tool]] | None) -> list[Tool]:
-    if kind == "calculator":
-        return [calculator]
-    if kind == "files":
-        return [read_tool(workspace)]
-    if kind == "rag" and rag_tools is not None:
-        return rag_tools()
-    raise ValueError(f"unknown tool set {kind!r}")
-
-
-def run_variant(model: StatsModel, tools: list[Tool], variant: Variant, workspace: Path) -> Outcome:
-    # No read_result tool: every result here fits under the cap, and the 135M model calls an
-    # advertised read_result with invented handles instead of reading the file.
-    executor = Executor(tools, read_result=False)
-    agent = Agent(model, tools=tools, instructions=instructions(workspace), limits=LIMITS, executor=executor)
-    start = time.perf_counter()
-    result = agent.run(variant.prompt)
-    elapsed = time.perf_counter() - start
-    calls = [f"{c.name}({c.arguments})" for m in result.messages for c in m.tool_calls]
-    ok = result.stop_reason is StopReason.COMPLETED and check(result.answer, variant.expected)
-    return Outcome(variant.prompt, ok, result.answer, result.stop_reason.value, elapsed, result.steps, calls)
+def _family_report(task: Task, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    held = [o for o in outcomes if o["held_out"]]
+    return {
+        "description": task.description,
+        "variants": len(outcomes),
+        "successes": sum(o["ok"] for o in outcomes),
+        "success_rate": round(sum(o["ok"] for o in outcomes) / len(outcomes), 3) if outcomes else 0.0,
+        "held_out_variants": len(held),
+        "held_out_successes": sum(o["ok"] for o in held),
+        "seconds": round(sum(o["seconds"] for o in outcomes) / len(outcomes), 2) if outcomes else 0.0,
+        "dirnames": sorted({o["dirname"] for o in outcomes}),
+        "failures": [
+            {"prompt": o["prompt"], "dirname": o["dirname"], "answer": o["answer"][:200],
+             "stop_reason": o["stop_reason"], "tool_calls": o["tool_calls"], "held_out": o["held_out"]}
+            for o in outcomes if not o["ok"]
+        ],
+    }
 
 
 def run_suite(
-    model: LocalModel,
-    tasks: tuple[Task, ...] = TASKS,
+    tasks: Sequence[Task],
     *,
-    rag_tools: Callable[[], list[Tool]] | None = None,
+    gguf: str | None = None,
+    threads: int | None = None,
+    include_held_out: bool = True,
+    dirname: str | None = None,
+    jobs: int = 1,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    stats = StatsModel(model)
-    model.load()
-    reports: list[TaskReport] = []
-    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
-        workspace = make_workspace(Path(tmp))
-        for task in tasks:
-            tools = _tools(task.tools, workspace, rag_tools)
-            outcomes = []
-            for variant in task.variants:
-                outcome = run_variant(stats, tools, variant, workspace)
-                outcomes.append(outcome)
-                mark = "ok " if outcome.ok else "BAD"
-                progress(f"  {mark} {task.name:<15} {outcome.seconds:5.1f}s {outcome.stop_reason:<13} "
-                         f"{variant.prompt[:48]!r} -> {outcome.answer[:60]!r} calls={outcome.tool_calls}")
-            reports.append(TaskReport(task.name, task.description, outcomes))
-    p_tok = sum(c.prompt_eval_tokens for c in stats.calls)
-    p_sec = sum(c.prompt_eval_seconds for c in stats.calls)
-    g_tok = sum(c.eval_tokens for c in stats.calls)
-    g_sec = sum(c.eval_seconds for c in stats.calls)
+    """Every variant of `tasks` in its own process (`jobs` at a time); per-family counts and
+    llama.cpp timings. At temperature 0 the outcomes do not depend on `jobs` or on load."""
+    planned = []
+    for fi, task in enumerate(tasks):
+        for vi, variant in enumerate(task.variants):
+            if variant.held_out and not include_held_out:
+                continue
+            planned.append((task, variant, {"family": task.name, "index": vi, "gguf": gguf, "threads": threads,
+                                            "dirname": dirname or dirname_for(fi, vi)}))
+
+    def one(item: tuple[Task, Any, dict[str, Any]]) -> dict[str, Any]:
+        task, variant, job = item
+        out = run_one(job)
+        mark = "ok " if out["ok"] else "BAD"
+        tag = "H" if variant.held_out else " "
+        progress(f"  {mark}{tag} {task.name:<18} {out['seconds']:5.1f}s {out['stop_reason']:<13} "
+                 f"[{out['dirname']}] {variant.prompt[:44]!r} -> {out['answer'][:60]!r} calls={out['tool_calls']}")
+        return out
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        outcomes = list(pool.map(one, planned))
+    reports = {task.name: _family_report(task, [o for o in outcomes if o["family"] == task.name]) for task in tasks}
+    all_calls = [c for o in outcomes for c in o["calls"]]
+    first = outcomes[0] if outcomes else None
+    p_tok = sum(c[1] for c in all_calls)
+    p_sec = sum(c[2] for c in all_calls)
+    g_tok = sum(c[3] for c in all_calls)
+    g_sec = sum(c[4] for c in all_calls)
     return {
-        "model": model.name,
-        "gguf": model.path.name,
-        "n_threads": model.n_threads,
-        "temperature": model.temperature,
+        "model": first["model"] if first else None,
+        "gguf": first["gguf"] if first else None,
+        "n_threads": first["n_threads"] if first else None,
+        "temperature": 0.0,
+        "process_per_variant": True,
+        "parallel_jobs": jobs,
         "limits": {"max_steps": LIMITS.max_steps, "max_repeats": LIMITS.max_repeats},
         "machine": {"cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
-        "tasks": {
-            r.name: {
-                "description": r.description,
-                "success_rate": round(r.success_rate, 3),
-                "seconds": round(r.seconds, 2),
-                "variants": len(r.outcomes),
-                "successes": sum(o.ok for o in r.outcomes),
-                "failures": [
-                    {"prompt": o.prompt, "answer": o.answer[:200], "stop_reason": o.stop_reason,
-                     "tool_calls": o.tool_calls}
-                    for o in r.outcomes if not o.ok
-                ],
-            }
-            for r in reports
-        },
-        "model_calls": len(stats.calls),
-        "prompt_tokens": sum(c.prompt_tokens for c in stats.calls),
-        "prompt_tokens_evaluated": p_tok,  # the rest came from llama.cpp's reused KV cache
-        "generation_tokens": g_tok,
+        "tasks": reports,
+        "model_calls": len(all_calls),
+        "prompt_tokens": int(sum(c[0] for c in all_calls)),
+        "prompt_tokens_evaluated": int(p_tok),
+        "generation_tokens": int(g_tok),
         "prompt_tokens_per_second": round(p_tok / p_sec, 1) if p_sec else None,
         "generation_tokens_per_second": round(g_tok / g_sec, 1) if g_sec else None,
     }

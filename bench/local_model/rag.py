@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.local_model.tasks import Task, _v
+from bench.local_model.tasks import Task, _h, _v
 from tether.tools.base import Tool
 
 DOCS = Path(__file__).resolve().parents[2] / "examples" / "support_rag" / "docs"
@@ -31,6 +31,10 @@ SUPPORT_RAG = Task(
         _v("Search the policies: how many days does standard shipping take?", "3", "5"),
         _v("Search the policies: how many business days until a refund reaches my payment method?", "5"),
         _v("Search the policies: by what time must I order for same-day shipping?", "2 pm"),
+        _h("Search the policies: how many days does express shipping take?", "1 to 2"),
+        _h("Search the policies: can gift cards be exchanged for cash?", "cannot"),
+        _h("Search the policies: who pays the customs fees for orders to Norway?", "customer"),
+        _h("Search the policies: what is the smallest gift card amount in euros?", "10"),
     ),
 )
 

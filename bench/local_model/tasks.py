@@ -15,6 +15,7 @@ from pathlib import Path
 class Variant:
     prompt: str
     expected: tuple[str, ...]  # every one must appear in the answer
+    held_out: bool = False  # written before the issue-10 work and never used to tune it
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,11 @@ class Task:
 
 def _v(prompt: str, *expected: str) -> Variant:
     return Variant(prompt, tuple(expected))
+
+
+def _h(prompt: str, *expected: str) -> Variant:
+    """A held-out variant: reported separately, never run while tuning prompts or grammars."""
+    return Variant(prompt, tuple(expected), held_out=True)
 
 
 CALCULATOR = Task(
@@ -42,6 +48,10 @@ CALCULATOR = Task(
         _v("Calculate 15 * 15.", "225"),
         _v("What is 7 * 8 * 9?", "504"),
         _v("What is 3.5 * 4?", "14"),
+        _h("What is 48 * 12?", "576"),
+        _h("What is 12 * 12 - 4?", "140"),
+        _h("How much is 1000 - 1?", "999"),
+        _h("What is 6 * 7?", "42"),
     ),
 )
 
@@ -59,6 +69,10 @@ FILES: dict[str, str] = {
     "release/codename.txt": "The release codename is Lantern.\n",
     "shop/open.txt": "The shop opens at 9:00.\n",
     "shop/close.txt": "The shop closes at 18:30.\n",
+    "recipes/soup.txt": "The tomato soup cooks for 25 minutes.\n",
+    "office/wifi.txt": "The office wifi password is maple-77.\n",
+    "garden/tree.txt": "The oak in the garden is 14 metres tall.\n",
+    "house/door.txt": "The front door is painted green.\n",
 }
 
 READ_ONE = Task(
@@ -74,6 +88,10 @@ READ_ONE = Task(
         _v("Read pets/alice.txt. What is the name of Alice's dog?", "biscuit"),
         _v("Read config.ini. What host does the server use?", "0.0.0.0"),
         _v("Read release/codename.txt. What is the release codename?", "lantern"),
+        _h("Read recipes/soup.txt. How many minutes does the soup cook?", "25"),
+        _h("What is the wifi password in office/wifi.txt?", "maple-77"),
+        _h("Read garden/tree.txt. How tall is the oak?", "14"),
+        _h("Which colour is the front door? See house/door.txt.", "green"),
     ),
 )
 
@@ -90,6 +108,16 @@ READ_TWO = Task(
         _v("Read config.ini and version.txt. What is the port and the version?", "8421", "4.2.1"),
         _v("Read team/owner.txt and notes/meeting.txt. Who owns billing, and in which room is the meeting?",
            "priya", "cedar"),
+        _h("Read office/wifi.txt and recipes/soup.txt. What is the wifi password and how long does the soup cook?",
+           "maple-77", "25"),
+        _h("Read garden/tree.txt and house/door.txt. How tall is the oak and what colour is the door?",
+           "14", "green"),
+        _h("Read pets/bob.txt and shop/open.txt. What is Bob's cat called and when does the shop open?",
+           "pepper", "9:00"),
+        _h("Read city/b.txt and version.txt. How many people live in Nantes, and what is the version?",
+           "320000", "4.2.1"),
+        _h("Read inventory.csv and team/owner.txt. How many bolts are there and who owns billing?",
+           "120", "priya"),
     ),
 )
 
@@ -112,6 +140,6 @@ def _norm(text: str) -> str:
 
 
 def check(answer: str, expected: tuple[str, ...]) -> bool:
-    """True when every expected string appears in the answer."""
+    """True when every expected string appears in the answer ("13" also as "13.0", never as "13.5")."""
     norm = _norm(answer)
-    return all(re.search(rf"(?<![0-9a-z]){re.escape(_norm(e))}(?![0-9a-z]|\.\d)", norm) for e in expected)
+    return all(re.search(rf"(?<![0-9a-z]){re.escape(_norm(e))}(?:\.0+)?(?![0-9a-z]|\.\d)", norm) for e in expected)

@@ -32,6 +32,18 @@ DEFAULT_INSTRUCTIONS = (
     "answer only, in exactly the form the user asked for, with no preamble."
 )
 NO_TOOLS_INSTRUCTIONS = "You are tether, a helpful assistant. Reply with the answer only, with no preamble."
+# Tiny models (the embedded one) get no directory name: their grammar offers the workspace's
+# files, and a path in the prompt changed their answers with the directory's name.
+SMALL_MODEL_INSTRUCTIONS = "You are tether, an agent that completes the user's task with the tools you are given."
+
+
+def default_instructions(model: Model, tools: list[Tool], workspace: Path) -> str:
+    """The system prompt `tether` uses when the user gives none."""
+    if not tools:
+        return NO_TOOLS_INSTRUCTIONS
+    if getattr(model, "tiny", False):
+        return SMALL_MODEL_INSTRUCTIONS
+    return DEFAULT_INSTRUCTIONS.format(workspace=workspace)
 
 
 def workspace_of(opts: RunOptions) -> Path:
@@ -103,7 +115,7 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     if opts.instructions is not None:
         instructions = opts.instructions
     else:
-        instructions = DEFAULT_INSTRUCTIONS.format(workspace=workspace) if tools else NO_TOOLS_INSTRUCTIONS
+        instructions = default_instructions(model, tools, workspace)
     policy = build_policy(opts)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)

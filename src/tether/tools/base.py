@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, overload
 
 from tether.tools.schema import (
@@ -139,3 +140,37 @@ def tool(
     if fn is not None:
         return build(fn)
     return build
+
+
+# -- where a parameter's values come from ------------------------------------------------------
+
+# A string parameter's schema may carry {VALUES_KEY: source}. Models that constrain their decoding
+# (the embedded model's grammar) offer exactly the values the source yields; other models ignore
+# the key, and validation never depends on it.
+VALUES_KEY = "x-tether-values"
+
+
+def files_source(root: str | Path, *, max_files: int = 200) -> dict[str, Any]:
+    """Values: the paths (relative to `root`) of the files under it, when there are at most `max_files`."""
+    return {"from": "files", "root": str(Path(root).expanduser().resolve()), "max": max_files}
+
+
+def request_words_source(*, max_words: int = 8) -> dict[str, Any]:
+    """Values: up to `max_words` words taken from the user's latest request, in any order."""
+    return {"from": "request", "max_words": max_words}
+
+
+def request_spans_source(pattern: str) -> dict[str, Any]:
+    """Values: the pieces of the user's latest request that match `pattern` (a Python regex), when
+    there are any (e.g. the arithmetic written in "What is 17 * 23?")."""
+    return {"from": "request", "match": pattern}
+
+
+def values_from(t: Tool, param: str, source: dict[str, Any]) -> Tool:
+    """Declare where `param`'s values come from (see `files_source`, `request_words_source`)."""
+    props = t.parameters.get("properties") or {}
+    if param not in props:
+        raise ValueError(f"tool {t.name!r} has no parameter {param!r}")
+    props[param] = {**props[param], VALUES_KEY: {**source, "param": param}}
+    t.spec = ToolSpec(t.name, t.description, t.parameters)
+    return t

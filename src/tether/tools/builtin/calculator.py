@@ -11,8 +11,12 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Callable
+from typing import Annotated, Any
 
-from tether.tools.base import tool
+from pydantic import Field
+
+from tether.tools.base import ArgsValidator, request_spans_source, tool, values_from
+from tether.tools.schema import ArgumentError
 
 MAX_CHARS = 1_000
 MAX_DEPTH = 100
@@ -293,8 +297,37 @@ def evaluate(expression: str) -> Number:
         raise ValueError(f"invalid operands: {exc}") from None
 
 
+_NUM = r"(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?"
+_OPEN = rf"(\s*[-+]|\s*\(|\s*({'|'.join(FUNCTIONS)})\()*"
+_OPERAND = rf"{_OPEN}\s*({_NUM}|{'|'.join(CONSTANTS)})(\s*\))*"
+# The shape of an expression: operands (numbers or constants, after any signs, parentheses and
+# function openings) joined by operators; parentheses are balanced by the evaluator. Declared so
+# a grammar-constrained model cannot write "17*23," (the embedded model did).
+EXPRESSION_PATTERN = rf"^{_OPERAND}(\s*(\*\*|//|[-+*/%,]){_OPERAND})*\s*$"
+
+
+class _ExpressionValidator:
+    """The signature's validation; when the pattern refuses, the evaluator's reason if it has one
+    ("unknown name 'x'", "use ** for powers") tells the model more than the pattern does."""
+
+    def __init__(self, inner: ArgsValidator) -> None:
+        self.inner = inner
+
+    def validate(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.inner.validate(args)
+        except ArgumentError:
+            expression = args.get("expression")
+            if isinstance(expression, str):
+                try:
+                    evaluate(expression)
+                except ValueError as exc:
+                    raise ArgumentError(f"'expression': {exc}") from None
+            raise
+
+
 @tool(effect="read_only")
-def calculator(expression: str) -> str:
+def calculator(expression: Annotated[str, Field(pattern=EXPRESSION_PATTERN)]) -> str:
     """Evaluate an arithmetic expression and return the result.
 
     Supports numbers, + - * / // % ** (power), parentheses and sqrt, log (natural; log(x, base)),
@@ -305,6 +338,15 @@ def calculator(expression: str) -> str:
         expression: the expression to evaluate, e.g. "2**10 + factorial(5)"
     """
     return format_number(evaluate(expression))
+
+
+calculator.validator = _ExpressionValidator(calculator.validator)
+
+_TERM = rf"(?:[-+(]\s*)*(?:(?:{'|'.join(FUNCTIONS)})\([^()]*\)|\d+(?:\.\d+)?|pi)\)*"
+# Arithmetic written in a request ("What is 17 * 23?" -> "17 * 23"): a grammar-constrained model
+# is offered these as the expression (it otherwise stopped after the first number: "156").
+EXPRESSION_IN_TEXT = rf"{_TERM}(?:\s*(?:\*\*|//|[-+*/%])\s*{_TERM})+|(?:{'|'.join(FUNCTIONS)})\([^()]*\)"
+values_from(calculator, "expression", request_spans_source(EXPRESSION_IN_TEXT))
 
 
 __all__ = ["calculator", "evaluate", "format_number"]

@@ -26,7 +26,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from tether.tools.base import Tool, tool
+from tether.tools.base import Tool, files_source, tool, values_from
 
 MAX_FILE_BYTES = 5_000_000
 MAX_GLOB_RESULTS = 200
@@ -274,7 +274,7 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             return _read_text(real, shown, max_bytes=max_file_bytes)
         return _read_lines(real, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES, max_file_bytes)
 
-    return tool(
+    read = tool(
         name="Read",
         description=(
             "Read a text file and return its exact contents. For a long file, pass offset (1-based start "
@@ -283,6 +283,8 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
         effect="read_only",
         untrusted_output=True,
     )(Read)
+    # A grammar-constrained model picks file_path from the workspace's files (when there are few).
+    return values_from(read, "file_path", files_source(ws.root))
 
 
 def _read_lines(real: Path, shown: str, start: int, count: int, max_bytes: int) -> str:
