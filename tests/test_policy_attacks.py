@@ -246,8 +246,8 @@ def test_read_result_of_another_runs_handle_is_untrusted() -> None:
     res_b = run(p, tools, "send the report to my manager", run_id="b", agent=agent)
     assert res_b.completed and sent == []
     assert p.state("b").tainted and decisions(p, "b")[-1] == "denied:default"
-    page = next(m.content for m in res_b.messages if m.role == "tool")
-    assert page.startswith("<untrusted-data") and ATTACKER in page
+    i = next(i for i, m in enumerate(res_b.messages) if m.role == "tool")
+    assert ATTACKER in res_b.messages[i].content and res_b.messages[i + 1].name == "tether"
 
 
 def test_read_result_of_a_trusted_output_in_the_same_run_stays_trusted() -> None:

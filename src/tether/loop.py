@@ -140,6 +140,8 @@ class RunSpec:
     stream_text: bool = False
 
 
+NOTE_NAME = "tether"  # a user-role message the loop wrote (the policy's label), not the user's words
+
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
     "found so far, write your best answer now. Say plainly what is unfinished or missing."
@@ -156,7 +158,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     # outputs of earlier turns (a continued conversation stays as tainted as it was).
     start = getattr(spec.executor.policy, "start_run", None)  # optional in a Policy
     ctx = CallContext(run_id=spec.run_id, user=spec.user, policy_state=None if start is None else start(
-        spec.run_id, spec.user, [m.content for m in messages if m.role == "user"],
+        spec.run_id, spec.user, [m.content for m in messages if m.role == "user" and m.name != NOTE_NAME],
         [m.content for m in messages if m.role == "tool"]))
     stop: StopReason | None = None
     error: str | None = None
@@ -234,6 +236,9 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             ctx.seconds_left = budget.remaining_seconds()
             stop = await _with_cancel(spec, _run_tools(spec, calls, pending, ctx, budget, loops, emit))
             _answer_turn(messages, calls, pending, "not run: the run is stopping")
+            label = getattr(spec.executor.policy, "label_turn", None)  # untrusted results, labelled outside them
+            if label is not None and (note := label(ctx.policy_state, [r for r in pending if r is not None])):
+                messages.append(Message("user", note, name=NOTE_NAME))
             found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
             pending = None
             if stop is not None:

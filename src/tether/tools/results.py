@@ -127,7 +127,7 @@ def cap(text: str, limit: int, store: ResultStore) -> tuple[str, str | None]:
 def read_result_tool(store: ResultStore, max_chars: int = DEFAULT_MAX_RESULT_CHARS) -> Tool:
     """The built-in `read_result(handle, offset, length)` over one store."""
 
-    @tool(name="read_result")
+    @tool(name="read_result", effect="read_only")
     def read_result(handle: str, offset: int = 0, length: int = max_chars) -> str:
         """Read part of a tool result that was truncated.
 
