@@ -79,6 +79,7 @@ class RunState:
     held: list[str] = field(default_factory=list)  # actions replaced by a summary for the user
     pending: dict[str, _Pending] = field(default_factory=dict)  # in flight: call id -> what was decided
     approved: set[str] = field(default_factory=set)  # action keys approved in this run
+    done: set[str] = field(default_factory=set)  # action keys with an effect let through in this run
     trusted_handles: set[str] = field(default_factory=set)  # read_result handles of trusted outputs
     has_prompt: bool = False
     # approvals asked out of process: call id -> {"tool", "arguments", "key", "reason"}
@@ -97,7 +98,7 @@ class RunState:
             "version": STATE_VERSION, "run_id": self.run_id, "user": self.user, "prov": self.prov.dump(),
             "calls": dict(self.calls), "held": list(self.held),
             "pending": {k: vars(p).copy() for k, p in self.pending.items()},
-            "approved": sorted(self.approved), "trusted_handles": sorted(self.trusted_handles),
+            "approved": sorted(self.approved), "done": sorted(self.done), "trusted_handles": sorted(self.trusted_handles),
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
         }
@@ -113,6 +114,7 @@ class RunState:
             held=[str(h) for h in data.get("held", ())],
             pending={str(k): _Pending(**v) for k, v in dict(data.get("pending", {})).items()},
             approved={str(k) for k in data.get("approved", ())},
+            done={str(k) for k in data.get("done", ())},
             trusted_handles={str(h) for h in data.get("trusted_handles", ())},
             has_prompt=bool(data.get("has_prompt")),
             awaiting={str(k): dict(v) for k, v in dict(data.get("awaiting", {})).items()},
@@ -143,6 +145,7 @@ class SafetyPolicy:
         guard_effects: Iterable[Effect] = (Effect.REVERSIBLE, Effect.IRREVERSIBLE),
         wrap_outputs: bool = True,
         scan_arguments: bool = True,
+        user_anchor: bool = True,
         clock: Callable[[], float] = time.monotonic,
         max_runs: int = 10_000,
     ) -> None:
@@ -163,6 +166,7 @@ class SafetyPolicy:
         self.guard_effects = frozenset(Effect(e) for e in guard_effects)
         self.wrap_outputs = wrap_outputs
         self.scan_arguments = scan_arguments
+        self.user_anchor = user_anchor
         self.clock = clock
         self.max_runs = max_runs
         self._runs: OrderedDict[str, RunState] = OrderedDict()
@@ -425,13 +429,20 @@ class SafetyPolicy:
             if tool.metadata.get("executes") and state.written_paths:
                 ask.append("it runs commands where files were written from content not the user's ("
                            + ", ".join(sorted(state.written_paths)[:5]) + ")")
-        if guarded and action_key(tool.name, args) in state.approved:
-            ask.append("it repeats an action that was already approved and done once")
+        key = action_key(tool.name, args)
+        if guarded and (key in state.approved or (tainted and key in state.done)):
+            ask.append("it repeats an action that was already done once in this run")
         if guarded and tainted:
             if not self.use_provenance:
                 ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)})")
             else:
-                risky = _risky(trace, _risk_free(tool, cap, trace))
+                exempt = _risk_free(tool, cap, trace)
+                risky = _risky(trace, exempt)
+                if not risky and self.user_anchor and _unanchored(trace, exempt):
+                    # every value is traceable, but only to tool outputs: which action to take with
+                    # them was decided after the run read untrusted content
+                    ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
+                               "none of the arguments is from the user's request (the action was chosen after)")
                 if risky:
                     why = (f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
                            f"these arguments are not from the user's request: {', '.join(risky)}")
@@ -466,7 +477,9 @@ class SafetyPolicy:
                                     f"{reason}. Needed because {'; '.join(ask)}.", by=answer.by)
             decision, by = f"approved:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
-            state.approved.add(action_key(tool.name, args))
+            state.approved.add(key)
+        if guarded:
+            state.done.add(key)
         # after taint, what the call sends out that is not the user's or trusted counts as untrusted
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(args) if trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] if tainted else []
@@ -656,6 +669,12 @@ def _risk_free(tool: Tool, cap: Capability, trace: dict[str, Origin]) -> frozens
     if not any(o is not Origin.NEUTRAL for p, o in trace.items() if p.split(".", 1)[0] not in exempt):
         return frozenset()
     return exempt
+
+
+def _unanchored(trace: dict[str, Origin], exempt: frozenset[str]) -> bool:
+    """No checked argument holds a value from the user's request, and some hold tool output."""
+    checked = [o for p, o in trace.items() if p.split(".", 1)[0] not in exempt and o is not Origin.NEUTRAL]
+    return bool(checked) and Origin.USER not in checked
 
 
 def _risky(trace: dict[str, Origin], exempt: frozenset[str]) -> list[str]:
