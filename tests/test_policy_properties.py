@@ -148,14 +148,14 @@ def test_an_untrusted_value_never_reaches_a_guarded_argument_unapproved(
 
     async def go() -> None:
         state = policy.start_run("r", None, [PROMPT], [])
-        calls = [("read_messages", "")] + chain + [last]
+        calls = [("read_messages", ""), *chain, last]
         for i, (name, how) in enumerate(calls):
-            nonlocal_state = state
+            run_state = state
             if roundtrip and i == len(calls) - 1:  # a recovered run: the state went through JSON
-                nonlocal_state = policy.load_state(json.loads(json.dumps(policy.dump_state(state))))
+                run_state = policy.load_state(json.loads(json.dumps(policy.dump_state(state))))
             tool_name = "send_money" if name == "send_money_memo_only" else name
             await ex.execute(ToolCall(f"c{i}", tool_name, _args(name, value, how, i)),
-                             CallContext(run_id="r", policy_state=nonlocal_state))
+                             CallContext(run_id="r", policy_state=run_state))
 
     asyncio.run(go())
     leaked = [s for s in world.sent if squash(value) in squash(json.dumps(s))]

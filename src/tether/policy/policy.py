@@ -252,20 +252,21 @@ class SafetyPolicy:
         return text, findings
 
     def _constructed_links(self, state: RunState, text: str) -> tuple[str, list[Finding]]:
-        """After taint, links in the answer that carry data (a query, fragment or path) to a host
-        not allowlisted, and that appear in nothing the user wrote or a tool returned: the model
-        built them, and a click would send what they carry to that host (also private data)."""
+        """After taint, links in the answer to a host not allowlisted that carry data a click would
+        send there: private data; a query or fragment not in the user's words or a trusted output
+        (built by the model, or handed over by untrusted content); a path on a link found nowhere."""
         findings: list[Finding] = []
         for url in dict.fromkeys(find_urls(text)):
             host = host_of(url)
             if not host or self.egress.allows_host(host):
                 continue
             bare = url.split("://", 1)[-1]
-            carries = "?" in bare or "#" in bare or bare.rstrip("/").count("/") >= 1
+            query = "?" in bare or "#" in bare
             prov = state.prov
-            seen = prov.user.has_text(url) or prov.trusted.has_text(url) or prov.untrusted.has_text(url)
+            vouched = prov.user.has_text(url) or prov.trusted.has_text(url)
+            built = not vouched and not prov.untrusted.has_text(url) and bare.rstrip("/").count("/") >= 1
             private = prov.private_in({"url": url})
-            if private or (carries and not seen):
+            if private or (query and not vouched) or built:
                 text = text.replace(url, "[redacted link]")
                 why = "private data" if private else "data the model added after reading untrusted content"
                 findings.append(Finding("link", url[:80], f"link to '{host}' carries {why}"))
