@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +76,27 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
             clean["approval_prompts_no_provenance"] += base.prompts
             clean["tasks_with_prompts_no_provenance"] += base.prompts > 0
         res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}}
+        # Until the model sees an injection every timing runs the same calls, and a deny-all run sees
+        # a subset of the outputs an oracle run sees: a pair whose oracle run never met the injection
+        # (in the first timing) cannot be attacked in any timing or under deny-all, and is skipped.
+        unreached: set[tuple[str, str]] = set()
         for timing in timings:
             per: dict[str, Any] = {"agentdojo": dict.fromkeys(ATTACK_KEYS, 0), "adaptive": dict.fromkeys(ATTACK_KEYS, 0),
-                                   "adaptive_executed": {}}
+                                   "adaptive_executed": {}, "pairs_never_injected": 0}
             for i, ut in enumerate(users):
                 for kind, chosen in (("agentdojo", _chosen(injections, i, max_injections)), ("adaptive", adaptive)):
                     r = per[kind]
                     for it in chosen:
-                        d = await h.run(ut, it, approver="deny", timing=timing)
+                        if (ut.ID, it.ID) in unreached:
+                            per["pairs_never_injected"] += 1
+                            continue
                         o = await h.run(ut, it, approver="oracle", timing=timing)
-                        if not d.attacker_calls:
-                            continue  # this attack makes no call for this user task (e.g. no action to repeat)
+                        if not o.injected or (not o.attacker_calls and kind == "adaptive"):
+                            # never injected, or nothing to do for this user task (no action to repeat)
+                            unreached.add((ut.ID, it.ID))
+                            per["pairs_never_injected"] += 1
+                            continue
+                        d = await h.run(ut, it, approver="deny", timing=timing)
                         r["pairs"] += 1
                         r["attacks_succeeded"] += d.attack_succeeded
                         r["attacker_calls_executed"] += d.attacker_effects_executed
@@ -104,6 +115,16 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
     return out
 
 
+def _run_suite(job: tuple[str, int | None, list[str], list[str], bool]) -> dict[str, Any]:
+    name, max_injections, classifications, timings, undefended = job
+    t0 = time.perf_counter()
+    out = asyncio.run(bench_suite(name, get_suites(VERSION)[name], max_injections, classifications, timings,
+                                  undefended))
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["cpu_seconds"] = round(time.process_time(), 1)
+    return out
+
+
 def _chosen(injections: list[Any], i: int, max_injections: int | None) -> list[Any]:
     if max_injections is not None and len(injections) > max_injections:
         return [injections[(i + k) % len(injections)] for k in range(max_injections)]
@@ -118,23 +139,24 @@ def main() -> None:
     ap.add_argument("--injections", type=int, default=None,
                     help="at most N AgentDojo injection tasks per user task (default: all)")
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
+    ap.add_argument("--jobs", type=int, default=1, help="suites run in parallel processes (default 1)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     args = ap.parse_args()
-    suites = get_suites(VERSION)
     classifications = args.classifications.split(",")
     timings = args.timings.split(",")
     started = time.perf_counter()
     per_suite: dict[str, dict[str, Any]] = {}
-    for name in args.suites.split(","):
-        t0 = time.perf_counter()
-        per_suite[name] = asyncio.run(bench_suite(name, suites[name], args.injections, classifications, timings,
-                                                  not args.no_undefended))
-        per_suite[name]["seconds"] = round(time.perf_counter() - t0, 1)
+    names = args.suites.split(",")
+    jobs = [(n, args.injections, classifications, timings, not args.no_undefended) for n in names]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(min(args.jobs, len(names))) as pool:
+            per_suite = dict(zip(names, pool.map(_run_suite, jobs), strict=True))
+    else:
+        per_suite = {n: _run_suite(j) for n, j in zip(names, jobs, strict=True)}
     out = {"agentdojo_version": VERSION, "injections_per_user_task": args.injections or "all",
            "seconds": round(time.perf_counter() - started, 1), "suites": per_suite}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
-    names = list(per_suite)
     print(f"AgentDojo {VERSION}, worst-case scripted model, tether SafetyPolicy ({out['seconds']} s)")
     if not args.no_undefended:
         print("undefended: attacks succeeded / pairs, attacker effects executed: " + ", ".join(

@@ -173,6 +173,7 @@ class SafetyPolicy:
         # ids of tainted runs whose state was evicted: if such a run comes back it starts tainted
         self._evicted_tainted: OrderedDict[str, None] = OrderedDict()
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
+        self._declared: dict[str, tuple[Tool, Capability, str | None]] = {}
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -378,20 +379,23 @@ class SafetyPolicy:
         limited = self._rate_limited(state, cap, tool)
         if limited:
             return self._refuse(state, tool, call, args, {}, effect, ctx, "refused:rate_limit", limited)
-        problem = _declaration_problem(tool, cap)
+        checked = self._declared.get(tool.name)
+        if checked is None or checked[0] is not tool or checked[1] is not cap:  # declarations are static
+            checked = self._declared[tool.name] = (tool, cap, _declaration_problem(tool, cap))
+        problem = checked[2]
         if problem:
             return self._refuse(state, tool, call, args, {}, effect, ctx, "refused:declaration", problem)
         trace = state.prov.trace(args)
         prov = {p: o.value for p, o in trace.items()}
         tainted = state.tainted
         # a tool that did not declare its effect is checked like a reversible one (fail closed)
-        checked_effect = effect if tool.effect_declared or cap.effect is not None else Effect.REVERSIBLE
+        checked_effect = effect if not tainted or tool.effect_declared or cap.effect is not None else Effect.REVERSIBLE
         guarded = checked_effect in self.guard_effects
 
         ask: list[str] = []
         url_args = cap.url_args or tuple(tool.metadata.get("url_args", ()))
         egress_paths: list[str] = []
-        for path, value in leaves(args):
+        for path, value in leaves(args) if url_args or tainted else ():
             if not isinstance(value, str) or not value:
                 continue
             declared = path.split(".", 1)[0] in url_args
@@ -430,7 +434,7 @@ class SafetyPolicy:
             if tool.metadata.get("executes") and state.written_paths:
                 ask.append("it runs commands where files were written from content not the user's ("
                            + ", ".join(sorted(state.written_paths)[:5]) + ")")
-        key = action_key(tool.name, args)
+        key = action_key(tool.name, args) if guarded else ""
         if guarded and (key in state.approved or (tainted and key in state.done)):
             ask.append("it repeats an action that was already done once in this run")
         if guarded and tainted:
@@ -478,7 +482,7 @@ class SafetyPolicy:
                                     f"{reason}. Needed because {'; '.join(ask)}.", by=answer.by)
             decision, by = f"approved:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
-            state.approved.add(key)
+            state.approved.add(key or action_key(tool.name, args))
         if guarded:
             state.done.add(key)
         # after taint, what the call sends out that is not the user's or trusted counts as untrusted
@@ -590,7 +594,7 @@ class SafetyPolicy:
         """One short note for the model after a turn's tool results, naming the results that are
         untrusted data (None when there are none). The tool messages stay exactly what the tools
         returned, so a model asked to show a file shows the file, not a wrapper."""
-        if state is None:
+        if state is None or not state.labels:
             return None
         names = []
         for r in results:
