@@ -142,7 +142,7 @@ def test_an_amount_read_from_a_trusted_tool_needs_approval_after_taint() -> None
 
 
 def test_an_action_built_only_from_tool_outputs_after_taint_needs_approval() -> None:
-    bank, p, _ = run("Read my mail", call("read_mail"), call("get_orders"),
+    bank, _p, _ = run("Read my mail", call("read_mail"), call("get_orders"),
                      call("send_money", recipient="US122000000121212121212", amount=5.0), "done")
     assert bank.sent == []
     # the same payment with the amount from the user's request is anchored and runs
