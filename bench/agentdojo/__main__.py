@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results.json"))
     args = ap.parse_args()
     classifications = args.classifications.split(",")
-    timings = args.timings.split(",")
+    timings = [t for t in args.timings.split(",") if t]
     started = time.perf_counter()
     per_suite: dict[str, dict[str, Any]] = {}
     names = args.suites.split(",")

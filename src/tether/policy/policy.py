@@ -32,10 +32,29 @@ from tether.policy.canonical import action_key, canonical_json, leaves
 from tether.policy.capabilities import Capabilities, Capability
 from tether.policy.egress import EgressPolicy, find_urls, host_of, looks_like_url
 from tether.policy.output_filter import Finding, filter_output, scan
-from tether.policy.provenance import SAFE_ORIGINS, Origin, Provenance, is_money
+from tether.policy.provenance import SAFE_ORIGINS, Origin, Provenance, is_money, words
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Verdict
 from tether.types import Effect, ToolCall, ToolResult
+
+FREE_TEXT_WORDS = 3  # a risk-free argument's value of fewer words (a date, an id) is checked anyway
+
+# Text addressed to the assistant (the shape of prompt injections): found in an output declared
+# trusted, it taints the run anyway. A safety net for a tool marked trusted by mistake, not the
+# defence: declare third-party content untrusted.
+_INJECTED = re.compile(
+    r"(?i)(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier)\s+"
+    r"(?:instructions|messages|rules)|\bto\s+you,?\s+the\s+(?:ai|assistant|model|agent)\b|"
+    r"\b(?:ai|llm)\s+(?:assistant|agent)\s*[,:]\s+(?:please|you\s+must)|<\s*/?\s*information\s*>|"
+    r"\bimportant\s+(?:message|instructions?)\s+(?:from|for)\b|\bnew\s+instructions\s*:|"
+    r"^\s*(?:system|assistant)\s*:|\bbefore\s+you\s+(?:can\s+)?(?:solve|do|continue|answer)\b.{0,40}"
+    r"\b(?:task|request)\b", re.MULTILINE)
+
+
+def looks_injected(text: str) -> bool:
+    """The text addresses the assistant with instructions (the usual shape of an injection)."""
+    return bool(_INJECTED.search(text))
+
 
 UNTRUSTED_SOURCES = frozenset({"web", "email", "files", "file", "retrieval", "rag", "mcp", "messages"})
 _CLOSE_TAG = re.compile(r"<\s*/?\s*untrusted-data", re.IGNORECASE)
@@ -254,20 +273,20 @@ class SafetyPolicy:
 
     def _constructed_links(self, state: RunState, text: str) -> tuple[str, list[Finding]]:
         """After taint, links in the answer to a host not allowlisted that carry data a click would
-        send there: private data; a query or fragment not in the user's words or a trusted output
-        (built by the model, or handed over by untrusted content); a path on a link found nowhere."""
+        send there: private data, or a query, fragment or path on a link that appears in nothing
+        the user wrote or a tool returned (the model built it, e.g. with data it read; a link
+        quoted as it was read carries nothing new, and the user may have asked for it)."""
         findings: list[Finding] = []
         for url in dict.fromkeys(find_urls(text)):
             host = host_of(url)
             if not host or self.egress.allows_host(host):
                 continue
             bare = url.split("://", 1)[-1]
-            query = "?" in bare or "#" in bare
+            carries = "?" in bare or "#" in bare or bare.rstrip("/").count("/") >= 1
             prov = state.prov
-            vouched = prov.user.has_text(url) or prov.trusted.has_text(url)
-            built = not vouched and not prov.untrusted.has_text(url) and bare.rstrip("/").count("/") >= 1
+            seen = prov.user.has_text(url) or prov.trusted.has_text(url) or prov.untrusted.has_text(url)
             private = prov.private_in({"url": url})
-            if private or (query and not vouched) or built:
+            if private or (carries and not seen):
                 text = text.replace(url, "[redacted link]")
                 why = "private data" if private else "data the model added after reading untrusted content"
                 findings.append(Finding("link", url[:80], f"link to '{host}' carries {why}"))
@@ -442,7 +461,7 @@ class SafetyPolicy:
                 ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)})")
             else:
                 exempt = _risk_free(tool, cap, trace)
-                risky = _risky(trace, exempt)
+                risky = _risky(trace, exempt, args)
                 if not risky and self.user_anchor and _unanchored(trace, exempt):
                     # every value is traceable, but only to tool outputs: which action to take with
                     # them was decided after the run read untrusted content
@@ -571,12 +590,16 @@ class SafetyPolicy:
         state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
         untrusted = self.is_untrusted_source(tool, state) or self._reads_untrusted_handle(tool, state, pend)
+        source = tool.name
+        if not untrusted and looks_injected(result.content):
+            # declared trusted, but it speaks to the assistant: someone else wrote into it
+            untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
         if pend is not None and pend.written:
             state.prov.add_written(pend.written)
             path_arg = tool.metadata.get("writes_path")
             if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
                 state.written_paths.add(pend.args[path_arg])
-        state.prov.add_output(result.content, trusted=not untrusted, source=tool.name,
+        state.prov.add_output(result.content, trusted=not untrusted, source=source,
                               private=bool(tool.metadata.get("private_output")))
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
@@ -682,12 +705,18 @@ def _unanchored(trace: dict[str, Origin], exempt: frozenset[str]) -> bool:
     return bool(checked) and Origin.USER not in checked
 
 
-def _risky(trace: dict[str, Origin], exempt: frozenset[str]) -> list[str]:
+def _risky(trace: dict[str, Origin], exempt: frozenset[str], args: dict[str, Any]) -> list[str]:
     """Checked arguments not traceable to the user: untrusted or model-written values, and amounts
-    of money read from a tool (the decision to send them came after taint)."""
+    of money read from a tool (the decision to send them came after taint). A risk-free argument
+    is exempt only for free text: a short value in it (a date, an id, a number, a name) is checked."""
     out = []
+    values = dict(leaves(args))
     for path, origin in trace.items():
         if path.split(".", 1)[0] in exempt:
+            value = values.get(path)
+            if origin in SAFE_ORIGINS or (isinstance(value, str) and len(words(value)) >= FREE_TEXT_WORDS):
+                continue
+            out.append(f"{path} ({origin.value}; too short to be free text)")
             continue
         if origin not in SAFE_ORIGINS:
             out.append(f"{path or 'value'} ({origin.value})")
