@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
+OutputT = TypeVar("OutputT")
 
 
 class StopReason(enum.StrEnum):
@@ -30,6 +31,7 @@ class StopReason(enum.StrEnum):
     LOOP_DETECTED = "loop_detected"
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
+    OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
     ERROR = "error"
 
 
@@ -134,14 +136,34 @@ class Usage:
 
 
 @dataclass(slots=True)
+class OutputSchema:
+    """The shape a reply must have (structured output): a JSON Schema whose root is an object.
+
+    An adapter with native structured output renders it (OpenAI `response_format`, Anthropic a
+    forced final tool, the embedded model a grammar); `tether.output` does the rest for others.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+    strict: bool = False  # the schema fits OpenAI's strict mode (all keys required, no extras)
+
+
+@dataclass(slots=True)
 class ModelRequest:
-    """Everything a model needs for one completion. `tools` empty means a tool-free call."""
+    """Everything a model needs for one completion. `tools` empty means a tool-free call.
+
+    `tool_choice`: None (the provider's default), "auto", "none", "required" or a tool's name.
+    `output_schema`: the reply must be JSON of this shape (see `OutputSchema`).
+    """
 
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     max_output_tokens: int | None = None
     temperature: float | None = None
     stop: list[str] = field(default_factory=list)
+    tool_choice: str | None = None
+    output_schema: OutputSchema | None = None
 
 
 @dataclass(slots=True)
@@ -177,8 +199,12 @@ class TraceEvent:
 
 
 @dataclass(slots=True)
-class RunResult:
-    """What every run returns, however it ended."""
+class RunResult(Generic[OutputT]):
+    """What every run returns, however it ended.
+
+    `output` is the validated object when the agent has an `output_type` (None if no reply
+    validated); `answer` is always the text.
+    """
 
     run_id: str
     stop_reason: StopReason
@@ -190,10 +216,63 @@ class RunResult:
     error: str | None = None
     steps: int = 0
     task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
+    output: OutputT | None = None
+    state: RunState | None = None  # everything needed to continue, fork or resume this run
 
     @property
     def completed(self) -> bool:
         return self.stop_reason is StopReason.COMPLETED
+
+    @property
+    def usage_by_model(self) -> dict[str, Usage]:
+        """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
+        out: dict[str, Usage] = {}
+        for event in self.trace:
+            if event.kind == "model_call":
+                d = event.data
+                u = out.setdefault(str(d.get("model", "")), Usage())
+                u.add(Usage(d.get("input_tokens", 0), d.get("output_tokens", 0), d.get("cost_usd", 0.0), 1))
+        return out
+
+
+RUN_STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything one run knows, as JSON-safe data: what a resumed, continued or forked run needs.
+
+    `Agent` holds configuration only; this is the per-run part. `policy` is the safety policy's
+    own dump (`policy.dump_state`), `loop_counts`/`loop_warned` the loop detector, `handles` the
+    capped results this run may read back, `task_state` the context layer's slot. The loop works
+    on live objects and writes them back here when the run stops (not per step).
+    """
+
+    run_id: str
+    user: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    steps: int = 0
+    loop_counts: dict[str, int] = field(default_factory=dict)
+    loop_warned: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    policy: dict[str, Any] | None = None  # None: the policy has not seen this run yet
+    handles: list[str] = field(default_factory=list)
+    task_state: Any = None
+    stop_reason: StopReason | None = None
+    version: int = RUN_STATE_VERSION
+
+    def to_json(self) -> str:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> RunState:
+        """Parse a dumped state; a state from a newer tether is refused, not misread."""
+        state = from_json(cls, data)
+        if state.version > RUN_STATE_VERSION:
+            raise ValueError(f"RunState version {state.version} is newer than this tether understands "
+                             f"({RUN_STATE_VERSION})")
+        return state
 
 
 @cache

@@ -14,9 +14,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether.cli import durable_cmd, mcp_cmd, rag_commands
 from tether.cli import options as o
-from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
+from tether.cli.mcp_cmd import close_mcp
 from tether.cli.progress import EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
 from tether.trace import JsonlTraceWriter
@@ -86,7 +87,8 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
-    return report(result, reporter, as_json=opts.json)
+            close_mcp(agent.executor)
+    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
 
 
 def execute_chat(opts: o.RunOptions) -> int:
@@ -106,6 +108,7 @@ def execute_chat(opts: o.RunOptions) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
+            close_mcp(agent.executor)
 
 
 def _options(**values: object) -> o.RunOptions:
@@ -132,6 +135,8 @@ def root(
     yes: o.Yes = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -147,7 +152,7 @@ def root(
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
                     max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json,
                     trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes,
-                    verbose=verbose, quiet=quiet)
+                    verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -180,18 +185,24 @@ def run_command(
     yes: o.Yes = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
+    durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
+                                          "approvals wait for `tether approve`).")] = False,
+    db: durable_cmd.Db = None,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet,
+        output_schema=output_schema, mcp=mcp))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
                                      param_hint="PROMPT")
         prompt = "-"
-    raise typer.Exit(execute(opts, prompt))
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
 
 
 @app.command("chat")
@@ -213,12 +224,13 @@ def chat_command(
     yes: o.Yes = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    mcp: o.Mcp = None,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet, mcp=mcp))
     raise typer.Exit(execute_chat(opts))
 
 
@@ -236,7 +248,9 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
     return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
 
 
-rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
+mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
@@ -93,6 +94,12 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     tools = build_tools(opts.tools, workspace)
     limits = build_limits(opts)
     model = build_model(opts, announce)
+    mcp = None
+    if opts.mcp is not None:  # started after the model resolved, so a bad model leaves no server running
+        from tether.cli.mcp_cmd import open_mcp, usable
+
+        mcp = open_mcp(opts.mcp, announce)
+        tools += usable(mcp, tools, announce)
     if opts.instructions is not None:
         instructions = opts.instructions
     else:
@@ -100,7 +107,27 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
     policy = build_policy(opts)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
-    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor)
+    agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
+                  output_type=load_output_schema(opts.output_schema))
+    if mcp is not None:
+        from tether.cli.mcp_cmd import adopt
+
+        adopt(mcp, agent.executor)
+    return agent
+
+
+def load_output_schema(path: Path | None) -> Any:
+    """`--output-schema FILE` as an output type (a JsonSchema), or None."""
+    if path is None:
+        return None
+    from tether.output import JsonSchema
+
+    try:
+        return JsonSchema(json.loads(path.read_text()))
+    except OSError as exc:
+        raise CliError(f"cannot read the output schema {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not JSON, or not a JSON Schema
+        raise CliError(f"the output schema {path} is not a valid JSON Schema: {exc}") from exc
 
 
 def build_policy(opts: RunOptions) -> Policy:

@@ -46,9 +46,15 @@ TextProtocol = Annotated[str | None, typer.Option(
 Instructions = Annotated[str | None, typer.Option(
     "--instructions", help="System instructions (default: a short coding-agent prompt naming the workspace).",
     show_default=False)]
+OutputSchema = Annotated[Path | None, typer.Option(
+    "--output-schema", help="JSON Schema FILE the answer must match; stdout gets the validated JSON.",
+    show_default=False, dir_okay=False)]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
                                        "is not a terminal.")]
+Mcp = Annotated[Path | None, typer.Option(
+    "--mcp", help="An mcpServers JSON file (the format of Claude Desktop and Cursor): its servers' tools join "
+    "the run. See docs/mcp.md.", show_default=False, dir_okay=False)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -72,6 +78,8 @@ class RunOptions:
     yes: bool = False
     verbose: bool = False
     quiet: bool = False
+    output_schema: Path | None = None
+    mcp: Path | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

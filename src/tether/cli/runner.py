@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -81,17 +82,23 @@ async def run_turn(
         reporter.stop()
 
 
-def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code."""
+def report(result: RunResult, reporter: Reporter, *, as_json: bool, as_output: bool = False,
+           out: TextIO | None = None) -> int:
+    """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code.
+
+    `as_output` (--output-schema): stdout gets only the validated output as JSON, or nothing."""
     out = out or sys.stdout
     if as_json:
         out.write(to_json(result) + "\n")
+    elif as_output:
+        if result.output is not None:
+            out.write(json.dumps(result.output, ensure_ascii=False) + "\n")
     elif result.answer.strip():
         out.write(result.answer.rstrip("\n") + "\n")
     out.flush()
     code = exit_code(result)
     if code != 0:
-        reporter.console.print(stop_line(result), style="red", highlight=False,
+        reporter.console.print(stop_line(result, answer_shown=not as_output), style="red", highlight=False,
                                markup=False, soft_wrap=True)
     reporter.summary(result)
     return code

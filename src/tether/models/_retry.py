@@ -67,7 +67,7 @@ def give_up(prefix: str, failure: Failure, attempts: int, policy: RetryPolicy) -
         tail = f" (server asked to retry after {failure.retry_after:g}s, over the {policy.max_retry_after:g}s limit)"
     elif attempts > 1:
         tail = f" (gave up after {attempts} attempts)"
-    return ModelError(f"{prefix}: {failure.message}{tail}")
+    return ModelError(f"{prefix}: {failure.message}{tail}", retryable=failure.retryable)
 
 
 async def call_with_retries(

@@ -25,6 +25,7 @@ from tether.models._retry import (
     stream_with_retries,
 )
 from tether.models.openai_compat import make_tool_call
+from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
 
 
@@ -41,7 +42,10 @@ class AnthropicModel:
 
     `max_tokens` is the default output cap (the API requires one); a request's
     `max_output_tokens` overrides it. The key comes from `api_key` or ANTHROPIC_API_KEY.
+    Structured output is a final tool the model is forced to use (`tool_choice`).
     """
+
+    native_output = True  # renders ModelRequest.output_schema (tether.output)
 
     def __init__(
         self,
@@ -107,6 +111,8 @@ class AnthropicModel:
             params["extra_body"] = {"temperature": temperature}
         if request.stop:
             params["stop_sequences"] = list(request.stop)
+        if request.output_schema is not None:
+            force_output_tool(params, request)
         return params
 
     def _classify(self, exc: Exception) -> Failure | None:
@@ -195,6 +201,16 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
         "name": call.name,
         "input": {} if call.parse_error else call.arguments,
     }
+
+
+def force_output_tool(params: dict[str, Any], request: ModelRequest) -> None:
+    """Structured output: a final tool whose input is the answer, and a turn that must use a tool
+    (that one alone when there are no other tools, or they may not be called: tool_choice "none")."""
+    assert request.output_schema is not None
+    final = final_tool(request.output_schema)
+    params["tools"] = [*params.get("tools", ()), *to_anthropic_tools([final])]
+    others = bool(request.tools) and request.tool_choice != "none"
+    params["tool_choice"] = {"type": "any"} if others else {"type": "tool", "name": final.name}
 
 
 def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
