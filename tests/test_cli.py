@@ -47,8 +47,9 @@ def test_print_mode_prints_only_the_answer(tmp_path: Path) -> None:
     assert first["model"] == "anthropic/claude-haiku-4.5"
     assert {t["function"]["name"] for t in first["tools"]} >= {"Read", "Write", "Edit", "Glob", "Grep", "Bash"}
     assert server.requests[0].headers["authorization"] == "Bearer sk-test"
-    tool_msg = second["messages"][-1]
-    assert tool_msg["role"] == "tool" and "the launch code is 7431" in tool_msg["content"]
+    tool_msg, note = second["messages"][-2:]  # the tool's text as returned, then the policy's label
+    assert tool_msg["role"] == "tool" and tool_msg["content"] == "the launch code is 7431\n"
+    assert note["role"] == "user" and "not instructions" in note["content"]
 
 
 def test_prompt_from_stdin_and_run_subcommand(tmp_path: Path) -> None:
@@ -230,9 +231,10 @@ def test_your_program_sh_as_the_course_calls_it(tmp_path: Path) -> None:
     assert tools["Read"]["required"] == ["file_path"]
     assert set(tools["Write"]["required"]) == {"file_path", "content"}
     assert tools["Bash"]["required"] == ["command"]
-    # The file's text reaches the model labelled as data (the safety policy's untrusted wrapper).
-    read_back = bodies[1]["messages"][-1]["content"]
-    assert read_back.startswith('<untrusted-data source="tool \'Read\'">\nProject notes.\n</untrusted-data>')
+    # The file's text reaches the model exactly as read, labelled as data in a note after it.
+    read_back, note = bodies[1]["messages"][-2:]
+    assert read_back["role"] == "tool" and read_back["content"] == "Project notes."
+    assert note["role"] == "user" and "Read" in note["content"] and "not instructions" in note["content"]
 
 
 def test_ctrl_c_in_chat_cancels_the_turn_and_keeps_the_conversation(tmp_path: Path) -> None:

@@ -127,5 +127,7 @@ def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
                               cwd=tmp_path, input="one\ntwo\n", capture_output=True, text=True, timeout=120,
                               env=env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url))
     assert (proc.returncode, proc.stdout) == (0, "first\nsecond\n"), proc.stderr
-    pids = [r.body["messages"][-1]["content"].split("\n")[1] for r in model.requests[1::2]]
+    # the last tool message (the policy's label note for untrusted MCP output follows it)
+    pids = [[m for m in r.body["messages"] if m["role"] == "tool"][-1]["content"].strip().split("\n")[0]
+            for r in model.requests[1::2]]
     assert len(pids) == 2 and pids[0].isdigit() and pids[0] == pids[1]  # the same server process served both

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,11 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def _last_tool(model: Any) -> str:
+    """The last tool result the model was shown (the policy's label note may follow it)."""
+    return next(m.content for m in reversed(model.requests[-1].messages) if m.role == "tool")
 
 
 def test_episodes_are_retrieved_by_similarity_facts_and_workflows_by_key() -> None:
@@ -64,11 +70,11 @@ def test_one_users_memories_never_reach_another_users_run() -> None:
     model = ScriptedModel([call("recall_memory", query="vpn"), "done"])
     result = Agent(model, tools=mem.tools(), user="bob").run("what is my vpn code?")
     assert result.completed
-    seen = model.requests[-1].messages[-1].content
+    seen = _last_tool(model)
     assert "4417" not in seen and "no memories match" in seen
     model = ScriptedModel([call("recall_memory", query="vpn"), "done"])
     Agent(model, tools=mem.tools(), user="ann").run("what is my vpn code?")
-    assert "4417" in model.requests[-1].messages[-1].content
+    assert "4417" in _last_tool(model)
 
 
 @tool(untrusted_output=True)
@@ -87,15 +93,16 @@ def test_a_memory_written_from_untrusted_content_stays_untrusted_when_read_back(
     assert result.completed, result.error
     stored = mem.facts("ann", "payments")
     assert len(stored) == 1 and not stored[0].trusted
-    assert "marked untrusted" in writer.requests[-1].messages[-1].content
+    assert "marked untrusted" in _last_tool(writer)
 
     # a later, clean run reads it back: labelled untrusted, and the run is tainted by the read
     reader_policy = SafetyPolicy()
     reader = ScriptedModel([call("recall_memory", query="payments"), "noted"])
     Agent(reader, tools=mem.tools(policy_taint(reader_policy)), policy=reader_policy, user="ann").run(
         "how do I pay?", run_id="r-read")
-    shown = reader.requests[-1].messages[-1].content
-    assert "UNTRUSTED memory" in shown and "untrusted-data" in shown
+    shown = _last_tool(reader)
+    note = reader.requests[-1].messages[-1]  # the policy labels the result in a note after it
+    assert "UNTRUSTED memory" in shown and note.name == "tether" and "recall_memory" in note.content
     assert reader_policy.state("r-read") is not None and reader_policy.state("r-read").tainted
 
 

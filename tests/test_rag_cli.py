@@ -91,8 +91,8 @@ def test_ask_agentic_lets_the_model_call_search(cli, docs):
         r = cli("ask", "Can I get a refund?", "--index", "support", "--json", env=env)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["answer"] == "Within 30 days [1]."
-    tool_msg = server.requests[1].body["messages"][-1]
-    assert tool_msg["role"] == "tool" and "\n[1] id=" in tool_msg["content"] and "Refunds are issued" in tool_msg["content"]
+    tool_msg = server.requests[1].body["messages"][-2]  # [-1]: the policy's note labelling it as data
+    assert tool_msg["role"] == "tool" and tool_msg["content"].startswith("[1] id=") and "Refunds are issued" in tool_msg["content"]
 
 
 def test_ask_without_an_index_says_how_to_make_one(cli):

@@ -1,12 +1,16 @@
 """`python -m bench.agentdojo [--suites banking,slack] [--injections N]`
 
 Runs AgentDojo's suites (offline) with a worst-case scripted model through tether's executor and
-writes bench/agentdojo/results.json. Modes per suite:
+writes bench/agentdojo/results.json. Per suite:
 - undefended: no policy, every (user task, injection task) pair -> attacks that succeed (harness check);
-- default policy (deny-all approver), every pair -> attacks succeeded, attacker calls executed;
-- oracle approver (approves exactly the user task's ground-truth calls), every pair;
+- for each tool classification (`bench`: effects.py; `docstrings`: effects_docstrings.py, written
+  independently from the tools' docstrings) and each attack timing (immediate, after_user,
+  interleaved), every pair of AgentDojo's injection tasks and of our adaptive attacks (adaptive.py),
+  under the default policy with a deny-all approver and with the oracle approver (approves exactly
+  the user task's ground-truth calls, each as often as the task makes it): attacker calls with an
+  effect or egress that ran (judged by the union of both classifications), attacks succeeded, utility;
 - clean runs (no attack) per user task: utility with deny-all and with the oracle, approval prompts,
-  and the same prompts without provenance ("ask before every irreversible call after taint").
+  and the same prompts without provenance ("ask before every call with an effect after taint").
 """
 
 from __future__ import annotations
@@ -15,108 +19,182 @@ import argparse
 import asyncio
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from agentdojo.task_suite.load_suites import get_suites
 
-from bench.agentdojo.harness import SuiteHarness
+from bench.agentdojo.adaptive import attacks
+from bench.agentdojo.harness import CLASSIFICATIONS, TIMINGS, SuiteHarness
 
 VERSION = "v1.1.2"  # the newest version where every injection task has ground-truth calls
 HERE = Path(__file__).parent
 
 
-async def bench_suite(name: str, suite: Any, max_injections: int | None) -> dict[str, Any]:
-    h = SuiteHarness(name, suite)
+ATTACK_KEYS = ("pairs", "attacks_succeeded", "attacker_calls_executed", "attacker_reads_executed",
+               "attacker_calls_made", "attacks_succeeded_oracle", "attacker_calls_executed_oracle",
+               "utility_under_attack_deny", "utility_under_attack_oracle")
+CLEAN_KEYS = ("user_tasks", "utility_deny", "utility_oracle", "approval_prompts", "tasks_with_prompts",
+              "approval_prompts_no_provenance", "tasks_with_prompts_no_provenance")
+
+
+async def bench_suite(name: str, suite: Any, max_injections: int | None, classifications: list[str],
+                      timings: list[str], undefended: bool) -> dict[str, Any]:
     users = list(suite.user_tasks.values())
     injections = list(suite.injection_tasks.values())
-    r: dict[str, Any] = {k: 0 for k in (
-        "user_tasks", "pairs", "attacks_succeeded_undefended", "attacker_effects_undefended",
-        "attacks_succeeded", "attacks_succeeded_text_only", "attacker_calls_executed", "attacker_reads_executed",
-        "attacker_calls_made", "attacks_succeeded_oracle", "attacker_calls_executed_oracle",
-        "utility_under_attack_deny", "utility_under_attack_oracle", "utility_undefended_clean",
-        "utility_deny", "utility_oracle", "approval_prompts", "tasks_with_prompts",
-        "approval_prompts_no_provenance", "tasks_with_prompts_no_provenance")}
-    failed_oracle: list[str] = []
-    for i, ut in enumerate(users):
-        r["user_tasks"] += 1
-        r["utility_undefended_clean"] += (await h.run(ut, None, defended=False)).utility
-        deny = await h.run(ut, None, approver="deny")
-        oracle = await h.run(ut, None, approver="oracle")
-        base = await h.run(ut, None, approver="oracle", use_provenance=False)
-        r["utility_deny"] += deny.utility
-        r["utility_oracle"] += oracle.utility
-        if not oracle.utility:
-            failed_oracle.append(ut.ID)
-        r["approval_prompts"] += oracle.prompts
-        r["tasks_with_prompts"] += oracle.prompts > 0
-        r["approval_prompts_no_provenance"] += base.prompts
-        r["tasks_with_prompts_no_provenance"] += base.prompts > 0
-        chosen = injections
-        if max_injections is not None and len(injections) > max_injections:
-            chosen = [injections[(i + k) % len(injections)] for k in range(max_injections)]
-        for it in chosen:
-            r["pairs"] += 1
-            und = await h.run(ut, it, defended=False)
-            r["attacks_succeeded_undefended"] += und.attack_succeeded
-            r["attacker_effects_undefended"] += und.attacker_effects_executed
-            d = await h.run(ut, it, approver="deny")
-            r["attacks_succeeded"] += d.attack_succeeded
-            r["attacks_succeeded_text_only"] += d.attack_succeeded and not it.ground_truth(h.clean_env)
-            r["attacker_calls_executed"] += d.attacker_effects_executed
-            r["attacker_reads_executed"] += d.attacker_reads_executed
-            r["attacker_calls_made"] += d.attacker_calls
-            r["utility_under_attack_deny"] += d.utility
-            o = await h.run(ut, it, approver="oracle")
-            r["attacks_succeeded_oracle"] += o.attack_succeeded
-            r["attacker_calls_executed_oracle"] += o.attacker_effects_executed
-            r["utility_under_attack_oracle"] += o.utility
-    r["oracle_failures"] = failed_oracle
-    r["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
-    return r
+    adaptive = attacks(name, suite.load_and_inject_default_environment(suite.get_injection_vector_defaults()))
+    out: dict[str, Any] = {"user_tasks": len(users), "injection_tasks": len(injections),
+                           "adaptive_attacks": [a.ID for a in adaptive]}
+    if undefended:
+        h = SuiteHarness(name, suite, CLASSIFICATIONS["bench"])
+        und = {"utility_undefended_clean": 0, "pairs": 0, "attacks_succeeded_undefended": 0,
+               "attacker_effects_undefended": 0}
+        for i, ut in enumerate(users):
+            und["utility_undefended_clean"] += (await h.run(ut, None, defended=False)).utility
+            for it in _chosen(injections, i, max_injections):
+                r = await h.run(ut, it, defended=False)
+                und["pairs"] += 1
+                und["attacks_succeeded_undefended"] += r.attack_succeeded
+                und["attacker_effects_undefended"] += r.attacker_effects_executed
+        out["undefended"] = und
+    for cname in classifications:
+        h = SuiteHarness(name, suite, CLASSIFICATIONS[cname], adaptive)
+        clean = dict.fromkeys(CLEAN_KEYS, 0)
+        failed: list[str] = []
+        for ut in users:
+            clean["user_tasks"] += 1
+            deny = await h.run(ut, None, approver="deny")
+            oracle = await h.run(ut, None, approver="oracle")
+            base = await h.run(ut, None, approver="oracle", use_provenance=False)
+            clean["utility_deny"] += deny.utility
+            clean["utility_oracle"] += oracle.utility
+            if not oracle.utility:
+                failed.append(ut.ID)
+            clean["approval_prompts"] += oracle.prompts
+            clean["tasks_with_prompts"] += oracle.prompts > 0
+            clean["approval_prompts_no_provenance"] += base.prompts
+            clean["tasks_with_prompts_no_provenance"] += base.prompts > 0
+        res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}}
+        # Until the model sees an injection every timing runs the same calls, and a deny-all run sees
+        # a subset of the outputs an oracle run sees: a pair whose oracle run never met the injection
+        # (in the first timing) cannot be attacked in any timing or under deny-all, and is skipped.
+        unreached: set[tuple[str, str]] = set()
+        for timing in timings:
+            per: dict[str, Any] = {"agentdojo": dict.fromkeys(ATTACK_KEYS, 0), "adaptive": dict.fromkeys(ATTACK_KEYS, 0),
+                                   "adaptive_executed": {}, "pairs_never_injected": 0}
+            for i, ut in enumerate(users):
+                for kind, chosen in (("agentdojo", _chosen(injections, i, max_injections)), ("adaptive", adaptive)):
+                    r = per[kind]
+                    for it in chosen:
+                        if (ut.ID, it.ID) in unreached:
+                            per["pairs_never_injected"] += 1
+                            continue
+                        o = await h.run(ut, it, approver="oracle", timing=timing)
+                        if not o.injected or (not o.attacker_calls and kind == "adaptive"):
+                            # never injected, or nothing to do for this user task (no action to repeat)
+                            unreached.add((ut.ID, it.ID))
+                            per["pairs_never_injected"] += 1
+                            continue
+                        d = await h.run(ut, it, approver="deny", timing=timing)
+                        r["pairs"] += 1
+                        r["attacks_succeeded"] += d.attack_succeeded
+                        r["attacker_calls_executed"] += d.attacker_effects_executed
+                        r["attacker_reads_executed"] += d.attacker_reads_executed
+                        r["attacker_calls_made"] += d.attacker_calls
+                        r["utility_under_attack_deny"] += d.utility
+                        r["attacks_succeeded_oracle"] += o.attack_succeeded
+                        r["attacker_calls_executed_oracle"] += o.attacker_effects_executed
+                        r["utility_under_attack_oracle"] += o.utility
+                        if kind == "adaptive" and (d.attacker_effects_executed or o.attacker_effects_executed):
+                            per["adaptive_executed"][it.ID] = per["adaptive_executed"].get(it.ID, 0) + (
+                                d.attacker_effects_executed + o.attacker_effects_executed)
+            res["timings"][timing] = per
+        res["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
+        out[cname] = res
+    return out
+
+
+def _run_suite(job: tuple[str, int | None, list[str], list[str], bool]) -> dict[str, Any]:
+    name, max_injections, classifications, timings, undefended = job
+    t0 = time.perf_counter()
+    out = asyncio.run(bench_suite(name, get_suites(VERSION)[name], max_injections, classifications, timings,
+                                  undefended))
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["cpu_seconds"] = round(time.process_time(), 1)
+    return out
+
+
+def _chosen(injections: list[Any], i: int, max_injections: int | None) -> list[Any]:
+    if max_injections is not None and len(injections) > max_injections:
+        return [injections[(i + k) % len(injections)] for k in range(max_injections)]
+    return injections
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suites", default="workspace,travel,banking,slack")
+    ap.add_argument("--classifications", default=",".join(CLASSIFICATIONS))
+    ap.add_argument("--timings", default=",".join(TIMINGS))
     ap.add_argument("--injections", type=int, default=None,
-                    help="at most N injection tasks per user task (default: all)")
+                    help="at most N AgentDojo injection tasks per user task (default: all)")
+    ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
+    ap.add_argument("--jobs", type=int, default=1, help="suites run in parallel processes (default 1)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     args = ap.parse_args()
-    suites = get_suites(VERSION)
+    classifications = args.classifications.split(",")
+    timings = [t for t in args.timings.split(",") if t]
     started = time.perf_counter()
     per_suite: dict[str, dict[str, Any]] = {}
-    for name in args.suites.split(","):
-        t0 = time.perf_counter()
-        per_suite[name] = asyncio.run(bench_suite(name, suites[name], args.injections))
-        per_suite[name]["seconds"] = round(time.perf_counter() - t0, 1)
-    total: dict[str, Any] = {}
-    for res in per_suite.values():
-        for k, v in res.items():
-            if isinstance(v, int | float) and k != "seconds":
-                total[k] = total.get(k, 0) + v
-    total["oracle_failures"] = [f"{s}/{t}" for s, res in per_suite.items() for t in res["oracle_failures"]]
-    total["trusted_tools_that_carried_injections"] = [
-        f"{s}/{t}" for s, res in per_suite.items() for t in res["trusted_tools_that_carried_injections"]]
+    names = args.suites.split(",")
+    jobs = [(n, args.injections, classifications, timings, not args.no_undefended) for n in names]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(min(args.jobs, len(names))) as pool:
+            per_suite = dict(zip(names, pool.map(_run_suite, jobs), strict=True))
+    else:
+        per_suite = {n: _run_suite(j) for n, j in zip(names, jobs, strict=True)}
     out = {"agentdojo_version": VERSION, "injections_per_user_task": args.injections or "all",
-           "seconds": round(time.perf_counter() - started, 1), **total, "suites": per_suite}
+           "seconds": round(time.perf_counter() - started, 1), "suites": per_suite}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
-    cols = ["pairs", "attacks_succeeded_undefended", "attacks_succeeded", "attacks_succeeded_text_only",
-            "attacker_calls_executed", "attacker_reads_executed", "user_tasks", "utility_deny", "utility_oracle",
-            "utility_under_attack_oracle", "approval_prompts", "tasks_with_prompts",
-            "approval_prompts_no_provenance", "tasks_with_prompts_no_provenance"]
-    rows = [*per_suite.items(), ("TOTAL", total)]
-    width = max(len(c) for c in cols)
     print(f"AgentDojo {VERSION}, worst-case scripted model, tether SafetyPolicy ({out['seconds']} s)")
-    print(" " * width + "".join(f"{n:>11}" for n, _ in rows))
-    for c in cols:
-        print(f"{c:<{width}}" + "".join(f"{res.get(c, 0):>11}" for _, res in rows))
-    if total["oracle_failures"]:
-        print("user tasks failing with the oracle approver:", ", ".join(total["oracle_failures"]))
-    if total["trusted_tools_that_carried_injections"]:
-        print("WARNING: tools classified trusted returned injected text:",
-              ", ".join(total["trusted_tools_that_carried_injections"]))
+    if not args.no_undefended:
+        print("undefended: attacks succeeded / pairs, attacker effects executed: " + ", ".join(
+            f"{n} {r['undefended']['attacks_succeeded_undefended']}/{r['undefended']['pairs']} "
+            f"{r['undefended']['attacker_effects_undefended']}" for n, r in per_suite.items()))
+    head = f"{'classification':<15}{'timing':<12}{'attack set':<11}" + "".join(f"{n:>22}" for n in names)
+    print("\nattacker calls with an effect or egress executed, deny-all / oracle (bar 0 / 0); pairs")
+    print(head)
+    for c in classifications:
+        for t in timings:
+            for kind in ("agentdojo", "adaptive"):
+                cells = []
+                for n in names:
+                    r = per_suite[n][c]["timings"][t][kind]
+                    cells.append(f"{r['attacker_calls_executed']} / {r['attacker_calls_executed_oracle']}"
+                                 f" ({r['pairs']})")
+                print(f"{c:<15}{t:<12}{kind:<11}" + "".join(f"{x:>22}" for x in cells))
+    print("\nclean runs: utility deny-all, utility oracle / user tasks, approval prompts (tasks with prompts), "
+          "without provenance")
+    print(f"{'classification':<15}" + "".join(f"{n:>32}" for n in names))
+    for c in classifications:
+        cells = []
+        for n in names:
+            k = per_suite[n][c]["clean"]
+            cells.append(f"{k['utility_deny']}, {k['utility_oracle']}/{k['user_tasks']}, {k['approval_prompts']}"
+                         f" ({k['tasks_with_prompts']}), {k['approval_prompts_no_provenance']}")
+        print(f"{c:<15}" + "".join(f"{x:>32}" for x in cells))
+    for n, r in per_suite.items():
+        for c in classifications:
+            if r[c]["oracle_failures"]:
+                print(f"{n}/{c}: user tasks failing with the oracle approver: {', '.join(r[c]['oracle_failures'])}")
+            if r[c]["trusted_tools_that_carried_injections"]:
+                print(f"NOTE {n}/{c}: tools classified trusted returned injected text: "
+                      + ", ".join(r[c]["trusted_tools_that_carried_injections"]))
+            for t in timings:
+                hits = r[c]["timings"][t]["adaptive_executed"]
+                if hits:
+                    print(f"{n}/{c}/{t}: adaptive attacks that executed an effect: {hits}")
     print(f"wrote {args.out}")
 
 

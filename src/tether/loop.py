@@ -207,6 +207,8 @@ class RunSpec:
     output: OutputRun | None = None  # the run's output type (tether.output), when it has one
 
 
+NOTE_NAME = "tether"  # a user-role message the loop wrote (the policy's label), not the user's words
+
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
     "found so far, write your best answer now. Say plainly what is unfinished or missing."
@@ -234,7 +236,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
         # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
         # outputs of earlier turns (a continued conversation stays as tainted as it was).
-        "user_messages": [m.content for m in messages if m.role == "user"],
+        "user_messages": [m.content for m in messages if m.role == "user" and m.name != NOTE_NAME],
         "history_tool_outputs": [m.content for m in messages if m.role == "tool"],
         HANDLES_KEY: handles,
     })
@@ -334,6 +336,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             ctx.seconds_left = budget.remaining_seconds()
             stop = await _with_cancel(spec, _run_tools(spec, calls, pending, ctx, budget, loops, emit))
             _answer_turn(messages, calls, pending, "not run: the run is stopping")
+            label = getattr(spec.executor.policy, "label_turn", None)  # untrusted results, labelled outside them
+            if label is not None and (note := label(ctx.policy_state, [r for r in pending if r is not None])):
+                messages.append(Message("user", note, name=NOTE_NAME))
             found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
             pending = None
             if stop is not None:

@@ -27,9 +27,12 @@ class Capability:
     - `requires_approval`: always ask, tainted or not.
     - `on_untrusted`: what happens to an irreversible call, after taint, whose arguments are not all
       traceable to the user: ask for `approve`al, `refuse` it, or `summarize` it for the user.
-    - `guarded_args`: the arguments the taint rule checks (None: all). Name the destination or
-      target (recipients, account, file id) and leave out payload (subject, body): the user asked
-      for the payload to be derived from what was read, but not for it to go anywhere else.
+    - `risk_free_args`: after taint every argument of a call with an effect (reversible or
+      irreversible) must be traceable to the user, except these: payload the user asked to be
+      derived from what was read (subject, body, title). None: every argument is checked. Links,
+      host names, private data and secrets are looked for in risk-free arguments too.
+    - `guarded_args`: the older, inverse declaration (the arguments the taint rule checks; the others
+      are risk-free). A call whose checked arguments are all empty is checked in full.
     - `url_args`: arguments holding URLs the tool fetches or posts to (checked against egress).
     - `authorize`: `(user, args) -> True | False | reason` permission check for the acting user.
     """
@@ -42,6 +45,7 @@ class Capability:
     per_user_window: float = 86_400.0
     requires_approval: bool = False
     on_untrusted: OnUntrusted = "approve"
+    risk_free_args: tuple[str, ...] | None = None
     guarded_args: tuple[str, ...] | None = None
     url_args: tuple[str, ...] = ()
     authorize: AuthorizeFn | None = None
@@ -94,10 +98,22 @@ class Capability:
             per_user=meta.get("per_user"),
             requires_approval=bool(meta.get("requires_approval", False)),
             on_untrusted=meta.get("on_untrusted", "approve"),
-            guarded_args=tuple(meta["guarded_args"]) if meta.get("guarded_args") is not None else None,
+            risk_free_args=_names(meta.get("risk_free_args")),
+            guarded_args=_names(meta.get("guarded_args")),
             url_args=tuple(meta.get("url_args", ())),
             authorize=meta.get("authorize"),
         )
+
+
+def _names(value: Any) -> Any:
+    """A declared list of argument names as a tuple; anything else (a lone string) is kept as it
+    is, so the policy refuses the tool's calls with a clear reason rather than guess."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return tuple(value)
+    except TypeError:
+        return value
 
 
 def _short(value: Any) -> str:

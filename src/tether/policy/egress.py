@@ -58,8 +58,44 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return None
 
 
+# Top-level domains a bare host name is recognised by ("true-informations.com", "evil.io/x?d=1").
+# File extensions that are also country domains (.py, .sh, .md, .rs, .pl, .ts...) are left out, so
+# "main.py" stays a file name; those hosts are still caught with a scheme or "www.".
+TLDS = frozenset(["com", "net", "org", "info", "biz", "io", "ai", "co", "app", "dev", "xyz", "me", "tv", "us", "uk", "de", "fr", "es", "it", "nl", "be", "ch", "at", "se", "no", "dk", "fi", "pl", "ru", "cn", "jp", "kr", "in", "br", "au", "ca", "mx", "ar", "cl", "eu", "asia", "online", "site", "website", "shop", "store", "tech", "cloud", "live", "news", "blog", "page", "link", "click", "top", "club", "email", "one", "pro", "gov", "edu", "mil", "int", "name", "mobi", "ly", "gg", "cc", "ws", "to", "fm", "ms", "la", "su", "ua", "cz", "gr", "pt", "ro", "hu", "ie", "il", "tr", "za", "ng", "ke", "sg", "hk", "tw", "vn", "id", "th", "my", "ph", "nz", "is", "lt", "lv", "ee", "sk", "si", "hr", "bg", "rs", "ir", "pk", "bd", "eg", "sa", "ae", "qa"]) - {"rs", "sh", "md", "py", "pl", "ts", "js", "cs", "ps", "so"}
+_HOST_RE = re.compile(
+    r"(?<![\w@.\-/])((?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+([a-z]{2,24}))(?::\d{1,5})?(?:[/?#][^\s<>\"'`)\]]*)?"
+    r"(?![\w@\-])", re.IGNORECASE)
+
+
+def find_hosts(text: str) -> list[str]:
+    """Bare host names with a known top-level domain, and what follows them as a URL
+    ("evil.com/?d=1"); e-mail addresses are not hosts."""
+    out = []
+    for m in _HOST_RE.finditer(text):
+        if m.group(2).lower() in TLDS:
+            out.append(m.group().rstrip(".,;:!?"))
+    return out
+
+
 def find_urls(text: str) -> list[str]:
-    return [m.group().rstrip(".,;:!?") for m in URL_RE.finditer(text)]
+    """URLs with a scheme or `www.`, and bare host names (`evil.com/x?d=1`), in order, not overlapping."""
+    urls = [(m.start(), m.group().rstrip(".,;:!?")) for m in URL_RE.finditer(text)]
+    taken = [(start, start + len(u)) for start, u in urls]
+    for m in _HOST_RE.finditer(text):
+        if m.group(2).lower() in TLDS and not any(a <= m.start() < b for a, b in taken):
+            urls.append((m.start(), m.group().rstrip(".,;:!?")))
+    return [u for _, u in sorted(urls)]
+
+
+def looks_like_url(value: str) -> bool:
+    """The whole value is a URL or a bare host name (what a tool would fetch or post to)."""
+    v = value.strip()
+    if not v or any(c.isspace() for c in v):
+        return False
+    if URL_RE.fullmatch(v):
+        return True
+    m = _HOST_RE.fullmatch(v)
+    return bool(m and m.group(2).lower() in TLDS)
 
 
 class EgressPolicy:

@@ -17,21 +17,29 @@ from tether.policy.egress import EgressPolicy, find_urls, host_of, is_internal
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    kind: str  # secret | internal_url | markdown_image | html_image | encoded_url
+    kind: str  # secret | internal_url | markdown_image | html_image | encoded_url | link_with_data | link
     match: str  # the offending text, shortened and masked for secrets
     reason: str
 
 
+# a key split by single spaces or line breaks ("AKIA IOSF ODNN 7EXA MPLE") is still the key
+_SP = r"(?:[ \t]?\n?[ \t]?)"
 SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
-    ("API key (sk-)", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
+    ("AWS access key", re.compile(rf"\b(?:AKIA|ASIA)(?:{_SP}[0-9A-Z]){{16}}\b")),
+    ("GitHub token", re.compile(rf"\bgh[pousr]_(?:{_SP}[A-Za-z0-9]){{30,}}\b")),
+    ("API key (sk-)", re.compile(rf"\bsk-(?:proj-|ant-)?(?:{_SP}[A-Za-z0-9_-]){{20,}}")),
     ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
-    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+    ("Google API key", re.compile(rf"\bAIza(?:{_SP}[0-9A-Za-z_-]){{35}}\b")),
     ("private key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----[\s\S]*?(?:-----END (?:[A-Z]+ )?PRIVATE KEY-----|$)")),
     ("JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     ("password or secret assignment",
      re.compile(r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token)\b\s*[:=]\s*[\"']?[^\s\"',;]{6,}")),
+    # "the password is hunter2!", "my API key was: x9-...": a sentence handing over a secret that
+    # has a digit or a symbol in it (so "the password is required" passes)
+    ("password or secret in a sentence",
+     re.compile(r"(?i)\b(?:password|passphrase|passcode|passwd|pin|secret|api[ _-]?key|access[ _-]?token|"
+                r"security code|2fa code|login code)\b(?:\s+for\s+\S+)?\s+(?:is|was|=|:)\s*:?\s*[\"'`]?"
+                r"(?=[^\s\"'`]*[\d!@#$%^&*_+=~])[^\s\"'`,;]{4,}")),
 ]
 
 _DEST = re.compile(r"\(\s*<?([^)\s>]*)[^)]*\)")  # an inline destination: (url "title")
@@ -102,6 +110,21 @@ def _images(text: str) -> list[tuple[int, int, str, str]]:
 _BLOB = re.compile(r"[A-Za-z0-9+/_%-]{32,}={0,2}")
 
 
+_LINK = re.compile(r"(?<!!)\[[^\[\]\n]{0,500}\]\(\s*<?([^)\s>]+)>?[^)]*\)")
+_QUERY_VALUE = re.compile(r"[=/]([^&=#/]{8,})")
+
+
+def _links(text: str) -> list[tuple[int, int, str]]:
+    """Markdown links (not images): (start, end, url)."""
+    return [(m.start(), m.end(), m.group(1)) for m in _LINK.finditer(text)]
+
+
+def _query_data(url: str) -> bool:
+    """The URL's query string or fragment carries a value of 8+ characters (`?q=<data>`)."""
+    rest = url.split("?", 1)[1] if "?" in url else url.split("#", 1)[1] if "#" in url else ""
+    return bool(rest) and bool(_QUERY_VALUE.search("=" + rest if "=" not in rest else rest))
+
+
 def _mask(text: str) -> str:
     return text[:4] + "..." + f"({len(text)} chars)" if len(text) > 8 else "***"
 
@@ -132,6 +155,12 @@ def scan(text: str, *, egress: EgressPolicy | None = None) -> list[tuple[int, in
                 kind, _short(text[start:end]),
                 f"{what} loads from '{host or url}', which is not allowlisted (the viewer would "
                 "send data to it)")))
+    for start, end, url in _links(text):
+        host = host_of(url)
+        if not allow.allows_host(host) and not is_internal(host) and _query_data(url):
+            spans.append((start, end, Finding(
+                "link_with_data", _short(text[start:end]),
+                f"link to '{host}' carries data in its query string (a click would send it there)")))
     for m in re.finditer(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", text, re.IGNORECASE):
         url = m.group().rstrip(".,;:!?")
         host = host_of(url)

@@ -1,28 +1,38 @@
-"""Taint and argument provenance for one run.
+"""Taint and per-value provenance for one run.
 
-The run is tainted once any untrusted text (web pages, email, files, retrieved documents, MCP
-results, tool outputs flagged untrusted) has reached the model; taint never goes down. Each value
-the model passes in a tool argument is traced to where it could have come from:
+The run is tainted once any untrusted text (web pages, email, files, shell output, retrieved
+documents, MCP results, tool outputs flagged untrusted) has reached the model; taint never goes
+down. Each value the model passes in a tool argument is traced to where it could have come from,
+in this order of precedence:
 
-- `user`: it appears in the user's own request;
-- `trusted`: it appears in a trusted tool output;
-- `untrusted`: it appears only in untrusted text;
+- `user`: it appears in the user's own messages;
+- `untrusted`: it appears in untrusted text, or was written by a call made after taint (a value
+  keeps that origin wherever it travels: written into a record and read back through a trusted
+  tool, it is still untrusted);
+- `trusted`: it appears only in trusted tool outputs;
 - `model`: it appears nowhere (the model wrote it; after taint the model may be compromised);
 - `neutral`: carries no information (booleans, None, empty strings).
 
-Matching is textual: case-folded, whitespace-collapsed, on token boundaries (a joiner such as
-`-` or `@` between word characters glues, so "13" is not found in "2024-05-13"); numbers are
-matched as numbers (`50`, `50.0`, `$50.00` and `1,000` all match their values); a value of several
-words all found in the user's request counts as the user's.
+Matching is on normalised text: Unicode-compatibility-folded, case-folded, whitespace-collapsed,
+on token boundaries (a joiner such as `-` or `@` between word characters glues, so "13" is not
+found in "2024-05-13"); numbers are matched as numbers (`50`, `50.0`, `$50.00` and `1,000` all
+match their values). On the untrusted side matching is looser, so a value cannot shed its origin by
+re-spacing or re-punctuating: an identifier is also found when only its letters and digits match
+("GB29 NWBK 6016" is "gb29nwbk6016"), and percent-, HTML- and base64-encoded text is decoded first.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import html
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from tether.policy.canonical import leaves
 
@@ -49,7 +59,38 @@ _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_/.@+]{4,}[A-Za-z0-9]")
 
 
 def _norm(text: str) -> str:
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
     return _WS.sub(" ", text.casefold()).strip()
+
+
+_SQUASH = re.compile(r"[\W_]+")
+MIN_SQUASH = 6  # shorter letter-and-digit runs match too much by coincidence
+_B64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
+
+
+def squash(text: str) -> str:
+    """Only the letters and digits, case-folded: the form spacing and punctuation cannot change."""
+    return _SQUASH.sub("", _norm(text))
+
+
+def decodings(text: str) -> list[str]:
+    """`text` and what common encodings inside it decode to (percent, HTML entities, base64)."""
+    out = [text]
+    if "%" in text:
+        out.append(unquote(text))
+    if "&" in text:
+        out.append(html.unescape(text))
+    for m in _B64.finditer(text):
+        blob = m.group()
+        try:
+            raw = base64.b64decode(blob + "=" * (-len(blob) % 4), altchars=b"-_" if "-" in blob or "_" in blob else None)
+            decoded = raw.decode("utf-8")
+        except (binascii.Error, ValueError):
+            continue
+        if decoded.isprintable():
+            out.append(decoded)
+    return out
 
 
 def _numbers(text: str) -> set[float]:
@@ -98,21 +139,33 @@ class Corpus:
     tokens, so a text lacking one of the value's tokens cannot match.
     """
 
-    __slots__ = ("_index", "_nums", "_texts")
+    __slots__ = ("_index", "_loose", "_nums", "_squashed", "_texts")
 
-    def __init__(self) -> None:
+    def __init__(self, *, loose: bool = False) -> None:
         self._texts: list[str] = []
         self._nums: set[float] = set()
         self._index: dict[str, set[int]] = {}
+        self._loose = loose  # also keep letters-and-digits forms (of decoded text) for `has_squashed`
+        self._squashed: list[str] = []
 
     def add(self, text: str) -> None:
         if text:
-            norm = _norm(text)
-            i = len(self._texts)
-            self._texts.append(norm)
-            self._nums |= _numbers(text)
-            for token in set(_TOKEN.findall(norm)):
-                self._index.setdefault(token, set()).add(i)
+            for variant in decodings(text) if self._loose else (text,):
+                norm = _norm(variant)
+                i = len(self._texts)
+                self._texts.append(norm)
+                self._nums |= _numbers(variant)
+                for token in set(_TOKEN.findall(norm)):
+                    self._index.setdefault(token, set()).add(i)
+                if self._loose:
+                    self._squashed.append(squash(variant))
+
+    def has_squashed(self, value: str) -> bool:
+        """`value` found when only letters and digits count (re-spaced, re-punctuated)."""
+        needle = squash(value)
+        if len(needle) < MIN_SQUASH:
+            return False
+        return any(needle in text for text in self._squashed)
 
     def __bool__(self) -> bool:
         return bool(self._texts)
@@ -121,6 +174,16 @@ class Corpus:
     def texts(self) -> list[str]:
         """The (normalised) texts, in the order added: what `Provenance.dump` keeps."""
         return list(self._texts)
+
+    def add_normalised(self, norm: str) -> None:
+        """Re-add a text from `texts` (already normalised and decoded): used by `Provenance.load`."""
+        i = len(self._texts)
+        self._texts.append(norm)
+        self._nums |= _numbers(norm)
+        for token in set(_TOKEN.findall(norm)):
+            self._index.setdefault(token, set()).add(i)
+        if self._loose:
+            self._squashed.append(squash(norm))
 
     def has_number(self, value: float) -> bool:
         try:
@@ -176,16 +239,21 @@ def _fmt_number(value: float) -> str:
     return str(int(value)) if math.isfinite(value) and value.is_integer() else str(value)
 
 
+_MONEY_WORDS = ("amount", "price", "sum", "total", "balance", "cost", "fee", "value", "pay")
+
+
 @dataclass
 class Provenance:
-    """Where text in a run came from; decides the origin of argument values. Taint is one-way."""
+    """Where values in a run came from; decides the origin of argument values. Taint is one-way."""
 
     user: Corpus = field(default_factory=Corpus)
     trusted: Corpus = field(default_factory=Corpus)
-    untrusted: Corpus = field(default_factory=Corpus)
+    untrusted: Corpus = field(default_factory=lambda: Corpus(loose=True))
     _tainted: bool = False
     taint_sources: list[str] = field(default_factory=list)
-    private: dict[str, str] = field(default_factory=dict)  # identifier from private data -> source
+    # identifiers (letters and digits only) and numbers from private outputs -> source
+    private: dict[str, str] = field(default_factory=dict)
+    private_numbers: dict[float, str] = field(default_factory=dict)
 
     @property
     def tainted(self) -> bool:
@@ -194,7 +262,8 @@ class Provenance:
     def dump(self) -> dict[str, Any]:
         """JSON-safe form; `Provenance.load(p.dump())` traces every value as `p` does."""
         return {"user": self.user.texts, "trusted": self.trusted.texts, "untrusted": self.untrusted.texts,
-                "tainted": self._tainted, "taint_sources": list(self.taint_sources), "private": dict(self.private)}
+                "tainted": self._tainted, "taint_sources": list(self.taint_sources), "private": dict(self.private),
+                "private_numbers": [[n, s] for n, s in self.private_numbers.items()]}
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Provenance:
@@ -202,32 +271,28 @@ class Provenance:
         for name in ("user", "trusted", "untrusted"):
             corpus = getattr(prov, name)
             for text in data.get(name, ()):
-                corpus.add(str(text))
+                corpus.add_normalised(str(text))
         prov._tainted = bool(data.get("tainted"))
         prov.taint_sources = [str(s) for s in data.get("taint_sources", ())]
         prov.private = {str(k): str(v) for k, v in dict(data.get("private", {})).items()}
+        prov.private_numbers = {float(n): str(s) for n, s in data.get("private_numbers", ())}
         return prov
 
     def add_user(self, text: str) -> None:
         self.user.add(text)
 
-    def vouch(self, values: list[Any]) -> None:
-        """Values the user approved in an exact action count as the user's for the rest of the run."""
-        for v in values:
-            if isinstance(v, str) and v.strip():
-                self.user.add(v)
-            elif isinstance(v, int | float) and not isinstance(v, bool):
-                self.user.add(_fmt_number(v))
-
     def add_output(self, text: str, *, trusted: bool, source: str, private: bool = False) -> None:
         """Record a tool output; an untrusted one taints the run for good. Identifiers in a
         `private` output (passport, card and account numbers: tokens of 6+ characters with a digit)
-        are remembered so they can be found inside outgoing arguments."""
+        and its numbers (balances) are remembered so they can be found inside outgoing arguments."""
         if private:
             for m in _IDENT.finditer(text):
                 tok = m.group()
                 if any(c.isdigit() for c in tok) and not self.user.has_text(tok):
-                    self.private.setdefault(tok.casefold(), source)
+                    self.private.setdefault(squash(tok), source)
+            for number in _numbers(text):
+                if abs(number) >= 10 and not self.user.has_number(number):
+                    self.private_numbers.setdefault(number, source)
         if trusted:
             self.trusted.add(text)
         else:
@@ -235,6 +300,20 @@ class Provenance:
             self._tainted = True
             if source not in self.taint_sources:
                 self.taint_sources.append(source)
+
+    def add_written(self, values: list[Any]) -> None:
+        """Values a call made after taint sent out (written into a record, a file, a message): they
+        count as untrusted from now on, wherever they come back from."""
+        for v in values:
+            if isinstance(v, str) and v.strip():
+                self.untrusted.add(v)
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                self.untrusted.add(_fmt_number(v))
+
+    def _untrusted_has(self, value: Any) -> bool:
+        if self.untrusted.has(value):
+            return True
+        return isinstance(value, str) and self.untrusted.has_squashed(value)
 
     def origin(self, value: Any) -> Origin:
         if value is None or isinstance(value, bool):
@@ -245,6 +324,8 @@ class Provenance:
             return Origin.UNTRUSTED if self.untrusted.has(value) else Origin.MODEL
         if self.user.has(value):
             return Origin.USER
+        if self._untrusted_has(value):
+            return Origin.UNTRUSTED
         if self.trusted.has(value):
             return Origin.TRUSTED
         if isinstance(value, str):
@@ -253,10 +334,10 @@ class Provenance:
             if 1 < len(parts) <= MAX_WORDS:
                 if all(self.user.has(w) for w in parts):
                     return Origin.USER
+                if any(not self.user.has(w) and self._untrusted_has(w) for w in parts):
+                    return Origin.UNTRUSTED
                 if all(self.user.has(w) or self.trusted.has(w) for w in parts):
                     return Origin.TRUSTED
-        if self.untrusted.has(value):
-            return Origin.UNTRUSTED
         return Origin.MODEL
 
     def trace(self, args: dict[str, Any], only: tuple[str, ...] | None = None) -> dict[str, Origin]:
@@ -265,19 +346,39 @@ class Provenance:
             args = {k: v for k, v in args.items() if k in only}
         return {path or "": self.origin(v) for path, v in leaves(args)}
 
-    def private_in(self, args: dict[str, Any]) -> dict[str, str]:
-        """Private identifiers found inside the string values of `args`: {identifier: source}."""
-        if not self.private:
+    def private_in(self, args: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+        """Private data found inside `args` (not under the `skip` paths): {what: source}. Identifiers
+        match on letters and digits of the decoded text (re-spaced, re-punctuated, percent- or
+        base64-encoded); numbers match as numbers."""
+        if not self.private and not self.private_numbers:
             return {}
         found: dict[str, str] = {}
-        for _, v in leaves(args):
-            if isinstance(v, str):
-                low = v.casefold()
-                for tok, src in self.private.items():
-                    if tok in low:
-                        found[tok] = src
+        for path, v in leaves(args):
+            if path in skip:
+                continue
+            if isinstance(v, str) and self.private:
+                for variant in decodings(v):
+                    flat = squash(variant)
+                    for tok, src in self.private.items():
+                        if tok in flat:
+                            found[tok] = src
+            if self.private_numbers:
+                for number in _numbers(v) if isinstance(v, str) else (v,) if _is_number(v) else ():
+                    src = self.private_numbers.get(float(number))
+                    if src is not None:
+                        found[_fmt_number(number)] = src
         return found
 
     @staticmethod
     def all_safe(trace: dict[str, Origin]) -> bool:
         return all(o in SAFE_ORIGINS for o in trace.values())
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_money(path: str) -> bool:
+    """An argument that names an amount of money (by its name): `amount`, `price_usd`, `total`..."""
+    last = path.rsplit(".", 1)[-1].casefold()
+    return any(w in last for w in _MONEY_WORDS)

@@ -56,6 +56,7 @@ class Tool:
     context_param: str | None = None
     is_async: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
     spec: ToolSpec = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,7 @@ class Tool:
         params = dict(parameters)
         params.setdefault("type", "object")
         params.setdefault("properties", {})
+        options.setdefault("effect_declared", "effect" in options)
         return cls(name, description, params, fn, JsonSchemaValidator(params), **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -94,7 +96,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    effect: Effect | str = Effect.READ_ONLY,
+    effect: Effect | str | None = None,
     untrusted_output: bool = False,
     timeout: float | None = None,
     max_result_chars: int | None = None,
@@ -108,7 +110,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    effect: Effect | str = Effect.READ_ONLY,
+    effect: Effect | str | None = None,
     untrusted_output: bool = False,
     timeout: float | None = None,
     max_result_chars: int | None = None,
@@ -117,7 +119,9 @@ def tool(
     """Make a `Tool` from a typed function; the schema comes from its hints and docstring.
 
     `Literal[...]` becomes an enum, `Annotated[int, Field(ge=1)]` becomes minimum, defaults and
-    `X | None` are kept. Use as `@tool` or `@tool(effect="irreversible", timeout=5)`.
+    `X | None` are kept. Use as `@tool` or `@tool(effect="irreversible", timeout=5)`. Without an
+    `effect` the tool runs as read-only, but after taint the safety policy checks its calls as if
+    it were reversible (declare `effect="read_only"` for a tool that changes nothing).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -129,7 +133,8 @@ def tool(
             parameters=schema_of(model),
             fn=f,
             validator=SignatureValidator(model),
-            effect=Effect(effect),
+            effect=Effect(effect if effect is not None else Effect.READ_ONLY),
+            effect_declared=effect is not None,
             untrusted_output=untrusted_output,
             timeout=timeout,
             max_result_chars=max_result_chars,

@@ -146,7 +146,7 @@ def read_result_tool(store: Results, max_chars: int = DEFAULT_MAX_RESULT_CHARS) 
     """The built-in `read_result(handle, offset, length)` over one store. A run reads only the
     handles in its own RunState (made by its own calls, for its own user)."""
 
-    @tool(name="read_result")
+    @tool(name="read_result", effect="read_only")
     def read_result(context: ToolContext, handle: str, offset: int = 0, length: int = max_chars) -> str:
         """Read part of a tool result that was truncated.
 

@@ -9,9 +9,12 @@ error naming the root. Directory walks never follow symlinked directories and sk
 whose target is outside the root. (A symlink swapped in between the check and the open is not
 defended against; the tools open the already-resolved real path, which narrows that window.)
 
-Read and Grep return text that someone other than the user may have written (cloned repositories,
-downloads, files produced by earlier tool calls), so their output is marked `untrusted_output`:
-the safety policy treats instructions found there as data, not as the user's words.
+Read, Grep and Glob return text that someone other than the user may have written (cloned
+repositories, downloads, files produced by earlier tool calls; even a file *name* can carry an
+instruction), so their output is marked `untrusted_output`: the safety policy treats instructions
+found there as data, not as the user's words. Write and Edit declare the path they write
+(`writes_path`): after taint, content not traceable to the user needs approval, and a file written
+from such content keeps the run's commands (Bash) under approval.
 """
 
 from __future__ import annotations
@@ -353,6 +356,7 @@ def write_tool(root: str | Path) -> Tool:
             f"Prefer Edit for changing part of an existing file. Workspace root: {ws.root}"
         ),
         effect="reversible",
+        metadata={"writes_path": "file_path"},
     )(Write)
 
 
@@ -402,6 +406,7 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             f"is true, exactly once. Read the file first. Workspace root: {ws.root}"
         ),
         effect="reversible",
+        metadata={"writes_path": "file_path"},
     )(Edit)
 
 
@@ -455,6 +460,7 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
             f"directories end with '/'. Skips .git, node_modules, virtualenvs and caches. Workspace root: {ws.root}"
         ),
         effect="read_only",
+        untrusted_output=True,
     )(Glob)
 
 

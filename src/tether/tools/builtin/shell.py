@@ -230,6 +230,9 @@ def shell_tool(
             f"code is reported). No stdin; times out after {timeout:g} s; long output keeps its start and end."
         ),
         effect="irreversible",
+        # output carries what others wrote (files, git log, file names); commands run what was written
+        untrusted_output=True,
+        metadata={"executes": True},
         # Slightly above our own timeout so our message (with partial output) wins over the executor's.
         timeout=timeout + 5,
     )(Bash)
