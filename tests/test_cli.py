@@ -66,8 +66,8 @@ def test_prompt_from_stdin_and_run_subcommand(tmp_path: Path) -> None:
 
 
 def _endless_tools(request: RecordedRequest) -> dict:
-    """Calls a tool whenever tools are offered; the tool-free final call gets a partial answer."""
-    if request.body.get("tools"):
+    """Calls a tool whenever it may; the final call (tool choice "none") gets a partial answer."""
+    if request.body.get("tools") and request.body.get("tool_choice") != "none":
         n = len(request.body["messages"])
         return chat_completion(None, [tool_call("calculator", {"expression": f"{n} * 2"}, id=f"c{n}")])
     return chat_completion("partial: doubled a few numbers")

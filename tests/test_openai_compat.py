@@ -451,9 +451,11 @@ def test_env_precedence() -> None:
         "sk-or",
     )
     assert resolve_endpoint(env={"OPENAI_API_KEY": "sk"} | router).base_url == OPENAI_BASE_URL
-    # arguments beat the environment, field by field
+    # arguments beat the environment, field by field; an env key never goes to another base URL
     ep = resolve_endpoint("http://mine/v1/", None, env=both)
-    assert (ep.base_url, ep.api_key) == ("http://mine/v1", "sk-openai")
+    assert (ep.base_url, ep.api_key, ep.family) == ("http://mine/v1", NO_KEY, "custom")
+    assert resolve_endpoint("http://mine/v1", "sk-mine", env=both).api_key == "sk-mine"
+    assert resolve_endpoint("http://openai-like/v1/", None, env=both).api_key == "sk-openai"
     assert resolve_endpoint(None, "sk-arg", env=router).api_key == "sk-arg"
     # a local server needs no key; OpenAI itself does
     assert resolve_endpoint("http://127.0.0.1:8080/v1", env={}).api_key == NO_KEY

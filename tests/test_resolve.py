@@ -84,8 +84,8 @@ def test_openrouter_env_defaults_to_claude_haiku() -> None:
 def test_explicit_provider_does_not_borrow_the_other_providers_key() -> None:
     """openrouter:NAME sends the OpenRouter key even when OPENAI_API_KEY (which wins by default) is set."""
     with FakeOpenAIServer([chat_completion("hi")]) as server:
-        model = resolve_model("openrouter:x/y", base_url=server.base_url,
-                              env={"OPENAI_API_KEY": "sk-openai", "OPENROUTER_API_KEY": "sk-or"})
+        model = resolve_model("openrouter:x/y", env={"OPENAI_API_KEY": "sk-openai", "OPENROUTER_API_KEY": "sk-or",
+                                                     "OPENROUTER_BASE_URL": server.base_url})
         reply = _run(model.complete(ModelRequest([Message.user("hello")])))
     assert reply.text == "hi"
     assert server.requests[0].headers["authorization"] == "Bearer sk-or"

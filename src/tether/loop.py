@@ -377,7 +377,11 @@ async def _final_answer(
     started = budget.elapsed()
     try:
         async with asyncio.timeout(budget.final_seconds()):
-            request = ModelRequest(spec.context.build(messages), [], max_output_tokens=budget.final_output_tokens())
+            # The tools stay declared, with tool choice "none": providers (Anthropic) refuse a history
+            # holding tool calls from a request that declares no tools.
+            tools = spec.executor.specs
+            request = ModelRequest(spec.context.build(messages), tools, max_output_tokens=budget.final_output_tokens(),
+                                   tool_choice="none" if tools else None)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:

@@ -130,13 +130,19 @@ class Usage:
 
 @dataclass(slots=True)
 class ModelRequest:
-    """Everything a model needs for one completion. `tools` empty means a tool-free call."""
+    """Everything a model needs for one completion. `tools` empty means a tool-free call.
+
+    `tool_choice`: None or "auto" (the model decides), "none" (tools are shown but may not be
+    called: a tool-free call over a history that holds tool calls), "required" (some tool must be
+    called), or a tool name (that tool must be called).
+    """
 
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     max_output_tokens: int | None = None
     temperature: float | None = None
     stop: list[str] = field(default_factory=list)
+    tool_choice: str | None = None
 
 
 @dataclass(slots=True)

@@ -332,6 +332,8 @@ class LocalModel:
     def complete_sync(self, request: ModelRequest) -> ModelReply:
         """The blocking completion (what `complete` runs in a worker thread)."""
         loaded = _load(self.path, self.n_ctx, self.n_threads)
+        if request.tool_choice == "none":  # a tool-free call: the tools are not advertised at all
+            request = ModelRequest(request.messages, [], request.max_output_tokens, request.temperature, request.stop)
         tools = list(request.tools)
         chat = render_chat(request, brief=self.tiny)
         stop = list(request.stop)

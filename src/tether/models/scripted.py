@@ -84,7 +84,7 @@ class ScriptedModel:
     async def complete(self, request: ModelRequest) -> ModelReply:
         # The loop passes its live transcript; keep what the model saw at this call.
         seen = ModelRequest(list(request.messages), request.tools, request.max_output_tokens,
-                            request.temperature, request.stop)
+                            request.temperature, request.stop, request.tool_choice)
         self.requests.append(seen)
         if self._fn is not None:
             item = self._fn(seen)
