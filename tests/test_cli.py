@@ -84,7 +84,7 @@ def test_budget_stop_exits_3_with_one_stderr_line(tmp_path: Path) -> None:
     assert lines[0].startswith("tether: stopped at the step limit (max_steps) after 3 steps and 2 tool calls")
     assert lines[0].endswith("partial answer on stdout, 2 findings")  # the 3rd call is never run
     assert len(server.requests) == 4  # 3 steps + the reserved tool-free call
-    assert "tools" not in server.requests[-1].body
+    assert server.requests[-1].body["tool_choice"] == "none" and server.requests[-1].body["tools"]
 
 
 def test_model_error_exits_1_with_one_line(tmp_path: Path) -> None:
