@@ -24,7 +24,6 @@ from tether.models._retry import (
 from tether.models.openai_compat import NO_KEY, make_tool_call, same_url, tool_choice_name
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
 
-
 ANTHROPIC_URL = "https://api.anthropic.com"
 
 
