@@ -17,8 +17,9 @@ from rich.console import Console
 from tether.cli import options as o
 from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
-from tether.cli.progress import EXIT_ERROR, Reporter
+from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
+from tether.cli.terminal import clean
 from tether.trace import JsonlTraceWriter
 
 app = typer.Typer(
@@ -38,9 +39,9 @@ def err_console() -> Console:
     return Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def _fail(console: Console, message: str) -> int:
-    console.print(f"tether: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
-    return EXIT_ERROR
+def _fail(console: Console, message: str, code: int = EXIT_ERROR) -> int:
+    console.print(f"tether: {clean(message)}", style="red", markup=False, highlight=False, soft_wrap=True)
+    return code
 
 
 def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
@@ -50,7 +51,10 @@ def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise CliError(f"the prompt on stdin is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not prompt.strip():
         raise CliError("the prompt is empty")
     return prompt.strip()
@@ -59,6 +63,9 @@ def read_prompt(prompt: str) -> str:
 def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
     if opts.trace is None:
         return None
+    folder = opts.trace.expanduser().absolute().parent
+    if not folder.is_dir():  # a typo in the path should not quietly create directories
+        raise CliError(f"cannot write the trace file {opts.trace}: the directory {folder} does not exist")
     try:
         return JsonlTraceWriter(opts.trace)
     except OSError as exc:
@@ -71,12 +78,16 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     reporter = _reporter(opts, console)
     try:
         text = read_prompt(prompt)
-        agent = build_agent(opts, announce=reporter.announce)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
+    except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
+        return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     try:
         result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     except Exception as exc:  # a bug, not a run outcome: the loop turns run failures into results
         if opts.verbose:
             console.print_exception()
@@ -86,7 +97,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
-    return report(result, reporter, as_json=opts.json)
+    return report(result, reporter, as_json=opts.json, raw=opts.raw)
 
 
 def execute_chat(opts: o.RunOptions) -> int:
@@ -95,12 +106,16 @@ def execute_chat(opts: o.RunOptions) -> int:
     console = err_console()
     reporter = _reporter(opts, console)
     try:
-        agent = build_agent(opts, announce=reporter.announce)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     try:
-        return chat(agent, reporter, as_json=opts.json, trace=trace)
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     finally:
         if trace is not None:
             trace.close()
@@ -122,6 +137,7 @@ def root(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -130,6 +146,8 @@ def root(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
@@ -145,9 +163,9 @@ def root(
         typer.echo(f"tether {__version__}")
         raise typer.Exit(0)
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-                    max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json,
-                    trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes,
-                    verbose=verbose, quiet=quiet)
+                    max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
+                    workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
+                    instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -170,6 +188,7 @@ def run_command(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -178,14 +197,17 @@ def run_command(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        raw=raw, verbose=verbose, quiet=quiet))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -203,6 +225,7 @@ def chat_command(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -211,23 +234,27 @@ def chat_command(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet))
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        raw=raw, verbose=verbose, quiet=quiet))
     raise typer.Exit(execute_chat(opts))
 
 
 @app.command("models")
-def models_command() -> None:
-    """List the models this machine can use: configured endpoints, the embedded model, GGUF files."""
+def models_command(ctx: typer.Context) -> None:
+    """List the models this machine can use (endpoints, the embedded model, GGUF files), the time limits
+    a run gets, and whether Bash is sandboxed."""
     from tether.cli.models_cmd import show_models
 
-    show_models(Console(soft_wrap=True))
+    show_models(Console(soft_wrap=True), opts=_root_options(ctx))
 
 
 def _root_options(ctx: typer.Context) -> o.RunOptions:

@@ -13,6 +13,7 @@ from typing import TextIO
 
 from tether.agent import Agent
 from tether.cli.progress import Reporter, exit_code, stop_line
+from tether.cli.terminal import clean, json_safe
 from tether.loop import CancelToken
 from tether.trace import JsonlTraceWriter
 from tether.types import Message, RunResult, TraceEvent, to_json
@@ -81,13 +82,17 @@ async def run_turn(
         reporter.stop()
 
 
-def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code."""
+def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO | None = None,
+           raw: bool = False) -> int:
+    """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code.
+    The answer loses its terminal control sequences unless `raw` (JSON escapes them)."""
     out = out or sys.stdout
     if as_json:
-        out.write(to_json(result) + "\n")
-    elif result.answer.strip():
-        out.write(result.answer.rstrip("\n") + "\n")
+        out.write(json_safe(to_json(result)) + "\n")
+    else:
+        answer = result.answer if raw else clean(result.answer)
+        if answer.strip():
+            out.write(answer.rstrip("\n") + "\n")
     out.flush()
     code = exit_code(result)
     if code != 0:

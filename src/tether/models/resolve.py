@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 
 PROVIDERS = ("openai", "openrouter", "anthropic", "local")
@@ -88,15 +89,15 @@ def resolve_model(
     text_protocol: str | None = None,
     announce: Callable[[str], None] | None = None,
     env: Mapping[str, str] | None = None,
-    deadline: float | None = None,
+    deadline: float | None = DEFAULT_DEADLINE,
 ) -> Model:
     """Build the model the spec, the arguments and the environment ask for (see the module doc).
 
-    `deadline`: total seconds one call to an HTTP model may take, retries included (None: the
-    adapters' default, `DEFAULT_DEADLINE`); the embedded model is bounded by the run's time budget.
+    `deadline`: total seconds one call to an HTTP model may take, retries and streaming included
+    (None: no limit); the embedded model is bounded by the run's time budget instead.
     """
     env = os.environ if env is None else env
-    options: dict[str, Any] = {} if deadline is None else {"deadline": deadline}
+    options: dict[str, Any] = {"deadline": deadline}
     if text_protocol is not None and text_protocol not in TEXT_PROTOCOLS:
         raise ModelConfigError(f"unknown text protocol {text_protocol!r}; use one of: {', '.join(TEXT_PROTOCOLS)}")
     spec = spec if spec is not None and spec.strip() else (env.get("TETHER_MODEL") or "").strip() or None
