@@ -118,6 +118,7 @@ def test_trace_file_has_one_line_per_event(tmp_path: Path) -> None:
 
     script = [chat_completion(None, [tool_call("calculator", {"expression": "2 + 2"})]), chat_completion("4")]
     trace = tmp_path / "out" / "trace.jsonl"
+    trace.parent.mkdir()
     with FakeOpenAIServer(script) as server:
         proc = tether(["-p", "2+2", "--json", "--trace", str(trace), "--tools", "calculator"], cwd=tmp_path,
                       env=openrouter_env(server))
