@@ -8,6 +8,7 @@ Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiti
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Annotated
 
@@ -21,6 +22,10 @@ from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
 from tether.cli.terminal import clean
 from tether.trace import JsonlTraceWriter
+
+# Newer typers vendor click, older ones use the click package: find its error classes through a public name.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 app = typer.Typer(
     name="tether",
@@ -36,7 +41,7 @@ PromptOption = Annotated[str | None, typer.Option(
 
 
 def err_console() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False)
+    return Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 def _fail(console: Console, message: str, code: int = EXIT_ERROR) -> int:
@@ -254,7 +259,7 @@ def models_command(ctx: typer.Context) -> None:
     a run gets, and whether Bash is sandboxed."""
     from tether.cli.models_cmd import show_models
 
-    show_models(Console(soft_wrap=True), opts=_root_options(ctx))
+    show_models(Console(soft_wrap=True, emoji=False), opts=_root_options(ctx))
 
 
 def _root_options(ctx: typer.Context) -> o.RunOptions:
@@ -267,8 +272,25 @@ rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imp
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `tether` script and of `python -m tether`."""
-    app(args=argv, prog_name="tether")
+    """Entry point of the `tether` script and of `python -m tether`: every bad input ends in one
+    line on stderr and a non-zero exit code, never a traceback."""
+    try:
+        code = app(args=argv, prog_name="tether", standalone_mode=False)
+    except UsageError as exc:  # exit 2: a typo, not a failed run
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "tether"
+        _fail(err_console(), f"{exc.format_message()} (see '{where} --help')")  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except ClickException as exc:
+        _fail(err_console(), exc.format_message())  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except (typer.Abort, KeyboardInterrupt):
+        _fail(err_console(), "interrupted")
+        sys.exit(EXIT_CANCELLED)
+    except BrokenPipeError:  # whoever read stdout went away (`tether -p ... | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush is quiet
+        sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "execute", "main"]

@@ -21,7 +21,7 @@ from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 
 if TYPE_CHECKING:
-    from tether.policy import Approver, ApprovalDecision, ApprovalRequest
+    from tether.policy import ApprovalDecision, ApprovalRequest, Approver
 
 DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
 Pause = Callable[[], AbstractContextManager[None]]
@@ -124,9 +124,9 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     """The agent the options describe. Raises CliError with a message for the user. `pause` is
     entered while a person is asked to approve a call (the progress spinner stops meanwhile)."""
     workspace = workspace_of(opts)
+    tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net)
     limits = build_limits(opts)
     model = build_model(opts, announce)
-    tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net)
     if opts.instructions is not None:
         instructions = opts.instructions
     else:
