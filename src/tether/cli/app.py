@@ -58,8 +58,9 @@ def read_prompt(prompt: str) -> str:
     if prompt == "-":
         try:
             prompt = sys.stdin.read()
-        except UnicodeDecodeError as exc:
-            raise CliError(f"the prompt on stdin is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            prompt.encode("utf-8")  # under a C locale undecodable bytes arrive as surrogates instead
+        except (UnicodeDecodeError, UnicodeEncodeError) as exc:
+            raise CliError(f"the prompt on stdin is not UTF-8 text ({exc.reason} at position {exc.start})") from None
     if not prompt.strip():
         raise CliError("the prompt is empty")
     return prompt.strip()
