@@ -11,10 +11,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from io import StringIO
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_completion, tool_call
+from trickle_server import Trickler
 
 from tether.tools.sandbox import probe_bubblewrap
 
@@ -187,58 +186,6 @@ def test_anthropic_final_call_sends_the_tools_with_choice_none(tmp_path: Path) -
 
 
 # ----- 6. no model call, and no run, holds tether forever ----------------------------------------------
-
-
-class Trickler:
-    """An HTTP server on 127.0.0.1 that answers every request with headers and then one byte every
-    `every` seconds, forever (or, with `silent`, never sends anything). Counts connections."""
-
-    def __init__(self, every: float = 0.3, silent: bool = False) -> None:
-        self.every, self.silent = every, silent
-        self.connections = 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.2)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}/v1"
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                if not self.silent:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
-                while not self._stop.wait(self.every):
-                    if not self.silent:
-                        conn.sendall(b" ")
-            except OSError:
-                pass
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def __enter__(self) -> Trickler:
-        self._accept_thread = threading.Thread(target=self._accept, daemon=True)
-        self._accept_thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._accept_thread.join(2)
-        for thread in self._threads:
-            thread.join(2)
-        self._server.close()
 
 
 @pytest.mark.parametrize("silent", [False, True], ids=["trickling", "silent"])
