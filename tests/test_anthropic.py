@@ -353,7 +353,7 @@ async def test_the_environment_key_goes_only_to_its_own_url(server: FakeOpenAISe
 def test_no_key_for_anthropic_itself_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
-    with pytest.raises(ValueError, match="no API key for api.anthropic.com: set ANTHROPIC_API_KEY"):
+    with pytest.raises(ValueError, match=r"no API key for api\.anthropic\.com: set ANTHROPIC_API_KEY"):
         AnthropicModel("claude")
 
 
