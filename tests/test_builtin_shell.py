@@ -370,3 +370,25 @@ async def test_fallback_calls_need_approval_and_are_refused_without_it(tmp_path:
     assert not (tmp_path / "ran.marker").exists()
     tool_message = next(m for m in result.messages if m.role == "tool")
     assert "approv" in tool_message.content.lower()
+
+
+@needs_bwrap
+async def test_unix_sockets_of_local_daemons_are_out_of_reach(workspace: Path) -> None:
+    """A network namespace does not stop connect() on a socket file (docker, dbus and databases
+    listen under /run); the sandbox hides /run."""
+    import socket as sock
+
+    path = Path(f"/run/tether-probe-{os.getpid()}.sock")
+    server = sock.socket(sock.AF_UNIX)
+    try:
+        server.bind(str(path))
+    except OSError as exc:
+        pytest.skip(f"cannot create a socket under /run here: {exc}")
+    server.listen(1)
+    try:
+        probe = f"python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{path}'); print('connected')\""
+        assert "connected" not in await run(shell_tool(workspace, sandbox=Bubblewrap(workspace)), probe)
+        assert "connected" in await run(shell_tool(workspace, sandbox=Unconfined()), probe)  # the probe works
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)

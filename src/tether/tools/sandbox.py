@@ -5,8 +5,9 @@
 - the filesystem is read-only, except the workspace (bind-mounted writable) and `writable` paths;
   inside the workspace `.git/hooks` and `.git/config` stay read-only (a hook written by an
   injected command would run at the user's next commit);
-- the user's home, /root and `hidden` paths are replaced by empty directories, /tmp and /var/tmp
-  are private and empty, so a secret outside the workspace cannot be read;
+- the user's home, /root, /run (its unix sockets: docker, dbus, databases) and `hidden` paths are
+  replaced by empty directories, /tmp and /var/tmp are private and empty, so a secret outside the
+  workspace cannot be read nor a local daemon reached;
 - its own PID namespace with its own /proc (`/proc/$PPID/environ` is the sandbox's own), its own
   IPC, UTS and network namespaces: no network but loopback unless `allow_net`;
 - no capabilities, a new session (no TIOCSTI into the user's terminal), `--die-with-parent`;
@@ -92,7 +93,9 @@ class Bubblewrap:
 
     def hidden_paths(self) -> list[Path]:
         home = Path.home()
-        paths = [Path(p) for p in ("/root", "/var/tmp", "/run/user")] + [Path(p) for p in self.hidden]
+        # /run holds unix sockets (docker, dbus, postgres) that a read-only mount and a network
+        # namespace leave connectable; hidden, they are gone.
+        paths = [Path(p) for p in ("/root", "/var/tmp", "/run")] + [Path(p) for p in self.hidden]
         if home != Path("/"):
             paths.insert(0, home)
         return [p.resolve() for p in paths]
@@ -121,6 +124,9 @@ class Bubblewrap:
             if p.exists():
                 out += ["--bind", str(p), str(p)]
         out += after
+        resolver = Path("/run/systemd/resolve")  # where /etc/resolv.conf may point: DNS for --allow-net
+        if self.allow_net and resolver.is_dir():
+            out += ["--ro-bind", str(resolver), str(resolver)]
         for rel in PROTECTED_IN_WORKSPACE:
             p = ws / rel
             if p.exists() and not p.is_symlink():
