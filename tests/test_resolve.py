@@ -226,3 +226,9 @@ def test_the_model_deadline_reaches_the_adapter() -> None:
     model = resolve_model("openai:x", base_url="http://127.0.0.1:9/v1", env={}, deadline=7.5)
     assert model.policy.deadline == 7.5  # type: ignore[attr-defined]
     assert resolve_model("openai:x", base_url="http://127.0.0.1:9/v1", env={}, deadline=None).policy.deadline is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("base_url", "env"), [("localhost:8080", {}), (None, {"OPENROUTER_BASE_URL": "ftp://x/v1"})])
+def test_a_base_url_without_http_is_refused_up_front(base_url: str | None, env: dict[str, str]) -> None:
+    with pytest.raises(ModelConfigError, match=r"is not an http\(s\) URL"):
+        resolve_model("openai:x", base_url=base_url, env=env | {"OPENAI_API_KEY": "k"})

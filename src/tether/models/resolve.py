@@ -98,6 +98,7 @@ def resolve_model(
     """
     env = os.environ if env is None else env
     options: dict[str, Any] = {"deadline": deadline}
+    _check_urls(base_url, env)
     if text_protocol is not None and text_protocol not in TEXT_PROTOCOLS:
         raise ModelConfigError(f"unknown text protocol {text_protocol!r}; use one of: {', '.join(TEXT_PROTOCOLS)}")
     spec = spec if spec is not None and spec.strip() else (env.get("TETHER_MODEL") or "").strip() or None
@@ -110,6 +111,15 @@ def resolve_model(
     if text_protocol is not None:
         model = _wrap_text_protocol(model, text_protocol)
     return model
+
+
+def _check_urls(base_url: str | None, env: Mapping[str, str]) -> None:
+    """A base URL must be http(s): `localhost:8080` would fail only after four retries, obscurely."""
+    given = [("--base-url / base_url=", base_url)] + [
+        (var, env.get(var)) for var in ("OPENAI_BASE_URL", "OPENROUTER_BASE_URL", "ANTHROPIC_BASE_URL")]
+    for where, url in given:
+        if url and not url.strip().lower().startswith(("http://", "https://")):
+            raise ModelConfigError(f"{where} {url!r} is not an http(s) URL; write it like http://localhost:8080/v1")
 
 
 def _openai_env(env: Mapping[str, str]) -> bool:
