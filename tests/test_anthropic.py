@@ -236,7 +236,8 @@ async def test_complete_over_http(server: FakeOpenAIServer) -> None:
     assert seen.path == "/v1/messages"
     # the key travels as x-api-key or (newer SDKs) a bearer token
     assert "sk-ant-test" in seen.headers.get("x-api-key", "") + seen.headers.get("authorization", "")
-    assert seen.body["system"] == "be brief"
+    assert seen.body["system"] == [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
+    assert seen.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert seen.body["max_tokens"] == 321
     assert seen.body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "add 1"}]}]
     assert seen.body["tools"][0]["input_schema"] == ADD.parameters
@@ -253,6 +254,7 @@ async def test_cached_prompt_tokens_count_as_input(server: FakeOpenAIServer) -> 
     )
     reply = await make_model(server).complete(REQUEST)
     assert reply.usage.input_tokens == 135
+    assert (reply.usage.cached_input_tokens, reply.usage.cache_write_tokens) == (100, 5)
 
 
 async def test_overloaded_is_retried_then_succeeds(server: FakeOpenAIServer) -> None:

@@ -31,7 +31,9 @@ class Limits:
 
     `max_steps` counts model calls. A slice of the token, time and cost budgets
     (`final_reserve`, a fraction) is kept for the one tool-free call that writes the partial
-    answer when a budget is hit. `max_repeats` identical calls (same tool, same canonical
+    answer when a budget is hit. `max_input_tokens` bounds what one model call is sent: it is kept by a
+    context builder that counts tokens (`tether.context.Compaction` compacts to fit, or stops the run
+    with one clear error); the default `FullHistory` does not count. `max_repeats` identical calls (same tool, same canonical
     arguments) are allowed; the next one is answered with an observation instead of being run,
     and one more after that stops the run with `loop_detected`.
     """
@@ -45,9 +47,11 @@ class Limits:
     final_answer: bool = True
     final_reserve: float = 0.1
     max_parallel_tools: int = 8
+    max_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_tokens", "max_seconds", "max_cost_usd", "max_tool_calls", "max_repeats"):
+        for name in ("max_steps", "max_tokens", "max_seconds", "max_cost_usd", "max_tool_calls", "max_repeats",
+                     "max_input_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"Limits.{name} must be >= 0 or None, got {value}")
@@ -125,6 +129,8 @@ class Budget:
         self.usage.output_tokens += usage.output_tokens
         self.usage.cost_usd += usage.cost_usd
         self.usage.model_calls += 1
+        self.usage.cached_input_tokens += usage.cached_input_tokens
+        self.usage.cache_write_tokens += usage.cache_write_tokens
 
     def finish(self) -> Usage:
         self.usage.seconds = self.elapsed()

@@ -54,9 +54,14 @@ class DirectStepRunner:
 
 
 class ContextBuilder(Protocol):
-    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn."""
+    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn.
 
-    def build(self, messages: list[Message]) -> list[Message]: ...
+    `build` may be async (a compacting builder makes its own model call). Optional hooks: a builder
+    with per-run state has `start(run: ContextRun) -> ContextBuilder`, called once per run, and the
+    per-run builder may have `task_state() -> dict | None`, returned in `RunResult.task_state`.
+    """
+
+    def build(self, messages: list[Message]) -> list[Message] | Awaitable[list[Message]]: ...
 
 
 class FullHistory:
@@ -64,6 +69,36 @@ class FullHistory:
 
     def build(self, messages: list[Message]) -> list[Message]:
         return messages
+
+
+class ContextRun:
+    """What a context builder may use during one run: the spec, and `complete`, a model call that goes
+    through the run's step runner (so durable mode records it), is priced, and counts against the budget."""
+
+    __slots__ = ("_budget", "_emit", "spec")
+
+    def __init__(self, spec: RunSpec, budget: Budget, emit: Callable[..., None]) -> None:
+        self.spec = spec
+        self._budget = budget
+        self._emit = emit
+
+    async def complete(self, request: ModelRequest, model: Model | None = None, purpose: str = "context") -> ModelReply:
+        use = model or self.spec.model
+        started = self._budget.elapsed()
+        reply = await _with_cancel(self.spec, self.spec.step_runner.model_step(
+            self._budget.steps, lambda: use.complete(request)))
+        _price(self.spec, reply, use)
+        self._budget.record_model_call(reply.usage)
+        self._emit("model_call", {"model": reply.model or use.name, "purpose": purpose,
+                                  "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
+                                  "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
+                   self._budget.elapsed() - started)
+        return reply
+
+
+async def _build(context: ContextBuilder, messages: list[Message]) -> list[Message]:
+    built = context.build(messages)
+    return built if isinstance(built, list) else await built
 
 
 class CancelToken:
@@ -168,11 +203,15 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         if spec.on_event is not None:
             spec.on_event(event)
 
+    context: ContextBuilder = spec.context
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
     deadline = _Deadline(budget.remaining_seconds())
 
     try:
+        start = getattr(spec.context, "start", None)  # a builder with per-run state
+        if start is not None:
+            context = start(ContextRun(spec, budget, emit))
         while True:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
@@ -182,7 +221,10 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
                 break
 
             # 2. The model, bounded by the time left (the final call's reserve excluded).
-            request = ModelRequest(spec.context.build(messages), spec.executor.specs)
+            built = context.build(messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
+            request = ModelRequest(built, spec.executor.specs)
             started = budget.elapsed()
             deadline.armed = True
             try:
@@ -257,7 +299,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
                     StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
-        answer = await _final_answer(spec, messages, stop, budget, emit) or answer
+        answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
     finish = getattr(spec.executor.policy, "finish_run", None)  # optional in a Policy
@@ -269,6 +311,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     result = RunResult(
         run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=[_finding(c, r) for c, r in found],
         usage=budget.finish(), messages=messages, trace=trace, error=error, steps=budget.steps,
+        task_state=_task_state(context),
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
     return result
@@ -369,9 +412,8 @@ async def _run_tools(
     return stop
 
 
-async def _final_answer(
-    spec: RunSpec, messages: list[Message], reason: StopReason, budget: Budget, emit: Callable[..., None]
-) -> str:
+async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,
+                        budget: Budget, emit: Callable[..., None]) -> str:
     """The one reserved, tool-free call that turns what was found into a partial answer."""
     messages.append(Message.user(FINAL_PROMPT.format(reason=reason.value.replace("_", " "))))
     started = budget.elapsed()
@@ -380,7 +422,8 @@ async def _final_answer(
             # The tools stay declared, with tool choice "none": providers (Anthropic) refuse a history
             # holding tool calls from a request that declares no tools.
             tools = spec.executor.specs
-            request = ModelRequest(spec.context.build(messages), tools, max_output_tokens=budget.final_output_tokens(),
+            request = ModelRequest(await _build(context, messages), tools,
+                                   max_output_tokens=budget.final_output_tokens(),
                                    tool_choice="none" if tools else None)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
@@ -391,7 +434,9 @@ async def _final_answer(
         emit("error", {"error": f"final answer call failed: {type(exc).__name__}: {exc}"})
         return ""
     _price(spec, reply)
-    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1))
+    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
+                           cached_input_tokens=reply.usage.cached_input_tokens,
+                           cache_write_tokens=reply.usage.cache_write_tokens))
     messages.append(Message.assistant(reply.text))
     emit("model_call", {"model": reply.model or spec.model.name, "final": True,
                         "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
@@ -400,11 +445,17 @@ async def _final_answer(
     return reply.text
 
 
-def _price(spec: RunSpec, reply: ModelReply) -> None:
-    """Cost from the price table; a model the table does not know keeps the cost it reported."""
-    price = spec.pricing.lookup(reply.model or spec.model.name)
-    if price is not None:
-        reply.usage.cost_usd = (reply.usage.input_tokens * price[0] + reply.usage.output_tokens * price[1]) / 1_000_000
+def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
+    """Cost from the price table (cached input at its own price); a model the table does not know
+    keeps the cost it reported."""
+    name = reply.model or (model or spec.model).name
+    if spec.pricing.known(name):
+        reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
+
+
+def _task_state(context: ContextBuilder) -> dict | None:
+    get = getattr(context, "task_state", None)
+    return get() if get is not None else None
 
 
 def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str) -> None:

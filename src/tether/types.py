@@ -106,7 +106,8 @@ class ToolResult:
 
 @dataclass(slots=True)
 class Usage:
-    """Accounting for one model call or a whole run."""
+    """Accounting for one model call or a whole run. `input_tokens` includes the cached part:
+    `cached_input_tokens` read from a provider's prompt cache, `cache_write_tokens` written to it."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -114,6 +115,8 @@ class Usage:
     model_calls: int = 0
     tool_calls: int = 0
     seconds: float = 0.0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -126,6 +129,8 @@ class Usage:
         self.model_calls += other.model_calls
         self.tool_calls += other.tool_calls
         self.seconds += other.seconds
+        self.cached_input_tokens += other.cached_input_tokens
+        self.cache_write_tokens += other.cache_write_tokens
 
 
 @dataclass(slots=True)
@@ -190,6 +195,7 @@ class RunResult:
     trace: list[TraceEvent] = field(default_factory=list)
     error: str | None = None
     steps: int = 0
+    task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
 
     @property
     def completed(self) -> bool:

@@ -4,6 +4,10 @@ Mapping from tether messages: system messages are joined into `system=`; an assi
 calls become `tool_use` blocks; tool results become `tool_result` blocks in a user message, and
 consecutive results (and the user text after them) share one user message, results first, as the
 API requires. Empty messages are dropped (the API rejects empty text blocks).
+
+Prompt caching: with `cache_prompt` (the default) the static prefix gets cache breakpoints, one on
+the system block and one on the last tool definition, so a context builder that keeps that prefix
+byte-identical across calls (tether.context) pays the cache-read price for it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class AnthropicModel:
         backoff_max: float = 8.0,
         deadline: float | None = DEFAULT_DEADLINE,
         env: Mapping[str, str] | None = None,
+        cache_prompt: bool = True,
     ) -> None:
         self._anthropic = _sdk()
         if not model:
@@ -79,6 +84,7 @@ class AnthropicModel:
         self.max_tokens = max_tokens
         self.timeout = timeout
         self.temperature = temperature
+        self.cache_prompt = cache_prompt
         self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
                                   deadline=deadline)
         self._sleep = asyncio.sleep
@@ -112,6 +118,8 @@ class AnthropicModel:
             choice = anthropic_tool_choice(tool_choice_name(request))
             if choice is not None:
                 params["tool_choice"] = choice
+        if self.cache_prompt:
+            add_cache_breakpoints(params)
         temperature = request.temperature if request.temperature is not None else self.temperature
         if temperature is not None:
             # Recent SDKs dropped `temperature` from create()'s signature; the API still takes it.
@@ -223,19 +231,26 @@ def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
 
 
+def add_cache_breakpoints(params: dict[str, Any]) -> None:
+    """Mark the end of the system prompt and of the tool definitions as cache breakpoints."""
+    if isinstance(params.get("system"), str):
+        params["system"] = [{"type": "text", "text": params["system"], "cache_control": {"type": "ephemeral"}}]
+    if params.get("tools"):
+        params["tools"][-1] = {**params["tools"][-1], "cache_control": {"type": "ephemeral"}}
+
+
 # ----- Anthropic -> tether -------------------------------------------------------------------------
 
 
 def _usage(u: Any) -> Usage:
     if u is None:
         return Usage()
-    # Cached prompt tokens are still prompt tokens for budgets; pricing can split them later.
-    inp = (
-        (getattr(u, "input_tokens", 0) or 0)
-        + (getattr(u, "cache_creation_input_tokens", 0) or 0)
-        + (getattr(u, "cache_read_input_tokens", 0) or 0)
-    )
-    return Usage(input_tokens=inp, output_tokens=getattr(u, "output_tokens", 0) or 0)
+    # Cached prompt tokens are still prompt tokens for budgets; pricing prices them apart.
+    read = getattr(u, "cache_read_input_tokens", 0) or 0
+    write = getattr(u, "cache_creation_input_tokens", 0) or 0
+    inp = (getattr(u, "input_tokens", 0) or 0) + write + read
+    return Usage(input_tokens=inp, output_tokens=getattr(u, "output_tokens", 0) or 0,
+                 cached_input_tokens=read, cache_write_tokens=write)
 
 
 def reply_from_message(response: Any, default_model: str) -> ModelReply:
@@ -261,13 +276,14 @@ def reply_from_message(response: Any, default_model: str) -> ModelReply:
 class AnthropicStreamState:
     """Accumulates raw stream events: text, tool_use blocks with their JSON pieces, usage."""
 
-    __slots__ = ("_blocks", "_text", "finish_reason", "input_tokens", "model", "output_tokens")
+    __slots__ = ("_blocks", "_text", "cached", "finish_reason", "input_tokens", "model", "output_tokens")
 
     def __init__(self, model: str) -> None:
         self._text: list[str] = []
         self._blocks: dict[int, list[Any]] = {}  # index -> [id, name, [partial json]]
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached = (0, 0)
         self.finish_reason = ""
         self.model = model
 
@@ -291,7 +307,9 @@ class AnthropicStreamState:
         elif kind == "message_start":
             message = event.message
             self.model = message.model or self.model
-            self.input_tokens = _usage(message.usage).input_tokens
+            start = _usage(message.usage)
+            self.input_tokens = start.input_tokens
+            self.cached = (start.cached_input_tokens, start.cache_write_tokens)
             self.output_tokens = getattr(message.usage, "output_tokens", 0) or 0
         elif kind == "message_delta":
             if event.delta.stop_reason:
@@ -313,7 +331,8 @@ class AnthropicStreamState:
         return ModelReply(
             text="".join(self._text),
             tool_calls=calls,
-            usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens),
+            usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
+                        cached_input_tokens=self.cached[0], cache_write_tokens=self.cached[1]),
             model=self.model,
             finish_reason=self.finish_reason,
         )

@@ -373,9 +373,11 @@ def make_tool_call(call_id: str | None, name: str | None, raw: Any, seen: set[st
 def _usage(u: Any) -> Usage:
     if u is None:
         return Usage()
+    details = getattr(u, "prompt_tokens_details", None)  # cached prompt tokens (OpenAI, vLLM, OpenRouter)
     return Usage(
         input_tokens=getattr(u, "prompt_tokens", 0) or 0,
         output_tokens=getattr(u, "completion_tokens", 0) or 0,
+        cached_input_tokens=(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0,
     )
 
 
