@@ -10,6 +10,7 @@ from tether.types import RunResult, StopReason, Usage
 EXPECTED = {
     StopReason.COMPLETED: 0,
     StopReason.ERROR: 1,
+    StopReason.OUTPUT_INVALID: 1,  # no validated output: an error for a pipeline
     StopReason.MAX_STEPS: 3,
     StopReason.TOKEN_BUDGET: 3,
     StopReason.TIME_BUDGET: 3,

@@ -4,6 +4,7 @@ from tether import models
 from tether.agent import Agent
 from tether.limits import Limits
 from tether.loop import CancelToken
+from tether.output import JsonSchema, OutputInvalid, structured
 from tether.tools.base import Tool, ToolContext, tool
 from tether.types import Effect, Message, ModelReply, RunResult, StopReason, ToolCall, Usage
 
@@ -11,9 +12,11 @@ __all__ = [
     "Agent",
     "CancelToken",
     "Effect",
+    "JsonSchema",
     "Limits",
     "Message",
     "ModelReply",
+    "OutputInvalid",
     "RunResult",
     "StopReason",
     "Tool",
@@ -21,6 +24,7 @@ __all__ = [
     "ToolContext",
     "Usage",
     "models",
+    "structured",
     "tool",
 ]
 __version__ = "0.1.0"

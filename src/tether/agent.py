@@ -6,6 +6,9 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from tether.limits import Clock, Limits, MonotonicClock
 from tether.loop import (
@@ -19,19 +22,26 @@ from tether.loop import (
 )
 from tether.models.base import Model
 from tether.models.pricing import Pricing
+from tether.output import OutputRun, OutputType
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 from tether.tools.results import DEFAULT_MAX_RESULT_CHARS
 from tether.types import Message, RunResult, TraceEvent
 
+OutputT = TypeVar("OutputT", default=str)
+
 
 @dataclass
-class Agent:
+class Agent(Generic[OutputT]):
     """A model with tools, bounded by limits.
 
     >>> agent = Agent(model, tools=[calculator], instructions="Be brief.", limits=Limits(max_steps=5))
     >>> result = agent.run("What is 17 * 23?")
     >>> result.stop_reason, result.answer
+
+    `output_type` (a pydantic model, dataclass, TypedDict, primitive, list or union; see
+    `tether.output`) makes `result.output` a validated value of that type; an invalid answer goes
+    back to the model with its errors up to `output_retries` times.
     """
 
     model: Model
@@ -47,8 +57,15 @@ class Agent:
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     tool_timeout: float | None = 120.0
     executor: Executor | None = None
+    output_type: type[OutputT] | None = None
+    output_retries: int = 2
+    _output: OutputType[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.output_type is not None:
+            self._output = OutputType.of(self.output_type)
+        if self.output_retries < 0:
+            raise ValueError(f"output_retries must be >= 0, got {self.output_retries}")
         if self.policy is None:
             from tether.policy import SafetyPolicy  # the default: deny-by-default approvals after taint
 
@@ -74,6 +91,7 @@ class Agent:
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id or uuid.uuid4().hex[:12],
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
+            output=None if self._output is None else OutputRun(self._output, self.output_retries),
         )
 
     async def arun(
@@ -85,12 +103,12 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event=None,
         stream_text: bool = False,
-    ) -> RunResult:
+    ) -> RunResult[OutputT]:
         """Run to a stop reason. `history` continues a conversation (e.g. `result.messages`)."""
         spec = self._spec(run_id, cancel, on_event, stream_text)
         return await run_loop(spec, self.start_messages(prompt, history))
 
-    def run(self, prompt: str, **kwargs) -> RunResult:
+    def run(self, prompt: str, **kwargs) -> RunResult[OutputT]:
         """Synchronous `arun` (starts its own event loop)."""
         return asyncio.run(self.arun(prompt, **kwargs))
 
@@ -102,7 +120,7 @@ class Agent:
         run_id: str | None = None,
         cancel: CancelToken | None = None,
         stream_text: bool = True,
-    ) -> AsyncIterator[TraceEvent | RunResult]:
+    ) -> AsyncIterator[TraceEvent | RunResult[OutputT]]:
         """Yield each TraceEvent as it happens (text deltas too), then the RunResult."""
         queue: asyncio.Queue[TraceEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(self.arun(prompt, history=history, run_id=run_id, cancel=cancel,

@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -30,6 +30,9 @@ from tether.types import (
     TraceEvent,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from tether.output import OutputRun
 
 EventSink = Callable[[TraceEvent], None]
 T = TypeVar("T")
@@ -173,6 +176,7 @@ class RunSpec:
     cancel: CancelToken | None = None
     on_event: EventSink | None = None
     stream_text: bool = False
+    output: OutputRun | None = None  # the run's output type (tether.output), when it has one
 
 
 FINAL_PROMPT = (
@@ -225,6 +229,8 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             if not isinstance(built, list):  # an async builder (e.g. compaction)
                 built = await built
             request = ModelRequest(built, spec.executor.specs)
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             started = budget.elapsed()
             deadline.armed = True
             try:
@@ -256,7 +262,16 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
                 "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
             }, budget.elapsed() - started)
 
-            # 3. No tool calls: the model has answered.
+            # 3. No tool calls: the model has answered. With an output type the answer must validate
+            #    (tether.output): an invalid one goes back to the model with its errors, a bounded
+            #    number of times, each retry a model call within the budget.
+            if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
+                if verdict == "retry":
+                    emit("notice", {"output_invalid": spec.output.errors})
+                    continue
+                stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
+                answer = spec.output.text
+                break
             if not reply.tool_calls:
                 stop = StopReason.COMPLETED
                 break
@@ -298,7 +313,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                    StopReason.AWAITING_APPROVAL) and spec.limits.final_answer:
+                    StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
         answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
@@ -308,10 +323,14 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
+    stop = stop or StopReason.ERROR
+    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
+    if spec.output is not None:
+        stop, error, output = spec.output.finish(stop, error, answer)
     result = RunResult(
-        run_id=spec.run_id, stop_reason=stop or StopReason.ERROR, answer=answer, findings=[_finding(c, r) for c, r in found],
+        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=[_finding(c, r) for c, r in found],
         usage=budget.finish(), messages=messages, trace=trace, error=error, steps=budget.steps,
-        task_state=_task_state(context),
+        task_state=_task_state(context), output=output,
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
     return result
@@ -425,6 +444,8 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
             request = ModelRequest(await _build(context, messages), tools,
                                    max_output_tokens=budget.final_output_tokens(),
                                    tool_choice="none" if tools else None)
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:
@@ -442,7 +463,7 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
                         "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
                         "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
          budget.elapsed() - started)
-    return reply.text
+    return reply.text if spec.output is None else spec.output.accept_final(reply)
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:

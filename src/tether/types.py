@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
+OutputT = TypeVar("OutputT")
 
 
 class StopReason(enum.StrEnum):
@@ -30,6 +31,7 @@ class StopReason(enum.StrEnum):
     LOOP_DETECTED = "loop_detected"
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
+    OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
     ERROR = "error"
 
 
@@ -134,12 +136,27 @@ class Usage:
 
 
 @dataclass(slots=True)
+class OutputSchema:
+    """The shape a reply must have (structured output): a JSON Schema whose root is an object.
+
+    An adapter with native structured output renders it (OpenAI `response_format`, Anthropic a
+    forced final tool, the embedded model a grammar); `tether.output` does the rest for others.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+    strict: bool = False  # the schema fits OpenAI's strict mode (all keys required, no extras)
+
+
+@dataclass(slots=True)
 class ModelRequest:
     """Everything a model needs for one completion. `tools` empty means a tool-free call.
 
     `tool_choice`: None or "auto" (the model decides), "none" (tools are shown but may not be
     called: a tool-free call over a history that holds tool calls), "required" (some tool must be
     called), or a tool name (that tool must be called).
+    `output_schema`: the reply must be JSON of this shape (see `OutputSchema`).
     """
 
     messages: list[Message]
@@ -148,6 +165,7 @@ class ModelRequest:
     temperature: float | None = None
     stop: list[str] = field(default_factory=list)
     tool_choice: str | None = None
+    output_schema: OutputSchema | None = None
 
 
 @dataclass(slots=True)
@@ -183,8 +201,12 @@ class TraceEvent:
 
 
 @dataclass(slots=True)
-class RunResult:
-    """What every run returns, however it ended."""
+class RunResult(Generic[OutputT]):
+    """What every run returns, however it ended.
+
+    `output` is the validated object when the agent has an `output_type` (None if no reply
+    validated); `answer` is always the text.
+    """
 
     run_id: str
     stop_reason: StopReason
@@ -196,10 +218,22 @@ class RunResult:
     error: str | None = None
     steps: int = 0
     task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
+    output: OutputT | None = None
 
     @property
     def completed(self) -> bool:
         return self.stop_reason is StopReason.COMPLETED
+
+    @property
+    def usage_by_model(self) -> dict[str, Usage]:
+        """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
+        out: dict[str, Usage] = {}
+        for event in self.trace:
+            if event.kind == "model_call":
+                d = event.data
+                u = out.setdefault(str(d.get("model", "")), Usage())
+                u.add(Usage(d.get("input_tokens", 0), d.get("output_tokens", 0), d.get("cost_usd", 0.0), 1))
+        return out
 
 
 @cache

@@ -103,7 +103,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
-    return report(result, reporter, as_json=opts.json, raw=opts.raw)
+    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
 
 
 def execute_chat(opts: o.RunOptions) -> int:
@@ -156,6 +156,7 @@ def root(
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -171,7 +172,8 @@ def root(
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
-                    instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet)
+                    instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet,
+                    output_schema=output_schema)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -207,13 +209,14 @@ def run_command(
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet))
+        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
@@ -134,7 +135,22 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     policy = build_policy(opts, pause)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
-    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor)
+    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
+                 output_type=load_output_schema(opts.output_schema))
+
+
+def load_output_schema(path: Path | None) -> Any:
+    """`--output-schema FILE` as an output type (a JsonSchema), or None."""
+    if path is None:
+        return None
+    from tether.output import JsonSchema
+
+    try:
+        return JsonSchema(json.loads(path.read_text()))
+    except OSError as exc:
+        raise CliError(f"cannot read the output schema {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not JSON, or not a JSON Schema
+        raise CliError(f"the output schema {path} is not a valid JSON Schema: {exc}") from exc
 
 
 def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:

@@ -50,6 +50,9 @@ TextProtocol = Annotated[str | None, typer.Option(
 Instructions = Annotated[str | None, typer.Option(
     "--instructions", help="System instructions (default: a short coding-agent prompt naming the workspace).",
     show_default=False)]
+OutputSchema = Annotated[Path | None, typer.Option(
+    "--output-schema", help="JSON Schema FILE the answer must match; stdout gets the validated JSON.",
+    show_default=False, dir_okay=False)]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
 AllowNet = Annotated[bool, typer.Option("--allow-net", help="Let Bash commands use the network (the sandbox "
                                         "has none by default).")]
@@ -83,6 +86,7 @@ class RunOptions:
     raw: bool = False
     verbose: bool = False
     quiet: bool = False
+    output_schema: Path | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

@@ -59,6 +59,8 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
         head = f"cancelled ({result.error or 'cancelled'}) {done}"
     elif reason is StopReason.AWAITING_APPROVAL:
         head = f"stopped {done}: a tool call awaits approval (rerun with --yes to approve)"
+    elif reason is StopReason.OUTPUT_INVALID:
+        head = f"no valid output (output_invalid) {done}: {result.error or 'the answer did not validate'}"
     else:
         head = f"error {done}: {result.error or 'unknown error'}"
     return clean(" ".join(f"tether: {head}; {where}, {found}".split()))

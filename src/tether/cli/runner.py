@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -82,13 +83,18 @@ async def run_turn(
         reporter.stop()
 
 
-def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO | None = None,
-           raw: bool = False) -> int:
+def report(result: RunResult, reporter: Reporter, *, as_json: bool, as_output: bool = False,
+           out: TextIO | None = None, raw: bool = False) -> int:
     """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code.
-    The answer loses its terminal control sequences unless `raw` (JSON escapes them)."""
+
+    `as_output` (--output-schema): stdout gets only the validated output as JSON, or nothing. The
+    answer loses its terminal control sequences unless `raw` (JSON escapes them)."""
     out = out or sys.stdout
     if as_json:
         out.write(json_safe(to_json(result)) + "\n")
+    elif as_output:
+        if result.output is not None:
+            out.write(json_safe(json.dumps(result.output, ensure_ascii=False)) + "\n")
     else:
         answer = result.answer if raw else clean(result.answer)
         if answer.strip():
@@ -96,7 +102,7 @@ def report(result: RunResult, reporter: Reporter, *, as_json: bool, out: TextIO 
     out.flush()
     code = exit_code(result)
     if code != 0:
-        reporter.console.print(stop_line(result), style="red", highlight=False,
+        reporter.console.print(stop_line(result, answer_shown=not as_output), style="red", highlight=False,
                                markup=False, soft_wrap=True)
     reporter.summary(result)
     return code

@@ -12,6 +12,7 @@ _EXPORTS = {
     "Model": "tether.models.base",
     "ModelError": "tether.models.base",
     "OpenAICompatModel": "tether.models.openai_compat",
+    "FallbackModel": "tether.models.fallback",
     "AnthropicModel": "tether.models.anthropic",
     "LocalModel": "tether.models.local",
     "TextProtocolModel": "tether.models.text_protocol",
@@ -24,6 +25,7 @@ _EXPORTS = {
 
 __all__ = [
     "AnthropicModel",
+    "FallbackModel",
     "LocalModel",
     "Model",
     "ModelError",
@@ -39,6 +41,7 @@ __all__ = [
 if TYPE_CHECKING:
     from tether.models.anthropic import AnthropicModel
     from tether.models.base import Model, ModelError
+    from tether.models.fallback import FallbackModel
     from tether.models.local import LocalModel
     from tether.models.openai_compat import OpenAICompatModel
     from tether.models.pricing import Pricing

@@ -74,7 +74,7 @@ def give_up(prefix: str, failure: Failure, attempts: int, policy: RetryPolicy) -
         tail = f" (server asked to retry after {failure.retry_after:g}s, over the {policy.max_retry_after:g}s limit)"
     elif attempts > 1:
         tail = f" (gave up after {attempts} attempts)"
-    return ModelError(f"{prefix}: {failure.message}{tail}")
+    return ModelError(f"{prefix}: {failure.message}{tail}", retryable=failure.retryable)
 
 
 def past_deadline(prefix: str, policy: RetryPolicy, last: Failure | None, emitted: bool = False) -> ModelError:

@@ -26,6 +26,7 @@ from tether.models._retry import (
     stream_with_retries,
 )
 from tether.models.openai_compat import NO_KEY, make_tool_call, same_url, tool_choice_name
+from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
 
 ANTHROPIC_URL = "https://api.anthropic.com"
@@ -46,7 +47,10 @@ class AnthropicModel:
     `max_output_tokens` overrides it. The key comes from `api_key`, else ANTHROPIC_API_KEY, which
     is sent only to the URL it was configured for (ANTHROPIC_BASE_URL, else api.anthropic.com):
     another `base_url` gets no key unless `api_key` is given.
+    Structured output is a final tool the model is forced to use (`tool_choice`).
     """
+
+    native_output = True  # renders ModelRequest.output_schema (tether.output)
 
     def __init__(
         self,
@@ -126,6 +130,8 @@ class AnthropicModel:
             params["extra_body"] = {"temperature": temperature}
         if request.stop:
             params["stop_sequences"] = list(request.stop)
+        if request.output_schema is not None:
+            force_output_tool(params, request)
         return params
 
     def _classify(self, exc: Exception) -> Failure | None:
@@ -225,6 +231,16 @@ def anthropic_tool_choice(choice: str | None) -> dict[str, Any] | None:
     if choice == "required":
         return {"type": "any"}
     return {"type": "tool", "name": choice}
+
+
+def force_output_tool(params: dict[str, Any], request: ModelRequest) -> None:
+    """Structured output: a final tool whose input is the answer, and a turn that must use a tool
+    (that one alone when there are no other tools, or they may not be called: tool_choice "none")."""
+    assert request.output_schema is not None
+    final = final_tool(request.output_schema)
+    params["tools"] = [*params.get("tools", ()), *to_anthropic_tools([final])]
+    others = bool(request.tools) and request.tool_choice != "none"
+    params["tool_choice"] = {"type": "any"} if others else {"type": "tool", "name": final.name}
 
 
 def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:

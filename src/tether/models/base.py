@@ -9,7 +9,16 @@ from tether.types import ModelReply, ModelRequest, TextDelta
 
 
 class ModelError(RuntimeError):
-    """A model call failed for good (after the adapter's own retries)."""
+    """A model call failed for good (after the adapter's own retries).
+
+    `retryable` says whether the failure was of a kind worth retrying (5xx, 429, timeouts,
+    connection errors) that the retry layer gave up on; False for errors a retry cannot fix (a
+    bad request, auth); None when the adapter does not know. `FallbackModel` keys on it.
+    """
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -36,6 +37,7 @@ from tether.models._gbnf import (
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
 from tether.models.base import ModelError, stream_by_completing
+from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
 INSTALL_HINT = (
@@ -296,6 +298,8 @@ class LocalModel:
         self.last_stats = CallStats()
         self._grammars: dict[str, Any] = {}
 
+    native_output = True  # structured output through a grammar (see `_output_request`)
+
     def __repr__(self) -> str:
         return f"LocalModel({str(self.path)!r}, n_threads={self.n_threads}, n_ctx={self.n_ctx})"
 
@@ -310,18 +314,22 @@ class LocalModel:
     def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
         return stream_by_completing(self, request)
 
-    def grammar_text(self, tools: Sequence[ToolSpec]) -> str:
-        """The GBNF text forcing a reply to `tools` (one call or a final answer)."""
-        return reply_grammar(tools, self.grammar_limits)
+    def grammar_text(self, tools: Sequence[ToolSpec], *, allow_final: bool = True) -> str:
+        """The GBNF text forcing a reply to `tools` (one call or, if allowed, a final answer)."""
+        return reply_grammar(tools, self.grammar_limits, allow_final=allow_final)
 
-    def _grammar(self, tools: Sequence[ToolSpec]) -> Any:
-        key = json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True, default=str)
+    def _grammar(self, tools: Sequence[ToolSpec], allow_final: bool = True, json_schema: Any = None) -> Any:
+        key = json.dumps([[t.name, t.parameters] for t in tools] + [allow_final, json_schema], sort_keys=True,
+                         default=str)
         grammar = self._grammars.get(key)
         if grammar is None:
             llama_cpp = _import_llama_cpp()
-            text = self.grammar_text(tools)
             try:
-                grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
+                if json_schema is not None:  # llama.cpp's own JSON Schema -> GBNF translation
+                    grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(json_schema), verbose=False)
+                else:
+                    grammar = llama_cpp.LlamaGrammar.from_string(self.grammar_text(tools, allow_final=allow_final),
+                                                                 verbose=False)
             except ValueError as exc:
                 raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
             if len(self._grammars) >= 32:
@@ -332,15 +340,18 @@ class LocalModel:
     def complete_sync(self, request: ModelRequest) -> ModelReply:
         """The blocking completion (what `complete` runs in a worker thread)."""
         loaded = _load(self.path, self.n_ctx, self.n_threads)
+        request, output_schema = _output_request(request)
         if request.tool_choice == "none":  # a tool-free call: the tools are not advertised at all
-            request = ModelRequest(request.messages, [], request.max_output_tokens, request.temperature, request.stop)
+            request = dataclasses.replace(request, tools=[], tool_choice=None)
         tools = list(request.tools)
         chat = render_chat(request, brief=self.tiny)
         stop = list(request.stop)
         if tools:
             # The grammar ends the reply; no closing-tag stop sequences, which would also fire
             # inside a string argument.
-            grammar = self._grammar(tools)
+            grammar = self._grammar(tools, allow_final=request.tool_choice != "required")
+        elif output_schema is not None:
+            grammar = self._grammar([], json_schema=output_schema)
         else:
             grammar = None
             stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make
@@ -392,6 +403,21 @@ class LocalModel:
             return ModelReply(tool_calls=parsed.calls[:1], usage=usage, model=self.name, finish_reason="tool_calls")
         answer = parsed.final if parsed.final is not None else parsed.text
         return ModelReply(text=answer, usage=usage, model=self.name, finish_reason=finish)
+
+
+def _output_request(request: ModelRequest) -> tuple[ModelRequest, dict[str, Any] | None]:
+    """Structured output as this model does it: with tools, a final tool the grammar forces a call
+    to (the answer is its arguments); without, a JSON grammar of the schema, which the prompt
+    also shows. Returns the request to render and the schema for a JSON grammar (or None)."""
+    out = request.output_schema
+    if out is None:
+        return request, None
+    if request.tools:  # (tool_choice "none": the other tools are shown only, so the final one alone)
+        tools = [final_tool(out)] if request.tool_choice == "none" else [*request.tools, final_tool(out)]
+        return dataclasses.replace(request, tools=tools, tool_choice="required", output_schema=None), None
+    note = Message.system("Answer with one JSON value matching this JSON Schema, nothing else:\n"
+                          + json.dumps(out.schema, ensure_ascii=False))
+    return dataclasses.replace(request, messages=[*request.messages, note]), out.schema
 
 
 def _strip_final(text: str) -> str:

@@ -42,7 +42,7 @@ from tether.models._retry import (
     stream_with_retries,
 )
 from tether.models.base import ModelError
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
+from tether.types import Message, ModelReply, ModelRequest, OutputSchema, TextDelta, ToolCall, ToolSpec, Usage
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -122,6 +122,9 @@ def resolve_endpoint(
 class OpenAICompatModel:
     """A `Model` over /chat/completions with the official `openai` SDK.
 
+    Structured output goes out as `response_format` (a JSON schema); for a server without it set
+    `native_output = False` on the model and a final-result tool is used instead.
+
     The SDK's own retries are off; this adapter retries 408, 429, 5xx, timeouts and connection
     errors `max_retries` times with exponential backoff (`backoff_base` * 2**n, capped at
     `backoff_max`, with jitter; a server's Retry-After wins), then raises `ModelError`. Other
@@ -172,6 +175,8 @@ class OpenAICompatModel:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._prefix = f"model {model!r} at {self.base_url}"
 
+    native_output = True  # renders ModelRequest.output_schema (tether.output)
+
     @classmethod
     def from_env(
         cls, model: str | None = None, *, env: Mapping[str, str] | None = None, **kwargs: Any
@@ -215,6 +220,8 @@ class OpenAICompatModel:
             params["temperature"] = temperature
         if request.stop:
             params["stop"] = list(request.stop)
+        if request.output_schema is not None:
+            params["response_format"] = to_response_format(request.output_schema)
         if self.extra_body:
             params.update(self.extra_body)
         return params
@@ -295,6 +302,14 @@ def _tool_call_out(call: ToolCall) -> dict[str, Any]:
     # arguments (llama.cpp templates) fail on invalid JSON; the tool result carries the error.
     args = "{}" if call.parse_error else json.dumps(call.arguments, ensure_ascii=False)
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": args}}
+
+
+def to_response_format(out: OutputSchema) -> dict[str, Any]:
+    """Structured output as OpenAI's `response_format` (strict only when the schema allows it)."""
+    spec: dict[str, Any] = {"name": out.name, "schema": out.schema, "strict": out.strict}
+    if out.description:
+        spec["description"] = out.description
+    return {"type": "json_schema", "json_schema": spec}
 
 
 def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -83,8 +84,7 @@ class ScriptedModel:
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         # The loop passes its live transcript; keep what the model saw at this call.
-        seen = ModelRequest(list(request.messages), request.tools, request.max_output_tokens,
-                            request.temperature, request.stop, request.tool_choice)
+        seen = dataclasses.replace(request, messages=list(request.messages))
         self.requests.append(seen)
         if self._fn is not None:
             item = self._fn(seen)

@@ -1,0 +1,97 @@
+"""The overhead bench on two versions of tether, alternating processes on the same machine.
+
+    python -m bench.overhead.before_after [BASE_REV]     # default: main
+
+The base revision's `src/` is exported with `git archive` to a temporary directory; each round runs
+`python -m bench.overhead` once with the base on PYTHONPATH and once with this checkout's `src/`
+(the bench code itself is this checkout's in both). Prints the median per figure and the ratio;
+`bench/overhead/results.json` is left as it was. A second measure, independent of the machine's
+load: function calls per turn (Python and C, counted by a `sys.setprofile` hook over one 50-step
+run, async tool); it is deterministic, so a call a change adds to every step shows up exactly
+(work without calls, such as an attribute test, does not).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).with_name("results.json")
+FIGURES = ("tether, all guards, async tool, CPU us/turn", "tether, all guards, sync tool (threads), CPU us/turn",
+           "us/turn at 10 steps", "us/turn at 150 steps")
+ROUNDS = 3
+
+
+def run_bench(src: Path) -> dict[str, float]:
+    env = os.environ | {"PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-m", "bench.overhead"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    figures = {}
+    for name in FIGURES:
+        match = re.search(re.escape(name) + r"\s+([\d,.]+)", out)
+        if match:
+            figures[name] = float(match.group(1).replace(",", ""))
+    return figures
+
+
+CALLS = """
+import sys
+from bench.overhead.__main__ import lookup, tether_runner
+_, run = tether_runner(50, [lookup], "lookup")
+run(1)
+calls = 0
+def count(frame, event, arg):
+    global calls
+    if event in ("call", "c_call"):
+        calls += 1
+sys.setprofile(count)
+run(1)
+sys.setprofile(None)
+print(calls / 51)
+"""
+
+
+def calls_per_turn(src: Path) -> float:
+    env = os.environ | {"PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", CALLS], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return float(out.split()[-1])
+
+
+def main() -> int:
+    base = sys.argv[1] if len(sys.argv) > 1 else "main"
+    saved = RESULTS.read_bytes() if RESULTS.exists() else None
+    archive = subprocess.run(["git", "archive", base, "src"], cwd=ROOT, capture_output=True, check=True).stdout
+    runs: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with tarfile.open(fileobj=BytesIO(archive)) as tar:
+                tar.extractall(tmp, filter="data")
+            calls = calls_per_turn(Path(tmp) / "src"), calls_per_turn(ROOT / "src")
+            for _ in range(ROUNDS):
+                runs["base"].append(run_bench(Path(tmp) / "src"))
+                runs["this"].append(run_bench(ROOT / "src"))
+    finally:
+        if saved is not None:
+            RESULTS.write_bytes(saved)
+    print(f"median of {ROUNDS} alternating runs each; base = {base}")
+    print(f"{'figure':<55} {'base':>9} {'this':>9} {'this/base':>9}")
+    for name in FIGURES:
+        b = statistics.median(r[name] for r in runs["base"])
+        t = statistics.median(r[name] for r in runs["this"])
+        print(f"{name:<55} {b:>9.2f} {t:>9.2f} {t / b:>9.2f}")
+    print(f"{'function calls per turn (sys.setprofile, exact)':<55} {calls[0]:>9.2f} {calls[1]:>9.2f} "
+          f"{calls[1] / calls[0]:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
