@@ -15,9 +15,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether.cli import mcp_cmd, rag_commands
 from tether.cli import options as o
-from tether.cli import rag_commands
 from tether.cli.build import CliError, build_agent
+from tether.cli.mcp_cmd import close_mcp
 from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
 from tether.cli.terminal import clean
@@ -103,6 +104,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
+            close_mcp(agent.executor)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
 
 
@@ -127,6 +129,7 @@ def execute_chat(opts: o.RunOptions) -> int:
             trace.close()
         if agent.executor is not None:
             agent.executor.close()
+            close_mcp(agent.executor)
 
 
 def _options(**values: object) -> o.RunOptions:
@@ -157,6 +160,7 @@ def root(
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -173,7 +177,7 @@ def root(
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet,
-                    output_schema=output_schema)
+                    output_schema=output_schema, mcp=mcp)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -210,13 +214,14 @@ def run_command(
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema))
+        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -247,13 +252,14 @@ def chat_command(
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
+    mcp: o.Mcp = None,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet))
+        raw=raw, verbose=verbose, quiet=quiet, mcp=mcp))
     raise typer.Exit(execute_chat(opts))
 
 
@@ -273,6 +279,7 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
 
 
 rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,6 +128,12 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net)
     limits = build_limits(opts)
     model = build_model(opts, announce)
+    mcp = None
+    if opts.mcp is not None:  # started after the model resolved, so a bad model leaves no server running
+        from tether.cli.mcp_cmd import open_mcp, usable
+
+        mcp = open_mcp(opts.mcp, announce)
+        tools += usable(mcp, tools, announce)
     if opts.instructions is not None:
         instructions = opts.instructions
     else:
@@ -135,8 +141,13 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     policy = build_policy(opts, pause)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
-    return Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
-                 output_type=load_output_schema(opts.output_schema))
+    agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
+                  output_type=load_output_schema(opts.output_schema))
+    if mcp is not None:
+        from tether.cli.mcp_cmd import adopt
+
+        adopt(mcp, agent.executor)
+    return agent
 
 
 def load_output_schema(path: Path | None) -> Any:

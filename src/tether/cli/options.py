@@ -60,6 +60,9 @@ Raw = Annotated[bool, typer.Option("--raw", help="Print the answer exactly as th
                                    "control sequences included (they are removed by default).")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
                                        "is not a terminal.")]
+Mcp = Annotated[Path | None, typer.Option(
+    "--mcp", help="An mcpServers JSON file (the format of Claude Desktop and Cursor): its servers' tools join "
+    "the run. See docs/mcp.md.", show_default=False, dir_okay=False)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -87,6 +90,7 @@ class RunOptions:
     verbose: bool = False
     quiet: bool = False
     output_schema: Path | None = None
+    mcp: Path | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

@@ -109,6 +109,19 @@ class Executor:
         small models are not tempted by a tool they have no handle for."""
         return self._specs_with_reader if len(self.results) else self._specs
 
+    def update_tools(self, add: Iterable[Tool] = (), remove: Iterable[str] = ()) -> None:
+        """Drop the tools named in `remove`, then add (or replace) `add`; the next model call sees the
+        new set (e.g. an MCP server's changed tool list). Fresh containers are swapped in, so a lookup
+        racing the update sees the old set or the new one, never half of each."""
+        reader = self.tools.get("read_result")
+        auto_reader = reader is not None and reader.spec not in self._specs  # added by __init__, advertised late
+        gone = set(remove)
+        tools = {n: t for n, t in self.tools.items() if n not in gone or (auto_reader and n == "read_result")}
+        tools.update((t.name, t) for t in add)
+        specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
+        self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
+        self.tools = tools
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,107 @@
+"""MCP server: tether tools, and agents as single tools, offered to any MCP client.
+
+Every tools/call goes through an `Executor` with the policy it was built with (the CLI uses the
+default `SafetyPolicy`) and the configured user, exactly as the model's calls do. A refusal,
+an invalid argument or a failing tool comes back as a tool result with `isError: true` and the
+executor's text, so the calling agent can act on it. Each MCP session is one tether run for the
+policy: what a session read taints that session's later calls (see `run_id` below).
+
+```python
+server = build_server(Executor([calculator, read_tool(".")], policy=SafetyPolicy()), user="alice")
+await serve_stdio(server)            # or: await serve_http(server, "127.0.0.1", 8765)
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+import mcp_types as mt
+from mcp.server.lowlevel import Server
+
+from tether.agent import Agent
+from tether.tools.base import Tool
+from tether.tools.executor import CallContext, Executor
+from tether.types import Effect, ToolCall
+
+_ORDER = (Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE)
+
+
+def agent_tool(agent: Agent, name: str, description: str = "") -> Tool:
+    """An agent as one tool: each call is one whole run of `agent` (its own limits, tools and policy)
+    on the task it is given; the answer is the result, a run that did not complete is an error."""
+
+    async def run(task: str) -> str:
+        result = await agent.arun(task)
+        if result.completed:
+            return result.answer
+        partial = f" Partial answer: {result.answer}" if result.answer.strip() else ""
+        raise RuntimeError(f"the run stopped ({result.stop_reason.value}{': ' + result.error if result.error else ''})"
+                           f" after {result.steps} steps.{partial}")
+
+    effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
+    return Tool.from_schema(
+        name, description or f"Runs the agent '{name}' on a task and returns its final answer.",
+        {"properties": {"task": {"type": "string", "description": "The task, in full."}}, "required": ["task"]},
+        run,
+        # the strongest effect among its tools: its answer may be the product of any of them
+        effect=max(effects, key=_ORDER.index),
+        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
+        # the agent's own limits bound the run; the executor's timeout must not cut it short
+        timeout=agent.limits.max_seconds + 5 if agent.limits.max_seconds else None,
+        metadata={"agent": name},
+    )
+
+
+def _annotations(tool: Tool) -> mt.ToolAnnotations:
+    return mt.ToolAnnotations(read_only_hint=tool.effect is Effect.READ_ONLY,
+                              destructive_hint=tool.effect is Effect.IRREVERSIBLE,
+                              open_world_hint=bool(tool.untrusted_output))
+
+
+def build_server(executor: Executor, *, user: str | None = None, name: str = "tether") -> Server[Any]:
+    """An MCP server offering `executor`'s tools (read_result too, for capped outputs)."""
+    base = f"mcp-{uuid.uuid4().hex[:12]}"
+    counter = itertools.count(1)
+
+    def run_id(ctx: Any) -> str:
+        # The policy's run is the client's session: over stdio the process serves one client; over
+        # HTTP the Mcp-Session-Id names it. Sessionless (2026-07-28 stateless) HTTP clients share one
+        # run, so what one of them read taints all: the safe direction.
+        headers = getattr(getattr(ctx, "request", None), "headers", None)
+        sid = headers.get("mcp-session-id") if headers is not None else None
+        return f"{base}-{sid}" if sid else base
+
+    async def list_tools(ctx: Any, params: mt.PaginatedRequestParams | None) -> mt.ListToolsResult:
+        return mt.ListToolsResult(tools=[
+            mt.Tool(name=t.name, description=t.description, input_schema=t.parameters, annotations=_annotations(t))
+            for t in executor.tools.values()])
+
+    async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolResult:
+        call = ToolCall(f"mcp{next(counter)}", params.name, dict(params.arguments or {}))
+        result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user))
+        return mt.CallToolResult(content=[mt.TextContent(text=result.content)], is_error=result.is_error)
+
+    from tether import __version__
+
+    return Server(name, version=__version__, on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=lambda n: executor.tools[n].parameters if n in executor.tools else None)
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    """Serve one client over this process's stdin and stdout until it closes them."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+async def serve_http(server: Server[Any], host: str, port: int) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until cancelled (Ctrl-C)."""
+    import uvicorn
+
+    app = server.streamable_http_app(host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve()
