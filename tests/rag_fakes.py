@@ -27,3 +27,31 @@ class BagEmbedder:
                 out[i, sum(map(ord, tok)) % self.dim] += 1.0
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms > 0, norms, 1)
+
+
+def tiny_cross_encoder(path):
+    """input_ids -> embedding lookup -> mean -> one logit: scores pairs that share the token
+    "gamma" higher (its embedding row is 1, every other row 0)."""
+    import pytest
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from tether.rag.encoder import VOCAB_PATH
+
+    vocab = BertWordPieceTokenizer(str(VOCAB_PATH)).get_vocab()
+    table = np.zeros((len(vocab), 1), dtype=np.float32)
+    table[vocab["gamma"]] = 1.0
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["emb"], axis=0),
+         helper.make_node("ReduceSum", ["emb", "axes"], ["logits"], keepdims=0)],
+        "tiny", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "l"]),
+                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "l"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 1])],
+        [helper.make_tensor("table", TensorProto.FLOAT, table.shape, table.flatten()),
+         helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

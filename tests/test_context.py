@@ -23,7 +23,7 @@ from tether.context import (
 )
 from tether.context.tokens import message_tokens, size_bound, tiktoken_encoding
 from tether.limits import Budget, MonotonicClock
-from tether.loop import ContextRun, RunSpec
+from tether.loop import ContextRun, DirectStepRunner, RunSpec
 from tether.models.anthropic import AnthropicModel
 from tether.models.openai_compat import to_openai_messages, to_openai_tools
 from tether.models.pricing import Pricing
@@ -275,7 +275,7 @@ def search_logs(q: str) -> str:
         f"\n2026-11-30T03:59:59Z ERROR pool exhausted on host db-{q}")
 
 
-class RecordingRunner:
+class RecordingRunner(DirectStepRunner):
     """A step runner that records every model step (as a durable runner checkpoints them)."""
 
     def __init__(self) -> None:
@@ -283,9 +283,6 @@ class RecordingRunner:
 
     async def model_step(self, step, run):
         self.model_steps.append(step)
-        return await run()
-
-    async def tool_step(self, step, call, run):
         return await run()
 
 

@@ -93,15 +93,22 @@ def test_run_time_budget_bounds_the_tool_timeout():
 def test_big_results_are_capped_with_a_handle_and_paged_by_read_result():
     ex = Executor([big], max_result_chars=100)
     r = run(ex, "big", n=1000)
-    assert not r.is_error and r.handle == "r1" and r.full_chars == 1000
+    h = r.handle
+    assert not r.is_error and h is not None and h.startswith("r_") and len(h) == 18 and r.full_chars == 1000
     assert r.content.startswith("0123456789" * 10)
-    assert 'read_result(handle="r1", offset=100, length=100)' in r.content
-    page = run(ex, "read_result", handle="r1", offset=100, length=50)
+    assert f'read_result(handle="{h}", offset=100, length=100)' in r.content
+    page = run(ex, "read_result", handle=h, offset=100, length=50)
     assert page.content.startswith("0123456789" * 5 + "\n[characters 100-150 of 1000. Next: offset=150.]")
-    last = run(ex, "read_result", handle="r1", offset=990, length=100)
+    last = run(ex, "read_result", handle=h, offset=990, length=100)
     assert last.content.endswith("End of result.]")
     missing = run(ex, "read_result", handle="r9")
     assert missing.is_error and "unknown or expired" in missing.content
+    # another run (or another user) cannot read it, even knowing the handle
+    other = asyncio.run(ex.execute(ToolCall("c2", "read_result", {"handle": h}), CallContext("run2", user="alice")))
+    assert other.is_error and "unknown or expired" in other.content
+    bob = asyncio.run(ex.execute(ToolCall("c3", "read_result", {"handle": h}),
+                                 CallContext("run1", user="bob", extra={"result_handles": {h}})))
+    assert bob.is_error
 
 
 def test_result_store_is_bounded():
@@ -109,10 +116,10 @@ def test_result_store_is_bounded():
     handles = [store.put("x" * 100) for _ in range(5)]
     assert store.total_chars <= 250 and len(store) == 2
     assert store.get(handles[0]) is None and store.get(handles[-1]) == "x" * 100
-    for i in range(50):  # the file on disk stays bounded too
-        store.put(str(i % 10) * 100)
+    later = [store.put(str(i % 10) * 100) for i in range(50)]  # the file on disk stays bounded too
     assert store.file_bytes <= 2 * 250
-    assert store.get(f"r{len(handles) + 50}") == "9" * 100 and store.get(f"r{len(handles) + 49}") == "8" * 100
+    assert store.get(later[-1]) == "9" * 100 and store.get(later[-2]) == "8" * 100
+    assert store.get(later[-1], owner="bob") is None  # another user's result
     text, handle = cap("short", 10, store)
     assert (text, handle) == ("short", None)
 
@@ -135,7 +142,7 @@ def test_context_parameter_gets_the_idempotency_key_and_is_hidden():
     assert "ctx" not in pay.parameters["properties"]
     r = run(Executor([pay]), "pay", amount=3)
     assert r.content == "paid"
-    assert seen[0].idempotency_key == "run1:c1" and seen[0].user == "alice"
+    assert seen[0].idempotency_key == "run1:0:0" and seen[0].user == "alice"  # run_id:step:index
 
 
 def test_tools_from_explicit_json_schema_are_validated():
@@ -159,12 +166,14 @@ def test_duplicate_tool_names_are_refused():
 
 def test_read_result_is_advertised_once_a_result_was_capped():
     ex = Executor([big], max_result_chars=100)
-    assert [s.name for s in ex.specs] == ["big"]
+    ctx = CallContext("run1", user="alice")
+    owned = lambda: bool(ctx.extra.get("result_handles"))  # noqa: E731 - what the loop asks
+    assert [s.name for s in ex.specs_for(owned())] == ["big"]
     assert run(ex, "read_result", handle="r1").is_error  # callable all along, just not advertised
-    run(ex, "big", n=50)
-    assert [s.name for s in ex.specs] == ["big"]
-    run(ex, "big", n=1000)
-    assert [s.name for s in ex.specs] == ["big", "read_result"]
+    asyncio.run(ex.execute(ToolCall("c1", "big", {"n": 50}), ctx))
+    assert [s.name for s in ex.specs_for(owned())] == ["big"]
+    asyncio.run(ex.execute(ToolCall("c2", "big", {"n": 1000}), ctx))
+    assert [s.name for s in ex.specs_for(owned())] == ["big", "read_result"]
 
 
 class _RaisingPolicy:

@@ -413,7 +413,7 @@ def test_a_failing_tool_step_runner_ends_with_error_and_a_valid_transcript():
     from tether.loop import DirectStepRunner
 
     class BrokenStore(DirectStepRunner):
-        async def tool_step(self, step, call, run):
+        async def tool_step(self, step, index, call, run):
             raise OSError("checkpoint store unavailable")
 
     model = ScriptedModel([[call("add", a=1, b=2), call("add", a=3, b=4)], "unused"])

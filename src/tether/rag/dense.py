@@ -4,13 +4,15 @@ A text longer than `window` word pieces is also embedded as overlapping windows 
 pieces (stride `stride`), and scores as the best of its whole-text vector and its window vectors
 (MaxP). MiniLM reads at most 256 pieces and was trained on 128, so without windows the end of a
 long text is invisible and its middle diluted. 126 pieces (128 with [CLS] and [SEP]) was chosen
-on CISI over 254; see docs/retrieval.md for how, and what it is worth.
+on CISI over 254; whether `best` uses windows at all is chosen across collections (rag/settings.py).
+Optional Rocchio feedback moves the query vector towards its top passages.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +26,15 @@ WINDOW = 126  # word pieces per window; 0 turns windows off
 STRIDE = 63
 
 _WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True, slots=True)
+class Rocchio:
+    """Rocchio pseudo-relevance feedback on the query vector: q' = q + beta * mean of the
+    whole-text vectors of the `docs` best first-pass passages, renormalised."""
+
+    docs: int = 10
+    beta: float = 0.5
 
 
 def piece_offsets(embedder: Embedder, text: str) -> list[tuple[int, int]]:
@@ -83,12 +94,14 @@ class DenseRetriever:
         ann_threshold: int = ANN_THRESHOLD,
         window: int = WINDOW,
         stride: int = STRIDE,
+        rocchio: Rocchio | None = None,
     ) -> None:
         if window < 0 or (window and not 0 < stride <= window):
             raise ValueError("window must be >= 0 and stride in 1..window")
         self._embedder = embedder
         self.ann_threshold = ann_threshold
         self.window, self.stride = window, stride
+        self.rocchio = rocchio
         dim = embedder.dim if embedder else 384
         self.vectors = np.zeros((0, dim), dtype=np.float32)
         self.window_vectors = np.zeros((0, dim), dtype=np.float32)
@@ -146,7 +159,19 @@ class DenseRetriever:
         self.ivf = ivf
 
     def query_vector(self, query: str) -> np.ndarray:
-        return self.embedder.embed([query])[0]
+        """The query's embedding, moved by Rocchio feedback when configured."""
+        qv = self.embedder.embed([query])[0]
+        return self.feedback_vector(qv) if self.rocchio is not None else qv
+
+    def feedback_vector(self, qv: np.ndarray) -> np.ndarray:
+        """Rocchio: the query vector plus beta times the mean of its top passages' vectors."""
+        r = self.rocchio
+        if r is None or not len(self.vectors):
+            return qv
+        top = [i for i, _ in top_k(self.scores_for(qv), r.docs)]
+        moved = qv + r.beta * np.asarray(self.vectors[top], dtype=np.float32).mean(axis=0)
+        norm = float(np.linalg.norm(moved))
+        return (moved / norm).astype(np.float32) if norm > 0 else qv
 
     def _window_max(self, qv: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(passage rows that have windows, their best window score), over all passages or `rows`."""

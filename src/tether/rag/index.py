@@ -22,7 +22,7 @@ import hashlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -32,9 +32,13 @@ import numpy as np
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD, STRIDE, WINDOW, DenseRetriever
+from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, split_windows
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
+from tether.rag.settings import BEST
+
+# Called as progress(done, total) while passages are embedded (done counts texts, windows included).
+Progress = Callable[[int, int], None]
 
 RETRIEVER_NAMES = ("tfidf", "bm25", "dense", "hybrid", "best")
 DENSE_RETRIEVERS = frozenset({"dense", "hybrid", "best"})
@@ -101,11 +105,13 @@ class Index:
         ann_threshold: int = ANN_THRESHOLD,
         window: int | None = None,
         stride: int | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """`window` / `stride` (word pieces, default 126 / 63; window 0 = none) set how long chunks
         are split for dense scoring; like `chunk_tokens` they are remembered by the index, and
         changing them re-embeds the windows on the next search."""
         self.path = Path(path)
+        self.progress = progress
         self.ann_threshold = ann_threshold
         self.path.mkdir(parents=True, exist_ok=True)
         # Tools run on executor threads: one connection shared under a lock.
@@ -122,8 +128,9 @@ class Index:
         self.overlap = int(self._meta("overlap") or overlap)
         self._set_meta("chunk_tokens", str(self.chunk_tokens))
         self._set_meta("overlap", str(self.overlap))
-        self.window = window if window is not None else int(self._meta("window") or WINDOW)
-        self.stride = stride if stride is not None else int(self._meta("stride") or STRIDE)
+        default_window = str(BEST.window)
+        self.window = window if window is not None else int(self._meta("window") or default_window)
+        self.stride = stride if stride is not None else int(self._meta("stride") or max(self.window // 2, 1))
         DenseRetriever(window=self.window, stride=self.stride)  # validates them
         self._set_meta("window", str(self.window))
         self._set_meta("stride", str(self.stride))
@@ -240,22 +247,34 @@ class Index:
 
     def add_text(self, source: str, text: str, *, markdown: bool = True) -> IngestReport:
         """Index a text under a source name of your choice (replacing what it had)."""
-        with self._lock:
-            return self._add_text(source, text, markdown)
+        return self.add_texts([(source, text)], markdown=markdown)
 
-    def _add_text(self, source: str, text: str, markdown: bool) -> IngestReport:
+    def add_texts(self, items: Iterable[tuple[str, str]], *, markdown: bool = True) -> IngestReport:
+        """Index many (source name, text) pairs in one update (one embedding pass, one rewrite)."""
+        with self._lock:
+            return self._add_texts(list(items), markdown)
+
+    def _add_texts(self, items: list[tuple[str, str]], markdown: bool) -> IngestReport:
         from tether.rag.loaders import parse_markdown
 
         report = IngestReport()
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        old = self._db.execute("SELECT hash FROM sources WHERE path = ?", (source,)).fetchone()
-        if old and old[0] == digest:
-            report.unchanged.append(source)
-            return report
-        sections = parse_markdown(text) if markdown else [Section("", text)]
-        chunks = chunk_sections(source, sections, self.chunk_tokens, self.overlap)
-        (report.updated if old else report.added).append(source)
-        self._apply([source] if old else [], chunks, report, {source: digest})
+        known = dict(self._db.execute("SELECT path, hash FROM sources").fetchall())
+        gone: list[str] = []
+        new_chunks: list[Chunk] = []
+        hashes: dict[str, str] = {}
+        for source, text in items:
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            old = known.get(source)
+            if old == digest or source in hashes:
+                report.unchanged.append(source)
+                continue
+            sections = parse_markdown(text) if markdown else [Section("", text)]
+            new_chunks += chunk_sections(source, sections, self.chunk_tokens, self.overlap)
+            (report.updated if old else report.added).append(source)
+            if old:
+                gone.append(source)
+            hashes[source] = digest
+        self._apply(gone, new_chunks, report, hashes)
         return report
 
     def remove(self, source: str | Path) -> IngestReport:
@@ -288,21 +307,7 @@ class Index:
         stored: _Vectors | None = None
         gen = str(int(self._meta("generation") or 0) + 1)
         if self.uses_vectors:
-            dense = self._dense()
-            old = self._load_vectors(len(old_rows))
-            keep_idx = np.array([i for i, c in enumerate(old_rows) if c.source not in gone_set], dtype=np.int64)
-            if old is not None:
-                remap = np.full(len(old_rows), -1, dtype=np.int64)
-                remap[keep_idx] = np.arange(len(keep_idx))
-                keep_win = remap[old.owner] >= 0
-                parts = [_Vectors(np.asarray(old.vectors[keep_idx]), np.asarray(old.windows[keep_win]),
-                                  remap[old.owner[keep_win]])]
-            else:
-                parts = [_embed(dense, [c.indexed_text for c in kept])]
-            if new:
-                parts.append(_embed(dense, [c.indexed_text for c in new], offset=len(kept)))
-            stored = _Vectors(*(np.concatenate(x) for x in zip(*((p.vectors, p.windows, p.owner) for p in parts),
-                                                                strict=True)))
+            stored, new = self._next_vectors(old_rows, new, gone_set)
         with self._db:
             for src in gone_set:
                 self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
@@ -324,6 +329,31 @@ class Index:
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
+
+    def _next_vectors(self, old_rows: list[Chunk], new: list[Chunk], gone: set[str]) -> tuple[_Vectors, list[Chunk]]:
+        """Vectors for the kept chunks followed by the `new` ones, and `new` in the order its
+        vectors are in. Kept rows, and new chunks whose text is already stored (a changed file's
+        untouched passages), reuse their vectors; only the rest is embedded."""
+        dense = self._dense()
+        old = self._load_vectors(len(old_rows))
+        if old is None:  # nothing usable on disk: embed the whole store once
+            kept = [c for c in old_rows if c.source not in gone]
+            return _embed(dense, [c.indexed_text for c in kept + new], progress=self.progress), new
+        row_of_text = {c.indexed_text: i for i, c in enumerate(old_rows)}
+        take = [i for i, c in enumerate(old_rows) if c.source not in gone]
+        fresh: list[Chunk] = []
+        for c in new:
+            if c.indexed_text in row_of_text:
+                take.append(row_of_text[c.indexed_text])
+            else:
+                fresh.append(c)
+        new = [c for c in new if c.indexed_text in row_of_text] + fresh
+        reused = _select(old, np.asarray(take, dtype=np.int64))
+        if not fresh:
+            return reused, new
+        more = _embed(dense, [c.indexed_text for c in fresh], offset=len(take), progress=self.progress)
+        return _Vectors(*(np.concatenate(x) for x in zip((reused.vectors, reused.windows, reused.owner),
+                                                         (more.vectors, more.windows, more.owner), strict=True))), new
 
     def _load_vectors(self, expected_rows: int) -> _Vectors | None:
         """The stored vectors and windows (memory-mapped), or None when missing or stale: wrong
@@ -369,7 +399,7 @@ class Index:
         stored = self._load_vectors(len(self._rows))
         if stored is None:  # missing or stale: embed everything once and keep it
             with self._db:
-                self._save_vectors(_embed(self._dense(), texts))
+                self._save_vectors(_embed(self._dense(), texts, progress=self.progress))
             stored = self._load_vectors(len(self._rows))
             assert stored is not None
         for part in _parts(retriever):
@@ -449,11 +479,48 @@ class _Vectors(NamedTuple):
     owner: np.ndarray
 
 
-def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0) -> _Vectors:
-    """Embed `texts` whole and as windows; window owners are numbered from `offset`."""
-    vectors = dense.embedder.embed(texts) if texts else np.zeros((0, dense.embedder.dim), np.float32)
-    windows, owner = dense.embed_windows(texts)
-    return _Vectors(np.asarray(vectors, dtype=np.float32), windows, owner + offset)
+def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0, progress: Progress | None = None,
+           batch: int = 64) -> _Vectors:
+    """Embed `texts` whole and as windows; window owners are numbered from `offset`.
+
+    With `progress`, texts go to the embedder in batches and progress(done, total) is called after
+    each (total counts whole texts plus windows)."""
+    dim = dense.embedder.dim
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, t in enumerate(texts):
+        ws = split_windows(dense.embedder, t, dense.window, dense.stride)
+        pieces += ws
+        owner += [i] * len(ws)
+    todo = list(texts) + pieces
+    out = np.zeros((len(todo), dim), dtype=np.float32)
+    step = batch if progress is not None else max(len(todo), 1)
+    if progress is not None:
+        progress(0, len(todo))
+    order = np.argsort([len(t) for t in todo], kind="stable")  # similar lengths batch with less padding
+    for start in range(0, len(todo), step):
+        idx = order[start : start + step]
+        out[idx] = dense.embedder.embed([todo[i] for i in idx])
+        if progress is not None:
+            progress(start + len(idx), len(todo))
+    return _Vectors(out[: len(texts)], out[len(texts) :], np.asarray(owner, dtype=np.int64) + offset)
+
+
+def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
+    """The vectors of chunk `rows` (in that order) with their windows, owners renumbered 0..len-1."""
+    ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1)) if len(v.owner) else None
+    wins: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    if ptr is not None:
+        for new_row, r in enumerate(rows):
+            a, b = ptr[r], ptr[r + 1]
+            if b > a:
+                wins.append(np.asarray(v.windows[a:b]))
+                owners.append(np.full(b - a, new_row, dtype=np.int64))
+    dim = v.vectors.shape[1]
+    return _Vectors(np.asarray(v.vectors[rows], dtype=np.float32).reshape(len(rows), dim),
+                    np.concatenate(wins) if wins else np.zeros((0, dim), dtype=np.float32),
+                    np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64))
 
 
 def _parts(retriever: Retriever) -> Iterable[Retriever]:

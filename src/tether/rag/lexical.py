@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,18 +83,37 @@ class TfidfRetriever:
         return top_k(self.scores(query), k)
 
 
+@dataclass(frozen=True, slots=True)
+class RM3:
+    """RM3 pseudo-relevance feedback: the query is re-weighted with the terms of the `docs` best
+    first-pass passages. Each passage's term distribution (tf / length) is weighted by its
+    first-pass score; the `terms` heaviest terms, L1-normalised, are mixed with the L1-normalised
+    original query as `original * query + (1 - original) * feedback`. Terms found in more than
+    `max_df` of the passages are skipped (the stop list is small on purpose)."""
+
+    docs: int = 10
+    terms: int = 20
+    original: float = 0.5
+    max_df: float = 0.1
+
+
 class BM25Retriever:
-    """BM25 (Lucene variant, k1=1.5, b=0.75) over Snowball-stemmed tokens, indexed by bm25s.
+    """BM25 (Lucene variant) over Snowball-stemmed tokens, indexed by bm25s; optional RM3 feedback.
 
     Query terms count as often as they occur, as in bm25s's own scoring.
     """
 
     name = "bm25"
 
-    def __init__(self, k1: float = 1.5, b: float = 0.75, stem: bool = True) -> None:
-        self.k1, self.b, self.stem = k1, b, stem
+    def __init__(self, k1: float = 1.5, b: float = 0.75, stem: bool = True, rm3: RM3 | None = None) -> None:
+        self.k1, self.b, self.stem, self.rm3 = k1, b, stem, rm3
         self.vocab: dict[str, int] = {}
         self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0)
+        # Forward index for RM3: passage d's terms are _fterms[_fptr[d]:_fptr[d+1]], with tf / length.
+        self._fterms = np.zeros(0, dtype=np.int64)
+        self._fprob = np.zeros(0, dtype=np.float64)
+        self._fptr = np.zeros(1, dtype=np.int64)
+        self._common = np.zeros(0, dtype=bool)
 
     def _tokens(self, text: str) -> list[str]:
         return stemmed_tokens(text) if self.stem else word_tokens(text)
@@ -106,19 +126,61 @@ class BM25Retriever:
         if not any(corpus):  # bm25s cannot index a store without a single term
             self.vocab = {}
             self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), n)
+            self._fptr = np.zeros(n + 1, dtype=np.int64)
             return
         model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         model.index(corpus, show_progress=False)
         s = model.scores
         self.vocab = {t: i for t, i in model.vocab_dict.items() if t}
         self._post = _Postings(s["data"], s["indices"].astype(np.int64), s["indptr"].astype(np.int64), n)
+        if self.rm3 is not None:
+            self._forward(corpus)
+
+    def _forward(self, corpus: list[list[str]]) -> None:
+        terms, probs, ptr = [], [], [0]
+        for toks in corpus:
+            c = Counter(self.vocab[t] for t in toks if t in self.vocab)
+            total = sum(c.values()) or 1
+            terms += c.keys()
+            probs += [v / total for v in c.values()]
+            ptr.append(len(terms))
+        self._fterms = np.asarray(terms, dtype=np.int64)
+        self._fprob = np.asarray(probs, dtype=np.float64)
+        self._fptr = np.asarray(ptr, dtype=np.int64)
+        df = np.diff(self._post.indptr)
+        self._common = df > self.rm3.max_df * max(len(corpus), 1)  # type: ignore[union-attr]
 
     def term_weights(self, query: str) -> dict[int, float]:
         counts = Counter(t for t in self._tokens(query) if t in self.vocab)
         return {self.vocab[t]: float(c) for t, c in counts.items()}
 
+    def feedback_weights(self, weights: dict[int, float], first: np.ndarray) -> dict[int, float]:
+        """RM3's expanded query from the original term weights and the first-pass scores."""
+        rm3 = self.rm3
+        if rm3 is None or not weights or not len(self._fterms):
+            return weights
+        top = [(d, s) for d, s in top_k(first, rm3.docs) if s > 0]
+        if not top:
+            return weights
+        idx = np.concatenate([np.arange(self._fptr[d], self._fptr[d + 1]) for d, _ in top])
+        doc_w = np.concatenate([np.full(self._fptr[d + 1] - self._fptr[d], s) for d, s in top])
+        fb = np.bincount(self._fterms[idx], self._fprob[idx] * doc_w, minlength=len(self._common))
+        fb[self._common] = 0.0
+        keep = np.argsort(-fb, kind="stable")[: rm3.terms]
+        keep = keep[fb[keep] > 0]
+        total_fb = float(fb[keep].sum())
+        total_q = sum(weights.values())
+        out = {t: rm3.original * w / total_q for t, w in weights.items()}
+        for t in keep:
+            out[int(t)] = out.get(int(t), 0.0) + (1 - rm3.original) * float(fb[t]) / total_fb
+        return out
+
     def scores(self, query: str) -> np.ndarray:
-        return self._post.score(self.term_weights(query))
+        weights = self.term_weights(query)
+        first = self._post.score(weights)
+        if self.rm3 is None:
+            return first
+        return self._post.score(self.feedback_weights(weights, first))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
         return top_k(self.scores(query), k)

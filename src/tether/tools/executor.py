@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from tether.tools.base import Tool, ToolContext
-from tether.tools.results import DEFAULT_MAX_RESULT_CHARS, ResultStore, cap, read_result_tool, shape
+from tether.tools.results import (
+    DEFAULT_MAX_RESULT_CHARS,
+    HANDLES_KEY,
+    Results,
+    ResultStore,
+    cap,
+    read_result_tool,
+    shape,
+)
 from tether.tools.schema import ArgumentError
 from tether.types import ToolCall, ToolResult, ToolSpec
 
@@ -31,6 +39,17 @@ class CallContext:
     step: int = 0
     seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
     extra: dict[str, Any] = field(default_factory=dict)
+    policy_state: Any = None  # the policy's per-run state (Policy.start_run); owned by the run
+
+
+# Runs the tool itself (not the checks around it) as one step: the durable runner checkpoints it,
+# so a replay gets the recorded result while the policy's checks and after-call update run again
+# in the workflow, from that recorded result.
+ToolStepFn = Callable[[Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]]
+
+
+async def _direct(run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+    return await run()
 
 
 @dataclass(slots=True)
@@ -47,14 +66,40 @@ ALLOW = Verdict()
 
 
 class Policy(Protocol):
-    """Hooks the safety layer plugs into the executor."""
+    """Hooks the safety layer plugs into the executor.
+
+    Every per-run fact lives in the state `start_run` returns, which the run owns (it rides on
+    `CallContext.policy_state`, and `dump_state`/`load_state` turn it into JSON and back), so a
+    resumed run is exactly as tainted as before. `after_call` is deterministic given (tool,
+    result, state). `pending`/`decide` let a person answer an approval out of process.
+    """
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        """A fresh per-run state: the user's own messages so far, and earlier turns' tool outputs."""
+        ...
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict: ...
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
 
-    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
-        """Optional: filter the final answer as it leaves the run; returns (answer, findings)."""
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
+        """Filter the final answer as it leaves the run; returns (answer, findings)."""
+        ...
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        """The state as JSON-safe data with a "version" key."""
+        ...
+
+    def load_state(self, data: dict[str, Any]) -> Any:
+        """The inverse of `dump_state`."""
+        ...
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        """Calls awaiting a decision: [{"call_id", "tool", "arguments", "reason"}]."""
+        ...
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        """Record a decision bound to exactly that pending call, used once."""
         ...
 
 
@@ -68,8 +113,23 @@ class AllowAll:
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         return result
 
-    def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> None:
+        return None
+
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
         return answer, []
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, data: dict[str, Any]) -> None:
+        return None
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        return []
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        raise ValueError(f"no call {call_id!r} awaits approval (this policy asks for none)")
 
 
 class Executor:
@@ -80,13 +140,13 @@ class Executor:
         tools: Iterable[Tool],
         *,
         policy: Policy | None = None,
-        results: ResultStore | None = None,
+        results: Results | None = None,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         default_timeout: float | None = 120.0,
         max_workers: int = 8,
         read_result: bool = True,
     ) -> None:
-        self.results = results or ResultStore()
+        self.results: Results = results if results is not None else ResultStore()
         self.max_result_chars = max_result_chars
         self.default_timeout = default_timeout
         self.policy: Policy = policy or AllowAll()
@@ -105,9 +165,13 @@ class Executor:
 
     @property
     def specs(self) -> list[ToolSpec]:
-        """What the model is told about. `read_result` is advertised once a result was capped, so
-        small models are not tempted by a tool they have no handle for."""
-        return self._specs_with_reader if len(self.results) else self._specs
+        """What a run that has no capped result yet is told about (a run asks `specs_for`)."""
+        return self._specs
+
+    def specs_for(self, has_handles: bool) -> list[ToolSpec]:
+        """What the model is told about. `read_result` is advertised once one of the run's results
+        was capped, so small models are not tempted by a tool they have no handle for."""
+        return self._specs_with_reader if has_handles else self._specs
 
     def update_tools(self, add: Iterable[Tool] = (), remove: Iterable[str] = ()) -> None:
         """Drop the tools named in `remove`, then add (or replace) `add`; the next model call sees the
@@ -131,8 +195,10 @@ class Executor:
         return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
                           decision=decision)
 
-    async def execute(self, call: ToolCall, ctx: CallContext) -> ToolResult:
-        """Run one call through every check; never raises (except cancellation)."""
+    async def execute(self, call: ToolCall, ctx: CallContext, index: int = 0, step: ToolStepFn = _direct) -> ToolResult:
+        """Run one call through every check; never raises (except cancellation). `index` is the
+        call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
+        itself (the durable runner checkpoints it there)."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -166,21 +232,24 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        result = await self._run(tool, args, call, ctx)
+        result = await step(functools.partial(self._run, tool, args, call, ctx, index))
         if not result.is_error:
             result.decision = verdict.decision
+        if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
+            ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         try:
             return self.policy.after_call(tool, result, ctx)
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                f"{type(exc).__name__}: {exc}", "withheld:policy_error")
 
-    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> ToolResult:
+    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int) -> ToolResult:
         if tool.context_param is not None:
             args = dict(args)
+            # run_id:step:index, not call.id: call ids are only unique within one reply
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
-                idempotency_key=f"{ctx.run_id}:{call.id}", extra=ctx.extra,
+                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra,
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
@@ -210,5 +279,5 @@ class Executor:
             return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
                                "failed")
         limit = tool.max_result_chars or self.max_result_chars
-        content, handle = cap(text, limit, self.results)
+        content, handle = cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text))

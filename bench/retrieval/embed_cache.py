@@ -1,0 +1,94 @@
+"""Dense vectors for the bench collections, cached on disk so tuning reruns never re-embed.
+
+Cache: $TETHER_BENCH_CACHE or ~/.cache/tether-bench, one .npz per (collection texts, model,
+window scheme), holding whole-document vectors, window vectors with their owners, query vectors,
+and the seconds each took to embed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tether.rag.dense import DenseRetriever
+from tether.rag.evaluate import Collection
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TETHER_BENCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tether-bench"
+
+
+@dataclass
+class Vectors:
+    docs: np.ndarray
+    windows: np.ndarray
+    owner: np.ndarray
+    queries: np.ndarray  # one per judged query, in `judged_ids` order
+    doc_seconds: float
+    window_seconds: float
+    from_cache: bool
+
+
+def judged_ids(col: Collection) -> list[str]:
+    return [q for q in col.queries if q in col.qrels]
+
+
+def collection_vectors(name: str, col: Collection, dense: DenseRetriever, *, use_cache: bool = True,
+                       progress=None) -> Vectors:
+    """Embed (or load) documents, windows and judged queries of `col` under `dense`'s scheme."""
+    enc = dense.embedder
+    qids = judged_ids(col)
+    queries = [col.queries[q] for q in qids]
+    base = _key(*col.doc_texts, "\x00", *queries, enc.name)
+    f = cache_dir() / f"{name}-{base}.npz"
+    if use_cache and f.exists():
+        z = np.load(f)
+        docs, qv, doc_seconds = z["docs"], z["queries"], float(z["doc_seconds"])
+        cached = True
+    else:
+        t = time.perf_counter()
+        docs = _embed(enc, col.doc_texts, progress)
+        doc_seconds = time.perf_counter() - t
+        qv = enc.embed(queries)
+        _save(f, docs=docs, queries=qv, doc_seconds=np.array(doc_seconds))
+        cached = False
+    if not dense.window:
+        empty = np.zeros((0, docs.shape[1]), dtype=np.float32)
+        return Vectors(docs, empty, np.zeros(0, dtype=np.int64), qv, doc_seconds, 0.0, cached)
+    fw = cache_dir() / f"{name}-{base}-w{dense.windows_key.replace(':', '-')}.npz"
+    if use_cache and fw.exists():
+        z = np.load(fw)
+        return Vectors(docs, z["windows"], z["owner"], qv, doc_seconds, float(z["window_seconds"]), cached)
+    t = time.perf_counter()
+    windows, owner = dense.embed_windows(col.doc_texts)
+    window_seconds = time.perf_counter() - t
+    _save(fw, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
+    return Vectors(docs, windows, owner, qv, doc_seconds, window_seconds, False)
+
+
+def _key(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\x1f")
+    return h.hexdigest()[:16]
+
+
+def _save(f: Path, **arrays: np.ndarray) -> None:
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(f)
+
+
+def _embed(enc, texts: list[str], progress) -> np.ndarray:
+    embed = getattr(enc, "embed_with_progress", None)
+    if progress is not None and callable(embed):
+        return embed(texts, progress=progress)
+    return enc.embed(texts)

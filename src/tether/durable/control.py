@@ -1,0 +1,95 @@
+"""Acting on durable runs from another process: approve or deny a parked call, cancel a run.
+
+These talk to the database only (a DBOS client and the run store): they never launch DBOS, so
+they never adopt or run anyone's workflows."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dbos import DBOSClient, DBOSPortableJSONSerializer
+
+from tether.durable.runner import APPROVAL_TOPIC
+from tether.store.sql import RunStore, engine_url
+
+FINISHED = ("completed", "stopped", "error", "cancelled")
+
+
+class ControlError(Exception):
+    """A request that cannot be carried out (one line for the user)."""
+
+
+def _client(url: str) -> DBOSClient:
+    return DBOSClient(system_database_url=url.replace("postgresql+psycopg://", "postgresql://", 1),
+                      serializer=DBOSPortableJSONSerializer())
+
+
+def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, *, approved: bool = True,
+            by: str | None = None, reason: str = "") -> dict[str, Any]:
+    """Decide the call `call_id` a parked run waits on; the run then executes exactly that call (or
+    hands the denial to the model). Returns the pending call that was decided."""
+    url = engine_url(database)
+    store = RunStore(url)
+    try:
+        row = store.run(run_id)
+        if row is None:
+            raise ControlError(f"no run {run_id!r} in {url}")
+        if row.status == "decided":
+            raise ControlError(f"call {call_id} of run {run_id} is already decided")
+        if row.status != "awaiting_approval" or not row.pending:
+            raise ControlError(f"run {run_id} is {row.status}, not awaiting an approval")
+        if row.pending.get("call_id") != call_id:
+            raise ControlError(f"run {run_id} awaits call {row.pending.get('call_id')!r}, not {call_id!r}")
+        pending = row.pending
+    finally:
+        store.close()
+    # "decided" before the message goes out: the run's process may take it, and park again, at once
+    store = RunStore(url)
+    try:
+        store.set_status(run_id, "decided", pending=pending)
+        client = _client(url)
+        try:
+            client.send(run_id, {"call_id": call_id, "step": pending.get("step"), "approved": approved,
+                                 "by": by or _whoami(), "reason": reason}, APPROVAL_TOPIC)
+        except BaseException:
+            store.set_status(run_id, "awaiting_approval", pending=pending)
+            raise
+        finally:
+            client.destroy()
+    finally:
+        store.close()
+    return pending
+
+
+def cancel(database: str | os.PathLike[str] | None, run_id: str) -> str:
+    """Cancel a run: it ends at its next step boundary (a parked run at once). Returns its status before."""
+    url = engine_url(database)
+    store = RunStore(url)
+    try:
+        row = store.run(run_id)
+        if row is None:
+            raise ControlError(f"no run {run_id!r} in {url}")
+        if row.status in FINISHED:
+            raise ControlError(f"run {run_id} already ended ({row.status})")
+        client = _client(url)
+        try:
+            if row.status == "awaiting_approval":
+                client.send(run_id, {"cancel": True}, APPROVAL_TOPIC)  # wakes the parked run
+            client.cancel_workflow(run_id)
+        finally:
+            client.destroy()
+        # DBOS abandons a cancelled workflow's execution, so its process may never write the end
+        store.set_status(run_id, "cancelled")
+        return row.status
+    finally:
+        store.close()
+
+
+def _whoami() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        return "unknown"

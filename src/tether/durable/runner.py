@@ -1,0 +1,129 @@
+"""`DbosStepRunner`: the loop's StepRunner as DBOS steps. Each model call and each tool run is a
+checkpointed step; a replay returns the recorded outputs, so the same `run_loop` takes the same
+branches. Clock readings are recorded with the steps (the loop reads `RecordedClock`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from dbos import DBOS
+from dbos._error import DBOSWorkflowCancelledError
+
+from tether.loop import RunCancelled
+from tether.types import ModelReply, ToolCall, ToolResult, TraceEvent, from_jsonable, to_jsonable
+
+APPROVAL_TOPIC = "approval"
+
+
+class RecordedClock:
+    """Wall-clock seconds as of the last recorded step (the run's start before any): replaying a run
+    reads the same times, so its time budget takes the same decisions."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+
+class DbosStepRunner:
+    """Runs one durable run's steps through DBOS (from inside its workflow)."""
+
+    def __init__(self, run_id: str, started_at: float, *, approval_timeout: float,
+                 flush: Callable[[], None] | None = None) -> None:
+        self.run_id = run_id
+        self.clock = RecordedClock(started_at)
+        self.approval_timeout = approval_timeout
+        self.flush = flush  # writes the run's new events to the store, once per turn
+        self._reserved: dict[int, Any] = {}
+
+    def begin_turn(self, step: int, indices: list[int]) -> None:
+        # Concurrent tool steps get their ids now, in call order, so a replay matches them up.
+        self._reserved = {i: DBOS.reserve_step() for i in indices}
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
+        if self.flush is not None:
+            self.flush()
+
+        async def model() -> dict[str, Any]:
+            reply = await run()
+            return {"reply": to_jsonable(reply), "at": time.time()}
+
+        out = await self._step(DBOS.run_step_async({"name": "model", "preemptible": True}, model))
+        self.clock.at = max(self.clock.at, float(out["at"]))
+        return from_jsonable(ModelReply, out["reply"])
+
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+        async def tool() -> dict[str, Any]:
+            result = await run()
+            return {"result": to_jsonable(result), "at": time.time()}
+
+        options: Any = {"name": f"tool:{call.name}"}
+        reserved = self._reserved.pop(index, None)
+        work = reserved.run_async(options, tool) if reserved is not None else DBOS.run_step_async(options, tool)
+        out = await self._step(work)
+        self.clock.at = max(self.clock.at, float(out["at"]))
+        return from_jsonable(ToolResult, out["result"])
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+        """Park (no thread held: DBOS recv, durable across restarts) until a decision on this call."""
+        from tether.durable.runtime import runtime
+
+        store = runtime().store
+        store.set_status(run_id, "awaiting_approval", pending=pending)
+        if self.flush is not None:
+            self.flush()
+        while True:
+            try:
+                message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=self.approval_timeout)
+            except DBOSWorkflowCancelledError as exc:
+                raise RunCancelled from exc
+            if message is None:
+                decision = {"call_id": pending["call_id"], "approved": False, "by": "timeout",
+                            "reason": f"no decision within {self.approval_timeout:g} s"}
+                break
+            if isinstance(message, dict) and message.get("cancel"):
+                raise RunCancelled
+            # bound to this call at this step: call ids repeat across replies, a stale decision must not match
+            if isinstance(message, dict) and message.get("call_id") == pending["call_id"] \
+                    and message.get("step") == pending.get("step"):
+                decision = message
+                break
+        store.set_status(run_id, "running")
+        return decision
+
+    async def _step(self, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return await work
+        except DBOSWorkflowCancelledError as exc:  # cancelled from another process
+            raise RunCancelled from exc
+
+
+class EventBuffer:
+    """The run's events: passed on to the caller's sink (same process) and written to the store
+    in one batch per turn (a replay writes the same sequence numbers again, harmlessly)."""
+
+    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None) -> None:
+        from tether.durable.runtime import runtime
+
+        self.run_id = run_id
+        self.sink = sink
+        self.events: list[TraceEvent] = []
+        self.flushed = 0
+        self.store = runtime().store
+
+    def __call__(self, event: TraceEvent) -> None:
+        if event.kind != "text_delta":
+            self.events.append(event)
+        if self.sink is not None:
+            self.sink(event)
+
+    def flush(self) -> None:
+        if self.flushed < len(self.events):
+            self.store.add_events(self.run_id, self.events[self.flushed:], self.flushed)
+            self.flushed = len(self.events)
