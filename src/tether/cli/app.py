@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import durable_cmd, mcp_cmd, rag_commands
+from tether.cli import durable_cmd, eval_cmd, mcp_cmd, rag_commands, serve_cmd
 from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
@@ -284,6 +284,8 @@ def _root_options(ctx: typer.Context) -> o.RunOptions:
 rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their heavy imports happen per command)
 durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
 mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
+eval_cmd.register(app)  # `eval`
+serve_cmd.register(app)  # `serve`, `worker`, `keys add`
 
 
 def main(argv: list[str] | None = None) -> None:

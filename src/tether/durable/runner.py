@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dbos import DBOS
-from dbos._error import DBOSWorkflowCancelledError
+from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
 from tether.loop import RunCancelled
 from tether.types import ModelReply, ToolCall, ToolResult, TraceEvent, from_jsonable, to_jsonable
@@ -100,7 +100,7 @@ class DbosStepRunner:
     async def _step(self, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         try:
             return await work
-        except DBOSWorkflowCancelledError as exc:  # cancelled from another process
+        except (DBOSWorkflowCancelledError, DBOSAwaitedWorkflowCancelledError) as exc:  # cancelled elsewhere
             raise RunCancelled from exc
 
 

@@ -1,0 +1,59 @@
+"""The bench's agent: three tool calls (each a ledger line keyed by its idempotency key, with the wall
+time it finished) and one call that needs a person's confirmation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from tether import Agent, Limits, tool
+from tether.models.scripted import ScriptedModel
+from tether.policy import Capabilities, Capability, SafetyPolicy
+from tether.tools.base import ToolContext
+from tether.types import ModelRequest, ToolCall
+
+LEDGER = Path(os.environ.get("TETHER_BENCH_LEDGER", "/tmp/tether-bench-ledger.txt"))
+
+
+def _write(kind: str, context: ToolContext) -> None:
+    with LEDGER.open("a") as fh:  # one short append: atomic enough for the bench's line counts
+        fh.write(f"{kind} {context.idempotency_key} {context.call_id} {time.time():.6f}\n")
+
+
+@tool(effect="reversible")
+async def step(n: int, context: ToolContext) -> str:
+    """One unit of work.
+
+    Args:
+        n: which
+    """
+    await asyncio.sleep(0.02)
+    _write("step", context)
+    return f"step {n} done"
+
+
+@tool(effect="irreversible")
+async def commit(context: ToolContext) -> str:
+    """Commit the work (needs a person's confirmation)."""
+    _write("commit", context)
+    return "committed"
+
+
+def script(request: ModelRequest):
+    n = sum(1 for m in request.messages if m.role == "assistant")
+    if n < 3:
+        return ToolCall(f"s{n}", "step", {"n": n})
+    if n == 3:
+        return ToolCall("c", "commit", {})
+    return "all done"
+
+
+def worker(user: str | None) -> Agent:
+    caps = Capabilities([Capability("commit", requires_approval=True)], unlisted="inherit")
+    return Agent(ScriptedModel(script), tools=[step, commit], policy=SafetyPolicy(capabilities=caps),
+                 limits=Limits(max_steps=8))
+
+
+AGENTS = {"worker": worker}

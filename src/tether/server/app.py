@@ -1,0 +1,238 @@
+"""The task service's HTTP API (FastAPI): submit tasks, watch them live, confirm, cancel.
+
+    POST /v1/tasks                 {prompt, agent, limits?, metadata?} -> {task_id}   (Idempotency-Key)
+    GET  /v1/tasks                 the caller's tasks, newest first (?status=, ?limit=, ?before=)
+    GET  /v1/tasks/{id}            status, usage, stop reason, answer, findings, pending approvals
+    GET  /v1/tasks/{id}/events     server-sent events; Last-Event-ID resumes with no gap or duplicate
+    POST /v1/tasks/{id}/confirm    {call_id, approved, reason?}: the exact pending call, once (else 409)
+    POST /v1/tasks/{id}/cancel
+    GET  /healthz                  GET /openapi.json
+
+Every request but /healthz and the spec carries `Authorization: Bearer KEY`; a user sees and acts on
+their own tasks only (another user's task is a 404). Every error is JSON: {"error": "what to change"}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from tether.server.events import stream
+from tether.server.tasks import ServiceConfig, TaskError, Tasks
+
+Status = Literal["pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled"]
+
+
+class LimitsIn(BaseModel):
+    """Narrower limits for one task (never wider than the agent's own)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_steps: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0)
+    max_seconds: float | None = Field(None, gt=0)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_tool_calls: int | None = Field(None, gt=0)
+
+
+class TaskIn(BaseModel):
+    prompt: str = Field(min_length=1, description="The task, in the user's words.")
+    agent: str = Field(min_length=1, description="A configured agent's name.")
+    limits: LimitsIn | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _task_in(agents: list[str]) -> type[TaskIn]:
+    """TaskIn whose `agent` is one of the configured names (so the spec lists them)."""
+    choice = Literal.__getitem__(tuple(agents))  # type: ignore[attr-defined]
+    return create_model("TaskIn", __base__=TaskIn, agent=(choice, Field(description="A configured agent.")))
+
+
+class TaskCreated(BaseModel):
+    task_id: str
+    created: bool
+
+
+class PendingCall(BaseModel):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    reason: str = ""
+
+
+class TaskOut(BaseModel):
+    task_id: str
+    agent: str
+    status: str
+    prompt: str
+    stop_reason: str | None
+    answer: str | None
+    error: str | None
+    usage: dict[str, Any]
+    steps: int
+    findings: list[str]
+    pending_approvals: list[PendingCall]
+    created_at: float
+    updated_at: float
+
+
+class TaskSummary(BaseModel):
+    task_id: str
+    agent: str
+    status: str
+    stop_reason: str | None
+    created_at: float
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskSummary]
+    next_before: float | None
+
+
+class ConfirmIn(BaseModel):
+    call_id: str = Field(min_length=1)
+    approved: bool
+    reason: str = ""
+
+
+class Confirmed(BaseModel):
+    task_id: str
+    call_id: str
+    approved: bool
+
+
+class Cancelled(BaseModel):
+    task_id: str
+    was: str
+
+
+class ErrorOut(BaseModel):
+    error: str
+
+
+async def user_of(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The user an API key acts as; 401 without a valid one."""
+    tasks: Tasks = request.app.state.tasks
+    key = (authorization or "").removeprefix("Bearer ").strip()
+    user = await asyncio.to_thread(tasks.tables.user_of, key) if key and tasks.tables is not None else None
+    if user is None:
+        raise TaskError(401, "send a valid API key: Authorization: Bearer KEY (make one with `tether keys add USER`)")
+    return user
+
+
+User = Annotated[str, Depends(user_of)]
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 429)}
+
+
+def create_app(tasks: Tasks) -> FastAPI:
+    """The API over `tasks` (started and stopped with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await tasks.start()
+        try:
+            yield
+        finally:
+            tasks.stop(tasks.config.grace_seconds)
+
+    app = FastAPI(title="tether task service", version="1", lifespan=lifespan)
+    limit = tasks.config.max_body_bytes
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next: Any) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > limit):
+            return JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(TaskError)
+    async def task_error(_: Request, exc: TaskError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()]
+        return JSONResponse({"error": "; ".join(parts)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, exc: Exception) -> JSONResponse:  # a bug, not a bad request: say so in JSON
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not just those of the first route matched
+            methods = {m for r in app.routes if r.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(r, "methods", None) or ()}
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+
+    app.state.tasks = tasks
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True, "workers": tasks.config.workers, "agents": tasks.registry.names()}
+
+    async def submit(body: TaskIn, user: User,
+                     idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Any:
+        task_id, created = await tasks.submit(user, body.model_dump(exclude_none=True), idempotency_key)
+        return JSONResponse({"task_id": task_id, "created": created}, status_code=201 if created else 200)
+
+    submit.__annotations__["body"] = _task_in(tasks.registry.names())  # the spec lists the agents
+    replayed = {200: {"model": TaskCreated, "description": "The task an earlier request with this Idempotency-Key made"}}
+    app.post("/v1/tasks", status_code=201, response_model=TaskCreated, responses={**ERRORS, **replayed})(submit)
+
+    @app.get("/v1/tasks", response_model=TaskList, responses=ERRORS)
+    async def list_tasks(user: User, status: Status | None = None,
+                         limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                         before: Annotated[float | None, Query(description="created_at of the last task seen")] = None
+                         ) -> TaskList:
+        rows = await tasks.list(user, status, limit, before)
+        items = [TaskSummary(task_id=r.run_id, agent=r.agent, status=r.status, stop_reason=r.stop_reason,
+                             created_at=r.created_at) for r in rows]
+        return TaskList(tasks=items, next_before=rows[-1].created_at if len(rows) == limit else None)
+
+    @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=ERRORS)
+    async def get_task(task_id: str, user: User) -> TaskOut:
+        row = await tasks.get(user, task_id)
+        state = tasks.rt.store.state(task_id)
+        pending = [PendingCall(call_id=str(row.pending.get("call_id")), tool=str(row.pending.get("tool")),
+                               arguments=dict(row.pending.get("arguments") or {}),
+                               reason=str(row.pending.get("reason") or ""))] if row.pending else []
+        return TaskOut(task_id=row.run_id, agent=row.agent, status=row.status, prompt=row.prompt,
+                       stop_reason=row.stop_reason, answer=row.answer, error=row.error, usage=row.usage,
+                       steps=row.steps, findings=list(state.findings) if state is not None else [],
+                       pending_approvals=pending, created_at=row.created_at, updated_at=row.updated_at)
+
+    @app.get("/v1/tasks/{task_id}/events", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
+    async def events(task_id: str, user: User,
+                     last_event_id: Annotated[str | None, Header(max_length=100)] = None) -> EventSourceResponse:
+        await tasks.get(user, task_id)
+        return EventSourceResponse(stream(tasks, task_id, last_event_id), ping=15)
+
+    @app.post("/v1/tasks/{task_id}/confirm", response_model=Confirmed, responses=ERRORS)
+    async def confirm(task_id: str, body: ConfirmIn, user: User) -> Confirmed:
+        await tasks.confirm(user, task_id, body.call_id, body.approved, body.reason)
+        return Confirmed(task_id=task_id, call_id=body.call_id, approved=body.approved)
+
+    @app.post("/v1/tasks/{task_id}/cancel", response_model=Cancelled, responses=ERRORS)
+    async def cancel(task_id: str, user: User) -> Cancelled:
+        return Cancelled(task_id=task_id, was=await tasks.cancel(user, task_id))
+
+    return app
+
+
+def build_app(database: str | None, agents: str, **config: Any) -> FastAPI:
+    """`tether serve`'s app: the database, the agent registry, and ServiceConfig fields."""
+    from tether.server.registry import load_registry
+
+    return create_app(Tasks(ServiceConfig(database=database, **config), load_registry(agents)))

@@ -1,0 +1,212 @@
+"""Tasks: durable runs started for a user through the service, queued for the workers.
+
+A task is a durable run (tether.durable) whose workflow is enqueued on one DBOS queue; any process
+listening on that queue (`tether serve --workers N`, `tether worker`) runs it. The run store holds
+its status, events and outcome; the API reads them from there, so it answers the same after a
+restart and from any machine on the same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.server.keys import ServiceTables
+from tether.server.registry import Registry, RegistryError
+
+QUEUE = "tether-tasks"
+ACTIVE = ("pending", "running", "awaiting_approval")
+
+
+class TaskError(Exception):
+    """A request the service refuses: `status` is the HTTP status, the message says what to change."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ServiceConfig:
+    """How the service runs. `workers`: tasks this process runs at once (0: API only)."""
+
+    database: str | None = None
+    workers: int = 4
+    global_concurrency: int | None = None
+    max_prompt_chars: int = 100_000
+    max_body_bytes: int = 1_000_000
+    submissions_per_minute: int = 60
+    max_active_per_user: int = 20
+    executor_id: str | None = None
+    approval_timeout: float = 7 * 86_400.0
+    grace_seconds: int = 10
+
+
+@dataclass
+class Tasks:
+    """Submit, read, confirm and cancel tasks. One per process (DBOS is one per process)."""
+
+    config: ServiceConfig
+    registry: Registry
+    rt: Any = None
+    tables: ServiceTables | None = None
+    queue: Any = None
+    _janitor: asyncio.Task[None] | None = None
+    _recent: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
+
+    async def start(self) -> None:
+        """Set DBOS up, register the agents and the queue, launch (recovering this executor's runs)."""
+        from dbos import DBOS
+
+        from tether.durable import Durable, attach, setup
+
+        self.rt = rt = setup(Durable(self.config.database, approval_timeout=self.config.approval_timeout,
+                                     executor_id=self.config.executor_id or _executor_id()))
+        self.tables = ServiceTables(rt.store.engine)
+
+        def factory_for(name: str):
+            def build(config: dict[str, Any]) -> Any:
+                agent = self.registry.build(name, config.get("user"), config.get("limits"))
+                attach(agent, rt.config)  # capped results in the run store
+                rt.agents.pop(name, None)  # built per user and limits, so looked up through the factory
+                return agent
+            return build
+
+        for name in self.registry.names():
+            rt.factories[name] = factory_for(name)
+        if self.config.workers <= 0:
+            DBOS.listen_queues([])  # this process only enqueues
+        rt.launch()
+        self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=max(1, self.config.workers),
+                                                     global_concurrency=self.config.global_concurrency,
+                                                     polling_interval_sec=0.2, on_conflict="always_update")
+        if self.config.workers > 0:
+            from tether.server.janitor import heartbeat_and_janitor
+
+            self._janitor = asyncio.ensure_future(heartbeat_and_janitor(self.tables, rt.config.executor_id))
+
+    # -- submit ----------------------------------------------------------------------------------
+
+    async def submit(self, user: str, body: dict[str, Any], idempotency_key: str | None = None) -> tuple[str, bool]:
+        """Start a task; (task id, created). A retried request with the same Idempotency-Key gets the
+        same task (and a different body under the same key is refused)."""
+        from dbos import SetWorkflowID
+
+        from tether.durable.runtime import run_workflow
+        from tether.types import to_jsonable
+
+        assert self.rt is not None and self.tables is not None
+        prompt = body["prompt"]
+        if len(prompt) > self.config.max_prompt_chars:
+            raise TaskError(413, f"the prompt has {len(prompt)} characters; at most {self.config.max_prompt_chars}")
+        task_id = "t_" + uuid.uuid4().hex[:16]
+        if idempotency_key is not None:
+            existing, same = await asyncio.to_thread(self.tables.claim_submission, user, idempotency_key, body, task_id)
+            if not same:
+                raise TaskError(409, "this Idempotency-Key was used for a different request; use a new key")
+            if existing != task_id:
+                return existing, False
+        self._rate_check(user)
+        active = 0
+        for status in ACTIVE:
+            active += len(await asyncio.to_thread(self.rt.store.runs, user=user, status=status, limit=10_000))
+        if active >= self.config.max_active_per_user:
+            raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
+                                 "wait for one to finish or cancel one")
+        try:
+            agent = self.registry.build(body["agent"], user, body.get("limits"))
+        except RegistryError as exc:
+            raise TaskError(422, str(exc)) from exc
+        state = agent.start_state(prompt, run_id=task_id)
+        config = {"user": user, "limits": body.get("limits") or None, "metadata": body.get("metadata") or {}}
+        await asyncio.to_thread(self.rt.store.create_run, task_id, body["agent"], user, prompt, config=config)
+        with SetWorkflowID(task_id):
+            await self.queue.enqueue_async(run_workflow, {"agent": body["agent"], "state": to_jsonable(state),
+                                                          "started_at": time.time()})
+        return task_id, True
+
+    def _rate_check(self, user: str) -> None:
+        now = time.monotonic()
+        window = self._recent[user]
+        while window and now - window[0] > 60:
+            window.popleft()
+        if len(window) >= self.config.submissions_per_minute:
+            raise TaskError(429, f"at most {self.config.submissions_per_minute} tasks a minute; retry in "
+                                 f"{60 - (now - window[0]):.0f} s")
+        window.append(now)
+
+    # -- read --------------------------------------------------------------------------------------
+
+    async def get(self, user: str, task_id: str) -> Any:
+        """The task's row, if it is this user's (another user's task does not exist for them)."""
+        assert self.rt is not None
+        row = await asyncio.to_thread(self.rt.store.run, task_id)
+        if row is None or row.user != user:
+            raise TaskError(404, f"no task {task_id}")
+        return row
+
+    async def list(self, user: str, status: str | None, limit: int, before: float | None) -> list[Any]:
+        assert self.rt is not None
+        rows = await asyncio.to_thread(self.rt.store.runs, user=user, status=status, limit=limit + 200)
+        if before is not None:
+            rows = [r for r in rows if r.created_at < before]
+        return rows[:limit]
+
+    # -- act -----------------------------------------------------------------------------------------
+
+    async def confirm(self, user: str, task_id: str, call_id: str, approved: bool, reason: str) -> dict[str, Any]:
+        """Decide the call the task waits on; exactly that call, exactly once."""
+        from tether.durable.control import ControlError, approve
+
+        assert self.tables is not None and self.rt is not None
+        row = await self.get(user, task_id)
+        if row.status != "awaiting_approval" or not row.pending:
+            raise TaskError(409, f"task {task_id} is {row.status}, not waiting for a confirmation")
+        if row.pending.get("call_id") != call_id:
+            raise TaskError(409, f"task {task_id} waits on call {row.pending.get('call_id')!r}, not {call_id!r}")
+        if not await asyncio.to_thread(self.tables.record_decision, task_id, call_id, approved, user, reason):
+            raise TaskError(409, f"call {call_id} of task {task_id} was already answered")
+        try:
+            return await asyncio.to_thread(approve, self.rt.url, task_id, call_id, approved=approved, by=user,
+                                           reason=reason)
+        except ControlError as exc:
+            await asyncio.to_thread(self.tables.forget_decision, task_id, call_id)
+            raise TaskError(409, str(exc)) from exc
+
+    async def cancel(self, user: str, task_id: str) -> str:
+        from tether.durable.control import ControlError, cancel
+
+        assert self.rt is not None
+        await self.get(user, task_id)
+        try:
+            was = await asyncio.to_thread(cancel, self.rt.url, task_id)
+        except ControlError as exc:
+            raise TaskError(409, str(exc)) from exc
+        # DBOS marks the workflow cancelled at once, and a workflow interrupted mid-step never gets to
+        # record its own end; the store says so now (a run that does reach its end writes the same).
+        await asyncio.to_thread(self.rt.store.set_status, task_id, "cancelled")
+        return was
+
+    def stop(self, grace: int = 0) -> None:
+        """Stop taking work; running steps get `grace` seconds, the rest is recovered later."""
+        from dbos import DBOS
+
+        from tether.durable.runtime import teardown
+
+        if self._janitor is not None:
+            self._janitor.cancel()
+        if grace:
+            DBOS.destroy(workflow_completion_timeout_sec=grace)
+        teardown()
+
+
+def _executor_id() -> str:
+    """Stable per machine and worker slot, so a restarted worker recovers its own runs."""
+    import socket
+
+    return os.environ.get("TETHER_EXECUTOR_ID") or f"{socket.gethostname()}-{os.environ.get('TETHER_WORKER', '0')}"

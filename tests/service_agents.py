@@ -1,0 +1,114 @@
+"""Agents for the task-service tests: scripted models (decisions from the transcript, so a recovered
+run takes the same path) and tools that append to a side-effect ledger file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from tether import Agent, Limits, tool
+from tether.models.scripted import ScriptedModel
+from tether.policy import Capabilities, Capability, SafetyPolicy
+from tether.tools.base import ToolContext
+from tether.types import ModelRequest, ToolCall
+
+LEDGER = Path(os.environ.get("TETHER_TEST_LEDGER", "/tmp/tether-ledger.txt"))
+
+
+def _turn(request: ModelRequest) -> int:
+    return sum(1 for m in request.messages if m.role == "assistant")
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return a + b
+
+
+@tool(effect="irreversible")
+def charge(amount: int) -> str:
+    """Charge the customer.
+
+    Args:
+        amount: in cents
+    """
+    with LEDGER.open("a") as fh:
+        fh.write(f"charge {amount}\n")
+    return f"charged {amount}"
+
+
+@tool
+async def wait(seconds: float) -> str:
+    """Wait a while.
+
+    Args:
+        seconds: how long
+    """
+    await asyncio.sleep(seconds)
+    return "waited"
+
+
+@tool(effect="reversible")
+async def book(item: str, context: ToolContext) -> str:
+    """Book an item (a side effect: the ledger gets one line per idempotency key).
+
+    Args:
+        item: what to book
+    """
+    await asyncio.sleep(0.4)
+    key = context.idempotency_key
+    lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
+    if not any(line.endswith(" " + key) for line in lines):
+        with LEDGER.open("a") as fh:
+            fh.write(f"book {item} {key}\n")
+    return f"booked {item}"
+
+
+def book_script(request: ModelRequest):
+    n = _turn(request)
+    return ToolCall(f"b{n}", "book", {"item": f"item{n}"}) if n < 3 else "booked three"
+
+
+def calc_script(request: ModelRequest):
+    if _turn(request) == 0:
+        return ToolCall("c1", "add", {"a": 2, "b": 3})
+    return f"The sum is {request.messages[-1].content}."
+
+
+def charge_script(request: ModelRequest):
+    if _turn(request) == 0:
+        return ToolCall("c1", "charge", {"amount": 99})
+    return f"Done: {request.messages[-1].content}"
+
+
+def slow_script(request: ModelRequest):
+    n = _turn(request)
+    return ToolCall(f"w{n}", "wait", {"seconds": 0.5}) if n < 40 else "done"
+
+
+def calc(user: str | None) -> Agent:
+    return Agent(ScriptedModel(calc_script), tools=[add], limits=Limits(max_steps=5))
+
+
+def billing(user: str | None) -> Agent:
+    caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
+    return Agent(ScriptedModel(charge_script), tools=[charge], policy=SafetyPolicy(capabilities=caps),
+                 limits=Limits(max_steps=5))
+
+
+def slow(user: str | None) -> Agent:
+    return Agent(ScriptedModel(slow_script), tools=[wait], limits=Limits(max_steps=60, max_repeats=100))
+
+
+def booking(user: str | None) -> Agent:
+    return Agent(ScriptedModel(book_script), tools=[book], limits=Limits(max_steps=6))
+
+
+AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking}
+FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis

@@ -1,0 +1,353 @@
+"""The task service over real HTTP: `tether serve` (uvicorn on 127.0.0.1) with a SQLite run database,
+driven by httpx: submit, stream, confirm, deny, cancel, resume the stream across a restart, users
+isolated, idempotent submission, bad requests answered with JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("dbos")
+pytest.importorskip("fastapi")
+pytest.importorskip("sse_starlette")
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS = f"{ROOT / 'tests' / 'service_agents.py'}:AGENTS"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "TETHER_HOME": str(home), "TETHER_TEST_LEDGER": str(home / "ledger"),
+                    "PYTHONPATH": str(ROOT / "src")}
+        self.proc: subprocess.Popen | None = None
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=self.env, capture_output=True,
+                              text=True, timeout=120)
+
+    def start(self, agents: str = AGENTS) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", agents, "--port",
+                                      str(self.port), "--workers", "4"], env=self.env, stderr=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tether serve exited: {self.proc.stderr.read()}")
+        raise RuntimeError("tether serve did not come up")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def key(self, user: str) -> dict[str, str]:
+        done = self.cli("keys", "add", user)
+        assert done.returncode == 0, done.stderr
+        return {"Authorization": f"Bearer {done.stdout.strip()}"}
+
+    def ledger(self) -> list[str]:
+        path = self.home / "ledger"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One server for the module (each test makes its own users); the restart test has its own."""
+    svc = Service(tmp_path_factory.mktemp("svc"))
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def submit(svc: Service, headers: dict, agent: str, prompt: str = "go", **extra) -> str:
+    r = httpx.post(svc.url + "/v1/tasks", json={"prompt": prompt, "agent": agent, **extra}, headers=headers, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()["task_id"]
+
+
+def wait_status(svc: Service, headers: dict, task_id: str, *statuses: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{svc.url}/v1/tasks/{task_id}", headers=headers, timeout=30).json()
+        if body["status"] in statuses:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"task {task_id} stayed {body['status']}, expected {statuses}")
+
+
+def events(svc: Service, headers: dict, task_id: str, last: str | None = None, limit: int | None = None) -> list[dict]:
+    """SSE events until the stream ends (or `limit` events)."""
+    out: list[dict] = []
+    h = dict(headers, **({"Last-Event-ID": last} if last else {}))
+    with httpx.stream("GET", f"{svc.url}/v1/tasks/{task_id}/events", headers=h, timeout=60) as r:
+        assert r.status_code == 200
+        current: dict = {}
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                continue
+            if not line:
+                if current:
+                    out.append(current)
+                    current = {}
+                    if limit is not None and len(out) >= limit:
+                        break
+                continue
+            field, _, value = line.partition(": ")
+            current[field] = json.loads(value) if field == "data" else value
+    return out
+
+
+def test_submit_stream_get_list(service: Service) -> None:
+    alice = service.key("alice")
+    task = submit(service, alice, "calc")
+    evs = events(service, alice, task)
+    names = [e["event"] for e in evs]
+    assert names == ["status", "model_call", "tool_call", "model_call", "answer", "stop"]
+    assert evs[-2]["data"]["answer"] == "The sum is 5."
+    ids = [e["id"] for e in evs]
+    assert len(set(ids)) == len(ids)
+    body = httpx.get(f"{service.url}/v1/tasks/{task}", headers=alice).json()
+    assert body["status"] == "completed" and body["answer"] == "The sum is 5." and body["findings"]
+    listed = httpx.get(f"{service.url}/v1/tasks", params={"status": "completed"}, headers=alice).json()
+    assert [t["task_id"] for t in listed["tasks"]] == [task]
+
+
+def test_users_are_isolated_and_keys_required(service: Service) -> None:
+    alice, bob = service.key("alice2"), service.key("bob2")
+    task = submit(service, alice, "calc")
+    for method, path in [("GET", ""), ("GET", "/events"), ("POST", "/cancel")]:
+        r = httpx.request(method, f"{service.url}/v1/tasks/{task}{path}", headers=bob, timeout=30)
+        assert r.status_code == 404 and r.json() == {"error": f"no task {task}"}
+    assert httpx.get(f"{service.url}/v1/tasks", headers=bob).json()["tasks"] == []
+    r = httpx.get(f"{service.url}/v1/tasks")
+    assert r.status_code == 401 and "API key" in r.json()["error"]
+    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+
+
+def test_bad_requests_get_json_4xx(service: Service) -> None:
+    alice = service.key("carol")
+    cases = [
+        ({"agent": "calc"}, 422, "prompt: Field required"),
+        ({"prompt": "", "agent": "calc"}, 422, "prompt"),
+        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'booking', 'calc' or 'slow'"),
+        ({"prompt": "x", "agent": "calc", "limits": {"max_stepz": 3}}, 422, "limits.max_stepz: Extra inputs"),
+        ({"prompt": "x", "agent": "calc", "limits": {"max_steps": -1}}, 422, "limits.max_steps: Input should be greater than 0"),
+        ({"prompt": "x" * 100_001, "agent": "calc"}, 413, "characters"),
+    ]
+    for body, status, needle in cases:
+        r = httpx.post(service.url + "/v1/tasks", json=body, headers=alice, timeout=30)
+        assert r.status_code == status, (body, r.text)
+        assert needle in r.json()["error"], r.json()
+    r = httpx.post(service.url + "/v1/tasks", content=b"x" * 1_000_001, headers=alice, timeout=30)
+    assert r.status_code == 413 and "bytes" in r.json()["error"]
+    r = httpx.post(service.url + "/v1/tasks", content=b"{not json", headers={**alice, "content-type": "application/json"})
+    assert r.status_code == 422 and "error" in r.json()
+    assert httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"] == []  # nothing half-created
+
+
+def test_idempotent_submission(service: Service) -> None:
+    alice = service.key("dave")
+    h = {**alice, "Idempotency-Key": "order-7"}
+    first = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h).json()
+    again = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h)
+    assert again.status_code == 200 and again.json() == {"task_id": first["task_id"], "created": False}
+    other = httpx.post(service.url + "/v1/tasks", json={"prompt": "b", "agent": "calc"}, headers=h)
+    assert other.status_code == 409 and "different request" in other.json()["error"]
+    assert len(httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"]) == 1
+
+
+def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
+    alice = service.key("erin")
+    before = len(service.ledger())
+    task = submit(service, alice, "billing")
+    body = wait_status(service, alice, task, "awaiting_approval")
+    assert body["pending_approvals"] == [{"call_id": "c1", "tool": "charge", "arguments": {"amount": 99},
+                                          "reason": body["pending_approvals"][0]["reason"]}]
+    assert len(service.ledger()) == before
+    wrong = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c9", "approved": True}, headers=alice)
+    assert wrong.status_code == 409 and "waits on call 'c1'" in wrong.json()["error"]
+    ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    assert ok.status_code == 200, ok.text
+    twice = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    assert twice.status_code == 409
+    body = wait_status(service, alice, task, "completed")
+    assert body["answer"] == "Done: charged 99" and service.ledger()[before:] == ["charge 99"]
+    names = [e["event"] for e in events(service, alice, task)]
+    assert names.index("confirm_request") < names.index("answer")
+
+
+def test_deny_returns_the_refusal_to_the_model(service: Service) -> None:
+    alice = service.key("frank")
+    before = len(service.ledger())
+    task = submit(service, alice, "billing")
+    wait_status(service, alice, task, "awaiting_approval")
+    r = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": False,
+                                                                  "reason": "not today"}, headers=alice)
+    assert r.status_code == 200
+    body = wait_status(service, alice, task, "completed")
+    assert "not today" in body["answer"] and len(service.ledger()) == before
+
+
+def test_cancel_a_running_task(service: Service) -> None:
+    alice = service.key("gina")
+    task = submit(service, alice, "slow")
+    wait_status(service, alice, task, "running")
+    time.sleep(1)
+    r = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=30)
+    assert r.status_code == 200
+    body = wait_status(service, alice, task, "cancelled", "stopped")
+    assert body["steps"] < 40
+    assert events(service, alice, task)[-1]["event"] == "stop"
+    again = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=30)
+    assert again.status_code == 409
+
+
+def test_event_stream_resumes_across_a_restart(tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    service.start()
+    try:
+        _resume_across_restart(service)
+    finally:
+        service.stop()
+
+
+def _resume_across_restart(service: Service) -> None:
+    alice = service.key("alice")
+    task = submit(service, alice, "billing")
+    wait_status(service, alice, task, "awaiting_approval")
+    head = events(service, alice, task, limit=3)
+    service.stop()
+    service.start()
+    httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    wait_status(service, alice, task, "completed")
+    tail = events(service, alice, task, last=head[-1]["id"])
+    full = events(service, alice, task)
+    assert [e["id"] for e in head + tail] == [e["id"] for e in full]
+    assert head + tail == full
+    assert service.ledger() == ["charge 99"]
+
+
+def test_openapi_spec(service: Service) -> None:
+    spec = httpx.get(service.url + "/openapi.json").json()
+    assert {"/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/events", "/v1/tasks/{task_id}/confirm",
+            "/v1/tasks/{task_id}/cancel", "/healthz"} <= set(spec["paths"])
+
+
+def _postgres_database() -> str:
+    base = os.environ.get("TETHER_TEST_POSTGRES")
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail("TETHER_TEST_POSTGRES is not set in CI (.ci/run starts PostgreSQL)")
+        pytest.skip("set TETHER_TEST_POSTGRES=postgresql://... to run the PostgreSQL worker test")
+    psycopg = pytest.importorskip("psycopg")
+    name = f"svc_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def test_two_workers_on_postgres_one_killed(tmp_path: Path) -> None:
+    """API-only server + two `tether worker`s on PostgreSQL; one is SIGKILLed with runs in flight: the
+    other adopts them; every run completes; no side effect twice."""
+    db = _postgres_database()
+    api = Service(tmp_path)
+    api.env["TETHER_DB"] = db
+    api.proc = None
+    workers: dict[str, subprocess.Popen] = {}
+
+    def worker(name: str) -> subprocess.Popen:
+        env = {**api.env, "TETHER_EXECUTOR_ID": name}
+        return subprocess.Popen([sys.executable, "-m", "tether.cli", "worker", "--agents", AGENTS, "--concurrency", "4"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    try:
+        api.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port",
+                                     str(api.port), "--workers", "0"], env=api.env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the API first: it creates the schemas the workers use
+            try:
+                if httpx.get(api.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert api.proc.poll() is None, api.proc.stderr.read()
+                time.sleep(0.3)
+        workers["wa"], workers["wb"] = worker("wa"), worker("wb")
+        alice = api.key("alice")
+        tasks = [submit(api, alice, "booking", prompt=f"book {i}") for i in range(12)]
+        psycopg = pytest.importorskip("psycopg")
+
+        def on(executor: str) -> list[str]:
+            with psycopg.connect(db) as conn:
+                return [r[0] for r in conn.execute(
+                    "SELECT workflow_uuid FROM dbos.workflow_status WHERE executor_id = %s AND status = 'PENDING'",
+                    (executor,))]
+
+        deadline = time.monotonic() + 60
+        while not on("wa") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        in_flight = on("wa")
+        assert in_flight, "worker wa never took a run"
+        workers["wa"].send_signal(signal.SIGKILL)
+        workers["wa"].wait()
+        for task in tasks:
+            body = wait_status(api, alice, task, "completed", "error", "stopped", timeout=180)
+            assert body["status"] == "completed", body
+        assert set(in_flight) <= set(tasks)  # the killed worker's runs were among those that completed
+        lines = api.ledger()
+        keys = [line.rsplit(" ", 1)[1] for line in lines]
+        assert len(keys) == len(set(keys)) == 36, lines
+    finally:
+        for proc in [*workers.values(), api.proc]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_schemathesis_finds_no_failure(tmp_path: Path) -> None:
+    """schemathesis against the served spec: every response matches it, no 5xx, every check passes."""
+    st = Path(sys.executable).with_name("st")
+    if not st.exists():
+        pytest.skip("schemathesis is not installed (it is in the dev extra)")
+    service = Service(tmp_path)
+    service.start(AGENTS.replace(":AGENTS", ":FUZZ_AGENTS"))
+    try:
+        key = service.key("fuzz")["Authorization"]
+        done = subprocess.run([str(st), "run", f"{service.url}/openapi.json", "-H", f"Authorization: {key}",
+                               "--checks", "all", "-n", "8", "--request-timeout", "20", "--seed", "1"],
+                              capture_output=True, text=True, timeout=600, env=service.env)
+        assert done.returncode == 0, done.stdout[-3000:]
+    finally:
+        service.stop()
