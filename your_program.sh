@@ -14,6 +14,12 @@ if [ -x "$here/.venv/bin/python" ]; then
   exec "$here/.venv/bin/python" -m tether.cli --yes "$@"
 elif command -v uv >/dev/null 2>&1 && [ -f "$here/pyproject.toml" ]; then
   exec uv run --quiet --project "$here" python -m tether.cli --yes "$@"
+elif ! command -v python3 >/dev/null 2>&1; then
+  echo "your_program.sh: no Python found; set up with: python3 -m venv $here/.venv && $here/.venv/bin/pip install -e $here (or install uv)" >&2
+  exit 1
+elif ! python3 -c 'import openai, pydantic, rich, typer' >/dev/null 2>&1; then
+  echo "your_program.sh: tether is not set up in $here; run: python3 -m venv $here/.venv && $here/.venv/bin/pip install -e $here (or install uv)" >&2
+  exit 1
 else
   exec python3 -m tether.cli --yes "$@"
 fi

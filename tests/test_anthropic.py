@@ -315,3 +315,58 @@ async def test_stream_over_http(server: FakeOpenAIServer, body: dict[str, Any]) 
             assert call.raw_arguments == block["raw"]
         else:
             assert call.arguments == block["input"] and call.parse_error is None
+
+
+# ----- tool choice, keys, total deadline -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("choice", "sent"), [
+    (None, None),
+    ("auto", {"type": "auto"}),
+    ("none", {"type": "none"}),
+    ("required", {"type": "any"}),
+    ("add", {"type": "tool", "name": "add"}),
+])
+async def test_tool_choice_reaches_the_server(server: FakeOpenAIServer, choice: str | None, sent: object) -> None:
+    server.push(Reply.json(TOOL_REPLY), Reply.sse(stream_events(TOOL_REPLY), done_marker=False))
+    model = make_model(server)
+    request = ModelRequest(REQUEST.messages, tools=[ADD], tool_choice=choice)
+    await model.complete(request)
+    async for _ in model.stream(request):
+        pass
+    for seen in server.requests:
+        assert seen.body.get("tool_choice") == sent
+        assert seen.body["tools"][0]["name"] == "add"
+
+
+async def test_the_environment_key_goes_only_to_its_own_url(server: FakeOpenAIServer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env-secret")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    server.push(Reply.json(TOOL_REPLY), Reply.json(TOOL_REPLY))
+    await AnthropicModel("claude-fake", base_url=server.root_url, backoff_base=0.001).complete(REQUEST)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.root_url)
+    await AnthropicModel("claude-fake", backoff_base=0.001).complete(REQUEST)
+    other, own = (json.dumps(r.headers) for r in server.requests)
+    assert "sk-ant-env-secret" not in other  # a base URL it was not configured for
+    assert "sk-ant-env-secret" in own
+
+
+def test_no_key_for_anthropic_itself_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match=r"no API key for api\.anthropic\.com: set ANTHROPIC_API_KEY"):
+        AnthropicModel("claude")
+
+
+@pytest.mark.parametrize("silent", [False, True], ids=["trickling", "silent"])
+async def test_a_call_that_never_finishes_ends_at_its_deadline(silent: bool) -> None:
+    from trickle_server import Trickler
+
+    with Trickler(every=0.2, silent=silent) as slow:
+        model = AnthropicModel("claude-fake", api_key="k", base_url=slow.root_url, deadline=1.0, timeout=30)
+        with pytest.raises(ModelError, match="no complete reply within the 1s deadline"):
+            await model.complete(REQUEST)
+        with pytest.raises(ModelError, match="no complete reply within the 1s deadline"):
+            async for _ in model.stream(REQUEST):
+                pass

@@ -67,8 +67,8 @@ def test_prompt_from_stdin_and_run_subcommand(tmp_path: Path) -> None:
 
 
 def _endless_tools(request: RecordedRequest) -> dict:
-    """Calls a tool whenever tools are offered; the tool-free final call gets a partial answer."""
-    if request.body.get("tools"):
+    """Calls a tool whenever it may; the final call (tool choice "none") gets a partial answer."""
+    if request.body.get("tools") and request.body.get("tool_choice") != "none":
         n = len(request.body["messages"])
         return chat_completion(None, [tool_call("calculator", {"expression": f"{n} * 2"}, id=f"c{n}")])
     return chat_completion("partial: doubled a few numbers")
@@ -85,7 +85,7 @@ def test_budget_stop_exits_3_with_one_stderr_line(tmp_path: Path) -> None:
     assert lines[0].startswith("tether: stopped at the step limit (max_steps) after 3 steps and 2 tool calls")
     assert lines[0].endswith("partial answer on stdout, 2 findings")  # the 3rd call is never run
     assert len(server.requests) == 4  # 3 steps + the reserved tool-free call
-    assert "tools" not in server.requests[-1].body
+    assert server.requests[-1].body["tool_choice"] == "none" and server.requests[-1].body["tools"]
 
 
 def test_model_error_exits_1_with_one_line(tmp_path: Path) -> None:
@@ -119,6 +119,7 @@ def test_trace_file_has_one_line_per_event(tmp_path: Path) -> None:
 
     script = [chat_completion(None, [tool_call("calculator", {"expression": "2 + 2"})]), chat_completion("4")]
     trace = tmp_path / "out" / "trace.jsonl"
+    trace.parent.mkdir()
     with FakeOpenAIServer(script) as server:
         proc = tether(["-p", "2+2", "--json", "--trace", str(trace), "--tools", "calculator"], cwd=tmp_path,
                       env=openrouter_env(server))

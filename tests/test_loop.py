@@ -36,7 +36,7 @@ def lookup(key: str) -> str:
 
 def endless(req: ModelRequest):
     """A model that never stops calling tools (distinct arguments each time)."""
-    if not req.tools:
+    if req.tool_choice == "none":
         return "partial: I found some values"
     return call("lookup", key=f"k{len(req.messages)}")
 
@@ -67,7 +67,7 @@ def test_max_steps_ends_with_tool_free_partial_answer_and_skips_unread_tools():
         return "ok"
 
     def script(req: ModelRequest):
-        if not req.tools:
+        if req.tool_choice == "none":
             return "best partial answer"
         return call("record", key=f"k{len(req.messages)}")
 
@@ -78,7 +78,7 @@ def test_max_steps_ends_with_tool_free_partial_answer_and_skips_unread_tools():
     assert result.steps == 3
     # The third reply's call would have been read by no model call: it never ran.
     assert len(ran) == 2
-    assert model.requests[-1].tools == []  # the final call was tool-free
+    assert model.requests[-1].tool_choice == "none"  # the final call may call no tool
     assert result.usage.model_calls == 4
     skipped = [m for m in result.messages if m.role == "tool" and "not run" in m.content]
     assert len(skipped) == 1
@@ -90,7 +90,7 @@ def test_endless_model_is_bounded_and_final_answer_can_be_switched_off():
     result = Agent(model, tools=[lookup], limits=Limits(max_steps=5, final_answer=False)).run("go")
     assert result.stop_reason is StopReason.MAX_STEPS
     assert model.calls == 5
-    assert all(r.tools for r in model.requests)
+    assert all(r.tools and r.tool_choice is None for r in model.requests)
 
 
 def test_token_budget_counts_tokens_and_keeps_a_reserve():
@@ -125,7 +125,7 @@ def test_time_budget_with_an_injected_clock():
         return "done"
 
     def script(req: ModelRequest):
-        return call("slow", key=str(len(req.messages))) if req.tools else "partial"
+        return call("slow", key=str(len(req.messages))) if req.tool_choice != "none" else "partial"
 
     result = Agent(ScriptedModel(script), tools=[slow], clock=clock,
                    limits=Limits(max_seconds=45, max_steps=None)).run("go")
@@ -145,7 +145,7 @@ def test_tool_call_budget_refuses_extra_calls_in_a_turn():
 
 
 def test_loop_detection_warns_then_stops():
-    model = ScriptedModel(lambda req: call("add", b=2, a=1) if req.tools else "I kept getting 3")
+    model = ScriptedModel(lambda req: call("add", b=2, a=1) if req.tool_choice != "none" else "I kept getting 3")
     result = Agent(model, tools=[add], limits=Limits(max_repeats=2)).run("go")
     assert result.stop_reason is StopReason.LOOP_DETECTED
     assert result.usage.tool_calls == 2  # two real runs, then a notice instead of a third, then stop
@@ -430,7 +430,7 @@ async def test_a_slow_model_call_is_bounded_by_the_time_budget():
         name = "slow"
 
         async def complete(self, request):
-            if request.tools:
+            if request.tool_choice != "none":
                 await asyncio.sleep(30)
                 return reply("", call("add", a=1, b=1))
             return reply("partial: nothing found in time")

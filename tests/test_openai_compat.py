@@ -451,9 +451,11 @@ def test_env_precedence() -> None:
         "sk-or",
     )
     assert resolve_endpoint(env={"OPENAI_API_KEY": "sk"} | router).base_url == OPENAI_BASE_URL
-    # arguments beat the environment, field by field
+    # arguments beat the environment, field by field; an env key never goes to another base URL (issue 8.7)
     ep = resolve_endpoint("http://mine/v1/", None, env=both)
-    assert (ep.base_url, ep.api_key) == ("http://mine/v1", "sk-openai")
+    assert (ep.base_url, ep.api_key, ep.family) == ("http://mine/v1", NO_KEY, "custom")
+    assert resolve_endpoint("http://mine/v1", "sk-mine", env=both).api_key == "sk-mine"
+    assert resolve_endpoint("http://openai-like/v1/", None, env=both).api_key == "sk-openai"
     assert resolve_endpoint(None, "sk-arg", env=router).api_key == "sk-arg"
     # a local server needs no key; OpenAI itself does
     assert resolve_endpoint("http://127.0.0.1:8080/v1", env={}).api_key == NO_KEY
@@ -507,3 +509,56 @@ def test_fake_server_serves_json_for_plain_and_sse_for_stream_requests() -> None
         for tc in ch["delta"].get("tool_calls", [])
     )
     assert json.loads(rebuilt) == {"a": 1}
+
+
+# ----- tool choice, total deadline ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("choice", "sent"), [
+    (None, None),
+    ("auto", "auto"),
+    ("none", "none"),
+    ("required", "required"),
+    ("add", {"type": "function", "function": {"name": "add"}}),
+])
+async def test_tool_choice_reaches_the_server(server: FakeOpenAIServer, choice: str | None, sent: object) -> None:
+    server.push(chat_completion("ok"), chat_completion("ok"))
+    model = make_model(server)
+    request = ModelRequest(ASK.messages, tools=[ADD], tool_choice=choice)
+    await model.complete(request)
+    await collect(model, request)
+    for seen in server.requests:
+        assert seen.body.get("tool_choice") == sent
+        assert seen.body["tools"][0]["function"]["name"] == "add"
+
+
+async def test_tool_choice_without_tools_is_not_sent_and_unknown_names_are_refused(server: FakeOpenAIServer) -> None:
+    server.push(chat_completion("ok"))
+    await make_model(server).complete(ModelRequest(ASK.messages, tool_choice="none"))
+    assert "tool_choice" not in server.requests[0].body and "tools" not in server.requests[0].body
+    with pytest.raises(ValueError, match="neither auto, none, required nor one of the request's tools"):
+        await make_model(server).complete(ModelRequest(ASK.messages, tools=[ADD], tool_choice="missing"))
+    assert len(server.requests) == 1  # refused before anything was sent
+
+
+@pytest.mark.parametrize("silent", [False, True], ids=["trickling", "silent"])
+async def test_a_call_that_never_finishes_ends_at_its_deadline(silent: bool) -> None:
+    from trickle_server import Trickler
+
+    with Trickler(every=0.2, silent=silent) as slow:
+        model = OpenAICompatModel("m", base_url=slow.base_url, api_key="k", deadline=1.0, timeout=30)
+        with pytest.raises(ModelError, match=r"no complete reply within the 1s deadline"):
+            await model.complete(ASK)
+        with pytest.raises(ModelError, match=r"no complete reply within the 1s deadline"):
+            await collect(model, ASK)
+        assert slow.connections == 2  # one attempt each: the deadline, not a retry storm, ended them
+
+
+async def test_retries_stop_at_the_deadline(server: FakeOpenAIServer) -> None:
+    server.push(*[Reply.error(500, "down")] * 5)
+    sleeps = SleepRecorder()
+    model = make_model(server, deadline=5.0, backoff_base=10.0, backoff_max=10.0)
+    model._sleep = sleeps
+    with pytest.raises(ModelError, match=r"deadline.*last error: HTTP 500: down"):
+        await model.complete(ASK)
+    assert len(server.requests) == 1 and sleeps.delays == []  # a 5-10 s backoff would pass the 5 s deadline

@@ -84,8 +84,8 @@ def test_openrouter_env_defaults_to_claude_haiku() -> None:
 def test_explicit_provider_does_not_borrow_the_other_providers_key() -> None:
     """openrouter:NAME sends the OpenRouter key even when OPENAI_API_KEY (which wins by default) is set."""
     with FakeOpenAIServer([chat_completion("hi")]) as server:
-        model = resolve_model("openrouter:x/y", base_url=server.base_url,
-                              env={"OPENAI_API_KEY": "sk-openai", "OPENROUTER_API_KEY": "sk-or"})
+        model = resolve_model("openrouter:x/y", env={"OPENAI_API_KEY": "sk-openai", "OPENROUTER_API_KEY": "sk-or",
+                                                     "OPENROUTER_BASE_URL": server.base_url})
         reply = _run(model.complete(ModelRequest([Message.user("hello")])))
     assert reply.text == "hi"
     assert server.requests[0].headers["authorization"] == "Bearer sk-or"
@@ -206,3 +206,29 @@ def test_cli_without_any_model_explains_in_one_paragraph(monkeypatch: pytest.Mon
 
 def _run(coro: Coroutine[Any, Any, ModelReply]) -> ModelReply:
     return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("spec", [None, "openrouter:x/y", "openai:gpt-x", "bare-name"])
+def test_a_base_url_never_receives_a_key_configured_for_another_endpoint(spec: str | None) -> None:
+    """Issue 8.7: only OPENROUTER_API_KEY / OPENAI_API_KEY set, and --base-url X: X gets no key and no
+    OpenRouter model name."""
+    env = {"OPENROUTER_API_KEY": "sk-or-secret", "OPENAI_API_KEY": "sk-oa-secret"}
+    with FakeOpenAIServer([chat_completion("hi")]) as server:
+        model = resolve_model(spec, base_url=server.base_url, env=env)
+        _run(model.complete(ModelRequest([Message.user("hello")])))
+    seen = server.requests[0]
+    assert seen.headers["authorization"] == "Bearer no-key"
+    if spec is None:
+        assert seen.body["model"] == "gpt-4o-mini"  # the documented default, not OpenRouter's
+
+
+def test_the_model_deadline_reaches_the_adapter() -> None:
+    model = resolve_model("openai:x", base_url="http://127.0.0.1:9/v1", env={}, deadline=7.5)
+    assert model.policy.deadline == 7.5  # type: ignore[attr-defined]
+    assert resolve_model("openai:x", base_url="http://127.0.0.1:9/v1", env={}, deadline=None).policy.deadline is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("base_url", "env"), [("localhost:8080", {}), (None, {"OPENROUTER_BASE_URL": "ftp://x/v1"})])
+def test_a_base_url_without_http_is_refused_up_front(base_url: str | None, env: dict[str, str]) -> None:
+    with pytest.raises(ModelConfigError, match=r"is not an http\(s\) URL"):
+        resolve_model("openai:x", base_url=base_url, env=env | {"OPENAI_API_KEY": "k"})

@@ -545,7 +545,12 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
     started = budget.elapsed()
     try:
         async with asyncio.timeout(budget.final_seconds()):
-            request = ModelRequest(await _build(context, messages), [], max_output_tokens=budget.final_output_tokens())
+            # The tools stay declared, with tool choice "none": providers (Anthropic) refuse a history
+            # holding tool calls from a request that declares no tools.
+            tools = spec.executor.specs
+            request = ModelRequest(await _build(context, messages), tools,
+                                   max_output_tokens=budget.final_output_tokens(),
+                                   tool_choice="none" if tools else None)
             if spec.output is not None:
                 request = spec.output.prepare(spec.model, request)
             reply = await _with_cancel(spec, spec.step_runner.model_step(

@@ -153,7 +153,9 @@ class OutputSchema:
 class ModelRequest:
     """Everything a model needs for one completion. `tools` empty means a tool-free call.
 
-    `tool_choice`: None (the provider's default), "auto", "none", "required" or a tool's name.
+    `tool_choice`: None or "auto" (the model decides), "none" (tools are shown but may not be
+    called: a tool-free call over a history that holds tool calls), "required" (some tool must be
+    called), or a tool name (that tool must be called).
     `output_schema`: the reply must be JSON of this shape (see `OutputSchema`).
     """
 

@@ -8,6 +8,7 @@ Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiti
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Annotated
 
@@ -18,9 +19,14 @@ from tether.cli import durable_cmd, eval_cmd, mcp_cmd, rag_commands, serve_cmd
 from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
-from tether.cli.progress import EXIT_ERROR, Reporter
+from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
+from tether.cli.terminal import clean
 from tether.trace import JsonlTraceWriter
+
+# Newer typers vendor click, older ones use the click package: find its error classes through a public name.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 app = typer.Typer(
     name="tether",
@@ -36,12 +42,12 @@ PromptOption = Annotated[str | None, typer.Option(
 
 
 def err_console() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False)
+    return Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
-def _fail(console: Console, message: str) -> int:
-    console.print(f"tether: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
-    return EXIT_ERROR
+def _fail(console: Console, message: str, code: int = EXIT_ERROR) -> int:
+    console.print(f"tether: {clean(message)}", style="red", markup=False, highlight=False, soft_wrap=True)
+    return code
 
 
 def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
@@ -51,7 +57,11 @@ def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+            prompt.encode("utf-8")  # under a C locale undecodable bytes arrive as surrogates instead
+        except (UnicodeDecodeError, UnicodeEncodeError) as exc:
+            raise CliError(f"the prompt on stdin is not UTF-8 text ({exc.reason} at position {exc.start})") from None
     if not prompt.strip():
         raise CliError("the prompt is empty")
     return prompt.strip()
@@ -60,6 +70,9 @@ def read_prompt(prompt: str) -> str:
 def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
     if opts.trace is None:
         return None
+    folder = opts.trace.expanduser().absolute().parent
+    if not folder.is_dir():  # a typo in the path should not quietly create directories
+        raise CliError(f"cannot write the trace file {opts.trace}: the directory {folder} does not exist")
     try:
         return JsonlTraceWriter(opts.trace)
     except OSError as exc:
@@ -72,12 +85,16 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     reporter = _reporter(opts, console)
     try:
         text = read_prompt(prompt)
-        agent = build_agent(opts, announce=reporter.announce)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
+    except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
+        return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     try:
         result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     except Exception as exc:  # a bug, not a run outcome: the loop turns run failures into results
         if opts.verbose:
             console.print_exception()
@@ -88,7 +105,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         if agent.executor is not None:
             agent.executor.close()
             close_mcp(agent.executor)
-    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
+    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
 
 
 def execute_chat(opts: o.RunOptions) -> int:
@@ -97,12 +114,16 @@ def execute_chat(opts: o.RunOptions) -> int:
     console = err_console()
     reporter = _reporter(opts, console)
     try:
-        agent = build_agent(opts, announce=reporter.announce)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     try:
-        return chat(agent, reporter, as_json=opts.json, trace=trace)
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
     finally:
         if trace is not None:
             trace.close()
@@ -125,6 +146,7 @@ def root(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -133,6 +155,8 @@ def root(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
@@ -150,9 +174,10 @@ def root(
         typer.echo(f"tether {__version__}")
         raise typer.Exit(0)
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-                    max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json,
-                    trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes,
-                    verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp)
+                    max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
+                    workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
+                    instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet,
+                    output_schema=output_schema, mcp=mcp)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -175,6 +200,7 @@ def run_command(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -183,6 +209,8 @@ def run_command(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
@@ -194,9 +222,9 @@ def run_command(
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet,
-        output_schema=output_schema, mcp=mcp))
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -214,6 +242,7 @@ def chat_command(
     max_steps: o.MaxSteps = None,
     max_tokens: o.MaxTokens = None,
     max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
@@ -222,6 +251,8 @@ def chat_command(
     text_protocol: o.TextProtocol = None,
     instructions: o.Instructions = None,
     yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     mcp: o.Mcp = None,
@@ -229,17 +260,19 @@ def chat_command(
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
-        max_seconds=max_seconds, max_cost=max_cost, tools=tools, workspace=workspace, json=json, trace=trace,
-        text_protocol=text_protocol, instructions=instructions, yes=yes, verbose=verbose, quiet=quiet, mcp=mcp))
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        raw=raw, verbose=verbose, quiet=quiet, mcp=mcp))
     raise typer.Exit(execute_chat(opts))
 
 
 @app.command("models")
-def models_command() -> None:
-    """List the models this machine can use: configured endpoints, the embedded model, GGUF files."""
+def models_command(ctx: typer.Context) -> None:
+    """List the models this machine can use (endpoints, the embedded model, GGUF files), the time limits
+    a run gets, and whether Bash is sandboxed."""
     from tether.cli.models_cmd import show_models
 
-    show_models(Console(soft_wrap=True))
+    show_models(Console(soft_wrap=True, emoji=False), opts=_root_options(ctx))
 
 
 def _root_options(ctx: typer.Context) -> o.RunOptions:
@@ -256,8 +289,25 @@ serve_cmd.register(app)  # `serve`, `worker`, `keys add`
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `tether` script and of `python -m tether`."""
-    app(args=argv, prog_name="tether")
+    """Entry point of the `tether` script and of `python -m tether`: every bad input ends in one
+    line on stderr and a non-zero exit code, never a traceback."""
+    try:
+        code = app(args=argv, prog_name="tether", standalone_mode=False)
+    except UsageError as exc:  # exit 2: a typo, not a failed run
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "tether"
+        _fail(err_console(), f"{exc.format_message()} (see '{where} --help')")  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except ClickException as exc:
+        _fail(err_console(), exc.format_message())  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except (typer.Abort, KeyboardInterrupt):
+        _fail(err_console(), "interrupted")
+        sys.exit(EXIT_CANCELLED)
+    except BrokenPipeError:  # whoever read stdout went away (`tether -p ... | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush is quiet
+        sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "execute", "main"]

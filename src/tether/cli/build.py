@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
+from tether.cli.terminal import CleanWriter
 from tether.limits import Limits
+from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 from tether.models.resolve import ModelConfigError, resolve_model
 from tether.tools import builtin
@@ -18,7 +22,10 @@ from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 
 if TYPE_CHECKING:
-    from tether.policy import Approver
+    from tether.policy import ApprovalDecision, ApprovalRequest, Approver
+
+DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
+Pause = Callable[[], AbstractContextManager[None]]
 
 
 class CliError(Exception):
@@ -53,7 +60,7 @@ def workspace_of(opts: RunOptions) -> Path:
     return root
 
 
-def build_tools(spec: str | None, workspace: Path) -> list[Tool]:
+def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False) -> list[Tool]:
     """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once."""
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
     if not names:
@@ -69,11 +76,11 @@ def build_tools(spec: str | None, workspace: Path) -> list[Tool]:
     tools: list[Tool] = []
     for name in names:
         if name == "coding":
-            tools += builtin.coding_tools(workspace)
+            tools += builtin.coding_tools(workspace, allow_net=allow_net)
         elif name == "files":
             tools += builtin.file_tools(workspace)
         elif name == "bash":
-            tools.append(builtin.shell_tool(workspace))
+            tools.append(builtin.shell_tool(workspace, allow_net=allow_net))
         elif name == "calculator":
             tools.append(builtin.calculator)
     unique: dict[str, Tool] = {}
@@ -82,28 +89,55 @@ def build_tools(spec: str | None, workspace: Path) -> list[Tool]:
     return list(unique.values())
 
 
+def _seconds(flag: float | None, var: str, default: float | None, env: Mapping[str, str]) -> float | None:
+    """A duration from its flag, else its environment variable, else `default`; 0 means no limit."""
+    value: float | None = flag
+    if value is None and env.get(var, "").strip():
+        try:
+            value = float(env[var])
+        except ValueError:
+            raise CliError(f"{var}={env[var]!r} is not a number of seconds") from None
+        if not value >= 0:
+            raise CliError(f"{var}={env[var]!r} must be a number of seconds >= 0 (0: no limit)")
+    if value is None:
+        return default
+    return None if value == 0 else value
+
+
+def run_seconds(opts: RunOptions, env: Mapping[str, str] | None = None) -> float | None:
+    """The run's wall-clock limit: --max-seconds, $TETHER_MAX_SECONDS, else DEFAULT_MAX_SECONDS (None: none)."""
+    return _seconds(opts.max_seconds, "TETHER_MAX_SECONDS", DEFAULT_MAX_SECONDS, os.environ if env is None else env)
+
+
+def model_deadline(opts: RunOptions, env: Mapping[str, str] | None = None) -> float | None:
+    """One model call's total deadline: --model-timeout, $TETHER_MODEL_TIMEOUT, else DEFAULT_DEADLINE."""
+    return _seconds(opts.model_timeout, "TETHER_MODEL_TIMEOUT", DEFAULT_DEADLINE, os.environ if env is None else env)
+
+
 def build_limits(opts: RunOptions) -> Limits:
     defaults = Limits()
     return Limits(
         max_steps=opts.max_steps if opts.max_steps is not None else defaults.max_steps,
         max_tokens=opts.max_tokens,
-        max_seconds=opts.max_seconds,
+        max_seconds=run_seconds(opts),
         max_cost_usd=opts.max_cost,
     )
 
 
 def build_model(opts: RunOptions, announce: Callable[[str], None] | None = None) -> Model:
+    deadline = model_deadline(opts)
     try:
         return resolve_model(opts.model, base_url=opts.base_url, api_key=opts.api_key,
-                             text_protocol=opts.text_protocol, announce=announce)
+                             text_protocol=opts.text_protocol, announce=announce, deadline=deadline)
     except ModelConfigError as exc:
         raise CliError(str(exc)) from exc
 
 
-def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None) -> Agent:
-    """The agent the options describe. Raises CliError with a message for the user."""
+def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None, pause: Pause | None = None) -> Agent:
+    """The agent the options describe. Raises CliError with a message for the user. `pause` is
+    entered while a person is asked to approve a call (the progress spinner stops meanwhile)."""
     workspace = workspace_of(opts)
-    tools = build_tools(opts.tools, workspace)
+    tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net)
     limits = build_limits(opts)
     model = build_model(opts, announce)
     mcp = None
@@ -116,7 +150,7 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None)
         instructions = opts.instructions
     else:
         instructions = default_instructions(model, tools, workspace)
-    policy = build_policy(opts)
+    policy = build_policy(opts, pause)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
     agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
@@ -142,7 +176,7 @@ def load_output_schema(path: Path | None) -> Any:
         raise CliError(f"the output schema {path} is not a valid JSON Schema: {exc}") from exc
 
 
-def build_policy(opts: RunOptions) -> Policy:
+def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
     """The safety policy for CLI runs: `--yes` approves every call that asks for approval; otherwise
     ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal)."""
     from tether.policy import AutoApprove, DenyAll, SafetyPolicy, TerminalApprover
@@ -150,7 +184,30 @@ def build_policy(opts: RunOptions) -> Policy:
     if opts.yes:
         approver: Approver = AutoApprove()
     elif sys.stdin.isatty() and sys.stderr.isatty():
-        approver = TerminalApprover()
+        approver = PausingApprover(TerminalApprover(ask=ask_on_stderr, out=CleanWriter(sys.stderr)), pause)
     else:
         approver = DenyAll()
     return SafetyPolicy(approver=approver)
+
+
+def ask_on_stderr(prompt: str) -> str:
+    """`input` that writes its prompt to stderr: stdout carries only the answer."""
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line
+
+
+class PausingApprover:
+    """An approver asked with the progress display paused, so the spinner never redraws over the
+    question; control sequences in the request are removed before it is shown (CleanWriter)."""
+
+    def __init__(self, inner: Approver, pause: Pause | None) -> None:
+        self.inner = inner
+        self.pause: Pause = pause or nullcontext
+
+    async def request(self, req: ApprovalRequest) -> ApprovalDecision:
+        with self.pause():
+            return await self.inner.request(req)

@@ -11,9 +11,12 @@ import asyncio
 import sys
 from typing import TextIO
 
+from rich.markup import escape
+
 from tether.agent import Agent
 from tether.cli.progress import EXIT_CANCELLED, EXIT_OK, Reporter
 from tether.cli.runner import report, run_turn
+from tether.cli.terminal import clean
 from tether.trace import JsonlTraceWriter
 from tether.types import Message
 
@@ -38,12 +41,13 @@ def chat(
     as_json: bool = False,
     trace: JsonlTraceWriter | None = None,
     stdin: TextIO | None = None,
+    raw: bool = False,
 ) -> int:
     """Run the conversation; returns the exit code of the last turn (0 when there was none)."""
     stdin = stdin or sys.stdin
     interactive = stdin.isatty() and sys.stdout.isatty()
     if interactive:
-        reporter.console.print(f"[dim]tether chat with {agent.model.name}; {HELP}[/]", highlight=False)
+        reporter.console.print(f"[dim]tether chat with {escape(clean(agent.model.name))}; {HELP}[/]", highlight=False)
     history: list[Message] = []
     code = EXIT_OK
     with asyncio.Runner() as runner:
@@ -69,4 +73,4 @@ def chat(
                 continue
             result = runner.run(run_turn(agent, text, history=history, reporter=reporter, trace=trace))
             history = result.messages
-            code = report(result, reporter, as_json=as_json)
+            code = report(result, reporter, as_json=as_json, raw=raw)

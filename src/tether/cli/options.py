@@ -27,8 +27,12 @@ MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="Model 
                                               show_default=False)]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Total tokens per run.",
                                                show_default=False)]
-MaxSeconds = Annotated[float | None, typer.Option("--max-seconds", min=0.001, help="Wall-clock seconds per run.",
-                                                  show_default=False)]
+MaxSeconds = Annotated[float | None, typer.Option(
+    "--max-seconds", min=0.0, help="Wall-clock seconds per run; 0: no limit. Default: $TETHER_MAX_SECONDS, "
+    "then 600.", show_default=False)]
+ModelTimeout = Annotated[float | None, typer.Option(
+    "--model-timeout", min=0.0, help="Total seconds one model call may take, retries and streaming included "
+    "(not a per-read timeout); 0: no limit. Default: $TETHER_MODEL_TIMEOUT, then 120.", show_default=False)]
 MaxCost = Annotated[float | None, typer.Option("--max-cost", min=0.0, help="Cost per run in USD.",
                                                show_default=False)]
 Tools = Annotated[str | None, typer.Option(
@@ -50,6 +54,10 @@ OutputSchema = Annotated[Path | None, typer.Option(
     "--output-schema", help="JSON Schema FILE the answer must match; stdout gets the validated JSON.",
     show_default=False, dir_okay=False)]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
+AllowNet = Annotated[bool, typer.Option("--allow-net", help="Let Bash commands use the network (the sandbox "
+                                        "has none by default).")]
+Raw = Annotated[bool, typer.Option("--raw", help="Print the answer exactly as the model wrote it, terminal "
+                                   "control sequences included (they are removed by default).")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
                                        "is not a terminal.")]
 Mcp = Annotated[Path | None, typer.Option(
@@ -68,6 +76,7 @@ class RunOptions:
     max_steps: int | None = None
     max_tokens: int | None = None
     max_seconds: float | None = None
+    model_timeout: float | None = None
     max_cost: float | None = None
     tools: str | None = None
     workspace: Path | None = None
@@ -76,6 +85,8 @@ class RunOptions:
     text_protocol: str | None = None
     instructions: str | None = None
     yes: bool = False
+    allow_net: bool = False
+    raw: bool = False
     verbose: bool = False
     quiet: bool = False
     output_schema: Path | None = None

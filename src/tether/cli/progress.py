@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
+from tether.cli.terminal import clean
 from tether.types import RunResult, StopReason, TraceEvent
 
 # Exit codes: 2 stays click's usage error, so scripts can tell a typo from a run that ran out of budget.
@@ -60,12 +63,12 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
         head = f"no valid output (output_invalid) {done}: {result.error or 'the answer did not validate'}"
     else:
         head = f"error {done}: {result.error or 'unknown error'}"
-    return " ".join(f"tether: {head}; {where}, {found}".split())
+    return clean(" ".join(f"tether: {head}; {where}, {found}".split()))
 
 
 def _short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(text.split())
+    text = " ".join(clean(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -76,20 +79,23 @@ def _call_text(name: str, arguments: dict[str, Any]) -> str:
 
 
 class Reporter:
-    """Renders trace events on a rich console (stderr). Silent unless `enabled`."""
+    """Renders trace events on a rich console (stderr). Silent unless `enabled`. Text from models,
+    tools and providers is shown without its terminal control sequences (terminal.clean)."""
 
     def __init__(self, console: Console, *, enabled: bool, verbose: bool = False) -> None:
         self.console = console
         self.enabled = enabled
         self.verbose = verbose
         self._status: Status | None = None
+        self._paused = 0
+        self._resume = False
 
     def announce(self, text: str) -> None:
         """Always shown: things the user must know (e.g. which model is used)."""
-        self.console.print(escape(text), style="yellow", highlight=False)
+        self.console.print(escape(clean(text)), style="yellow", highlight=False)
 
     def start(self) -> None:
-        if self.enabled and self.console.is_terminal and self._status is None:
+        if self.enabled and self.console.is_terminal and self._status is None and not self._paused:
             self._status = self.console.status("thinking...", spinner="dots")
             self._status.start()
 
@@ -97,6 +103,21 @@ class Reporter:
         if self._status is not None:
             self._status.stop()
             self._status = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No spinner while inside (e.g. while a person answers an approval prompt); nests."""
+        if self._status is not None:
+            self._resume = True
+            self.stop()
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            if self._paused == 0 and self._resume:
+                self._resume = False
+                self.start()
 
     def __call__(self, event: TraceEvent) -> None:
         if not self.enabled:
@@ -119,13 +140,13 @@ class Reporter:
             if self.verbose:
                 final = " (final answer call)" if data.get("final") else ""
                 self.console.print(
-                    f"[dim]· model {escape(str(data.get('model')))}{final}: {data.get('input_tokens', 0)} in / "
+                    f"[dim]· model {escape(clean(str(data.get('model'))))}{final}: {data.get('input_tokens', 0)} in / "
                     f"{data.get('output_tokens', 0)} out tokens, ${data.get('cost_usd', 0):.4f}, "
                     f"{event.duration:.2f}s[/]", highlight=False)
         elif event.kind == "notice":
             self.console.print(f"[yellow]! {escape(_short(data, 200))}[/]", highlight=False)
         elif event.kind == "error":
-            self.console.print(f"[red]! {escape(str(data.get('error', data)))}[/]", highlight=False)
+            self.console.print(f"[red]! {escape(clean(str(data.get('error', data))))}[/]", highlight=False)
 
     def summary(self, result: RunResult) -> None:
         """A dim usage line after a run (progress mode only)."""

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from tether.agent import Agent
 from tether.cli.progress import Reporter, exit_code, stop_line
+from tether.cli.terminal import clean, json_safe
 from tether.loop import CancelToken
 from tether.trace import JsonlTraceWriter
 from tether.types import Message, RunResult, TraceEvent, to_json
@@ -83,18 +84,21 @@ async def run_turn(
 
 
 def report(result: RunResult, reporter: Reporter, *, as_json: bool, as_output: bool = False,
-           out: TextIO | None = None) -> int:
+           out: TextIO | None = None, raw: bool = False) -> int:
     """Write the answer (or the JSON RunResult) to stdout, the stop line to stderr; return the exit code.
 
-    `as_output` (--output-schema): stdout gets only the validated output as JSON, or nothing."""
+    `as_output` (--output-schema): stdout gets only the validated output as JSON, or nothing. The
+    answer loses its terminal control sequences unless `raw` (JSON escapes them)."""
     out = out or sys.stdout
     if as_json:
-        out.write(to_json(result) + "\n")
+        out.write(json_safe(to_json(result)) + "\n")
     elif as_output:
         if result.output is not None:
-            out.write(json.dumps(result.output, ensure_ascii=False) + "\n")
-    elif result.answer.strip():
-        out.write(result.answer.rstrip("\n") + "\n")
+            out.write(json_safe(json.dumps(result.output, ensure_ascii=False)) + "\n")
+    else:
+        answer = result.answer if raw else clean(result.answer)
+        if answer.strip():
+            out.write(answer.rstrip("\n") + "\n")
     out.flush()
     code = exit_code(result)
     if code != 0:

@@ -1,7 +1,9 @@
-"""Retries with exponential backoff and jitter, shared by the HTTP model adapters.
+"""Retries with exponential backoff and jitter, and one total deadline, shared by the HTTP model adapters.
 
 The SDKs' own retries are switched off (max_retries=0) so that the policy here is the only one:
 its delays can be made tiny in tests, and it ends in one `ModelError` with a one-line reason.
+The SDKs' timeouts bound each read, so a server trickling a byte every few seconds never trips
+them; `RetryPolicy.deadline` bounds the whole call (every attempt, every backoff, every chunk).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tether.models.base import ModelError
 from tether.types import ModelReply, TextDelta
 
 T = TypeVar("T")
+DEFAULT_DEADLINE = 120.0  # seconds for one model call, retries included
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +37,23 @@ class RetryPolicy:
     """`max_retries` retries after the first attempt; delay base * 2**n, capped, with jitter.
 
     A server's Retry-After is honoured up to `max_retry_after` seconds; a longer one ends the
-    call at once rather than stalling a run for minutes.
+    call at once rather than stalling a run for minutes. `deadline` (None: none) is the total
+    time one call may take, attempts, backoff and streamed chunks included.
     """
 
     max_retries: int = 3
     backoff_base: float = 0.5
     backoff_max: float = 8.0
     max_retry_after: float = 60.0
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_base < 0 or self.backoff_max < 0:
             raise ValueError("backoff_base and backoff_max must be >= 0")
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds (or None), got {self.deadline}")
 
     def delay(self, retry: int, failure: Failure) -> float | None:
         """Seconds to wait before retry number `retry` (0-based), or None to give up."""
@@ -70,6 +77,32 @@ def give_up(prefix: str, failure: Failure, attempts: int, policy: RetryPolicy) -
     return ModelError(f"{prefix}: {failure.message}{tail}", retryable=failure.retryable)
 
 
+def past_deadline(prefix: str, policy: RetryPolicy, last: Failure | None, emitted: bool = False) -> ModelError:
+    """The error for a call that ran out of its total deadline."""
+    tail = f" (last error: {last.message})" if last is not None else ""
+    if emitted:
+        tail += " (stream broke after text was sent)"
+    return ModelError(f"{prefix}: no complete reply within the {policy.deadline:g}s deadline for one model call{tail}")
+
+
+class _Clock:
+    """The call's end time on the event loop's clock; `within` bounds one await by it."""
+
+    __slots__ = ("end",)
+
+    def __init__(self, deadline: float | None) -> None:
+        self.end = None if deadline is None else asyncio.get_running_loop().time() + deadline
+
+    async def within(self, aw: Awaitable[T]) -> T:
+        if self.end is None:
+            return await aw
+        async with asyncio.timeout_at(self.end):
+            return await aw
+
+    def allows(self, wait: float) -> bool:
+        return self.end is None or asyncio.get_running_loop().time() + wait < self.end
+
+
 async def call_with_retries(
     fn: Callable[[], Awaitable[T]],
     policy: RetryPolicy,
@@ -77,15 +110,22 @@ async def call_with_retries(
     prefix: str,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
-    """Await `fn()`, retrying failures `classify` calls retryable; raise ModelError at the end.
+    """Await `fn()`, retrying failures `classify` calls retryable; raise ModelError at the end
+    (also when `policy.deadline` runs out, whatever the server is doing meanwhile).
 
     Exceptions `classify` does not recognise (returns None for) propagate unchanged: they are
     bugs, not provider trouble.
     """
+    clock = _Clock(policy.deadline)
     retry = 0
+    last: Failure | None = None
     while True:
         try:
-            return await fn()
+            return await clock.within(fn())
+        except TimeoutError as exc:
+            if clock.end is None:
+                raise
+            raise past_deadline(prefix, policy, last) from exc
         except Exception as exc:
             failure = classify(exc)
             if failure is None:
@@ -93,6 +133,9 @@ async def call_with_retries(
             wait = policy.delay(retry, failure)
             if wait is None:
                 raise give_up(prefix, failure, retry + 1, policy) from exc
+            if not clock.allows(wait):
+                raise past_deadline(prefix, policy, failure) from exc
+            last = failure
         retry += 1
         await sleep(wait)
 
@@ -115,15 +158,22 @@ async def stream_with_retries(
 ) -> AsyncIterator[TextDelta | ModelReply]:
     """Yield text deltas, then one ModelReply. Failures before the first delta are retried like
     `call_with_retries`; once text was yielded a broken stream raises ModelError (the caller has
-    already shown that text)."""
+    already shown that text). `policy.deadline` bounds the whole stream, each chunk's wait included."""
+    clock = _Clock(policy.deadline)
     retry = 0
+    last: Failure | None = None
     while True:
         emitted = False
         try:
-            events = await open_stream()
+            events = await clock.within(open_stream())
             state = new_state()
             try:
-                async for event in events:
+                chunks = events.__aiter__()
+                while True:
+                    try:
+                        event = await clock.within(chunks.__anext__())
+                    except StopAsyncIteration:
+                        break
                     text = state.add(event)
                     if text:
                         emitted = True
@@ -132,6 +182,10 @@ async def stream_with_retries(
                 await events.close()
             yield state.reply()
             return
+        except TimeoutError as exc:
+            if clock.end is None:
+                raise
+            raise past_deadline(prefix, policy, last, emitted) from exc
         except Exception as exc:
             failure = classify(exc)
             if failure is None:
@@ -141,6 +195,9 @@ async def stream_with_retries(
             wait = policy.delay(retry, failure)
             if wait is None:
                 raise give_up(prefix, failure, retry + 1, policy) from exc
+            if not clock.allows(wait):
+                raise past_deadline(prefix, policy, failure) from exc
+            last = failure
         retry += 1
         await sleep(wait)
 

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from tether.models._retry import (
+    DEFAULT_DEADLINE,
     Failure,
     RetryPolicy,
     call_with_retries,
     classify_sdk_error,
     stream_with_retries,
 )
-from tether.models.openai_compat import make_tool_call
+from tether.models.openai_compat import NO_KEY, make_tool_call, same_url, tool_choice_name
 from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
+
+ANTHROPIC_URL = "https://api.anthropic.com"
 
 
 def _sdk() -> Any:
@@ -38,10 +41,12 @@ def _sdk() -> Any:
 
 
 class AnthropicModel:
-    """A `Model` over Anthropic's Messages API; retries like `OpenAICompatModel`.
+    """A `Model` over Anthropic's Messages API; retries and deadlines like `OpenAICompatModel`.
 
     `max_tokens` is the default output cap (the API requires one); a request's
-    `max_output_tokens` overrides it. The key comes from `api_key` or ANTHROPIC_API_KEY.
+    `max_output_tokens` overrides it. The key comes from `api_key`, else ANTHROPIC_API_KEY, which
+    is sent only to the URL it was configured for (ANTHROPIC_BASE_URL, else api.anthropic.com):
+    another `base_url` gets no key unless `api_key` is given.
     Structured output is a final tool the model is forced to use (`tool_choice`).
     """
 
@@ -55,10 +60,12 @@ class AnthropicModel:
         base_url: str | None = None,
         max_tokens: int = 4096,
         max_retries: int = 3,
-        timeout: float = 600.0,
+        timeout: float = 60.0,
         temperature: float | None = None,
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
+        deadline: float | None = DEFAULT_DEADLINE,
+        env: Mapping[str, str] | None = None,
         cache_prompt: bool = True,
     ) -> None:
         self._anthropic = _sdk()
@@ -68,13 +75,22 @@ class AnthropicModel:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.model = model
         self.name = model
-        self.api_key = api_key
-        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+        env = os.environ if env is None else env
+        configured = env.get("ANTHROPIC_BASE_URL") or ANTHROPIC_URL
+        self.base_url = (base_url or configured).rstrip("/")
+        key = api_key or (env.get("ANTHROPIC_API_KEY") if same_url(self.base_url, configured) else None)
+        if not key:
+            if same_url(self.base_url, ANTHROPIC_URL):
+                raise ValueError("no API key for api.anthropic.com: set ANTHROPIC_API_KEY or pass --api-key / api_key=")
+            key = NO_KEY
+        # Always explicit, so the SDK never picks a key from the environment for another URL.
+        self.api_key = key
         self.max_tokens = max_tokens
         self.timeout = timeout
         self.temperature = temperature
         self.cache_prompt = cache_prompt
-        self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max)
+        self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
+                                  deadline=deadline)
         self._sleep = asyncio.sleep
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -103,6 +119,9 @@ class AnthropicModel:
             params["system"] = system
         if request.tools:
             params["tools"] = to_anthropic_tools(request.tools)
+            choice = anthropic_tool_choice(tool_choice_name(request))
+            if choice is not None:
+                params["tool_choice"] = choice
         if self.cache_prompt:
             add_cache_breakpoints(params)
         temperature = request.temperature if request.temperature is not None else self.temperature
@@ -201,6 +220,17 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
         "name": call.name,
         "input": {} if call.parse_error else call.arguments,
     }
+
+
+def anthropic_tool_choice(choice: str | None) -> dict[str, Any] | None:
+    """tether's tool choice in the Messages API's shape ("required" is Anthropic's "any")."""
+    if choice is None:
+        return None
+    if choice in ("auto", "none"):
+        return {"type": choice}
+    if choice == "required":
+        return {"type": "any"}
+    return {"type": "tool", "name": choice}
 
 
 def force_output_tool(params: dict[str, Any], request: ModelRequest) -> None:

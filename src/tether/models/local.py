@@ -396,6 +396,8 @@ class LocalModel:
         """The blocking completion (what `complete` runs in a worker thread)."""
         loaded = _load(self.path, self.n_ctx, self.n_threads)
         request, output_schema = _output_request(request)
+        if request.tool_choice == "none":  # a tool-free call: the tools are not advertised at all
+            request = dataclasses.replace(request, tools=[], tool_choice=None)
         tools = list(request.tools)
         chat = render_chat(request, brief=self.tiny)
         stop = list(request.stop)

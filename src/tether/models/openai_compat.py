@@ -9,7 +9,9 @@ Where the base URL and key come from (first match wins, field by field):
    course use;
 4. else OpenAI's base URL.
 
-A server other than api.openai.com with no key (llama.cpp, Ollama, vLLM) gets a placeholder key;
+A key from the environment is sent only to the URL it was configured with: `base_url=` naming
+another server gets `api_key=` or no key. A server other than api.openai.com with no key
+(llama.cpp, Ollama, vLLM) gets a placeholder key;
 api.openai.com without a key is an error at construction. `OpenAICompatModel.from_env()` also
 picks the model: its argument, else TETHER_MODEL, else gpt-4o-mini (OpenAI) or
 anthropic/claude-haiku-4.5 (OpenRouter).
@@ -30,6 +32,7 @@ from openai import AsyncStream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tether.models._retry import (
+    DEFAULT_DEADLINE,
     Failure,
     RetryPolicy,
     call_with_retries,
@@ -64,13 +67,29 @@ class Endpoint:
 
     base_url: str
     api_key: str
-    family: str  # "openai" | "openrouter" | "default"
+    family: str  # "openai" | "openrouter" | "default" | "custom" (a base URL no env key belongs to)
+
+
+def same_url(a: str, b: str) -> bool:
+    """Whether two base URLs name the same endpoint (trailing slashes and case of scheme/host aside)."""
+    def norm(u: str) -> str:
+        scheme, sep, rest = u.strip().rstrip("/").partition("://")
+        if not sep:
+            return u.strip().rstrip("/")
+        host, slash, path = rest.partition("/")
+        return f"{scheme.lower()}://{host.lower()}{slash}{path}"
+    return norm(a) == norm(b)
 
 
 def resolve_endpoint(
     base_url: str | None = None, api_key: str | None = None, env: Mapping[str, str] | None = None
 ) -> Endpoint:
-    """Apply the precedence in the module docstring. Raises ValueError if OpenAI has no key."""
+    """Apply the precedence in the module docstring. Raises ValueError if OpenAI has no key.
+
+    A key from the environment goes only to the URL it was configured with: a `base_url` naming
+    another server is a "custom" endpoint, with `api_key` or no key at all (and no family default
+    model), so `--base-url X` never hands X the OpenRouter or OpenAI key.
+    """
     env = os.environ if env is None else env
     if env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"):
         family, env_url, env_key = (
@@ -86,10 +105,12 @@ def resolve_endpoint(
         )
     else:
         family, env_url, env_key = "default", OPENAI_BASE_URL, None
+    if base_url and not same_url(base_url, env_url):
+        family, env_key = "custom", None
     url = (base_url or env_url).rstrip("/")
     key = api_key or env_key
     if not key:
-        if url == OPENAI_BASE_URL:
+        if same_url(url, OPENAI_BASE_URL):
             raise ValueError(
                 "no API key for api.openai.com: pass api_key=, set OPENAI_API_KEY, or set "
                 "OPENROUTER_API_KEY (OpenRouter) or OPENAI_BASE_URL (a local server)"
@@ -107,8 +128,9 @@ class OpenAICompatModel:
     The SDK's own retries are off; this adapter retries 408, 429, 5xx, timeouts and connection
     errors `max_retries` times with exponential backoff (`backoff_base` * 2**n, capped at
     `backoff_max`, with jitter; a server's Retry-After wins), then raises `ModelError`. Other
-    4xx fail at once. `stream_usage` asks for token usage in streams (`stream_options`); turn it
-    off for servers that reject that field.
+    4xx fail at once. `timeout` bounds each read; `deadline` bounds the whole call, retries and
+    every streamed chunk included (None: no bound). `stream_usage` asks for token usage in
+    streams (`stream_options`); turn it off for servers that reject that field.
     """
 
     def __init__(
@@ -126,6 +148,7 @@ class OpenAICompatModel:
         backoff_max: float = 8.0,
         stream_usage: bool = True,
         env: Mapping[str, str] | None = None,
+        deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
         if not model:
             raise ValueError("model name is required, e.g. OpenAICompatModel('gpt-4o-mini')")
@@ -135,7 +158,8 @@ class OpenAICompatModel:
         self.extra_body = extra_body
         self.temperature = temperature
         self.stream_usage = stream_usage
-        self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max)
+        self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
+                                  deadline=deadline)
         self._sleep = asyncio.sleep
         if client is not None:
             self._given_client: openai.AsyncOpenAI | None = client.with_options(max_retries=0)
@@ -185,6 +209,10 @@ class OpenAICompatModel:
         params: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(request.messages)}
         if request.tools:
             params["tools"] = to_openai_tools(request.tools)
+            choice = tool_choice_name(request)
+            if choice is not None:
+                params["tool_choice"] = (choice if choice in ("auto", "none", "required")
+                                         else {"type": "function", "function": {"name": choice}})
         if request.max_output_tokens is not None:
             params[self._max_tokens_key] = request.max_output_tokens
         temperature = request.temperature if request.temperature is not None else self.temperature
@@ -292,6 +320,22 @@ def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
         }
         for t in tools
     ]
+
+
+TOOL_CHOICES = ("auto", "none", "required")
+
+
+def tool_choice_name(request: ModelRequest) -> str | None:
+    """The request's tool choice, checked: None, one of TOOL_CHOICES, or the name of one of its tools.
+    Raises ValueError for a name the request offers no tool for (a bug in the caller, not the model)."""
+    choice = request.tool_choice
+    if choice is None or choice in TOOL_CHOICES:
+        return choice
+    if not any(t.name == choice for t in request.tools):
+        offered = ", ".join(t.name for t in request.tools) or "none"
+        raise ValueError(f"tool_choice {choice!r} is neither auto, none, required nor one of the request's "
+                         f"tools ({offered})")
+    return choice
 
 
 # ----- OpenAI -> tether ----------------------------------------------------------------------------

@@ -14,6 +14,10 @@ With no spec, the first match wins:
 4. the embedded local model (`tether[local]`), announced once through `announce`;
 5. otherwise `ModelConfigError`, whose message says in one paragraph how to configure a model.
 
+A key from the environment is sent only to the endpoint it was configured for: `--base-url X`
+with only OPENROUTER_API_KEY set talks to X with no key (or `--api-key`) and the OpenAI default
+model name, never the OpenRouter key or model.
+
 Provider modules are imported lazily: a missing extra costs nothing until it is asked for.
 """
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 
 PROVIDERS = ("openai", "openrouter", "anthropic", "local")
@@ -84,21 +89,37 @@ def resolve_model(
     text_protocol: str | None = None,
     announce: Callable[[str], None] | None = None,
     env: Mapping[str, str] | None = None,
+    deadline: float | None = DEFAULT_DEADLINE,
 ) -> Model:
-    """Build the model the spec, the arguments and the environment ask for (see the module doc)."""
+    """Build the model the spec, the arguments and the environment ask for (see the module doc).
+
+    `deadline`: total seconds one call to an HTTP model may take, retries and streaming included
+    (None: no limit); the embedded model is bounded by the run's time budget instead.
+    """
     env = os.environ if env is None else env
+    options: dict[str, Any] = {"deadline": deadline}
+    _check_urls(base_url, env)
     if text_protocol is not None and text_protocol not in TEXT_PROTOCOLS:
         raise ModelConfigError(f"unknown text protocol {text_protocol!r}; use one of: {', '.join(TEXT_PROTOCOLS)}")
     spec = spec if spec is not None and spec.strip() else (env.get("TETHER_MODEL") or "").strip() or None
     if spec is not None:
-        model = _from_spec(parse_spec(spec), base_url, api_key, env, announce)
+        model = _from_spec(parse_spec(spec), base_url, api_key, env, announce, options)
     elif base_url or api_key or _openai_env(env) or _openrouter_env(env):
-        model = _openai_compat(None, None, base_url, api_key, env)
+        model = _openai_compat(None, None, base_url, api_key, env, options)
     else:
         model = _local(None, announce, fallback=True)
     if text_protocol is not None:
         model = _wrap_text_protocol(model, text_protocol)
     return model
+
+
+def _check_urls(base_url: str | None, env: Mapping[str, str]) -> None:
+    """A base URL must be http(s): `localhost:8080` would fail only after four retries, obscurely."""
+    given = [("--base-url / base_url=", base_url)] + [
+        (var, env.get(var)) for var in ("OPENAI_BASE_URL", "OPENROUTER_BASE_URL", "ANTHROPIC_BASE_URL")]
+    for where, url in given:
+        if url and not url.strip().lower().startswith(("http://", "https://")):
+            raise ModelConfigError(f"{where} {url!r} is not an http(s) URL; write it like http://localhost:8080/v1")
 
 
 def _openai_env(env: Mapping[str, str]) -> bool:
@@ -115,51 +136,52 @@ def _from_spec(
     api_key: str | None,
     env: Mapping[str, str],
     announce: Callable[[str], None] | None,
+    options: Mapping[str, Any],
 ) -> Model:
     if spec.provider == "local":
         return _local(spec.name or None, announce, fallback=False)
     if spec.provider == "anthropic":
-        return _anthropic(spec.name or ANTHROPIC_DEFAULT_MODEL, base_url, api_key)
-    return _openai_compat(spec.provider, spec.name or None, base_url, api_key, env)
+        return _anthropic(spec.name or ANTHROPIC_DEFAULT_MODEL, base_url, api_key, env, options)
+    return _openai_compat(spec.provider, spec.name or None, base_url, api_key, env, options)
 
 
 def _openai_compat(
-    family: str | None, name: str | None, base_url: str | None, api_key: str | None, env: Mapping[str, str]
+    family: str | None, name: str | None, base_url: str | None, api_key: str | None, env: Mapping[str, str],
+    options: Mapping[str, Any],
 ) -> Model:
-    from tether.models.openai_compat import OpenAICompatModel
+    from tether.models.openai_compat import OpenAICompatModel, same_url
 
     if family is None:
         try:
-            return OpenAICompatModel.from_env(name, base_url=base_url, api_key=api_key, env=env)
+            return OpenAICompatModel.from_env(name, base_url=base_url, api_key=api_key, env=env, **options)
         except ValueError as exc:
             raise ModelConfigError(f"{HOW_TO_CONFIGURE} ({exc})") from exc
-    if family == "openai":
-        url = base_url or env.get("OPENAI_BASE_URL") or OPENAI_URL
-        key = api_key or env.get("OPENAI_API_KEY")
-        if not key and url.rstrip("/") == OPENAI_URL:
-            raise ModelConfigError("openai: models need an API key: set OPENAI_API_KEY or pass --api-key")
-        default = OPENAI_DEFAULT_MODEL
-    else:  # openrouter
-        url = base_url or env.get("OPENROUTER_BASE_URL") or OPENROUTER_URL
-        key = api_key or env.get("OPENROUTER_API_KEY")
-        if not key and url.rstrip("/") == OPENROUTER_URL:
-            raise ModelConfigError("openrouter: models need an API key: set OPENROUTER_API_KEY or pass --api-key")
-        default = OPENROUTER_DEFAULT_MODEL
+    prefix = family.upper()
+    home, default = (OPENAI_URL, OPENAI_DEFAULT_MODEL) if family == "openai" else (OPENROUTER_URL,
+                                                                                  OPENROUTER_DEFAULT_MODEL)
+    configured = env.get(f"{prefix}_BASE_URL") or home
+    url = base_url or configured
+    # The family's key goes only to the URL it was configured for, never to a --base-url elsewhere.
+    key = api_key or (env.get(f"{prefix}_API_KEY") if same_url(url, configured) else None)
+    if not key and same_url(url, home):
+        raise ModelConfigError(f"{family}: models need an API key: set {prefix}_API_KEY or pass --api-key")
     try:
         # env={} so the other family's variables cannot leak into an explicitly chosen provider
-        return OpenAICompatModel(name or default, base_url=url, api_key=key, env={})
+        return OpenAICompatModel(name or default, base_url=url, api_key=key, env={}, **options)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from exc
 
 
-def _anthropic(name: str, base_url: str | None, api_key: str | None) -> Model:
+def _anthropic(
+    name: str, base_url: str | None, api_key: str | None, env: Mapping[str, str], options: Mapping[str, Any]
+) -> Model:
     try:
         module = importlib.import_module("tether.models.anthropic")
     except ImportError as exc:
         raise ModelConfigError(
             f"anthropic: models need the anthropic extra: pip install 'tether[anthropic]' ({exc})"
         ) from exc
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"env": env, **options}
     if base_url:
         kwargs["base_url"] = base_url
     if api_key:
@@ -167,7 +189,7 @@ def _anthropic(name: str, base_url: str | None, api_key: str | None) -> Model:
     try:
         return module.AnthropicModel(name, **kwargs)
     except (ValueError, ImportError, TypeError) as exc:
-        raise ModelConfigError(f"anthropic:{name}: {exc}") from exc
+        raise ModelConfigError(f"anthropic:{name}: {exc}") from None
 
 
 def llama_cpp_installed() -> bool:

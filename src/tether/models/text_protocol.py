@@ -230,12 +230,12 @@ class TextProtocolModel:
     def _inner_request(self, request: ModelRequest, messages: list[Message]) -> ModelRequest:
         stop = list(request.stop)
         marker = _module(self.protocol).STOP
-        if request.tools and marker not in stop:
+        if request.tools and request.tool_choice != "none" and marker not in stop:
             stop.append(marker)
         return ModelRequest(messages, [], request.max_output_tokens, request.temperature, stop)
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        tools = request.tools
+        tools = request.tools if request.tool_choice != "none" else []  # "none": a tool-free call
         used: set[str] = set()
         n_calls = 0
         for m in request.messages:

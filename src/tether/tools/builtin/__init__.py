@@ -18,9 +18,9 @@ from tether.tools.builtin.files import (
 from tether.tools.builtin.shell import shell_tool
 
 
-def coding_tools(root: str | Path, *, bash_timeout: float = 120) -> list[Tool]:
-    """Read, Write, Edit, Glob, Grep and Bash, all working in `root` (the CLI's default set)."""
-    return [*file_tools(root), shell_tool(root, timeout=bash_timeout)]
+def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False) -> list[Tool]:
+    """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set)."""
+    return [*file_tools(root), shell_tool(root, timeout=bash_timeout, allow_net=allow_net)]
 
 
 __all__ = [

@@ -1,9 +1,11 @@
-"""`Bash`: run a shell command in a working directory, bounded in time and output.
+"""`Bash`: run a shell command in a working directory, in a sandbox, bounded in time and output.
 
-The command runs as `bash -c` in its own session (process group) with stdin closed and stdout
-and stderr combined. On timeout, or if the caller is cancelled, the whole group is killed, so
-children such as `sleep` in a pipeline do not outlive the call. Output memory is bounded while
-reading: only the first and last halves of the cap are kept.
+The command runs as `bash -c` inside a `Sandbox` (bubblewrap by default, see tools/sandbox.py)
+in its own session (process group) with stdin closed and stdout and stderr combined. On timeout,
+or if the caller is cancelled, the whole group is killed (under bubblewrap the whole PID
+namespace goes with it), so children such as `sleep` in a pipeline do not outlive the call.
+Output memory is bounded while reading: only the first and last halves of the cap are kept.
+Where bubblewrap cannot run, commands run unconfined and every Bash call asks for approval.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tether.tools.base import Tool, tool
+from tether.tools.sandbox import Sandbox, Unconfined, default_sandbox, scrubbed_environ
 
 DRAIN_GRACE_SECONDS = 0.5  # after bash exits, how long background children may keep the output open
 
@@ -109,25 +111,29 @@ async def run_command(
     timeout: float,
     max_output_chars: int,
     env: Mapping[str, str] | None = None,
+    sandbox: Sandbox | None = None,
 ) -> CommandResult:
-    """Run `command` with `bash -c` in `cwd`; kill its process group on timeout or cancellation."""
+    """Run `command` with `bash -c` in `cwd` inside `sandbox` (None: unconfined); kill its process
+    group on timeout or cancellation."""
     capture = _Capture(max_output_chars)
     loop = asyncio.get_running_loop()
+    workdir = Path(cwd)
+    launch = (sandbox or Unconfined()).launch(
+        ["bash", "-c", command], cwd=workdir, env=os.environ if env is None else env)
     try:
         transport, protocol = await loop.subprocess_exec(
             lambda: _Protocol(capture),
-            "bash",
-            "-c",
-            command,
-            cwd=os.fspath(cwd),
-            env=dict(env) if env is not None else None,
+            *launch.argv,
+            cwd=os.fspath(workdir),
+            # bwrap itself starts with only this environment: no process in the sandbox holds more
+            env=launch.env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group, so we can kill every child at once
         )
     except FileNotFoundError as exc:
-        missing = "bash" if exc.filename in (None, "bash") else exc.filename
+        missing = launch.argv[0] if exc.filename is None else exc.filename
         raise RuntimeError(f"cannot start the command: {missing} not found") from None
     pid = transport.get_pid()
     timed_out = stragglers = False
@@ -179,26 +185,21 @@ def format_result(result: CommandResult, timeout: float) -> str:
     return out + "\n".join(notes)
 
 
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION|COOKIE)", re.IGNORECASE)
-
-
-def scrubbed_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment minus variables whose names look like secrets (API keys, tokens, passwords)."""
-    source = os.environ if environ is None else environ
-    return {k: v for k, v in source.items() if not _SECRET_NAME.search(k)}
-
-
 def shell_tool(
     cwd: str | Path,
     *,
     timeout: float = 120,
     max_output_chars: int = 30_000,
     env: Mapping[str, str] | None = None,
+    sandbox: Sandbox | None = None,
+    allow_net: bool = False,
 ) -> Tool:
-    """The `Bash` tool: runs commands in `cwd`.
+    """The `Bash` tool: runs commands in `cwd`, confined by `sandbox`.
 
-    `env` defaults to the process environment without its secrets (see `scrubbed_environ`), so an
-    injected `echo $OPENAI_API_KEY` finds nothing; pass `env=os.environ` to hand them over.
+    `sandbox` defaults to bubblewrap around `cwd` (no network unless `allow_net`) where it works
+    here; where it does not, commands run unconfined, that is said once on stderr, and every Bash
+    call requires approval. `env` defaults to the process environment without its secrets (see
+    `scrubbed_environ`), so an injected `echo $OPENAI_API_KEY` finds nothing.
     """
     if env is None:
         env = scrubbed_environ()
@@ -207,6 +208,7 @@ def shell_tool(
         raise ValueError(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
         raise ValueError("timeout must be positive")
+    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
@@ -219,23 +221,28 @@ def shell_tool(
         if not workdir.is_dir():
             raise ValueError(f"working directory {workdir} no longer exists")
         result = await run_command(
-            command, cwd=workdir, timeout=timeout, max_output_chars=max_output_chars, env=env
+            command, cwd=workdir, timeout=timeout, max_output_chars=max_output_chars, env=env, sandbox=box
         )
         return format_result(result, timeout)
 
+    confined = (" It runs sandboxed: only this directory is writable, the rest of the filesystem is read-only "
+                "or hidden" + ("." if allow_net else ", and there is no network.")) if box.confined else ""
     return tool(
         name="Bash",
         description=(
             f"Run a bash command in {workdir} and return its combined stdout and stderr (a non-zero exit "
             f"code is reported). No stdin; times out after {timeout:g} s; long output keeps its start and end."
+            + confined
         ),
         effect="irreversible",
         # output carries what others wrote (files, git log, file names); commands run what was written
         untrusted_output=True,
-        metadata={"executes": True},
         # Slightly above our own timeout so our message (with partial output) wins over the executor's.
         timeout=timeout + 5,
+        # `executes`: it runs what was written (files written from untrusted content taint the command).
+        # Unconfined, nothing but a person stands between a command and the machine.
+        metadata={"executes": True, "requires_approval": not box.confined, "sandbox": box.description},
     )(Bash)
 
 
-__all__ = ["CommandResult", "CommandTimeout", "format_result", "run_command", "shell_tool"]
+__all__ = ["CommandResult", "CommandTimeout", "format_result", "run_command", "scrubbed_environ", "shell_tool"]
