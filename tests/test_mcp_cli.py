@@ -43,7 +43,8 @@ def test_print_mode_with_mcp_servers(tmp_path: Path) -> None:
     first, second = (r.body for r in model.requests)
     names = {t["function"]["name"] for t in first["tools"]}
     assert {"calculator", "ev__get-sum", "ev__echo"} <= names
-    assert "The sum of 20 and 22 is 42" in second["messages"][-1]["content"]
+    tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
+    assert "The sum of 20 and 22 is 42" in tool_messages[-1]["content"]
 
 
 @pytest.mark.parametrize(("content", "message"), [

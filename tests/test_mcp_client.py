@@ -49,9 +49,11 @@ async def test_agent_calls_an_mcp_tool_through_the_executor(everything: MCPTools
     agent = Agent(model, tools=everything.tools)
     result = await agent.arun("What is 2 + 3? Use get-sum.")
     assert result.stop_reason is StopReason.COMPLETED and result.answer == "5"
-    tool_msg = model.requests[1].messages[-1]
-    assert "The sum of 2 and 3 is 5" in tool_msg.content
-    assert '<untrusted-data source="tool \'ev__get-sum\'">' in tool_msg.content  # labelled as data
+    sent = model.requests[1].messages
+    tool_msg = [m for m in sent if m.role == "tool"][-1]
+    assert tool_msg.content == "The sum of 2 and 3 is 5."  # the tool's own text, exactly
+    note = sent[-1]  # labelled as data outside the content, after the turn's results
+    assert note.role == "user" and "ev__get-sum" in note.content and "not instructions" in note.content
 
 
 async def test_validation_and_policy_apply_to_mcp_tools(everything: MCPToolset) -> None:

@@ -346,7 +346,9 @@ def test_schemathesis_finds_no_failure(tmp_path: Path) -> None:
     try:
         key = service.key("fuzz")["Authorization"]
         done = subprocess.run([str(st), "run", f"{service.url}/openapi.json", "-H", f"Authorization: {key}",
-                               "--checks", "all", "-n", "8", "--request-timeout", "20", "--seed", "1"],
+                               "--checks", "all", "-n", "8", "--request-timeout", "20", "--seed", "1",
+                               # a live task's event stream does not end while the task runs (tested above)
+                               "--exclude-path-regex", "/events$"],
                               capture_output=True, text=True, timeout=600, env=service.env)
         assert done.returncode == 0, done.stdout[-3000:]
     finally:
