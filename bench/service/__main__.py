@@ -75,8 +75,9 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
     env = {**os.environ, "TETHER_HOME": str(home), "TETHER_BENCH_LEDGER": str(ledger), "PYTHONPATH": str(ROOT / "src")}
     if db:
         env["TETHER_DB"] = db
-    key = subprocess.run([sys.executable, "-m", "tether.cli", "keys", "add", "bench"], env=env, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    # one user per 10 tasks: the service's per-user limits (60 a minute, 20 in progress) are not the subject here
+    keys = [subprocess.run([sys.executable, "-m", "tether.cli", "keys", "add", f"bench{u}"], env=env,
+                           capture_output=True, text=True, check=True).stdout.strip() for u in range((runs + 9) // 10)]
     proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port", str(port),
                              "--workers", "8"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -88,13 +89,13 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                 if proc.poll() is not None:
                     raise RuntimeError(proc.stderr.read()) from None
                 time.sleep(0.2)
-        headers = {"Authorization": f"Bearer {key}"}
         arrivals: dict = {}
 
         async def main() -> list[tuple[str, bool]]:
             limits = httpx.Limits(max_connections=runs * 2 + 10, max_keepalive_connections=runs * 2 + 10)
             async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-                return await asyncio.gather(*(one_task(client, url, headers, i, arrivals) for i in range(runs)))
+                return await asyncio.gather(*(one_task(client, url, {"Authorization": f"Bearer {keys[i // 10]}"}, i,
+                                                       arrivals) for i in range(runs)))
 
         started = time.time()
         done = asyncio.run(main())
