@@ -121,23 +121,13 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
             proc.kill()
 
 
-def _postgres() -> str | None:
-    base = os.environ.get("TETHER_BENCH_POSTGRES") or os.environ.get("TETHER_TEST_POSTGRES")
-    if not base:
-        return None
-    import psycopg
-
-    name = f"bench_{int(time.time())}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return base.rsplit("/", 1)[0] + "/" + name
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
     out: dict = {"method": " ".join(__doc__.split()), "stores": {}}
+    from bench.durable.__main__ import _postgres
+
     stores = [("sqlite", None)]
     pg = _postgres()
     if pg:

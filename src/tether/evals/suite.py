@@ -26,15 +26,13 @@ and returns an `Agent` whose tools it passed through `wrap_tools` (so replays ca
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tether._refs import load_ref
 from tether.limits import Limits
 from tether.models.scripted import ScriptItem
 from tether.types import ToolCall
@@ -185,29 +183,12 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
 
 def load_callable(ref: str, base: Path) -> Callable[..., Any]:
     """`file.py:name` (relative to `base`) or `package.module:name`."""
-    target, _, attr = ref.partition(":")
-    if not attr:
-        raise SuiteError(f"{ref!r} must look like 'file.py:function' or 'package.module:function'")
-    if target.endswith(".py"):
-        file = (base / target).resolve()
-        if not file.exists():
-            raise SuiteError(f"{file} does not exist (named by {ref!r})")
-        name = f"_tether_suite_{abs(hash(str(file)))}"
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, file)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise SuiteError(f"cannot import {target!r} (named by {ref!r}): {exc}") from exc
-    fn = getattr(module, attr, None)
+    try:
+        fn = load_ref(ref, base)
+    except LookupError as exc:
+        raise SuiteError(str(exc)) from exc
     if not callable(fn):
-        raise SuiteError(f"{ref!r}: {attr!r} is not a function in {target}")
+        raise SuiteError(f"{ref!r} is not a function")
     return fn
 
 

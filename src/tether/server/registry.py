@@ -17,14 +17,12 @@ person (the service's confirm endpoint) instead of being denied.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tether._refs import load_ref
 from tether.agent import Agent
 from tether.limits import Limits
 
@@ -86,24 +84,12 @@ def load_registry(ref: str | Path) -> Registry:
     text = str(ref)
     if text.endswith(".toml"):
         return _from_toml(Path(text))
-    target, _, attr = text.partition(":")
-    if not attr:
+    if ":" not in text:
         raise RegistryError(f"--agents {text!r}: give a .toml file or module:NAME (a dict of name -> factory)")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.exists():
-            raise RegistryError(f"--agents: {path} does not exist")
-        spec = importlib.util.spec_from_file_location(f"_tether_agents_{abs(hash(str(path)))}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise RegistryError(f"--agents: cannot import {target!r}: {exc}") from exc
-    found = getattr(module, attr, None)
+    try:
+        found = load_ref(text, Path.cwd())
+    except LookupError as exc:
+        raise RegistryError(f"--agents: {exc}") from exc
     if not isinstance(found, dict) or not found or not all(callable(f) for f in found.values()):
         raise RegistryError(f"--agents: {text} must be a non-empty dict of name -> function(user) -> Agent")
     return Registry(dict(found))
