@@ -25,6 +25,13 @@ def _client(url: str) -> DBOSClient:
                       serializer=DBOSPortableJSONSerializer())
 
 
+def _find(store: RunStore, url: str, run_id: str) -> Any:
+    row = store.run(run_id)
+    if row is None:
+        raise ControlError(f"no run {run_id!r} in {url}")
+    return row
+
+
 def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, *, approved: bool = True,
             by: str | None = None, reason: str = "") -> dict[str, Any]:
     """Decide the call `call_id` a parked run waits on; the run then executes exactly that call (or
@@ -32,9 +39,7 @@ def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, 
     url = engine_url(database)
     store = RunStore(url)
     try:
-        row = store.run(run_id)
-        if row is None:
-            raise ControlError(f"no run {run_id!r} in {url}")
+        row = _find(store, url, run_id)
         if row.status == "decided":
             raise ControlError(f"call {call_id} of run {run_id} is already decided")
         if row.status != "awaiting_approval" or not row.pending:
@@ -67,9 +72,7 @@ def cancel(database: str | os.PathLike[str] | None, run_id: str) -> str:
     url = engine_url(database)
     store = RunStore(url)
     try:
-        row = store.run(run_id)
-        if row is None:
-            raise ControlError(f"no run {run_id!r} in {url}")
+        row = _find(store, url, run_id)
         if row.status in FINISHED:
             raise ControlError(f"run {run_id} already ended ({row.status})")
         client = _client(url)

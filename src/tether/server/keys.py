@@ -84,6 +84,14 @@ class ServiceTables:
                 {"r": run_id, "c": call_id, "a": int(approved), "b": by, "why": reason, "t": time.time()})
             return bool(done.rowcount)
 
+    def active_tasks(self, user: str, statuses: tuple[str, ...]) -> int:
+        """How many of `user`'s runs are in one of `statuses` (one COUNT query, not a fetch of their rows)."""
+        marks = ", ".join(f":s{i}" for i in range(len(statuses)))
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(f"SELECT COUNT(*) FROM tether_runs WHERE user_id = :u AND status IN "
+                                            f"({marks})"), {"u": user, **{f"s{i}": s for i, s in enumerate(statuses)}}
+                                    ).scalar() or 0)
+
     def beat(self, executor_id: str) -> None:
         now = time.time()
         with self.engine.begin() as conn:

@@ -112,9 +112,7 @@ class Tasks:
             if existing != task_id:
                 return existing, False
         self._rate_check(user)
-        active = 0
-        for status in ACTIVE:
-            active += len(await asyncio.to_thread(self.rt.store.runs, user=user, status=status, limit=10_000))
+        active = await asyncio.to_thread(self.tables.active_tasks, user, ACTIVE)
         if active >= self.config.max_active_per_user:
             raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
                                  "wait for one to finish or cancel one")
