@@ -223,3 +223,99 @@ def test_a_result_that_cannot_be_shaped_is_an_error_result():
     result = run(Executor([odd]), "odd")
     assert result.is_error and result.decision == "failed"
     assert "RuntimeError: no text for you" in result.content
+
+
+@tool(timeout=5)
+async def instant(x: int) -> int:
+    """Returns without suspending."""
+    return x + 1
+
+
+@tool(timeout=5)
+async def suspends(x: int) -> int:
+    """Suspends twice, then returns."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0.001)
+    return x + 2
+
+
+@tool(timeout=5)
+async def fails_at_once(x: int) -> int:
+    """Raises in its first step."""
+    raise KeyError(x)
+
+
+@tool(timeout=5)
+async def fails_later(x: int) -> int:
+    """Raises after suspending."""
+    await asyncio.sleep(0)
+    raise KeyError(x)
+
+
+def _counting_timers(monkeypatch) -> list[str]:
+    """Records every asyncio timeout the code under test enters."""
+    armed: list[str] = []
+    for name in ("timeout", "timeout_at"):
+        real = getattr(asyncio, name)
+
+        def counted(when, real=real, name=name):
+            armed.append(name)
+            return real(when)
+
+        monkeypatch.setattr(asyncio, name, counted)
+    return armed
+
+
+def test_an_async_tool_that_never_suspends_arms_no_timer(monkeypatch):
+    armed = _counting_timers(monkeypatch)
+    r = run(Executor([instant]), "instant", x=1)
+    assert (r.content, r.is_error, armed) == ("2", False, [])
+
+
+def test_an_async_tool_that_suspends_runs_under_its_timer(monkeypatch):
+    armed = _counting_timers(monkeypatch)
+    r = run(Executor([suspends]), "suspends", x=1)
+    assert (r.content, r.is_error, len(armed)) == ("3", False, 1)
+
+
+@pytest.mark.parametrize("name", ["fails_at_once", "fails_later"])
+def test_an_async_tool_failing_before_or_after_suspending_is_an_error_result(name):
+    r = run(Executor([fails_at_once, fails_later]), name, x=7)
+    assert r.is_error and r.decision == "failed" and "KeyError: 7" in r.content
+
+
+def test_a_suspended_async_tool_is_cancelled_through_the_executor():
+    state: dict[str, bool] = {}
+
+    @tool(timeout=5)
+    async def waits(x: int) -> int:
+        """Waits until cancelled."""
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            state["cancelled"] = True
+            raise
+        return x
+
+    async def go():
+        task = asyncio.ensure_future(Executor([waits]).execute(ToolCall("c", "waits", {"x": 1}), CTX))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert state == {"cancelled": True}
+
+
+def test_an_awaitable_that_is_not_a_coroutine_keeps_its_timeout():
+    async def never(x: int) -> int:
+        """Replaced below."""
+        return x
+
+    # an async tool whose function hands back a future, not a coroutine: it cannot be stepped, so
+    # it is awaited under its timer as before
+    t = dataclasses.replace(tool(timeout=0.05)(never), fn=lambda x: asyncio.ensure_future(asyncio.sleep(5)))
+    t.is_async = True
+    r = run(Executor([t]), "never", x=1)
+    assert r.decision == "timeout"

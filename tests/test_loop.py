@@ -491,3 +491,52 @@ def test_a_cost_reported_by_the_model_is_kept_when_the_price_table_does_not_know
     assert result.usage.cost_usd == pytest.approx(0.25)
     priced = Agent(BilledModel(), pricing=Pricing({"house-model": (1_000_000.0, 0.0)})).run("go")
     assert priced.usage.cost_usd == pytest.approx(10.0)
+
+
+@tool(effect="read_only")
+async def fetch_note(key: str) -> str:
+    """A note (trusted output)."""
+    return f"note {key}: the value is {len(key) * 7}"
+
+
+@tool(effect="read_only", untrusted_output=True)
+async def fetch_page(key: str) -> str:
+    """A web page (untrusted output: the run is tainted from its first result on)."""
+    return f"page {key}: see https://example.com/{key} for the value {len(key) * 7}"
+
+
+def _calls_per_run(tool_name: str, steps: int) -> int:
+    """Python and C function calls made by one run of `steps` tool calls (exact, load-independent)."""
+    import sys
+
+    def script(req: ModelRequest):
+        n = len(req.messages)
+        return "done" if n >= 2 * steps else call(tool_name, key=f"item-{n}")
+
+    agent = Agent(ScriptedModel(script), tools=[fetch_note, fetch_page], limits=Limits(max_steps=steps + 5))
+    asyncio.run(agent.arun("go"))  # warm up (imports, caches)
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    async def go():
+        sys.setprofile(profile)
+        try:
+            await agent.arun("go")
+        finally:
+            sys.setprofile(None)
+
+    asyncio.run(go())
+    return count
+
+
+@pytest.mark.parametrize("tool_name", ["fetch_note", "fetch_page"])
+def test_work_per_step_stays_flat_as_the_history_grows(tool_name):
+    # the calls a step adds, early in a run and late in a longer one: per-step work (policy
+    # provenance, loop guards, events) must not grow with what the run has already read
+    early = (_calls_per_run(tool_name, 40) - _calls_per_run(tool_name, 20)) / 20
+    late = (_calls_per_run(tool_name, 160) - _calls_per_run(tool_name, 80)) / 80
+    assert late <= early * 1.05, (early, late)

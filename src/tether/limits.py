@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tether._json import dumps_fn
 from tether.types import StopReason, Usage
 
 
@@ -65,11 +65,13 @@ class Limits:
 class Budget:
     """Accounts a run's usage against its Limits; `exceeded()` is O(1)."""
 
-    __slots__ = ("_cost_cap", "_time_cap", "_token_cap", "clock", "limits", "started", "steps", "usage")
+    __slots__ = ("_cost_cap", "_now", "_time_cap", "_token_cap", "clock", "limits", "started", "steps", "usage")
 
     def __init__(self, limits: Limits, clock: Clock, usage: Usage | None = None, steps: int = 0) -> None:
         self.limits = limits
         self.clock = clock
+        # read several times a step: the real clock without its method frame
+        self._now = time.monotonic if type(clock) is MonotonicClock else clock.now
         self.started = clock.now() - (usage.seconds if usage else 0.0)
         self.usage = usage or Usage()
         self.steps = steps
@@ -79,13 +81,13 @@ class Budget:
         self._time_cap = None if limits.max_seconds is None else limits.max_seconds * keep
 
     def elapsed(self) -> float:
-        return self.clock.now() - self.started
+        return self._now() - self.started
 
     def remaining_seconds(self) -> float | None:
         """Seconds left before the time budget (reserve excluded); None when unbounded."""
         if self._time_cap is None:
             return None
-        return max(0.0, self._time_cap - self.elapsed())
+        return max(0.0, self._time_cap - (self._now() - self.started))
 
     def final_seconds(self) -> float | None:
         """Seconds the final tool-free call may take: what is left of the whole time budget, and at
@@ -97,16 +99,16 @@ class Budget:
 
     def exceeded(self) -> StopReason | None:
         """The budget that forbids another model call, or None."""
-        lim = self.limits
+        lim, usage = self.limits, self.usage  # checked twice a step: no property or method frames
         if lim.max_steps is not None and self.steps >= lim.max_steps:
             return StopReason.MAX_STEPS
-        if self._token_cap is not None and self.usage.total_tokens >= self._token_cap:
+        if self._token_cap is not None and usage.input_tokens + usage.output_tokens >= self._token_cap:
             return StopReason.TOKEN_BUDGET
-        if self._cost_cap is not None and self.usage.cost_usd >= self._cost_cap:
+        if self._cost_cap is not None and usage.cost_usd >= self._cost_cap:
             return StopReason.COST_BUDGET
-        if lim.max_tool_calls is not None and self.usage.tool_calls >= lim.max_tool_calls:
+        if lim.max_tool_calls is not None and usage.tool_calls >= lim.max_tool_calls:
             return StopReason.TOOL_CALL_BUDGET
-        if self._time_cap is not None and self.elapsed() >= self._time_cap:
+        if self._time_cap is not None and self._now() - self.started >= self._time_cap:
             return StopReason.TIME_BUDGET
         return None
 
@@ -138,10 +140,13 @@ class Budget:
         return self.usage
 
 
+_canonical = dumps_fn(sort_keys=True, separators=(",", ":"))  # json.dumps(..., default=str), built once
+
+
 def canonical_call_key(name: str, arguments: dict[str, Any]) -> str:
     """Same tool + same arguments (key order, whitespace ignored) -> same key."""
     try:
-        args = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+        args = _canonical(arguments)
     except (TypeError, ValueError):
         args = repr(sorted(arguments.items(), key=lambda kv: kv[0]))
     return f"{name}\x00{args}"

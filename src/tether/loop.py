@@ -14,11 +14,11 @@ updates run here, in the workflow, from the recorded results.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from tether._json import dumps_fn
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
 from tether.models.pricing import Pricing
@@ -241,17 +241,20 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         HANDLES_KEY: handles,
     })
     policy = spec.executor.policy
+    label = getattr(policy, "label_turn", None)  # untrusted results, labelled outside them
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
 
-    def emit(kind: str, data: dict, duration: float = 0.0) -> None:
-        event = TraceEvent(kind, budget.steps, budget.elapsed(), duration, data)
+    def emit(kind: str, data: dict, duration: float = 0.0, since: float | None = None) -> None:
+        t = budget.elapsed()  # `since`: a start time, the duration ends now (one clock reading for both)
+        event = TraceEvent(kind, budget.steps, t, duration if since is None else t - since, data)
         trace.append(event)
         if spec.on_event is not None:
             spec.on_event(event)
 
     context: ContextBuilder = spec.context
+    direct = type(spec.step_runner) is DirectStepRunner
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
     deadline = _Deadline(budget.remaining_seconds())
@@ -279,8 +282,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             started = budget.elapsed()
             deadline.armed = True
             try:
-                reply = await _with_cancel(spec, spec.step_runner.model_step(
-                    budget.steps, lambda r=request: _call_model(spec, r, emit)))
+                if direct:  # DirectStepRunner.model_step only awaits the call
+                    work = _call_model(spec, request, emit)
+                else:
+                    work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
+                reply = await (work if spec.cancel is None else _with_cancel(spec, work))
             except _Cancelled:
                 raise
             except asyncio.CancelledError:
@@ -305,7 +311,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 "model": reply.model or spec.model.name, "input_tokens": reply.usage.input_tokens,
                 "output_tokens": reply.usage.output_tokens, "cost_usd": reply.usage.cost_usd,
                 "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
-            }, budget.elapsed() - started)
+            }, since=started)
 
             # 3. No tool calls: the model has answered. With an output type the answer must validate
             #    (tether.output): an invalid one goes back to the model with its errors, a bounded
@@ -334,12 +340,14 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            stop = await _with_cancel(spec, _run_tools(spec, calls, pending, ctx, budget, loops, emit))
+            work = _run_tools(spec, calls, pending, ctx, budget, loops, emit)
+            stop = await (work if spec.cancel is None else _with_cancel(spec, work))
             _answer_turn(messages, calls, pending, "not run: the run is stopping")
-            label = getattr(spec.executor.policy, "label_turn", None)  # untrusted results, labelled outside them
             if label is not None and (note := label(ctx.policy_state, [r for r in pending if r is not None])):
                 messages.append(Message("user", note, name=NOTE_NAME))
-            found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
+            for c, r in zip(calls, pending, strict=True):
+                if r is not None and not r.is_error:
+                    found.append((c, r))
             pending = None
             if stop is not None:
                 break
@@ -395,9 +403,13 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     return result
 
 
-async def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> ModelReply:
+def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> Awaitable[ModelReply]:
     if not spec.stream_text:
-        return await spec.model.complete(request)
+        return spec.model.complete(request)  # the model's own coroutine: no extra frame per call
+    return _stream_model(spec, request, emit)
+
+
+async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> ModelReply:
     final: ModelReply | None = None
     async for item in spec.model.stream(request):
         if isinstance(item, TextDelta):
@@ -457,21 +469,27 @@ async def _run_tools(
     if stop is not None and not spec.limits.final_answer:
         to_run = []  # the run stops after this turn and no final call would read these results
 
+    runner = spec.step_runner
+    direct = type(runner) is DirectStepRunner  # its tool_step only awaits: the executor's own default
+
     def step_of(i: int) -> ToolStepFn:
-        return lambda work: spec.step_runner.tool_step(ctx.step, i, calls[i], work)
+        return lambda work: runner.tool_step(ctx.step, i, calls[i], work)
 
     async def one(i: int) -> None:
         call = calls[i]
         started = budget.elapsed()
-        result = await spec.executor.execute(call, ctx, i, step_of(i))
+        if direct:
+            result = await spec.executor.execute(call, ctx, i)
+        else:
+            result = await spec.executor.execute(call, ctx, i, step_of(i))
         results[i] = result
         emit("tool_call", {
             "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
             "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
             "truncated": result.handle is not None,
-        }, budget.elapsed() - started)
+        }, since=started)
 
-    spec.step_runner.begin_turn(ctx.step, to_run)
+    runner.begin_turn(ctx.step, to_run)
     if len(to_run) == 1:
         await one(to_run[0])
     elif to_run:
@@ -491,10 +509,12 @@ async def _run_tools(
 
     # Calls that await approval, one at a time in call order (a durable run parks here, holding no
     # thread, until another process decides; then that exact call runs, or the denial is its answer).
+    asked = False  # only calls that ran can await approval
     for i in to_run:
         result = results[i]
         if result is None or result.decision != "awaiting_approval":
             continue
+        asked = True
         decision = await _wait_approval(spec, calls[i], result, ctx)
         if decision is None:
             break
@@ -504,7 +524,7 @@ async def _run_tools(
                                      "by": decision.get("by")}})
         await one(i)
 
-    if stop is None and any(r is not None and r.decision == "awaiting_approval" for r in results):
+    if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
         stop = StopReason.AWAITING_APPROVAL
     return stop
 
@@ -577,7 +597,7 @@ def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None
     """Cost from the price table (cached input at its own price); a model the table does not know
     keeps the cost it reported."""
     name = reply.model or (model or spec.model).name
-    if spec.pricing.known(name):
+    if spec.pricing.lookup(name) is not None:  # known(), one frame less per step
         reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
 
 
@@ -596,8 +616,11 @@ def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[T
             messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
 
 
+_args_json = dumps_fn(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False, default=str), built once
+
+
 def _finding(call: ToolCall, result: ToolResult) -> str:
-    args = json.dumps(call.arguments, ensure_ascii=False, default=str)
+    args = _args_json(call.arguments)
     if len(args) > 120:
         args = args[:117] + "..."
     text = result.content if len(result.content) <= 300 else result.content[:297] + "..."

@@ -21,17 +21,21 @@ def action_key(tool: str, arguments: dict[str, Any]) -> str:
 
 def leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
     """Every scalar inside `value` with its dotted path (`recipients.0`, `meta.amount`)."""
+    # isinstance with a tuple of types, not `dict | list`: a union is built anew on every evaluation
     if isinstance(value, dict):
-        out: list[tuple[str, Any]] = []
-        for k, v in value.items():
-            out.extend(leaves(v, f"{path}.{k}" if path else str(k)))
-        return out
-    if isinstance(value, list | tuple):
-        out = []
-        for i, v in enumerate(value):
-            out.extend(leaves(v, f"{path}.{i}" if path else str(i)))
-        return out
-    return [(path, value)]
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return [(path, value)]
+    out: list[tuple[str, Any]] = []
+    for k, v in items:
+        sub = f"{path}.{k}" if path else str(k)
+        if isinstance(v, (dict, list, tuple)):
+            out.extend(leaves(v, sub))
+        else:  # a scalar: no recursive call for it
+            out.append((sub, v))
+    return out
 
 
 def get_path(args: dict[str, Any], path: str) -> tuple[bool, Any]:

@@ -62,6 +62,8 @@ class Capability:
     def effect_for(self, tool: Tool, args: dict[str, Any]) -> Effect:
         """The effect class of this call (may depend on its arguments)."""
         spec = self.effect if self.effect is not None else tool.effect
+        if type(spec) is Effect:  # the usual case; Effect(spec) would only hand it back
+            return spec
         if callable(spec) and not isinstance(spec, str):
             spec = spec(args)
         return Effect(spec)
@@ -73,7 +75,7 @@ class Capability:
             found, value = get_path(args, path)
             if not found or value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 try:
                     value = float(value)
                 except (TypeError, ValueError, OverflowError):

@@ -48,7 +48,6 @@ class Origin(enum.StrEnum):
 #: origins that count as "provided by the user" for the taint rule
 SAFE_ORIGINS = frozenset({Origin.USER, Origin.TRUSTED, Origin.NEUTRAL})
 
-_WS = re.compile(r"\s+")
 # numbers standing alone: not parts of dates, times, ids or versions ("2024-05-13" holds no 13)
 _NUM = re.compile(r"(?<![\w.\-/:])[-+]?\d[\d,]*(?:\.\d+)?(?![\w\-/:]|\.\d)")
 _JOINERS = "-_/:@.#+"
@@ -61,7 +60,8 @@ _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_/.@+]{4,}[A-Za-z0-9]")
 def _norm(text: str) -> str:
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
-    return _WS.sub(" ", text.casefold()).strip()
+    # split() breaks on exactly the characters regex \s matches: each whitespace run becomes one space
+    return " ".join(text.casefold().split())
 
 
 _SQUASH = re.compile(r"[\W_]+")
@@ -146,26 +146,40 @@ class Corpus:
         self._nums: set[float] = set()
         self._index: dict[str, set[int]] = {}
         self._loose = loose  # also keep letters-and-digits forms (of decoded text) for `has_squashed`
-        self._squashed: list[str] = []
+        # those forms, UTF-8, one after another with NUL between (a needle holds no NUL, so a match
+        # never spans two texts): one C substring search per lookup, not a Python loop over texts
+        self._squashed = bytearray()
 
     def add(self, text: str) -> None:
         if text:
+            index = self._index
             for variant in decodings(text) if self._loose else (text,):
                 norm = _norm(variant)
                 i = len(self._texts)
                 self._texts.append(norm)
                 self._nums |= _numbers(variant)
-                for token in set(_TOKEN.findall(norm)):
-                    self._index.setdefault(token, set()).add(i)
-                if self._loose:
-                    self._squashed.append(squash(variant))
+                tokens = _TOKEN.findall(norm)
+                for token in set(tokens):
+                    ids = index.get(token)
+                    if ids is None:
+                        index[token] = {i}
+                    else:
+                        ids.add(i)
+                if self._loose:  # squash(variant), from the tokens at hand: the letter-and-digit runs, joined
+                    self._add_squashed("".join(tokens))
+
+    def _add_squashed(self, flat: str) -> None:
+        if flat:
+            self._squashed += flat.encode("utf-8", "surrogatepass") + b"\x00"
 
     def has_squashed(self, value: str) -> bool:
         """`value` found when only letters and digits count (re-spaced, re-punctuated)."""
+        if not self._squashed:
+            return False
         needle = squash(value)
         if len(needle) < MIN_SQUASH:
             return False
-        return any(needle in text for text in self._squashed)
+        return needle.encode("utf-8", "surrogatepass") in self._squashed
 
     def __bool__(self) -> bool:
         return bool(self._texts)
@@ -183,7 +197,7 @@ class Corpus:
         for token in set(_TOKEN.findall(norm)):
             self._index.setdefault(token, set()).add(i)
         if self._loose:
-            self._squashed.append(squash(norm))
+            self._add_squashed("".join(_TOKEN.findall(norm)))  # squash(norm): norm is normalised already
 
     def has_number(self, value: float) -> bool:
         try:
@@ -206,6 +220,8 @@ class Corpus:
         return [self._texts[i] for i in sorted(ids)]
 
     def has_text(self, value: str) -> bool:
+        if not self._texts:
+            return False
         needle = _norm(value)
         if not needle:
             return False
@@ -218,7 +234,9 @@ class Corpus:
         return False
 
     def has(self, value: Any) -> bool:
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if not self._texts:  # numbers are only ever read from texts
+            return False
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return self.has_number(value) or self.has_text(_fmt_number(value))
         if isinstance(value, str):
             if self.has_text(value):
@@ -307,7 +325,7 @@ class Provenance:
         for v in values:
             if isinstance(v, str) and v.strip():
                 self.untrusted.add(v)
-            elif isinstance(v, int | float) and not isinstance(v, bool):
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 self.untrusted.add(_fmt_number(v))
 
     def _untrusted_has(self, value: Any) -> bool:
@@ -316,12 +334,14 @@ class Provenance:
         return isinstance(value, str) and self.untrusted.has_squashed(value)
 
     def origin(self, value: Any) -> Origin:
-        if value is None or isinstance(value, bool):
+        if isinstance(value, str):
+            stripped = value.strip()
+            if not stripped:
+                return Origin.NEUTRAL
+            if len(stripped) < MIN_TRACE_CHARS and not stripped.isalpha():
+                return Origin.UNTRUSTED if self.untrusted.has(value) else Origin.MODEL
+        elif value is None or isinstance(value, bool):
             return Origin.NEUTRAL
-        if isinstance(value, str) and not value.strip():
-            return Origin.NEUTRAL
-        if isinstance(value, str) and len(value.strip()) < MIN_TRACE_CHARS and not value.strip().isalpha():
-            return Origin.UNTRUSTED if self.untrusted.has(value) else Origin.MODEL
         if self.user.has(value):
             return Origin.USER
         if self._untrusted_has(value):
@@ -344,7 +364,8 @@ class Provenance:
         """Origin of every scalar in `args`, by dotted path (only under the `only` arguments)."""
         if only is not None:
             args = {k: v for k, v in args.items() if k in only}
-        return {path or "": self.origin(v) for path, v in leaves(args)}
+        origin = self.origin
+        return {path: origin(v) for path, v in leaves(args)}
 
     def private_in(self, args: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
         """Private data found inside `args` (not under the `skip` paths): {what: source}. Identifiers
@@ -375,7 +396,7 @@ class Provenance:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def is_money(path: str) -> bool:

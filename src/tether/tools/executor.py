@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterable
+import types
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -132,6 +133,28 @@ class AllowAll:
         raise ValueError(f"no call {call_id!r} awaits approval (this policy asks for none)")
 
 
+@types.coroutine
+def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
+    """Go on awaiting `coro` after its first step (which yielded `yielded`), as `await coro` would
+    have: what the task sends or throws in (a cancellation) goes to `coro`, what it yields goes out."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
 class Executor:
     """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop."""
 
@@ -232,7 +255,10 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        result = await step(functools.partial(self._run, tool, args, call, ctx, index))
+        if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
+            result = await self._run(tool, args, call, ctx, index)
+        else:
+            result = await step(functools.partial(self._run, tool, args, call, ctx, index))
         if not result.is_error:
             result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
@@ -255,15 +281,33 @@ class Executor:
         if ctx.seconds_left is not None:
             timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
         try:
-            # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
-            async with asyncio.timeout(timeout):
-                if tool.is_async:
-                    value = await tool.fn(**args)
+            if tool.is_async:
+                work = tool.fn(**args)
+                if timeout is None:
+                    value = await work
+                elif type(work) is types.CoroutineType:
+                    # Stepped once directly: a coroutine that finishes without suspending (a cache hit,
+                    # a computation) gave the loop no chance to interrupt it, so it needs no timer. One
+                    # that suspends goes on under a timer due when it would have been had it been armed
+                    # before that first step.
+                    deadline = asyncio.get_running_loop().time() + timeout
+                    try:
+                        first = work.send(None)
+                    except StopIteration as done:
+                        value = done.value
+                    else:
+                        async with asyncio.timeout_at(deadline):
+                            value = await _resume(work, first)
                 else:
+                    async with asyncio.timeout(timeout):
+                        value = await work
+            else:
+                # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
+                async with asyncio.timeout(timeout):
                     if self._pool is None:
                         self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
-                    loop = asyncio.get_running_loop()
-                    value = await loop.run_in_executor(self._pool, functools.partial(tool.fn, **args))
+                    value = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, functools.partial(tool.fn, **args))
         except TimeoutError:
             return self._error(
                 call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "

@@ -164,7 +164,7 @@ class SignatureValidator:
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
-            obj = self.model.model_validate(args)
+            obj = self.model.__pydantic_validator__.validate_python(args)  # model_validate without its wrapper
         except ValidationError as exc:
             problems = []
             for err in exc.errors(include_url=False):
