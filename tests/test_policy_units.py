@@ -307,3 +307,13 @@ def test_the_fast_injection_check_matches_exactly_what_the_case_insensitive_rege
         positives += expected
         assert looks_injected(text) is expected, text
     assert 5_000 < positives < 19_000  # both outcomes well exercised
+
+
+def test_the_audit_log_keeps_the_newest_records_within_its_bound():
+    from tether.policy.audit import AuditLog, AuditRecord
+
+    log = AuditLog(max_records=3)
+    for i in range(5):
+        log.record(AuditRecord(run_id=f"r{i % 2}", tool="t", decision="allowed", call_id=f"c{i}"))
+    assert [r.call_id for r in log.records] == ["c2", "c3", "c4"]
+    assert [r.call_id for r in log.query("r0")] == ["c2", "c4"]

@@ -6,7 +6,8 @@ Workloads (scripted model, so only framework work is measured):
 - sequential: 50 steps of one cheap tool call each, every in-memory guard on (steps, tokens, seconds,
   cost, tool calls, repeated-call detection, result capping, trace); async tool and sync tool (thread pool);
 - flatness: per-turn CPU at 10 and at 150 steps;
-- big outputs: 20 steps each returning 50 KB; characters the model is sent and memory kept per step;
+- big outputs: 20 steps each returning 50 KB; characters the model is sent, memory kept and CPU per
+  step (the policy reads every full result: provenance, injection check);
 - many tools: 100 registered tools vs 1;
 - parallel: 8 tools of 100 ms in one turn (async and sync), wall time of the turn.
 CPU is process time, so other load on a shared machine inflates it less than wall time; each figure is
@@ -150,6 +151,32 @@ def bench_big_outputs() -> dict[str, float]:
         """Return a big document."""
         return (key + "x" * size)[:size]
 
+    # prose-like text (words, numbers, ids), for the CPU figures: a run of "x" is one token to index
+    page = " ".join(f"Entry {i}: the server at host-{i % 97}.example.com answered in {i * 7 % 1000} ms, "
+                    f"status ok, see ticket T-{i * 13 % 10000}." for i in range(size // 60))[:size]
+
+    @tool(effect="read_only")
+    async def read_doc(key: str) -> str:
+        """Return a big document (trusted output)."""
+        return key + " " + page[: size - len(key) - 1]
+
+    @tool(untrusted_output=True, effect="read_only")
+    async def read_web(key: str) -> str:
+        """Return a big web page (untrusted: the run is tainted, its provenance keeps the decoded text)."""
+        return key + " " + page[: size - len(key) - 1]
+
+    def cpu_per_step(t: Tool) -> float:
+        """CPU ms per step: capping, the policy's provenance and injection checks over each 50 KB result."""
+        agent = Agent(BenchModel(stepping_script(steps, t.name)), tools=[t], limits=Limits(max_steps=40, **GUARDS))
+        asyncio.run(agent.arun("go"))
+        samples = []
+        for _ in range(3):
+            started = time.process_time()
+            result = asyncio.run(agent.arun("go"))
+            assert result.completed and result.usage.tool_calls >= steps // 2, result.stop_reason
+            samples.append((time.process_time() - started) / result.steps * 1e3)
+        return statistics.median(samples)
+
     agent = Agent(BenchModel(stepping_script(steps, "dump")), tools=[dump], limits=Limits(max_steps=40, **GUARDS))
     held: list[int] = []
 
@@ -176,6 +203,8 @@ def bench_big_outputs() -> dict[str, float]:
         "uncapped_chars_sent_per_result": size,
         "kept_bytes_per_step_late": per_step_late,
         "uncapped_kept_bytes_per_step": anchor_per_step,
+        "cpu_ms_per_step_trusted": cpu_per_step(read_doc),
+        "cpu_ms_per_step_untrusted": cpu_per_step(read_web),
     }
 
 
@@ -251,6 +280,8 @@ def main() -> int:
         ("50 KB outputs: max chars sent per result", big["max_chars_sent_per_result"]),
         ("50 KB outputs: bytes kept per step (late)", big["kept_bytes_per_step_late"]),
         ("uncapped anchor: bytes kept per step", big["uncapped_kept_bytes_per_step"]),
+        ("50 KB outputs: CPU ms per step (trusted)", big["cpu_ms_per_step_trusted"]),
+        ("50 KB outputs: CPU ms per step (untrusted)", big["cpu_ms_per_step_untrusted"]),
         ("100 tools vs 1 tool, us/turn ratio", many["ratio"]),
         ("8 x 100 ms async tools, turn ms", par["async_turn_ms"]),
         ("8 x 100 ms sync tools, turn ms", par["sync_turn_ms"]),

@@ -10,6 +10,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,12 +138,11 @@ class AuditLog:
     def __init__(self, sinks: Iterable[AuditSink] = (), *, max_records: int = 100_000) -> None:
         self.sinks = list(sinks)
         self.max_records = max_records
-        self.records: list[AuditRecord] = []
+        # the newest max_records; a deque drops the oldest in O(1) (trimming a full list moved all of them)
+        self.records: deque[AuditRecord] = deque(maxlen=max_records)
 
     def record(self, rec: AuditRecord) -> None:
         self.records.append(rec)
-        if len(self.records) > self.max_records:
-            del self.records[: len(self.records) - self.max_records]
         for sink in self.sinks:
             sink.write(rec)
 
