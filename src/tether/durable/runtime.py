@@ -13,6 +13,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 
+from tether.durable import dbos_fastpath
 from tether.durable.runner import DbosStepRunner, EventBuffer
 from tether.loop import CancelToken, run_loop
 from tether.store.sql import RunStore, engine_url, make_engine
@@ -101,6 +102,8 @@ def setup(config: Durable | str | os.PathLike[str] | None = None) -> Runtime:
         if _RUNTIME.url != url:
             raise ValueError(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
         return _RUNTIME
+    if os.environ.get("TETHER_DBOS_FASTPATH", "1") != "0":  # 0: DBOS's own step checkpoints
+        dbos_fastpath.install()  # before DBOS launches: recovered runs take the same path
     engine = make_engine(url)
     store = RunStore(engine=engine)
     dbos_config: DBOSConfig = {
@@ -151,7 +154,7 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     spec = agent._spec(run_id, local.cancel, events, local.stream_text)
     spec.step_runner = runner
     spec.clock = runner.clock
-    rt.store.set_status(run_id, "running")
+    rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
     if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:
