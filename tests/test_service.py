@@ -44,9 +44,9 @@ class Service:
         return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=self.env, capture_output=True,
                               text=True, timeout=120)
 
-    def start(self, agents: str = AGENTS) -> None:
+    def start(self, agents: str = AGENTS, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", agents, "--port",
-                                      str(self.port), "--workers", "4"], env=self.env, stderr=subprocess.PIPE,
+                                      str(self.port), "--workers", "4", *extra], env=self.env, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -279,6 +279,25 @@ def _resume_across_restart(service: Service) -> None:
     assert [e["id"] for e in head + tail] == [e["id"] for e in full]
     assert head + tail == full
     assert service.ledger() == ["charge 99"]
+
+
+def test_global_concurrency_limits_running_tasks(tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    service.start(AGENTS, "--global-concurrency", "1")
+    try:
+        alice = service.key("alice")
+        tasks = [submit(service, alice, "booking", prompt=f"book {i}") for i in range(3)]
+        most = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            statuses = [httpx.get(f"{service.url}/v1/tasks/{t}", headers=alice).json()["status"] for t in tasks]
+            most = max(most, statuses.count("running"))
+            if all(s == "completed" for s in statuses):
+                break
+            time.sleep(0.05)
+        assert statuses == ["completed"] * 3 and most == 1
+    finally:
+        service.stop()
 
 
 def test_openapi_spec(service: Service) -> None:

@@ -96,7 +96,10 @@ class Tasks:
         if self.config.workers <= 0:
             DBOS.listen_queues([])  # this process only enqueues
         rt.launch()
-        self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=max(1, self.config.workers),
+        slots = max(1, self.config.workers)
+        if self.config.global_concurrency is not None:  # DBOS refuses a worker limit above the global one
+            slots = min(slots, self.config.global_concurrency)
+        self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=slots,
                                                      global_concurrency=self.config.global_concurrency,
                                                      polling_interval_sec=0.2, on_conflict="always_update")
         if self.config.workers > 0:
