@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -13,7 +14,6 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 
-from tether.durable import dbos_fastpath
 from tether.durable.runner import DbosStepRunner, EventBuffer
 from tether.loop import CancelToken, run_loop
 from tether.store.sql import RunStore, engine_url, make_engine
@@ -104,7 +104,7 @@ def setup(config: Durable | str | os.PathLike[str] | None = None) -> Runtime:
             raise ValueError(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
         return _RUNTIME
     if os.environ.get("TETHER_DBOS_FASTPATH", "1") != "0":  # 0: DBOS's own step checkpoints
-        dbos_fastpath.install()  # before DBOS launches: recovered runs take the same path
+        _install_fastpath()  # before DBOS launches: recovered runs take the same path
     engine = make_engine(url)
     store = RunStore(engine=engine)
     dbos_config: DBOSConfig = {
@@ -131,6 +131,15 @@ def teardown() -> None:
         DBOS.destroy(destroy_registry=False)
         _RUNTIME.store.close()
         _RUNTIME = None
+
+
+def _install_fastpath() -> None:
+    try:
+        from tether.durable import dbos_fastpath
+    except (ImportError, AttributeError) as exc:  # a DBOS whose internals moved: run it as shipped
+        logging.getLogger(__name__).warning("DBOS step checkpoints take DBOS's own path (%s)", exc)
+        return
+    dbos_fastpath.install()
 
 
 def _dbos_url(url: str) -> str:
