@@ -12,6 +12,8 @@ import typer
 from tether.cli.durable_cmd import Db, database
 
 EXIT_USAGE = 2
+GlobalConcurrency = Annotated[int | None, typer.Option(
+    "--global-concurrency", min=1, help="Tasks running at once across every worker on the database.")]
 
 Agents = Annotated[str, typer.Option("--agents", help="Agent configurations: a .toml file, or module:NAME / "
                                      "file.py:NAME naming a dict of name -> function(user) -> Agent.")]
@@ -22,13 +24,15 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int) -> int:
+def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int,
+              global_concurrency: int | None = None) -> int:
     import uvicorn
 
     from tether.server import RegistryError, build_app
 
     try:
-        app = build_app(database(db), agents, workers=workers, grace_seconds=grace)
+        app = build_app(database(db), agents, workers=workers, grace_seconds=grace,
+                        global_concurrency=global_concurrency)
     except RegistryError as exc:
         return _fail(str(exc))
     print(f"tether: serving on http://{host}:{port} ({workers} worker slots)", file=sys.stderr)
@@ -36,13 +40,14 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
     return 0
 
 
-def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int) -> int:
+def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int, global_concurrency: int | None = None) -> int:
     """Run queued tasks until SIGTERM/SIGINT; then stop taking work, let running steps finish for
     `grace` seconds, and leave the rest to be recovered (by this worker's next start, same id)."""
     from tether.server import RegistryError, ServiceConfig, Tasks, load_registry
 
     try:
-        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency), load_registry(agents))
+        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency, global_concurrency=global_concurrency),
+                      load_registry(agents))
     except RegistryError as exc:
         return _fail(str(exc))
 
@@ -85,9 +90,10 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int, typer.Option("--workers", min=0, help="Tasks this process runs at once (0: API only, "
                                              "with `tether worker` processes elsewhere).")] = 4,
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
+        global_concurrency: GlobalConcurrency = None,
     ) -> None:
         """Serve the task API (submit, events, confirm, cancel) over the run database."""
-        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace))
+        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace, global_concurrency))
 
     @app.command("worker")
     def worker(
@@ -95,9 +101,10 @@ def register(app: typer.Typer) -> None:
         db: Db = None,
         concurrency: Annotated[int, typer.Option(min=1, help="Tasks this worker runs at once.")] = 4,
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
+        global_concurrency: GlobalConcurrency = None,
     ) -> None:
         """Run queued tasks from the run database (several workers may share a PostgreSQL database)."""
-        raise typer.Exit(worker_cmd(db, agents, concurrency, grace))
+        raise typer.Exit(worker_cmd(db, agents, concurrency, grace, global_concurrency))
 
     keys = typer.Typer(help="API keys of the task service.", no_args_is_help=True)
 

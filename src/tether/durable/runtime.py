@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ class Runtime:
     agents: dict[str, Any] = field(default_factory=dict)
     factories: dict[str, AgentFactory] = field(default_factory=dict)
     local: dict[str, _Local] = field(default_factory=dict)
+    store_text: bool = False  # write streamed text to the store (the task service shows it live)
     launched: bool = False
     _built: dict[str, Any] = field(default_factory=dict)
 
@@ -101,6 +103,8 @@ def setup(config: Durable | str | os.PathLike[str] | None = None) -> Runtime:
         if _RUNTIME.url != url:
             raise ValueError(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
         return _RUNTIME
+    if os.environ.get("TETHER_DBOS_FASTPATH", "1") != "0":  # 0: DBOS's own step checkpoints
+        _install_fastpath()  # before DBOS launches: recovered runs take the same path
     engine = make_engine(url)
     store = RunStore(engine=engine)
     dbos_config: DBOSConfig = {
@@ -129,6 +133,15 @@ def teardown() -> None:
         _RUNTIME = None
 
 
+def _install_fastpath() -> None:
+    try:
+        from tether.durable import dbos_fastpath
+    except (ImportError, AttributeError) as exc:  # a DBOS whose internals moved: run it as shipped
+        logging.getLogger(__name__).warning("DBOS step checkpoints take DBOS's own path (%s)", exc)
+        return
+    dbos_fastpath.install()
+
+
 def _dbos_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
@@ -145,13 +158,13 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     run_id = state.run_id
     agent = rt.agent_for(job["agent"], run_id)
     local = rt.local.get(run_id) or _Local()
-    events = EventBuffer(run_id, local.on_event)
+    events = EventBuffer(run_id, local.on_event, store_text=rt.store_text)
     runner = DbosStepRunner(run_id, float(job["started_at"]), approval_timeout=rt.config.approval_timeout,
-                            flush=events.flush)
-    spec = agent._spec(run_id, local.cancel, events, local.stream_text)
+                            flush=events.flush, flush_text=events.flush_text)
+    spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner
     spec.clock = runner.clock
-    rt.store.set_status(run_id, "running")
+    rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
     if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:
