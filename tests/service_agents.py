@@ -70,6 +70,26 @@ async def book(item: str, context: ToolContext) -> str:
     return f"booked {item}"
 
 
+@tool(effect="reversible")
+async def effect(seconds: float, context: ToolContext) -> str:
+    """Act once per idempotency key, slowly the first time (the ledger: `start KEY` at each try,
+    `done KEY` once).
+
+    Args:
+        seconds: how long the first try takes
+    """
+    key = context.idempotency_key
+    lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
+    retry = f"start {key}" in lines
+    with LEDGER.open("a") as fh:
+        fh.write(f"start {key}\n")
+    await asyncio.sleep(0.2 if retry else seconds)
+    if f"done {key}" not in LEDGER.read_text().splitlines():
+        with LEDGER.open("a") as fh:
+            fh.write(f"done {key}\n")
+    return "done"
+
+
 def book_script(request: ModelRequest):
     n = _turn(request)
     return ToolCall(f"b{n}", "book", {"item": f"item{n}"}) if n < 3 else "booked three"
@@ -92,6 +112,18 @@ def slow_script(request: ModelRequest):
     return ToolCall(f"w{n}", "wait", {"seconds": 0.5}) if n < 40 else "done"
 
 
+def steps_script(request: ModelRequest):
+    """Three `effect` calls: two in the first turn (run one at a time), one in the second. The prompt
+    says how long their first tries take, in call order ("3", "120 0.2 120"; 0.2 s when not said)."""
+    n = _turn(request)
+    seconds = [float(s) for s in next(m.content for m in request.messages if m.role == "user").split()]
+
+    def call(i: int) -> ToolCall:
+        return ToolCall(f"e{i}", "effect", {"seconds": seconds[i] if i < len(seconds) else 0.2})
+
+    return [call(0), call(1)] if n == 0 else call(2) if n == 1 else "finished"
+
+
 def calc(user: str | None) -> Agent:
     return Agent(ScriptedModel(calc_script), tools=[add], limits=Limits(max_steps=5))
 
@@ -110,5 +142,10 @@ def booking(user: str | None) -> Agent:
     return Agent(ScriptedModel(book_script), tools=[book], limits=Limits(max_steps=6))
 
 
+def steps(user: str | None) -> Agent:
+    return Agent(ScriptedModel(steps_script), tools=[effect], limits=Limits(max_steps=5, max_parallel_tools=1))
+
+
 AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
+SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

@@ -59,6 +59,8 @@ class Runtime:
     factories: dict[str, AgentFactory] = field(default_factory=dict)
     local: dict[str, _Local] = field(default_factory=dict)
     launched: bool = False
+    draining: bool = False  # the process is stopping: no new step starts (tether.server.tasks.Tasks.stop)
+    steps_in_flight: int = 0
     _built: dict[str, Any] = field(default_factory=dict)
 
     def launch(self) -> None:
