@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from tether import Agent, Limits, tool
@@ -71,9 +72,9 @@ async def book(item: str, context: ToolContext) -> str:
 
 
 @tool(effect="reversible")
-async def effect(seconds: float, context: ToolContext) -> str:
+def effect(seconds: float, context: ToolContext) -> str:
     """Act once per idempotency key, slowly the first time (the ledger: `start KEY` at each try,
-    `done KEY` once).
+    `done KEY` once). Sync, so it runs in a thread that a stopping process cannot cancel.
 
     Args:
         seconds: how long the first try takes
@@ -83,7 +84,7 @@ async def effect(seconds: float, context: ToolContext) -> str:
     retry = f"start {key}" in lines
     with LEDGER.open("a") as fh:
         fh.write(f"start {key}\n")
-    await asyncio.sleep(0.2 if retry else seconds)
+    time.sleep(0.2 if retry else seconds)
     if f"done {key}" not in LEDGER.read_text().splitlines():
         with LEDGER.open("a") as fh:
             fh.write(f"done {key}\n")

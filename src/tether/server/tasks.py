@@ -228,7 +228,8 @@ class Tasks:
             assert self._deadline is not None
             while rt.steps_in_flight and time.monotonic() < self._deadline:
                 await asyncio.sleep(0.05)
-            drained = Drained(left_pending=await _end_workflow_tasks(), interrupted=rt.steps_in_flight)
+            interrupted = rt.steps_in_flight  # before the cancellation, which ends them
+            drained = Drained(left_pending=await _end_workflow_tasks(), interrupted=interrupted)
         if self._janitor is not None:  # beats until here, so no janitor adopts this worker's runs mid-step
             self._janitor.cancel()
             await asyncio.gather(self._janitor, return_exceptions=True)
