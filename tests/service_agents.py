@@ -12,7 +12,7 @@ from tether import Agent, Limits, tool
 from tether.models.scripted import ScriptedModel
 from tether.policy import Capabilities, Capability, SafetyPolicy
 from tether.tools.base import ToolContext
-from tether.types import ModelRequest, ToolCall
+from tether.types import ModelReply, ModelRequest, ToolCall
 
 LEDGER = Path(os.environ.get("TETHER_TEST_LEDGER", "/tmp/tether-ledger.txt"))
 
@@ -125,6 +125,21 @@ def steps_script(request: ModelRequest):
     return [call(0), call(1)] if n == 0 else call(2) if n == 1 else "finished"
 
 
+ANSWER = "The sum of two and three is five, as the calculator says."
+
+
+def chatty_script(request: ModelRequest):
+    if _turn(request) == 0:
+        return ModelReply("Let me add them.", [ToolCall("c1", "add", {"a": 2, "b": 3})])
+    return ANSWER
+
+
+def chatty(user: str | None) -> Agent:
+    """Streams its text in 4-character pieces, 40 ms apart (as a served model does)."""
+    return Agent(ScriptedModel(chatty_script, stream_chunk=4, stream_delay=0.04), tools=[add],
+                 limits=Limits(max_steps=5))
+
+
 def calc(user: str | None) -> Agent:
     return Agent(ScriptedModel(calc_script), tools=[add], limits=Limits(max_steps=5))
 
@@ -147,6 +162,6 @@ def steps(user: str | None) -> Agent:
     return Agent(ScriptedModel(steps_script), tools=[effect], limits=Limits(max_steps=5, max_parallel_tools=1))
 
 
-AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking}
+AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking, "chatty": chatty}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -257,3 +258,37 @@ def test_ctrl_c_in_chat_cancels_the_turn_and_keeps_the_conversation(tmp_path: Pa
     second = server.requests[1].body["messages"]
     assert [(m["role"], m["content"]) for m in second[1:]] == [
         ("user", "a slow question"), ("user", "another question")]
+
+
+def test_compact_folds_old_turns_into_a_recorded_summary(tmp_path: Path) -> None:
+    """`--compact`: past 60% of the window (32,768 tokens for an unknown model) the old turns are
+    folded by a summary call of the same model, and later requests are smaller for it."""
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
+    for i in range(30):
+        (tmp_path / f"log{i}.txt").write_text("\n".join(f"{i} {w} {j} " + " ".join(words[(i + j) % 12:]) * 4
+                                                        for j, w in enumerate(words * 6)))
+
+    asked: list[int] = []  # the reads the model asked for (the transcript forgets folded ones)
+
+    def responder(request: RecordedRequest) -> dict:
+        body = request.body
+        if "compact an agent's working transcript" in str(body["messages"][0].get("content")):
+            return chat_completion("Summary: read log files 0 onwards; nothing alarming found.")
+        if len(asked) < 30 and body.get("tool_choice") != "none":
+            asked.append(len(asked))
+            return chat_completion(None, [tool_call("Read", {"file_path": f"log{asked[-1]}.txt"}, id=f"r{asked[-1]}")])
+        return chat_completion("All 30 logs read: nothing alarming.")
+
+    with FakeOpenAIServer(responder=responder) as server:
+        proc = tether(["-p", "Read log0.txt to log29.txt one by one, then summarise.", "--compact", "--tools", "files", "--model", "fake-model",
+                       "--max-steps", "40", "--json"], cwd=tmp_path, env=openrouter_env(server), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = from_json(RunResult, proc.stdout)
+    assert result.stop_reason is StopReason.COMPLETED and result.answer == "All 30 logs read: nothing alarming."
+    bodies = [r.body for r in server.requests]
+    summaries = [b for b in bodies if "compact an agent's working transcript" in str(b["messages"][0].get("content"))]
+    assert summaries, "no summary call was made"
+    agent_calls = [b for b in bodies if b not in summaries]
+    assert len(json.dumps(agent_calls[-1]["messages"])) < len(json.dumps(agent_calls[len(agent_calls) // 2]["messages"])) * 2
+    assert any("Context compacted" in json.dumps(b["messages"]) for b in agent_calls)
+    assert {"update_plan", "set_step"} <= {t["function"]["name"] for t in agent_calls[0]["tools"]}

@@ -44,10 +44,9 @@ class Service:
         return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=self.env, capture_output=True,
                               text=True, timeout=120)
 
-    def start(self, agents: str = AGENTS, *options: str) -> None:
-        """`tether serve` with 4 worker slots; `options` are more (a later --workers wins)."""
+    def start(self, agents: str = AGENTS, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", agents, "--port",
-                                      str(self.port), "--workers", "4", *options], env=self.env, stderr=subprocess.PIPE,
+                                      str(self.port), "--workers", "4", *extra], env=self.env, stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -135,14 +134,36 @@ def test_submit_stream_get_list(service: Service) -> None:
     task = submit(service, alice, "calc")
     evs = events(service, alice, task)
     names = [e["event"] for e in evs]
-    assert names == ["status", "model_call", "tool_call", "model_call", "answer", "stop"]
-    assert evs[-2]["data"]["answer"] == "The sum is 5."
+    assert names == ["status", "model_call", "tool_call", "text_delta", "model_call", "answer", "stop"]
+    assert evs[-2]["data"]["answer"] == evs[3]["data"]["text"] == "The sum is 5."
     ids = [e["id"] for e in evs]
     assert len(set(ids)) == len(ids)
     body = httpx.get(f"{service.url}/v1/tasks/{task}", headers=alice).json()
     assert body["status"] == "completed" and body["answer"] == "The sum is 5." and body["findings"]
     listed = httpx.get(f"{service.url}/v1/tasks", params={"status": "completed"}, headers=alice).json()
     assert [t["task_id"] for t in listed["tasks"]] == [task]
+
+
+def test_text_streams_live_and_resumes_mid_text(service: Service) -> None:
+    from service_agents import ANSWER
+
+    alice = service.key("tess")
+    task = submit(service, alice, "chatty")
+    first = events(service, alice, task, limit=6)  # "status", then text as the model writes it
+    assert [e["event"] for e in first[:2]] == ["status", "text_delta"]
+    full = events(service, alice, task)
+    names = [e["event"] for e in full]
+    assert names[:2] == ["status", "text_delta"] and names[-2:] == ["answer", "stop"]
+    text_before = [e["data"]["text"] for e in full[:names.index("model_call")] if e["event"] == "text_delta"]
+    assert "".join(text_before) == "Let me add them."
+    last_call = len(names) - 1 - names[::-1].index("model_call")
+    tool = names.index("tool_call")
+    final = "".join(e["data"]["text"] for e in full[tool:last_call] if e["event"] == "text_delta")
+    assert final == ANSWER == full[-2]["data"]["answer"]
+    assert full[:6] == first
+    middle = full[tool + 3]["id"]  # in the middle of the final answer's text
+    assert full[tool + 3]["event"] == "text_delta"
+    assert events(service, alice, task, last=middle) == full[tool + 4:]
 
 
 def test_users_are_isolated_and_keys_required(service: Service) -> None:
@@ -163,7 +184,7 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
     cases = [
         ({"agent": "calc"}, 422, "prompt: Field required"),
         ({"prompt": "", "agent": "calc"}, 422, "prompt"),
-        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'booking', 'calc' or 'slow'"),
+        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'booking', 'calc', 'chatty' or 'slow'"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_stepz": 3}}, 422, "limits.max_stepz: Extra inputs"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_steps": -1}}, 422, "limits.max_steps: Input should be greater than 0"),
         ({"prompt": "x" * 100_001, "agent": "calc"}, 413, "characters"),
@@ -259,6 +280,25 @@ def _resume_across_restart(service: Service) -> None:
     assert [e["id"] for e in head + tail] == [e["id"] for e in full]
     assert head + tail == full
     assert service.ledger() == ["charge 99"]
+
+
+def test_global_concurrency_limits_running_tasks(tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    service.start(AGENTS, "--global-concurrency", "1")
+    try:
+        alice = service.key("alice")
+        tasks = [submit(service, alice, "booking", prompt=f"book {i}") for i in range(3)]
+        most = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            statuses = [httpx.get(f"{service.url}/v1/tasks/{t}", headers=alice).json()["status"] for t in tasks]
+            most = max(most, statuses.count("running"))
+            if all(s == "completed" for s in statuses):
+                break
+            time.sleep(0.05)
+        assert statuses == ["completed"] * 3 and most == 1
+    finally:
+        service.stop()
 
 
 def test_openapi_spec(service: Service) -> None:

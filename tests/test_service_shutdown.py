@@ -25,7 +25,8 @@ httpx = pytest.importorskip("httpx")
 
 AGENTS = f"{ROOT / 'tests' / 'service_agents.py'}:SHUTDOWN_AGENTS"
 MARGIN = 8.0  # seconds a stopping process may take beyond its grace period (DBOS teardown, interpreter exit)
-FULL_RUN = ["status", "model_call", "tool_call", "tool_call", "model_call", "tool_call", "model_call", "answer", "stop"]
+FULL_RUN = ["status", "model_call", "tool_call", "tool_call", "model_call", "tool_call", "text_delta", "model_call",
+            "answer", "stop"]
 
 
 def poll(what: str, check, timeout: float = 60.0):

@@ -3,9 +3,10 @@
 For each store (SQLite WAL; PostgreSQL when TETHER_BENCH_POSTGRES or TETHER_TEST_POSTGRES names a
 server): a real `tether serve` on 127.0.0.1 with 8 worker slots, N tasks submitted at once, each task's
 SSE stream read by its own client, which confirms the one call that needs it. Each run makes three tool
-calls and one confirmed call. Reported: runs per second (submit of the first to the last stop event),
-latency from a tool call finishing (the tool writes the wall time to a ledger) to its `tool_call` SSE
-event reaching the client, p50/p99; the per-step checkpoint cost on the same store, measured as
+calls, one confirmed call and a final answer streamed in five pieces. Reported: runs per second
+(submit of the first to the last stop event), latency from a tool call finishing (the tool writes the
+wall time to a ledger) to its `tool_call` SSE event reaching the client, p50/p99; latency from the
+model sending a text piece (the piece is its wall time) to its `text_delta` event reaching the client; the per-step checkpoint cost on the same store, measured as
 bench/durable does (durable minus in-memory wall time per DBOS step, in this process); lost runs (not completed); duplicate side effects (an
 idempotency key in the ledger twice).
 """
@@ -43,8 +44,22 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
-async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, arrivals: dict) -> tuple[str, bool]:
-    r = await client.post(f"{url}/v1/tasks", json={"prompt": f"job {i}", "agent": "worker"}, headers=headers)
+async def post(client: httpx.AsyncClient, url: str, **kwargs) -> httpx.Response:
+    """A POST retried when the server closed a kept-alive connection as it was reused (a race every
+    HTTP client meets; the submit carries an Idempotency-Key and a repeated confirm is a 409)."""
+    for attempt in range(3):
+        try:
+            return await client.post(url, **kwargs)
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, arrivals: dict,
+                   text_ms: list[float]) -> tuple[str, bool]:
+    r = await post(client, f"{url}/v1/tasks", json={"prompt": f"job {i}", "agent": "worker"},
+                   headers={**headers, "Idempotency-Key": f"job-{i}"})
     r.raise_for_status()
     task = r.json()["task_id"]
     async with client.stream("GET", f"{url}/v1/tasks/{task}/events", headers=headers) as resp:
@@ -58,11 +73,14 @@ async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, a
                 continue
             name, data = event.get("event"), json.loads(event.get("data", "{}"))
             event = {}
-            if name == "tool_call" and not data.get("is_error"):
+            if name == "text_delta":
+                now = time.time()
+                text_ms.extend((now - float(sent)) * 1000 for sent in data["text"].split())
+            elif name == "tool_call" and not data.get("is_error"):
                 arrivals[(task, data["call_id"])] = time.time()
             elif name == "confirm_request":
-                await client.post(f"{url}/v1/tasks/{task}/confirm", json={"call_id": data["call_id"], "approved": True},
-                                  headers=headers)
+                await post(client, f"{url}/v1/tasks/{task}/confirm", json={"call_id": data["call_id"], "approved": True},
+                           headers=headers)
             elif name == "stop":
                 return task, data.get("stop_reason") == "completed"
     return task, False
@@ -78,8 +96,9 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
     # one user per 10 tasks: the service's per-user limits (60 a minute, 20 in progress) are not the subject here
     keys = [subprocess.run([sys.executable, "-m", "tether.cli", "keys", "add", f"bench{u}"], env=env,
                            capture_output=True, text=True, check=True).stdout.strip() for u in range((runs + 9) // 10)]
+    log = (home / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port", str(port),
-                             "--workers", "8"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--workers", "8"], env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
         for _ in range(600):
             try:
@@ -87,18 +106,23 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                     break
             except httpx.HTTPError:
                 if proc.poll() is not None:
-                    raise RuntimeError(proc.stderr.read()) from None
+                    raise RuntimeError((home / "serve.log").read_text()) from None
                 time.sleep(0.2)
         arrivals: dict = {}
+        text_ms: list[float] = []
 
         async def main() -> list[tuple[str, bool]]:
             limits = httpx.Limits(max_connections=runs * 2 + 10, max_keepalive_connections=runs * 2 + 10)
             async with httpx.AsyncClient(timeout=600, limits=limits) as client:
                 return await asyncio.gather(*(one_task(client, url, {"Authorization": f"Bearer {keys[i // 10]}"}, i,
-                                                       arrivals) for i in range(runs)))
+                                                       arrivals, text_ms) for i in range(runs)))
 
         started = time.time()
-        done = asyncio.run(main())
+        try:
+            done = asyncio.run(main())
+        except Exception:
+            print((home / "serve.log").read_text()[-5000:], file=sys.stderr)
+            raise
         elapsed = time.time() - started
         lines = [ln.split() for ln in ledger.read_text().splitlines()] if ledger.exists() else []
         keys = [ln[1] for ln in lines]
@@ -107,11 +131,16 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
             got = arrivals.get((key_.split(":")[0], call_id))
             if kind == "step" and got is not None:
                 latencies.append((got - float(at)) * 1000)
+        if os.environ.get("TETHER_BENCH_DUMP"):
+            Path(os.environ["TETHER_BENCH_DUMP"]).write_text(json.dumps({"lines": lines, "arrivals": [
+                [k[0], k[1], v] for k, v in arrivals.items()], "started": started}))
         return {
             "store": name, "runs": runs, "lost_runs": sum(1 for _, ok in done if not ok),
             "duplicate_side_effects": len(keys) - len(set(keys)), "side_effects": len(keys),
             "runs_per_second": round(runs / elapsed, 2), "seconds": round(elapsed, 1),
             "p50_event_latency_ms": round(_pct(latencies, 50), 1), "p99_event_latency_ms": round(_pct(latencies, 99), 1),
+            "text_pieces": len(text_ms), "p50_text_latency_ms": round(_pct(text_ms, 50), 1),
+            "p99_text_latency_ms": round(_pct(text_ms, 99), 1),
         }
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -143,7 +172,8 @@ def main() -> None:
             row["checkpoint_ms_per_step"] = round((wall - memory) * 1000 / (RUNS * (2 * TURNS + 1)), 3)
         print(f"{name:9} runs {row['runs']} lost {row['lost_runs']} dup {row['duplicate_side_effects']} "
               f"{row['runs_per_second']} runs/s  event p50 {row['p50_event_latency_ms']} ms p99 "
-              f"{row['p99_event_latency_ms']} ms  checkpoint {row['checkpoint_ms_per_step']} ms/step")
+              f"{row['p99_event_latency_ms']} ms  text p50 {row['p50_text_latency_ms']} ms p99 "
+              f"{row['p99_text_latency_ms']} ms  checkpoint {row['checkpoint_ms_per_step']} ms/step")
     Path(__file__).with_name("results.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

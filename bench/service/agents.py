@@ -1,5 +1,6 @@
 """The bench's agent: three tool calls (each a ledger line keyed by its idempotency key, with the wall
-time it finished) and one call that needs a person's confirmation."""
+time it finished), one call that needs a person's confirmation, and a final answer streamed in five
+pieces, each the wall time it was sent."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tether import Agent, Limits, tool
 from tether.models.scripted import ScriptedModel
 from tether.policy import Capabilities, Capability, SafetyPolicy
 from tether.tools.base import ToolContext
-from tether.types import ModelRequest, ToolCall
+from tether.types import ModelReply, ModelRequest, TextDelta, ToolCall
 
 LEDGER = Path(os.environ.get("TETHER_BENCH_LEDGER", "/tmp/tether-bench-ledger.txt"))
 
@@ -50,9 +51,27 @@ def script(request: ModelRequest):
     return "all done"
 
 
+class TimedText(ScriptedModel):
+    """Streams a text reply as five pieces 20 ms apart, each the wall time it was sent (so the client
+    can measure how long streamed text takes to reach it)."""
+
+    async def stream(self, request: ModelRequest):  # type: ignore[override]
+        out: ModelReply = await self.complete(request)
+        if out.tool_calls:
+            yield out
+            return
+        pieces = []
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+            pieces.append(f"{time.time():.6f} ")
+            yield TextDelta(pieces[-1])
+        out.text = "".join(pieces)
+        yield out
+
+
 def worker(user: str | None) -> Agent:
     caps = Capabilities([Capability("commit", requires_approval=True)], unlisted="inherit")
-    return Agent(ScriptedModel(script), tools=[step, commit], policy=SafetyPolicy(capabilities=caps),
+    return Agent(TimedText(script), tools=[step, commit], policy=SafetyPolicy(capabilities=caps),
                  limits=Limits(max_steps=8))
 
 

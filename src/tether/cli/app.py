@@ -161,6 +161,7 @@ def root(
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
     mcp: o.Mcp = None,
+    compact: o.Compact = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -177,7 +178,7 @@ def root(
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet,
-                    output_schema=output_schema, mcp=mcp)
+                    output_schema=output_schema, mcp=mcp, compact=compact)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -215,6 +216,7 @@ def run_command(
     quiet: o.Quiet = False,
     output_schema: o.OutputSchema = None,
     mcp: o.Mcp = None,
+    compact: o.Compact = False,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -224,7 +226,7 @@ def run_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp))
+        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -256,13 +258,14 @@ def chat_command(
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
     mcp: o.Mcp = None,
+    compact: o.Compact = False,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet, mcp=mcp))
+        raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
     raise typer.Exit(execute_chat(opts))
 
 

@@ -14,6 +14,7 @@ from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
 from tether.cli.terminal import CleanWriter
 from tether.limits import Limits
+from tether.loop import ContextBuilder, FullHistory
 from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 from tether.models.resolve import ModelConfigError, resolve_model
@@ -150,11 +151,18 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
         instructions = opts.instructions
     else:
         instructions = default_instructions(model, tools, workspace)
+    context: ContextBuilder = FullHistory()
+    if opts.compact:
+        from tether.context import Compaction
+
+        compaction = Compaction()  # folds with the run's own model, each fold a recorded model call
+        tools += compaction.tools()
+        context = compaction
     policy = build_policy(opts, pause)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
     agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
-                  output_type=load_output_schema(opts.output_schema))
+                  output_type=load_output_schema(opts.output_schema), context=context)
     if mcp is not None:
         from tether.cli.mcp_cmd import adopt
 

@@ -63,6 +63,9 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress an
 Mcp = Annotated[Path | None, typer.Option(
     "--mcp", help="An mcpServers JSON file (the format of Claude Desktop and Cursor): its servers' tools join "
     "the run. See docs/mcp.md.", show_default=False, dir_okay=False)]
+Compact = Annotated[bool, typer.Option(
+    "--compact", help="Fold old turns into a recorded summary when the context passes 60% of the model's "
+    "window, and give the model task-state tools (docs/context.md).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -91,6 +94,7 @@ class RunOptions:
     quiet: bool = False
     output_schema: Path | None = None
     mcp: Path | None = None
+    compact: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from tether.server.tasks import Drained
 
 EXIT_USAGE = 2
+GlobalConcurrency = Annotated[int | None, typer.Option(
+    "--global-concurrency", min=1, help="Tasks running at once across every worker on the database.")]
 
 Agents = Annotated[str, typer.Option("--agents", help="Agent configurations: a .toml file, or module:NAME / "
                                      "file.py:NAME naming a dict of name -> function(user) -> Agent.")]
@@ -28,7 +30,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int) -> int:
+def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int,
+              global_concurrency: int | None = None) -> int:
     """Serve until SIGTERM/SIGINT; then uvicorn closes the listener and the connections (event streams
     end; clients resume them with Last-Event-ID) while the tasks drain as in `worker_cmd`."""
     import uvicorn
@@ -36,7 +39,8 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
     from tether.server import RegistryError, build_app
 
     try:
-        app = build_app(database(db), agents, workers=workers, grace_seconds=grace)
+        app = build_app(database(db), agents, workers=workers, grace_seconds=grace,
+                        global_concurrency=global_concurrency)
     except RegistryError as exc:
         return _fail(str(exc))
     tasks = app.state.tasks
@@ -65,14 +69,15 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
     return _stopped(tasks.drained)
 
 
-def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int) -> int:
+def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int, global_concurrency: int | None = None) -> int:
     """Run queued tasks until SIGTERM/SIGINT; then take no more tasks, let the steps in flight finish
     (for at most `grace` seconds) and exit, leaving the runs pending for recovery (by this worker's next
     start with the same executor id, or another worker's janitor). A second signal exits at once."""
     from tether.server import RegistryError, ServiceConfig, Tasks, load_registry
 
     try:
-        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency, grace_seconds=grace),
+        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency, grace_seconds=grace,
+                                    global_concurrency=global_concurrency),
                       load_registry(agents))
     except RegistryError as exc:
         return _fail(str(exc))
@@ -149,9 +154,10 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int, typer.Option("--workers", min=0, help="Tasks this process runs at once (0: API only, "
                                              "with `tether worker` processes elsewhere).")] = 4,
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
+        global_concurrency: GlobalConcurrency = None,
     ) -> None:
         """Serve the task API (submit, events, confirm, cancel) over the run database."""
-        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace))
+        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace, global_concurrency))
 
     @app.command("worker")
     def worker(
@@ -159,9 +165,10 @@ def register(app: typer.Typer) -> None:
         db: Db = None,
         concurrency: Annotated[int, typer.Option(min=1, help="Tasks this worker runs at once.")] = 4,
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
+        global_concurrency: GlobalConcurrency = None,
     ) -> None:
         """Run queued tasks from the run database (several workers may share a PostgreSQL database)."""
-        raise typer.Exit(worker_cmd(db, agents, concurrency, grace))
+        raise typer.Exit(worker_cmd(db, agents, concurrency, grace, global_concurrency))
 
     keys = typer.Typer(help="API keys of the task service.", no_args_is_help=True)
 

@@ -35,11 +35,12 @@ class DbosStepRunner:
     """Runs one durable run's steps through DBOS (from inside its workflow)."""
 
     def __init__(self, run_id: str, started_at: float, *, approval_timeout: float,
-                 flush: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, flush_text: Callable[[], None] | None = None) -> None:
         self.run_id = run_id
         self.clock = RecordedClock(started_at)
         self.approval_timeout = approval_timeout
         self.flush = flush  # writes the run's new events to the store, once per turn
+        self.flush_text = flush_text  # writes the text a model call streamed, before its step is recorded
         self._reserved: dict[int, Any] = {}
 
     def begin_turn(self, step: int, indices: list[int]) -> None:
@@ -52,6 +53,8 @@ class DbosStepRunner:
 
         async def model() -> dict[str, Any]:
             reply = await run()
+            if self.flush_text is not None:
+                self.flush_text()
             return {"reply": to_jsonable(reply), "at": time.time()}
 
         out = await self._step(DBOS.run_step_async({"name": "model", "preemptible": True}, model))
@@ -117,24 +120,34 @@ class DbosStepRunner:
 
 class EventBuffer:
     """The run's events: passed on to the caller's sink (same process) and written to the store
-    in one batch per turn (a replay writes the same sequence numbers again, harmlessly)."""
+    in one batch per turn (a replay writes the same sequence numbers again, harmlessly). With
+    `store_text`, streamed text is written too (tether.durable.text_deltas), for other processes."""
 
-    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None) -> None:
+    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, *, store_text: bool = False) -> None:
         from tether.durable.runtime import runtime
+        from tether.durable.text_deltas import TextDeltaWriter
 
         self.run_id = run_id
         self.sink = sink
         self.events: list[TraceEvent] = []
         self.flushed = 0
         self.store = runtime().store
+        self.text = TextDeltaWriter(self.store, run_id) if store_text else None
 
     def __call__(self, event: TraceEvent) -> None:
         if event.kind != "text_delta":
             self.events.append(event)
+        elif self.text is not None:
+            self.text.add(len(self.events), str(event.data.get("text", "")))
         if self.sink is not None:
             self.sink(event)
 
+    def flush_text(self) -> None:
+        if self.text is not None:
+            self.text.flush()
+
     def flush(self) -> None:
+        self.flush_text()
         if self.flushed < len(self.events):
             self.store.add_events(self.run_id, self.events[self.flushed:], self.flushed)
             self.flushed = len(self.events)

@@ -58,6 +58,7 @@ class Runtime:
     agents: dict[str, Any] = field(default_factory=dict)
     factories: dict[str, AgentFactory] = field(default_factory=dict)
     local: dict[str, _Local] = field(default_factory=dict)
+    store_text: bool = False  # write streamed text to the store (the task service shows it live)
     launched: bool = False
     draining: bool = False  # the process is stopping: no new step starts (tether.server.tasks.Tasks.stop)
     steps_in_flight: int = 0
@@ -147,10 +148,10 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     run_id = state.run_id
     agent = rt.agent_for(job["agent"], run_id)
     local = rt.local.get(run_id) or _Local()
-    events = EventBuffer(run_id, local.on_event)
+    events = EventBuffer(run_id, local.on_event, store_text=rt.store_text)
     runner = DbosStepRunner(run_id, float(job["started_at"]), approval_timeout=rt.config.approval_timeout,
-                            flush=events.flush)
-    spec = agent._spec(run_id, local.cancel, events, local.stream_text)
+                            flush=events.flush, flush_text=events.flush_text)
+    spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner
     spec.clock = runner.clock
     rt.store.set_status(run_id, "running")

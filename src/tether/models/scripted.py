@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import itertools
@@ -62,6 +63,8 @@ class ScriptedModel:
 
     A list that runs out raises ModelError, so a test notices a loop that asked for more than
     it scripted. `usage` fills token counts for replies that carry none (handy for budgets).
+    `stream_chunk` streams a reply's text in pieces of that many characters, `stream_delay` seconds
+    apart (as a served model does); without it the text comes as one piece.
     """
 
     def __init__(
@@ -70,7 +73,13 @@ class ScriptedModel:
         *,
         name: str = "scripted",
         usage: Usage | None = None,
+        stream_chunk: int | None = None,
+        stream_delay: float = 0.0,
     ) -> None:
+        if stream_chunk is not None and stream_chunk < 1:
+            raise ValueError("stream_chunk must be at least 1")
+        self.stream_chunk = stream_chunk
+        self.stream_delay = stream_delay
         self.name = name
         self._fn: ScriptFn | None = script if callable(script) else None
         self._items: list[ScriptItem] = [] if callable(script) else list(script)
@@ -99,8 +108,17 @@ class ScriptedModel:
             out.usage = Usage(self.default_usage.input_tokens, self.default_usage.output_tokens)
         return out
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
-        return stream_by_completing(self, request)
+    async def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
+        if self.stream_chunk is None:
+            async for item in stream_by_completing(self, request):
+                yield item
+            return
+        out = await self.complete(request)
+        for start in range(0, len(out.text), self.stream_chunk):
+            if self.stream_delay:
+                await asyncio.sleep(self.stream_delay)
+            yield TextDelta(out.text[start:start + self.stream_chunk])
+        yield out
 
 
 def request_fingerprint(request: ModelRequest) -> str:

@@ -14,7 +14,6 @@ their own tasks only (another user's task is a 404). Every error is JSON: {"erro
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -123,7 +122,7 @@ async def user_of(request: Request, authorization: Annotated[str | None, Header(
     """The user an API key acts as; 401 without a valid one."""
     tasks: Tasks = request.app.state.tasks
     key = (authorization or "").removeprefix("Bearer ").strip()
-    user = await asyncio.to_thread(tasks.tables.user_of, key) if key and tasks.tables is not None else None
+    user = await tasks.db(tasks.tables.user_of, key) if key and tasks.tables is not None else None
     if user is None:
         raise TaskError(401, "send a valid API key: Authorization: Bearer KEY (make one with `tether keys add USER`)")
     return user
@@ -204,7 +203,7 @@ def create_app(tasks: Tasks) -> FastAPI:
     @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=ERRORS)
     async def get_task(task_id: str, user: User) -> TaskOut:
         row = await tasks.get(user, task_id)
-        state = tasks.rt.store.state(task_id)
+        state = await tasks.db(tasks.rt.store.state, task_id)
         pending = [PendingCall(call_id=str(row.pending.get("call_id")), tool=str(row.pending.get("tool")),
                                arguments=dict(row.pending.get("arguments") or {}),
                                reason=str(row.pending.get("reason") or ""))] if row.pending else []
@@ -217,7 +216,7 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def events(task_id: str, user: User,
                      last_event_id: Annotated[str | None, Header(max_length=100)] = None) -> EventSourceResponse:
         await tasks.get(user, task_id)
-        return EventSourceResponse(stream(tasks, task_id, last_event_id), ping=15)
+        return EventSourceResponse(stream(tasks.rt.store, tasks.feed, task_id, last_event_id), ping=15)
 
     @app.post("/v1/tasks/{task_id}/confirm", response_model=Confirmed, responses=ERRORS)
     async def confirm(task_id: str, body: ConfirmIn, user: User) -> Confirmed:

@@ -1,6 +1,5 @@
-"""The service's own tables (API keys, idempotent submissions, decided approvals, worker heartbeats),
-beside the run
-store in the same database, with their own migrations."""
+"""The service's own tables (API keys, idempotent submissions, decided approvals, worker heartbeats,
+submission counts), beside the run store in the same database, with their own migrations."""
 
 from __future__ import annotations
 
@@ -25,7 +24,14 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE IF NOT EXISTS tether_workers (
             executor_id TEXT PRIMARY KEY, beat_at DOUBLE PRECISION NOT NULL, started_at DOUBLE PRECISION NOT NULL)""",
     ],
+    [  # 2: submissions per user and minute, shared by every API process on the database
+        """CREATE TABLE IF NOT EXISTS tether_submission_counts (
+            user_id TEXT NOT NULL, minute BIGINT NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (user_id, minute))""",
+    ],
 ]
+
+
+STALE_CLAIM_SECONDS = 60.0
 
 
 def migrate(engine: sa.Engine) -> None:
@@ -64,16 +70,30 @@ class ServiceTables:
             return conn.execute(sa.text("SELECT user_id FROM tether_api_keys WHERE key_hash = :h"),
                                 {"h": hash_key(key)}).scalar()
 
-    def claim_submission(self, user: str, key: str, body: dict[str, Any], task_id: str) -> tuple[str, bool]:
-        """(task id, same body) for an Idempotency-Key: the first claim wins, later ones get its task."""
+    def claim_submission(self, user: str, key: str, body: dict[str, Any], task_id: str) -> tuple[str, bool, bool]:
+        """(task id, same body, task exists) for an Idempotency-Key: the first claim wins, later ones
+        get its task. A claim whose task was never created (its request died midway) is taken over
+        after STALE_CLAIM_SECONDS."""
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        now = time.time()
+        params = {"u": user, "k": key, "b": digest, "r": task_id, "t": now}
         with self.engine.begin() as conn:
             conn.execute(sa.text("INSERT INTO tether_task_keys (user_id, key, body_hash, task_id, created_at) "
-                                 "VALUES (:u, :k, :b, :r, :t) ON CONFLICT DO NOTHING"),
-                         {"u": user, "k": key, "b": digest, "r": task_id, "t": time.time()})
-            row = conn.execute(sa.text("SELECT task_id, body_hash FROM tether_task_keys WHERE user_id = :u AND key = :k"),
-                               {"u": user, "k": key}).one()
-        return row[0], row[1] == digest
+                                 "VALUES (:u, :k, :b, :r, :t) ON CONFLICT DO NOTHING"), params)
+            conn.execute(sa.text(
+                "UPDATE tether_task_keys SET body_hash = :b, task_id = :r, created_at = :t WHERE user_id = :u AND key = :k"
+                " AND created_at < :stale AND task_id NOT IN (SELECT run_id FROM tether_runs)"),
+                {**params, "stale": now - STALE_CLAIM_SECONDS})
+            row = conn.execute(sa.text(
+                "SELECT k.task_id, k.body_hash, r.run_id FROM tether_task_keys k LEFT JOIN tether_runs r "
+                "ON r.run_id = k.task_id WHERE k.user_id = :u AND k.key = :k"), params).one()
+        return row[0], row[1] == digest, row[2] is not None
+
+    def release_submission(self, user: str, key: str, task_id: str) -> None:
+        """Give up this request's claim on an Idempotency-Key (its task was not created)."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM tether_task_keys WHERE user_id = :u AND key = :k AND task_id = :r"),
+                         {"u": user, "k": key, "r": task_id})
 
     def record_decision(self, run_id: str, call_id: str, approved: bool, by: str, reason: str) -> bool:
         """True for the first decision on this call; False when it was already decided."""
@@ -109,6 +129,32 @@ class ServiceTables:
                 conn.execute(sa.text("DELETE FROM tether_workers WHERE executor_id = :e AND beat_at < :c"),
                              {"e": executor_id, "c": cutoff})
         return dead
+
+    def take_submission(self, user: str, per_minute: int, now: float | None = None) -> float | None:
+        """Count one submission of `user` against `per_minute`, across every API process on this
+        database; None when it may go ahead, else the seconds to wait (a refused one is not counted).
+
+        A sliding minute, estimated from two fixed ones: the last minute's count weighted by how much
+        of it the sliding window still covers, plus this minute's (no burst of 2x at a boundary)."""
+        now = time.time() if now is None else now
+        minute, into = int(now // 60), (now % 60) / 60
+        key = {"u": user, "m": minute}
+        with self.engine.begin() as conn:  # the UPDATE holds the row: concurrent takers queue up
+            new = conn.execute(sa.text("INSERT INTO tether_submission_counts (user_id, minute, n) VALUES (:u, :m, 0) "
+                                       "ON CONFLICT DO NOTHING"), key).rowcount
+            if new:
+                conn.execute(sa.text("DELETE FROM tether_submission_counts WHERE user_id = :u AND minute < :m - 1"), key)
+            conn.execute(sa.text("UPDATE tether_submission_counts SET n = n + 1 WHERE user_id = :u AND minute = :m"), key)
+            counts = dict(conn.execute(sa.text("SELECT minute, n FROM tether_submission_counts WHERE user_id = :u "
+                                               "AND minute >= :m - 1"), key).all())
+            current, previous = int(counts.get(minute, 0)), int(counts.get(minute - 1, 0))
+            if previous * (1 - into) + current <= per_minute:
+                return None
+            conn.execute(sa.text("UPDATE tether_submission_counts SET n = n - 1 WHERE user_id = :u AND minute = :m"), key)
+        if current > per_minute or previous == 0:
+            return 60 * (1 - into)  # this minute alone is over: wait for the next
+        # `current` counts this one: the previous minute's share must fall to (limit - current)
+        return max(0.0, 60 * (1 - (per_minute - current) / previous - into))
 
     def forget_decision(self, run_id: str, call_id: str) -> None:
         with self.engine.begin() as conn:

@@ -9,6 +9,14 @@ TOML (`tether serve --agents agents.toml`):
     instructions = "Answer briefly."
     limits = { max_steps = 10, max_seconds = 120 }
 
+    [agents.assistant.policy]             # optional: the safety policy (tether.policy.SafetyPolicy)
+    unlisted = "inherit"                  # tools not under [..policy.tools]: their own declarations
+                                          # ("inherit", the default here) or refused ("deny")
+    egress = ["api.example.com", "*.corp.example"]   # hosts a tool may reach
+    [agents.assistant.policy.tools.Bash]  # one tool's capability (tether.policy.Capability)
+    requires_approval = true              # also: ceilings = {arg = max}, per_run, per_user,
+                                          # per_user_window, on_untrusted, risk_free_args, url_args
+
 Python (`--agents mymodule:AGENTS` or `--agents path/agents.py:AGENTS`): a dict of name -> function
 `(user) -> Agent`. Whatever the source, every agent's calls that need approval park the run for a
 person (the service's confirm endpoint) instead of being denied.
@@ -105,7 +113,7 @@ def _from_toml(path: Path) -> Registry:
     agents = data.get("agents")
     if not isinstance(agents, dict) or not agents:
         raise RegistryError(f"{path}: no [agents.NAME] tables")
-    allowed = {"model", "tools", "workspace", "instructions", "limits"}
+    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy"}
     factories: dict[str, AgentFactory] = {}
     for name, cfg in agents.items():
         if not isinstance(cfg, dict):
@@ -124,9 +132,10 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
     workspace = Path(cfg.get("workspace") or ".").expanduser().resolve()
     try:  # fail at start, not at the first task (the model itself is built per agent)
         limits = narrow(Limits(), cfg.get("limits") or {}) if cfg.get("limits") else Limits()
-        build_tools(cfg.get("tools") or "none", workspace)
+        tool_names = {t.name for t in build_tools(cfg.get("tools") or "none", workspace)}
         if cfg.get("model"):
             parse_spec(str(cfg["model"]))
+        policy_from_toml(cfg.get("policy"), tool_names)
     except (RegistryError, CliError, ModelConfigError) as exc:
         raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
 
@@ -136,7 +145,51 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
             model = resolve_model(cfg.get("model"))
         except (CliError, ModelConfigError) as exc:
             raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
+        policy = policy_from_toml(cfg.get("policy"), {t.name for t in tools})  # per run: its state is the run's
         return Agent(model, tools=tools, instructions=str(cfg.get("instructions") or ""), limits=limits, user=user,
-                     name=name)
+                     name=name, policy=policy)
 
     return build
+
+
+POLICY_KEYS = {"unlisted", "egress", "tools"}
+CAPABILITY_KEYS = {"requires_approval", "ceilings", "per_run", "per_user", "per_user_window", "on_untrusted",
+                   "risk_free_args", "url_args"}
+
+
+def policy_from_toml(table: Any, tool_names: set[str]) -> Any:
+    """A SafetyPolicy from an agent's `policy` table (None when there is none)."""
+    from tether.policy import Capabilities, Capability, EgressPolicy, SafetyPolicy
+
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise RegistryError("policy must be a table")
+    extra = sorted(set(table) - POLICY_KEYS)
+    if extra:
+        raise RegistryError(f"policy has unknown keys {extra}; known: {sorted(POLICY_KEYS)}")
+    caps = []
+    tools = table.get("tools") or {}
+    if not isinstance(tools, dict):
+        raise RegistryError("policy.tools must be a table of [policy.tools.NAME] tables")
+    for tool, spec in tools.items():
+        if tool not in tool_names:
+            raise RegistryError(f"policy.tools.{tool}: the agent has no such tool; its tools: {sorted(tool_names)}")
+        if not isinstance(spec, dict):
+            raise RegistryError(f"policy.tools.{tool} must be a table")
+        bad = sorted(set(spec) - CAPABILITY_KEYS)
+        if bad:
+            raise RegistryError(f"policy.tools.{tool} has unknown keys {bad}; known: {sorted(CAPABILITY_KEYS)}")
+        fields = {k: tuple(v) if k in ("risk_free_args", "url_args") else v for k, v in spec.items()}
+        try:
+            caps.append(Capability(tool, **fields))
+        except (TypeError, ValueError) as exc:
+            raise RegistryError(f"policy.tools.{tool}: {exc}") from exc
+    egress = table.get("egress")
+    if egress is not None and (not isinstance(egress, list) or not all(isinstance(h, str) for h in egress)):
+        raise RegistryError("policy.egress must be a list of host names (\"*.example.com\" for subdomains)")
+    try:
+        capabilities = Capabilities(caps, unlisted=table.get("unlisted", "inherit"))
+    except ValueError as exc:
+        raise RegistryError(f"policy: {exc}") from exc
+    return SafetyPolicy(capabilities=capabilities, egress=EgressPolicy(egress) if egress is not None else None)

@@ -9,17 +9,20 @@ restart and from any machine on the same database.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 import uuid
-from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.server.keys import ServiceTables
 from tether.server.registry import Registry, RegistryError
 
+T = TypeVar("T")
 QUEUE = "tether-tasks"
 ACTIVE = ("pending", "running", "awaiting_approval")
 
@@ -58,10 +61,17 @@ class Tasks:
     rt: Any = None
     tables: ServiceTables | None = None
     queue: Any = None
+    feed: Any = None  # tether.server.events.Feed: wakes the open event streams
     _janitor: asyncio.Task[None] | None = None
     _deadline: float | None = None  # monotonic time the grace period ends (set by begin_drain)
     drained: Drained | None = None  # how `stop` went
-    _recent: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
+    # The requests' blocking store calls run here, not on the default pool, which DBOS uses for every
+    # step it records: a burst of requests must not queue ahead of the runs' own checkpoints.
+    _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="tether-api"))
+
+    async def db(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` (a blocking store call) on the service's own threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(fn, *args, **kwargs))
 
     async def start(self) -> None:
         """Set DBOS up, register the agents and the queue, launch (recovering this executor's runs)."""
@@ -71,7 +81,11 @@ class Tasks:
 
         self.rt = rt = setup(Durable(self.config.database, approval_timeout=self.config.approval_timeout,
                                      executor_id=self.config.executor_id or _executor_id()))
+        from tether.server.events import Feed
+
         self.tables = ServiceTables(rt.store.engine)
+        self.feed = Feed(rt.store, self.db)
+        rt.store_text = True  # the event streams show text as the model writes it
 
         def factory_for(name: str):
             def build(config: dict[str, Any]) -> Any:
@@ -86,7 +100,10 @@ class Tasks:
         if self.config.workers <= 0:
             DBOS.listen_queues([])  # this process only enqueues
         rt.launch()
-        self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=max(1, self.config.workers),
+        slots = max(1, self.config.workers)
+        if self.config.global_concurrency is not None:  # DBOS refuses a worker limit above the global one
+            slots = min(slots, self.config.global_concurrency)
+        self.queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=slots,
                                                      global_concurrency=self.config.global_concurrency,
                                                      polling_interval_sec=0.2, on_conflict="always_update")
         if self.config.workers > 0:
@@ -99,71 +116,80 @@ class Tasks:
     async def submit(self, user: str, body: dict[str, Any], idempotency_key: str | None = None) -> tuple[str, bool]:
         """Start a task; (task id, created). A retried request with the same Idempotency-Key gets the
         same task (and a different body under the same key is refused)."""
+        assert self.tables is not None
+        prompt = body["prompt"]
+        if len(prompt) > self.config.max_prompt_chars:
+            raise TaskError(413, f"the prompt has {len(prompt)} characters; at most {self.config.max_prompt_chars}")
+        task_id = "t_" + uuid.uuid4().hex[:16]
+        if idempotency_key is None:
+            return await self._start(user, body, task_id), True
+        existing, same, exists = await self.db(self.tables.claim_submission, user, idempotency_key, body,
+                                                         task_id)
+        if not same:
+            raise TaskError(409, "this Idempotency-Key was used for a different request; use a new key")
+        if existing != task_id:
+            if not exists:
+                raise TaskError(409, "a request with this Idempotency-Key is still being handled; retry in a moment")
+            return existing, False
+        try:
+            return await self._start(user, body, task_id), True
+        except BaseException:  # refused or failed: the key is free for the retry (nothing was created)
+            await self.db(self.tables.release_submission, user, idempotency_key, task_id)
+            raise
+
+    async def _start(self, user: str, body: dict[str, Any], task_id: str) -> str:
+        """Check the user's limits, create the run and enqueue it."""
         from dbos import SetWorkflowID
 
         from tether.durable.runtime import run_workflow
         from tether.types import to_jsonable
 
         assert self.rt is not None and self.tables is not None
-        prompt = body["prompt"]
-        if len(prompt) > self.config.max_prompt_chars:
-            raise TaskError(413, f"the prompt has {len(prompt)} characters; at most {self.config.max_prompt_chars}")
-        task_id = "t_" + uuid.uuid4().hex[:16]
-        if idempotency_key is not None:
-            existing, same = await asyncio.to_thread(self.tables.claim_submission, user, idempotency_key, body, task_id)
-            if not same:
-                raise TaskError(409, "this Idempotency-Key was used for a different request; use a new key")
-            if existing != task_id:
-                return existing, False
-        self._rate_check(user)
-        active = await asyncio.to_thread(self.tables.active_tasks, user, ACTIVE)
-        if active >= self.config.max_active_per_user:
-            raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
-                                 "wait for one to finish or cancel one")
         try:
             agent = self.registry.build(body["agent"], user, body.get("limits"))
         except RegistryError as exc:
             raise TaskError(422, str(exc)) from exc
-        state = agent.start_state(prompt, run_id=task_id)
+        active = await self.db(self.tables.active_tasks, user, ACTIVE)
+        if active >= self.config.max_active_per_user:
+            raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
+                                 "wait for one to finish or cancel one")
+        wait = await self.db(self.tables.take_submission, user, self.config.submissions_per_minute)
+        if wait is not None:
+            raise TaskError(429, f"at most {self.config.submissions_per_minute} tasks a minute; retry in {wait:.0f} s")
+        state = agent.start_state(body["prompt"], run_id=task_id)
         config = {"user": user, "limits": body.get("limits") or None, "metadata": body.get("metadata") or {}}
-        await asyncio.to_thread(self.rt.store.create_run, task_id, body["agent"], user, prompt, config=config)
-        with SetWorkflowID(task_id):
-            await self.queue.enqueue_async(run_workflow, {"agent": body["agent"], "state": to_jsonable(state),
-                                                          "started_at": time.time()})
-        return task_id, True
-
-    def _rate_check(self, user: str) -> None:
-        now = time.monotonic()
-        window = self._recent[user]
-        while window and now - window[0] > 60:
-            window.popleft()
-        if len(window) >= self.config.submissions_per_minute:
-            raise TaskError(429, f"at most {self.config.submissions_per_minute} tasks a minute; retry in "
-                                 f"{60 - (now - window[0]):.0f} s")
-        window.append(now)
+        # the run's row first: a worker may take the task at once, and builds its agent from this config
+        await self.db(self.rt.store.create_run, task_id, body["agent"], user, body["prompt"], config=config)
+        try:
+            with SetWorkflowID(task_id):
+                await self.queue.enqueue_async(run_workflow, {"agent": body["agent"], "state": to_jsonable(state),
+                                                              "started_at": time.time()})
+        except Exception:
+            await self.db(self.rt.store.set_status, task_id, "error")
+            raise
+        return task_id
 
     # -- read --------------------------------------------------------------------------------------
 
     async def get(self, user: str, task_id: str) -> Any:
         """The task's row, if it is this user's (another user's task does not exist for them)."""
         assert self.rt is not None
-        row = await asyncio.to_thread(self.rt.store.run, task_id)
+        row = await self.db(self.rt.store.run, task_id)
         if row is None or row.user != user:
             raise TaskError(404, f"no task {task_id}")
         return row
 
     async def list(self, user: str, status: str | None, limit: int, before: float | None) -> list[Any]:
         assert self.rt is not None
-        rows = await asyncio.to_thread(self.rt.store.runs, user=user, status=status, limit=limit + 200)
-        if before is not None:
-            rows = [r for r in rows if r.created_at < before]
-        return rows[:limit]
+        return await self.db(self.rt.store.runs, user=user, status=status, limit=limit, before=before)
 
     # -- act -----------------------------------------------------------------------------------------
 
     async def confirm(self, user: str, task_id: str, call_id: str, approved: bool, reason: str) -> dict[str, Any]:
         """Decide the call the task waits on; exactly that call, exactly once."""
-        from tether.durable.control import ControlError, approve
+        from dbos import DBOS
+
+        from tether.durable.control import ControlError, decide
 
         assert self.tables is not None and self.rt is not None
         row = await self.get(user, task_id)
@@ -171,27 +197,26 @@ class Tasks:
             raise TaskError(409, f"task {task_id} is {row.status}, not waiting for a confirmation")
         if row.pending.get("call_id") != call_id:
             raise TaskError(409, f"task {task_id} waits on call {row.pending.get('call_id')!r}, not {call_id!r}")
-        if not await asyncio.to_thread(self.tables.record_decision, task_id, call_id, approved, user, reason):
+        if not await self.db(self.tables.record_decision, task_id, call_id, approved, user, reason):
             raise TaskError(409, f"call {call_id} of task {task_id} was already answered")
         try:
-            return await asyncio.to_thread(approve, self.rt.url, task_id, call_id, approved=approved, by=user,
+            return await self.db(decide, self.rt.store, DBOS, task_id, call_id, approved=approved, by=user,
                                            reason=reason)
         except ControlError as exc:
-            await asyncio.to_thread(self.tables.forget_decision, task_id, call_id)
+            await self.db(self.tables.forget_decision, task_id, call_id)
             raise TaskError(409, str(exc)) from exc
 
     async def cancel(self, user: str, task_id: str) -> str:
-        from tether.durable.control import ControlError, cancel
+        from dbos import DBOS
+
+        from tether.durable.control import ControlError, cancel_run
 
         assert self.rt is not None
         await self.get(user, task_id)
         try:
-            was = await asyncio.to_thread(cancel, self.rt.url, task_id)
+            was = await self.db(cancel_run, self.rt.store, DBOS, task_id)
         except ControlError as exc:
             raise TaskError(409, str(exc)) from exc
-        # DBOS marks the workflow cancelled at once, and a workflow interrupted mid-step never gets to
-        # record its own end; the store says so now (a run that does reach its end writes the same).
-        await asyncio.to_thread(self.rt.store.set_status, task_id, "cancelled")
         return was
 
     # -- stop ------------------------------------------------------------------------------------------
@@ -235,6 +260,9 @@ class Tasks:
             await asyncio.gather(self._janitor, return_exceptions=True)
         from tether.durable.runtime import teardown
 
+        if self.feed is not None:
+            self.feed.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
         teardown()
         self.drained = drained
         return drained

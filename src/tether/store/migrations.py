@@ -25,6 +25,12 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE IF NOT EXISTS tether_audit (
             run_id TEXT NOT NULL, seq BIGINT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (run_id, seq))""",
     ],
+    [  # 2: streamed text (before the stored event `seq` it precedes), runs by user
+        """CREATE TABLE IF NOT EXISTS tether_text_deltas (
+            run_id TEXT NOT NULL, seq BIGINT NOT NULL, idx BIGINT NOT NULL, text TEXT NOT NULL,
+            restart BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, seq, idx))""",
+        "CREATE INDEX IF NOT EXISTS tether_runs_by_user ON tether_runs (user_id, created_at)",
+    ],
 ]
 
 

@@ -149,19 +149,41 @@ class RunStore:
                 "INSERT INTO tether_events (run_id, seq, kind, step, t, duration, data)"
                 " VALUES (:r, :q, :k, :s, :t, :d, :data) ON CONFLICT DO NOTHING"), rows)
 
+    # -- streamed text ---------------------------------------------------------------------------
+
+    def add_text_deltas(self, run_id: str, seq: int, first_idx: int, texts: list[str], *, restart: bool = False) -> None:
+        """Streamed text pieces `first_idx`.. that precede stored event `seq`; `restart` marks the first
+        piece of a model call that began again (after a crash) and streams its text anew."""
+        rows = [{"r": run_id, "q": seq, "i": first_idx + n, "x": text, "re": int(restart and n == 0)}
+                for n, text in enumerate(texts)]
+        if rows:
+            self._write("INSERT INTO tether_text_deltas (run_id, seq, idx, text, restart) VALUES (:r, :q, :i, :x, :re)"
+                        " ON CONFLICT DO NOTHING", rows)
+
+    def next_text_delta(self, run_id: str, seq: int) -> int:
+        """The index the next text piece before event `seq` gets (0 unless an earlier attempt wrote some)."""
+        rows = self._rows("SELECT MAX(idx) FROM tether_text_deltas WHERE run_id = :r AND seq = :q",
+                          {"r": run_id, "q": seq})
+        return 0 if not rows or rows[0][0] is None else int(rows[0][0]) + 1
+
     def run(self, run_id: str) -> RunRow | None:
         rows = self._rows(f"SELECT {_COLUMNS} FROM tether_runs WHERE run_id = :r", {"r": run_id})
         return _row(rows[0]) if rows else None
 
-    def runs(self, *, limit: int = 50, status: str | None = None, user: str | None = None) -> list[RunRow]:
-        """The latest runs first."""
-        where, params = [], {"n": limit}
+    def runs(self, *, limit: int = 50, status: str | None = None, user: str | None = None,
+             before: float | None = None) -> list[RunRow]:
+        """The latest runs first (created before `before`, when given: the next page)."""
+        where: list[str] = []
+        params: dict[str, Any] = {"n": limit}
         if status is not None:
             where.append("status = :s")
             params["s"] = status
         if user is not None:
             where.append("user_id = :u")
             params["u"] = user
+        if before is not None:
+            where.append("created_at < :b")
+            params["b"] = before
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         return [_row(r) for r in self._rows(
             f"SELECT {_COLUMNS} FROM tether_runs{clause} ORDER BY created_at DESC LIMIT :n", params)]

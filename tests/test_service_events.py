@@ -1,0 +1,201 @@
+"""The task service's event streams without HTTP, over a real run store (SQLite and PostgreSQL):
+every SSE event is derived from stored rows, so resuming after any event id gives exactly the rest;
+streamed text comes before the event of the model call that wrote it; a model call that ran again
+after a crash marks its text `restart`; one feed query per tick serves every open stream; and the
+submission rate limit is shared by every process on the database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import sqlalchemy as sa
+from store_fixtures import fresh_postgres_database
+
+from tether.durable.text_deltas import TextDeltaWriter
+from tether.server.events import Feed, stream
+from tether.server.keys import ServiceTables
+from tether.store import RunStore
+from tether.types import TraceEvent
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = RunStore(str(tmp_path / "runs.db"))
+        yield s
+        s.close()
+        return
+    for url in fresh_postgres_database():
+        s = RunStore(url)
+        yield s
+        s.close()
+
+
+def _event(kind: str, **data) -> TraceEvent:
+    return TraceEvent(kind, 1, 0.0, 0.0, data)
+
+
+def _history(store: RunStore, run_id: str = "r1") -> None:
+    """A finished run: a model call that streamed text and called a tool, an approval, a restarted
+    final model call (an earlier attempt streamed before a crash), the stop."""
+    store.create_run(run_id, "agent", "alice", "go")
+    store.add_text_deltas(run_id, 0, 0, ["Let me ", "look."])
+    store.add_events(run_id, [_event("model_call", tool_calls=1),
+                              _event("tool_call", call_id="c1", name="charge", arguments={"amount": 5},
+                                     decision="awaiting_approval")], 0)
+    store.add_events(run_id, [_event("notice", approval={"call_id": "c1", "approved": True})], 2)
+    store.add_text_deltas(run_id, 3, 0, ["Do", "ne: cha"])
+    store.add_text_deltas(run_id, 3, 2, ["Done: charged 5"], restart=True)
+    store.add_events(run_id, [_event("model_call", tool_calls=0), _event("stop", stop_reason="completed")], 3)
+    store.set_status(run_id, "completed")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE tether_runs SET answer = 'Done: charged 5' WHERE run_id = :r"), {"r": run_id})
+
+
+async def _collect(store: RunStore, run_id: str, last: str | None = None, feed: Feed | None = None,
+                   limit: int | None = None) -> list[dict]:
+    feed = feed or Feed(store, tick=0.02)
+    out = []
+    async for item in stream(store, feed, run_id, last):
+        out.append({**item, "data": json.loads(item["data"])})
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def test_the_stream_of_a_finished_run_and_every_resume(store: RunStore) -> None:
+    _history(store)
+    full = asyncio.run(_collect(store, "r1"))
+    names = [e["event"] for e in full]
+    assert names == ["status", "text_delta", "text_delta", "model_call", "tool_call", "confirm_request", "status",
+                     "status", "text_delta", "text_delta", "text_delta", "model_call", "answer", "stop"]
+    assert [e["id"] for e in full[:4]] == ["0.0", "0.1", "0.2", "0.3"]
+    final = [e["data"] for e in full if e["event"] == "text_delta" and e["id"].startswith("3.")]
+    assert final == [{"text": "Do"}, {"text": "ne: cha"}, {"text": "Done: charged 5", "restart": True}]
+    assert full[-2]["data"] == {"answer": "Done: charged 5", "stop_reason": "completed"}
+    for i, seen in enumerate(full):  # Last-Event-ID after any event: exactly the rest
+        assert asyncio.run(_collect(store, "r1", seen["id"])) == full[i + 1:], seen["id"]
+    assert asyncio.run(_collect(store, "r1", "garbage")) == full  # a malformed id starts over
+
+
+def test_live_text_then_the_event_it_precedes(store: RunStore) -> None:
+    """A reader sees text pieces as they are written, before the model call's event exists."""
+    store.create_run("r2", "agent", "alice", "go")
+    store.set_status("r2", "running")
+
+    async def scenario() -> list[dict]:
+        feed = Feed(store, tick=0.02)
+        got: list[dict] = []
+
+        async def read() -> None:
+            async for item in stream(store, feed, "r2", None):
+                got.append({"id": item["id"], "event": item["event"], "data": json.loads(item["data"])})
+
+        reader = asyncio.ensure_future(read())
+        writer = TextDeltaWriter(store, "r2", batch_seconds=0.0)
+        for piece in ["The ", "answer ", "is 42."]:
+            before = len(got)
+            writer.add(0, piece)
+            await _until(lambda: len(got) > before)  # noqa: B023 (awaited at once)
+        assert [e["event"] for e in got] == ["status", "text_delta", "text_delta", "text_delta"]
+        store.add_events("r2", [_event("model_call"), _event("stop", stop_reason="completed")], 0)
+        await asyncio.wait_for(reader, 10)
+        return got
+
+    got = asyncio.run(scenario())
+    assert [e["id"] for e in got] == ["0.0", "0.1", "0.2", "0.3", "0.4", "1.0", "1.1"]
+    assert "".join(e["data"]["text"] for e in got if e["event"] == "text_delta") == "The answer is 42."
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def test_a_restarted_model_call_continues_after_the_earlier_attempt(store: RunStore) -> None:
+    store.create_run("r3", "agent", "alice", "go")
+    first = TextDeltaWriter(store, "r3", batch_seconds=60)  # the first piece at once, then batches
+    first.add(0, "Hel")
+    first.add(0, "lo")
+    first.flush()
+    first.add(0, " wor")  # pending when the process died: never written
+    again = TextDeltaWriter(store, "r3", batch_seconds=60)  # the next process runs the call again
+    again.add(0, "Hello")
+    again.add(0, " world")
+    again.flush()
+    with store.engine.connect() as conn:
+        rows = list(conn.execute(sa.text("SELECT idx, text, restart FROM tether_text_deltas WHERE run_id = 'r3' "
+                                         "ORDER BY idx")))
+    assert [tuple(r) for r in rows] == [(0, "Hel", 0), (1, "lo", 0), (2, "Hello", 1), (3, " world", 0)]
+
+
+def test_a_run_ended_without_a_stop_event_gets_one_stored(store: RunStore) -> None:
+    """Cancelled while parked: the stream stores the stop (keyed by seq), so a later reader sees the same."""
+    store.create_run("r4", "agent", "alice", "go")
+    store.add_events("r4", [_event("model_call")], 0)
+    store.set_status("r4", "cancelled")
+    first = asyncio.run(_collect(store, "r4"))
+    assert [e["event"] for e in first] == ["status", "model_call", "answer", "stop"]
+    assert first[-1]["id"] == "1.1" and first[-1]["data"]["stop_reason"] == "cancelled"
+    store.add_events("r4", [_event("notice", cancelled="late"), _event("stop", stop_reason="cancelled")], 1)
+    assert asyncio.run(_collect(store, "r4")) == first  # the run's own late events change nothing seen
+
+
+def test_one_feed_query_per_tick_for_many_streams(tmp_path) -> None:
+    store = RunStore(str(tmp_path / "runs.db"))
+    for i in range(50):
+        store.create_run(f"w{i}", "agent", "alice", "go")
+        store.set_status(f"w{i}", "running")
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda conn, cur, sql, *a: statements.append(sql))
+
+    async def scenario() -> int:
+        feed = Feed(store, tick=0.05)
+        readers = [asyncio.ensure_future(_collect(store, f"w{i}", feed=feed)) for i in range(50)]
+        await asyncio.sleep(0.5)  # every stream has read once and waits
+        statements.clear()
+        await asyncio.sleep(1.0)  # nothing changes: only the feed asks
+        idle = len(statements)
+        store.add_events("w7", [_event("stop", stop_reason="completed")], 0)
+        await asyncio.wait_for(readers[7], 10)
+        for r in readers:
+            r.cancel()
+        return idle
+
+    idle = asyncio.run(scenario())
+    assert 5 <= idle <= 25, idle  # ~20 ticks of one query each, not 50 streams polling
+    store.close()
+
+
+def test_submission_rate_is_shared_across_processes(store: RunStore) -> None:
+    a, b = ServiceTables(store.engine), ServiceTables(RunStore(store.url).engine)  # two API processes
+    t0 = 16_667 * 60 + 20.0  # 20 s into a minute
+    decisions = [(a if i % 2 else b).take_submission("alice", 5, now=t0 + i) for i in range(7)]
+    assert decisions[:5] == [None] * 5 and all(d is not None for d in decisions[5:])
+    assert a.take_submission("bob", 5, now=t0) is None  # per user
+    # the next minute: at 30 s in, half of the last minute's 5 still counts (2.5), so 2 more fit
+    t1 = t0 - 20 + 60 + 30
+    assert [a.take_submission("alice", 5, now=t1) for _ in range(3)] == [None, None, pytest.approx(
+        6.0)]
+
+
+def test_refused_and_stale_idempotency_claims_free_the_key(store: RunStore) -> None:
+    tables = ServiceTables(store.engine)
+    body = {"prompt": "x", "agent": "calc"}
+    assert tables.claim_submission("u", "k1", body, "t_a") == ("t_a", True, False)
+    assert tables.claim_submission("u", "k1", body, "t_b") == ("t_a", True, False)  # in flight: not created yet
+    tables.release_submission("u", "k1", "t_a")  # its request was refused
+    assert tables.claim_submission("u", "k1", body, "t_c") == ("t_c", True, False)
+    store.create_run("t_c", "calc", "u", "x")
+    assert tables.claim_submission("u", "k1", body, "t_d") == ("t_c", True, True)
+    with store.engine.begin() as conn:  # a claim whose request died before creating its task, long ago
+        conn.execute(sa.text("INSERT INTO tether_task_keys (user_id, key, body_hash, task_id, created_at) "
+                             "VALUES ('u', 'k2', 'h', 't_dead', 0)"))
+    assert tables.claim_submission("u", "k2", body, "t_e") == ("t_e", True, False)
