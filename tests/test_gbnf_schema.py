@@ -49,13 +49,19 @@ def _llama() -> tuple[Any, Any] | None:
 
 
 def llama_accepts(grammar: str, text: str) -> bool | None:
-    """llama.cpp's verdict, or None when it is not installed."""
+    """llama.cpp's verdict, or None when it is not installed or `text` has no tokenization (a character
+    the tokenizer cannot round-trip, e.g. an unassigned code point: the model cannot write it either)."""
     found = _llama()
     if found is None:
         return None
     from tether.models._llama_grammar import accepts
 
-    return accepts(found[0], found[1], grammar, text)
+    try:
+        return accepts(found[0], found[1], grammar, text)
+    except ValueError as exc:
+        if "round-trip" in str(exc):
+            return None
+        raise
 
 
 def arguments_of(reply: str) -> dict[str, Any]:

@@ -199,3 +199,43 @@ def test_refused_and_stale_idempotency_claims_free_the_key(store: RunStore) -> N
         conn.execute(sa.text("INSERT INTO tether_task_keys (user_id, key, body_hash, task_id, created_at) "
                              "VALUES ('u', 'k2', 'h', 't_dead', 0)"))
     assert tables.claim_submission("u", "k2", body, "t_e") == ("t_e", True, False)
+
+
+class _Beats:
+    """ServiceTables' heartbeat side for the janitor: each beat moves a fake clock 2 s on; the beats
+    in `down` fail (the database is away); after `last` beats the janitor is stopped."""
+
+    def __init__(self, down: range = range(0), last: int = 20) -> None:
+        self.now, self.n, self.down, self.last = 0.0, 0, down, last
+        self.adopted_at: list[int] = []
+
+    def beat(self, executor_id: str) -> None:
+        self.n += 1
+        self.now += 2.0
+        if self.n > self.last:
+            raise asyncio.CancelledError
+        if self.n in self.down:
+            raise ConnectionError("database away")
+
+    def silent_workers(self, older_than: float, me: str) -> list[str]:
+        return ["other"]
+
+
+def _janitor(beats: _Beats) -> list[int]:
+    from tether.server.janitor import heartbeat_and_janitor
+
+    def recover(executor_id: str) -> list:
+        beats.adopted_at.append(beats.n)
+        return []
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(heartbeat_and_janitor(beats, "me", beat=2, dead_after=10, recover=recover,
+                                          clock=lambda: beats.now, sleep=lambda _: asyncio.sleep(0)))
+    return beats.adopted_at
+
+
+def test_the_janitor_adopts_only_after_its_own_beats_landed_for_dead_after() -> None:
+    assert _janitor(_Beats(last=8))[:1] == [5]  # 10 s of its own beats first
+    # the database was away for beats 3-9: every worker looked silent, none was dead
+    adopted = _janitor(_Beats(down=range(3, 10), last=20))
+    assert adopted and adopted[0] == 15  # not at 10 (the first beat back): 10 s of beats again first

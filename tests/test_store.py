@@ -53,6 +53,23 @@ def test_runs_events_and_state_round_trip(where):
     store.close()
 
 
+def test_a_restarted_workflow_does_not_unpark_a_run_waiting_for_a_decision(where):
+    store = RunStore(where)
+    store.create_run("r1", "agent", "alice", "pay")
+    store.set_running("r1")
+    assert store.run("r1").status == "running"
+    pending = {"call_id": "c1", "step": 2}
+    for parked in ("awaiting_approval", "decided"):
+        store.set_status("r1", parked, pending=pending)
+        store.set_running("r1")  # a recovered run replaying to its wait: still confirmable meanwhile
+        row = store.run("r1")
+        assert row.status == parked and row.pending == pending
+    store.set_status("r1", "cancelled")
+    store.set_running("r1")  # resumed
+    assert store.run("r1").status == "running" and store.run("r1").pending is None
+    store.close()
+
+
 def test_capped_results_belong_to_their_owner_and_handles_are_unguessable(where):
     store = RunStore(where)
     h1, h2 = store.put("alice's text", "alice"), store.put("other", "alice")

@@ -5,10 +5,13 @@ loop, and the crash test, in one run.
 
 Cost: sequential runs of a scripted model calling one async no-op tool per turn (so each turn is
 two DBOS steps, a model step and a tool step); `checkpoint_ms_per_step` = (durable wall time -
-in-memory wall time) / DBOS steps, median of repetitions. A second, independent figure: the same
+in-memory wall time) / DBOS steps, median of repetitions; `checkpoint_cpu_ms_per_step` the same
+in process CPU time (steadier on a shared machine); `..._stock_dbos` the same with
+tether.durable.dbos_fastpath uninstalled (DBOS's own step checkpoints). A second, independent figure: the same
 number of bare `INSERT ... COMMIT`s of a step-sized row through sqlite3 in WAL/NORMAL and in the
 default rollback journal (what a checkpoint costs the database alone).
-Crash: `bench.durable.crash` (50 runs, the worker SIGKILLed at random points, restarted until done).
+Crash: `bench.durable.crash` (50 runs, the worker SIGKILLed at random points, restarted until done;
+the points drawn from 0.1-1x the time the same workload takes unkilled on this machine).
 PostgreSQL is measured when $TETHER_BENCH_POSTGRES or $TETHER_TEST_POSTGRES names a server.
 """
 
@@ -64,21 +67,46 @@ async def _runs(agent: Agent) -> float:
     return time.perf_counter() - started
 
 
+def _timed(agent: Agent) -> tuple[float, float]:
+    """(wall, CPU) seconds of one batch of runs."""
+    cpu = time.process_time()
+    wall = asyncio.run(_runs(agent))
+    return wall, time.process_time() - cpu
+
+
+def _medians(agent: Agent) -> tuple[float, float]:
+    _timed(agent)  # warm up (durable: launch, first connections)
+    samples = [_timed(agent) for _ in range(REPEATS)]
+    return statistics.median(w for w, _ in samples), statistics.median(c for _, c in samples)
+
+
 def measure_memory() -> float:
-    agent = _agent("mem")
-    asyncio.run(_runs(agent))  # warm up
-    return statistics.median(asyncio.run(_runs(agent)) for _ in range(REPEATS))
+    """Median wall seconds of the batch in memory (bench/service uses it too)."""
+    return time_memory()[0]
 
 
 def measure_durable(database: str) -> float:
-    from tether.durable import teardown
+    """Median wall seconds of the batch as durable runs on `database`."""
+    return time_durable(database)[0]
+
+
+def time_memory() -> tuple[float, float]:
+    """Median (wall, CPU) seconds of the batch in memory."""
+    return _medians(_agent("mem"))
+
+
+def time_durable(database: str, *, fastpath: bool = True) -> tuple[float, float]:
+    """Median (wall, CPU) seconds of the batch as durable runs; `fastpath=False`: stock DBOS."""
+    from tether.durable import dbos_fastpath, teardown
 
     try:
         agent = _agent("bench", durable=database)
-        asyncio.run(_runs(agent))  # warm up (launch, first connections)
-        return statistics.median(asyncio.run(_runs(agent)) for _ in range(REPEATS))
+        if not fastpath:
+            dbos_fastpath.uninstall()
+        return _medians(agent)
     finally:
         teardown()
+        dbos_fastpath.install()
 
 
 def bare_sqlite_ms(path: Path, journal: str, n: int) -> float:
@@ -116,37 +144,50 @@ def main() -> int:
     steps = RUNS * (2 * TURNS + 1)
     turns = RUNS * (TURNS + 1)
     tmp = Path(tempfile.mkdtemp(prefix="tether-bench-durable-"))
-    memory = measure_memory()
+    memory, memory_cpu = time_memory()
     stores: dict[str, dict[str, Any]] = {}
-    targets = {"sqlite_wal": str(tmp / "bench.db")}
-    pg = _postgres()
-    if pg:
-        targets["postgres"] = pg
-    for name, where in targets.items():
-        wall = measure_durable(where)
+    targets = {"sqlite_wal": (str(tmp / "bench.db"), str(tmp / "bench-stock.db"))}
+    if os.environ.get("TETHER_BENCH_POSTGRES") or os.environ.get("TETHER_TEST_POSTGRES"):
+        targets["postgres"] = (_postgres(), _postgres())
+    for name, (where, stock_where) in targets.items():
+        wall, cpu = time_durable(where)
+        stock_wall, stock_cpu = time_durable(stock_where, fastpath=False)
         stores[name] = {"checkpoint_ms_per_step": round((wall - memory) * 1000 / steps, 3),
-                        "durable_ms_per_turn": round(wall * 1000 / turns, 3)}
+                        "checkpoint_cpu_ms_per_step": round((cpu - memory_cpu) * 1000 / steps, 3),
+                        "durable_ms_per_turn": round(wall * 1000 / turns, 3),
+                        "checkpoint_ms_per_step_stock_dbos": round((stock_wall - memory) * 1000 / steps, 3),
+                        "checkpoint_cpu_ms_per_step_stock_dbos": round((stock_cpu - memory_cpu) * 1000 / steps, 3)}
     n = 2 * TURNS + 1
     bare = {"wal_normal": round(bare_sqlite_ms(tmp / "bare-wal.db", "WAL", n * 4), 3),
             "rollback_full": round(bare_sqlite_ms(tmp / "bare-delete.db", "DELETE", n * 4), 3)}
     for name in targets:
-        # a fresh database for each crash test (the worker takes a path or a URL)
-        report = crash_until_done(tmp / f"crash-{name}", runs=50, seed=11, max_kills=8,
-                                  database=None if name == "sqlite_wal" else _postgres())
+        # a fresh database for each crash test (the worker takes a path or a URL); the kill window is
+        # scaled to how long the workload takes here uninterrupted, so that kills land in it however
+        # fast the checkpoints are
+        pg = name != "sqlite_wal"
+        whole = crash_until_done(tmp / f"calibrate-{name}", runs=50, seed=11, max_kills=0,
+                                 database=_postgres() if pg else None)
+        assert whole.lost_runs == 0 and not whole.not_completed, whole
+        window = (0.1 * whole.last_life_seconds, whole.last_life_seconds)
+        report = crash_until_done(tmp / f"crash-{name}", runs=50, seed=11, max_kills=8, kill_after=window,
+                                  database=_postgres() if pg else None)
         stores[name].update({k: v for k, v in dataclasses.asdict(report).items() if k != "not_completed"})
         stores[name]["not_completed"] = len(report.not_completed)
+        stores[name]["kill_window_seconds"] = [round(t, 2) for t in window]
     results = {
         "in_memory_ms_per_turn": round(memory * 1000 / turns, 4),
+        "load_average_1min": round(os.getloadavg()[0], 2),
         "stores": stores,
         "bare_sqlite_ms_per_commit": bare,
         "workload": {"runs": RUNS, "tool_turns_per_run": TURNS, "dbos_steps": steps, "repeats": REPEATS},
         "bar": {"checkpoint_ms_per_step_sqlite_wal": 3.0},
     }
-    print(f"{'store':<12} {'ms/step ckpt':>12} {'ms/turn':>9} {'runs':>5} {'lost':>5} {'dup':>4} "
-          f"{'kills':>6} {'taint kept':>10}")
-    print(f"{'in-memory':<12} {'-':>12} {results['in_memory_ms_per_turn']:>9.3f}")
+    print(f"{'store':<12} {'ms/step ckpt':>12} {'cpu ms':>7} {'stock':>6} {'ms/turn':>9} {'runs':>5} {'lost':>5} "
+          f"{'dup':>4} {'kills':>6} {'taint kept':>10}")
+    print(f"{'in-memory':<12} {'-':>12} {'-':>7} {'-':>6} {results['in_memory_ms_per_turn']:>9.3f}")
     for name, s in stores.items():
-        print(f"{name:<12} {s['checkpoint_ms_per_step']:>12.3f} {s['durable_ms_per_turn']:>9.3f} {s['runs']:>5} "
+        print(f"{name:<12} {s['checkpoint_ms_per_step']:>12.3f} {s['checkpoint_cpu_ms_per_step']:>7.3f} "
+              f"{s['checkpoint_ms_per_step_stock_dbos']:>6.2f} {s['durable_ms_per_turn']:>9.3f} {s['runs']:>5} "
               f"{s['lost_runs']:>5} {s['duplicate_side_effects']:>4} {s['kills']:>6} "
               f"{s['tainted_resume_blocked']:>4}/{s['tainted_killed_before_attack']:<5}")
     print(f"bare sqlite3 commit: WAL/NORMAL {bare['wal_normal']} ms, rollback/FULL {bare['rollback_full']} ms")

@@ -12,10 +12,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.durable.worker import ATTACKER, expected_entries, tainted
 
 ROOT = Path(__file__).resolve().parents[2]
+POLL = 0.05  # seconds between looks at the store while a kill aims at the taint window
 
 
 @dataclass
@@ -31,32 +33,31 @@ class CrashReport:
     tainted_killed_before_attack: int = 0  # tainted runs killed after the injection, before the attack
     tainted_resume_blocked: int = 0  # ... whose attack was still refused after the restart
     seconds: float = 0.0
+    last_life_seconds: float = 0.0  # from the last worker's launch to its exit (the run of one life if unkilled)
     not_completed: list[str] = field(default_factory=list)
 
 
-def _tainted_waiting(db: str, runs: int) -> set[str]:
+def _tainted_waiting(store: Any, runs: int) -> set[str]:
     """Tainted runs whose stored events show the injection read and no attacker call yet."""
-    from tether.store import RunStore
-
-    store = RunStore(db)
-    try:
-        out = set()
-        for i in range(runs):
-            if not tainted(i):
-                continue
-            names = [e.data.get("name") for e in store.events(f"job{i}") if e.kind == "tool_call"]
-            if "fetch_page" in names and "send_money" not in names:
-                out.add(f"job{i}")
-        return out
-    finally:
-        store.close()
+    out = set()
+    for i in range(runs):
+        if not tainted(i):
+            continue
+        names = [e.data.get("name") for e in store.events(f"job{i}") if e.kind == "tool_call"]
+        if "fetch_page" in names and "send_money" not in names:
+            out.add(f"job{i}")
+    return out
 
 
 def crash_until_done(workdir: Path, *, runs: int = 50, seed: int = 0, max_kills: int = 12,
                      kill_after: tuple[float, float] = (0.2, 3.0), jitter: float = 0.03,
                      database: str | None = None) -> CrashReport:
     """Kill the worker `max_kills` times at a random moment `kill_after` seconds after it launched
-    (recovery included), then let it finish."""
+    (recovery included), then let it finish. Every second kill comes sooner if a tainted run is seen
+    between reading the injection and trying the attack (a window too short for random kills to hit
+    once the checkpoints are fast), so the taint's survival across a restart is tested."""
+    from tether.store import RunStore
+
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
     db, ledger = database or str(workdir / "runs.db"), workdir / "ledger.txt"
@@ -67,6 +68,7 @@ def crash_until_done(workdir: Path, *, runs: int = 50, seed: int = 0, max_kills:
            "--runs", str(runs), "--jitter", str(jitter)]
     started = time.perf_counter()
     finished = False
+    store: RunStore | None = None  # opened once the first worker has created the tables
     while not finished and report.lives < max_kills + 3:
         report.lives += 1
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -78,17 +80,32 @@ def crash_until_done(workdir: Path, *, runs: int = 50, seed: int = 0, max_kills:
                 break
             head += chunk
         deadline = rng.uniform(*kill_after) if report.kills < max_kills else 300.0
-        try:
-            out, _ = proc.communicate(timeout=deadline)
+        aim = report.kills < max_kills and report.kills % 2 == 1
+        store = store or (RunStore(db) if aim else None)
+        launched = time.perf_counter()
+        end = launched + deadline + (kill_after[1] if aim else 0.0)  # an aimed kill waits longer for its window
+        out: bytes | None = None
+        while out is None:
+            left = end - time.perf_counter()
+            try:
+                out, _ = proc.communicate(timeout=max(0.001, min(left, POLL) if aim else left))
+            except subprocess.TimeoutExpired:  # communicate() again loses no output
+                if time.perf_counter() >= end or (aim and store and _tainted_waiting(store, runs) - killed_waiting):
+                    break
+        if out is not None:
+            report.last_life_seconds = time.perf_counter() - launched
             finished = proc.returncode == 0
             if not finished:
                 report.not_completed.append((head + out).decode(errors="replace")[-2000:])
-        except subprocess.TimeoutExpired:
+        else:
             proc.send_signal(signal.SIGKILL)
             proc.communicate()
             report.kills += 1
-            killed_waiting |= _tainted_waiting(db, runs)
+            store = store or RunStore(db)
+            killed_waiting |= _tainted_waiting(store, runs)
     report.seconds = time.perf_counter() - started
+    if store is not None:
+        store.close()
     _count(report, db, ledger, killed_waiting)
     return report
 

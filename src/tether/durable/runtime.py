@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -104,6 +105,8 @@ def setup(config: Durable | str | os.PathLike[str] | None = None) -> Runtime:
         if _RUNTIME.url != url:
             raise ValueError(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
         return _RUNTIME
+    if os.environ.get("TETHER_DBOS_FASTPATH", "1") != "0":  # 0: DBOS's own step checkpoints
+        _install_fastpath()  # before DBOS launches: recovered runs take the same path
     engine = make_engine(url)
     store = RunStore(engine=engine)
     dbos_config: DBOSConfig = {
@@ -132,6 +135,15 @@ def teardown() -> None:
         _RUNTIME = None
 
 
+def _install_fastpath() -> None:
+    try:
+        from tether.durable import dbos_fastpath
+    except (ImportError, AttributeError) as exc:  # a DBOS whose internals moved: run it as shipped
+        logging.getLogger(__name__).warning("DBOS step checkpoints take DBOS's own path (%s)", exc)
+        return
+    dbos_fastpath.install()
+
+
 def _dbos_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
@@ -154,7 +166,7 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner
     spec.clock = runner.clock
-    rt.store.set_status(run_id, "running")
+    rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
     if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:

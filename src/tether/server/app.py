@@ -177,8 +177,14 @@ def create_app(tasks: Tasks) -> FastAPI:
 
     app.state.tasks = tasks
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    @app.get("/healthz", responses={503: {"model": ErrorOut, "description": "The database cannot be reached"}})
+    async def healthz() -> Any:
+        """Up, and the database answers (a load balancer's check)."""
+        try:
+            await tasks.db(tasks.tables.ping)
+        except Exception as exc:
+            return JSONResponse({"error": f"the database does not answer: {type(exc).__name__}: {exc}"},
+                                status_code=503)
         return {"ok": True, "workers": tasks.config.workers, "agents": tasks.registry.names()}
 
     async def submit(body: TaskIn, user: User,
@@ -212,7 +218,10 @@ def create_app(tasks: Tasks) -> FastAPI:
                        steps=row.steps, findings=list(state.findings) if state is not None else [],
                        pending_approvals=pending, created_at=row.created_at, updated_at=row.updated_at)
 
-    @app.get("/v1/tasks/{task_id}/events", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
+    @app.get("/v1/tasks/{task_id}/events", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": (
+        "Server-sent events, each with an id `SEQ.K`: `status`, `text_delta` ({text, restart?}), `model_call`, "
+        "`tool_call`, `confirm_request` ({call_id, tool, arguments}), `notice`, `error`, `answer` ({answer, "
+        "stop_reason}), `stop`. Send the last id seen as `Last-Event-ID` to resume after it.")}})
     async def events(task_id: str, user: User,
                      last_event_id: Annotated[str | None, Header(max_length=100)] = None) -> EventSourceResponse:
         await tasks.get(user, task_id)

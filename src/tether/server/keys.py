@@ -65,6 +65,10 @@ class ServiceTables:
                                  "VALUES (:h, :u, :l, :t)"), {"h": hash_key(key), "u": user, "l": label, "t": time.time()})
         return key
 
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     def user_of(self, key: str) -> str | None:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT user_id FROM tether_api_keys WHERE key_hash = :h"),

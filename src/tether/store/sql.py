@@ -120,6 +120,12 @@ class RunStore:
                     {"s": status, "p": json.dumps(pending) if pending is not None else None, "t": time.time(),
                      "r": run_id})
 
+    def set_running(self, run_id: str) -> None:
+        """The run's workflow (re)starts: `running`, unless the run is parked on a person's decision
+        (a recovered run replays up to that same wait; meanwhile its pending call stays confirmable)."""
+        self._write("UPDATE tether_runs SET status = 'running', pending = NULL, updated_at = :t WHERE run_id = :r"
+                    " AND status NOT IN ('awaiting_approval', 'decided')", {"t": time.time(), "r": run_id})
+
     def finish_run(self, result: RunResult) -> None:
         """The run's outcome, its final state and its events, in one transaction."""
         status = "awaiting_approval" if result.stop_reason.value == "awaiting_approval" else (

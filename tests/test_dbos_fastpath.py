@@ -1,0 +1,205 @@
+"""tether.durable.dbos_fastpath: DBOS's step checkpoints with less Python, the same rows and errors.
+
+The pinned-source test fails when DBOS changes (then the fast path stays off until re-reviewed);
+the others compare the fast path with DBOS's own methods on the same database, and count the
+statements and thread hops of a durable run's steps."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+pytest.importorskip("dbos")
+
+import sqlalchemy as sa
+from dbos import _outcome
+from dbos._error import (
+    DBOSStepNondeterminismError,
+    DBOSUnexpectedStepError,
+    DBOSWorkflowCancelledError,
+    DBOSWorkflowConflictIDError,
+)
+
+from tether import Agent, Limits, tool
+from tether.durable import dbos_fastpath
+from tether.models.scripted import ScriptedModel
+from tether.tools.executor import AllowAll
+from tether.types import ModelReply, ModelRequest, ToolCall
+
+
+@pytest.fixture
+def durable_db(tmp_path):
+    from tether.durable import teardown
+
+    yield str(tmp_path / "runs.db")
+    teardown()
+    dbos_fastpath.install()
+
+
+def test_the_installed_dbos_is_the_reviewed_one():
+    # A DBOS upgrade lands here: re-read the functions named in the message against
+    # tether/durable/dbos_fastpath.py, then update PINNED (the fast path is off until then).
+    assert dbos_fastpath.mismatches() == []
+    assert dbos_fastpath.install() is True
+
+
+@tool
+async def lookup(key: str) -> str:
+    """Look a key up."""
+    return "value-" + key
+
+
+def _script(request: ModelRequest) -> ModelReply:
+    turns = int(next(m.content for m in request.messages if m.role == "user").split()[-1])
+    done = sum(1 for m in request.messages if m.role == "tool")
+    if done >= turns:
+        return ModelReply("done")
+    return ModelReply("", [ToolCall(f"c{done}", "lookup", {"key": str(done)})])
+
+
+def _agent(name: str, durable_db: str) -> Agent:
+    return Agent(ScriptedModel(_script), tools=[lookup], policy=AllowAll(), name=name, durable=durable_db,
+                 limits=Limits(max_steps=50, max_repeats=None))
+
+
+def _sys_db():
+    from dbos._dbos import _get_dbos_instance
+
+    return _get_dbos_instance()._sys_db
+
+
+def _outcome_of(fn, *args, **kwargs):
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except BaseException as exc:  # DBOS's cancellation is a BaseException; compared by type and text
+        return ("raised", type(exc).__name__, str(exc))
+
+
+def test_the_fast_step_lookup_answers_as_dbos_does(durable_db):
+    agent = _agent("fp_check", durable_db)
+    assert agent.run("go 2", run_id="fp1").completed
+    sys_db = _sys_db()
+    stock = dbos_fastpath._STOCK["check"]
+    fast = dbos_fastpath._check_operation_execution
+    cases = [("fp1", 1, "model"), ("fp1", 2, "tool:lookup"), ("fp1", 2, "model"),  # recorded; wrong name
+             ("fp1", 999, "model"), ("no-such-run", 1, "model")]  # not recorded; no workflow
+    answers = [(_outcome_of(stock, sys_db, *c), _outcome_of(fast, sys_db, *c)) for c in cases]
+    for old, new in answers:
+        assert old == new
+    kinds = [a[0][:2] for a in answers]
+    assert kinds[0][0] == "ok" and kinds[0][1]["output"] and kinds[3] == ("ok", None)
+    assert answers[2][0][1] == DBOSUnexpectedStepError.__name__ and answers[4][0][1] == "AssertionError"
+    with sys_db.engine.begin() as c:
+        c.execute(sa.text("UPDATE workflow_status SET status = 'CANCELLED' WHERE workflow_uuid = 'fp1'"))
+    old, new = _outcome_of(stock, sys_db, "fp1", 1, "model"), _outcome_of(fast, sys_db, "fp1", 1, "model")
+    assert old == new and old[1] == DBOSWorkflowCancelledError.__name__
+    # a shard key is DBOS's own business (here: refused, as this database is not sharded)
+    old, new = (_outcome_of(fn, sys_db, "fp1", 1, "model", owner_key="k") for fn in (stock, fast))
+    assert old == new and old[0] == "raised"
+
+
+def _step(function_id: int, output: str | None = '"out"', error: str | None = None) -> dict:
+    return {"workflow_uuid": "fp2", "function_id": function_id, "function_name": "tool:lookup", "output": output,
+            "error": error, "serialization": "portable_json", "started_at_epoch_ms": 1_000,
+            "child_workflow_id": None}
+
+
+def test_the_fast_step_record_writes_and_refuses_as_dbos_does(durable_db):
+    agent = _agent("fp_record", durable_db)
+    assert agent.run("go 1", run_id="fp2").completed
+    sys_db = _sys_db()
+    stock, fast = dbos_fastpath._STOCK["record"], dbos_fastpath._record_operation_result
+    with sys_db.engine.begin() as c:
+        c.execute(sa.text("UPDATE workflow_status SET owner_xid = 'tok' WHERE workflow_uuid = 'fp2'"))
+    for fn, first in ((stock, 100), (fast, 200)):  # the same calls, on step ids of their own
+        assert _outcome_of(fn, sys_db, _step(first), completed_at_epoch_ms=5_000, owner_xid="tok")[0] == "ok"
+        assert _outcome_of(fn, sys_db, _step(first + 1, None, '"boom"'), completed_at_epoch_ms=5_000)[0] == "ok"
+    columns = "function_name, output, error, child_workflow_id, started_at_epoch_ms, completed_at_epoch_ms, " \
+              "serialization, application_name, retention_timestamp IS NOT NULL"
+    with sys_db.engine.connect() as c:
+        rows = {fid: tuple(r) for fid, *r in c.execute(sa.text(
+            f"SELECT function_id, {columns} FROM operation_outputs WHERE workflow_uuid = 'fp2' "
+            "AND function_id >= 100"))}
+    assert rows[100] == rows[200] and rows[101] == rows[201] and rows[100][1] == '"out"'
+    refusals = [  # the same step again at another time; a token that no longer owns the run
+        (dict(_step(100)), {"completed_at_epoch_ms": 6_000}, DBOSStepNondeterminismError),
+        (dict(_step(102)), {"completed_at_epoch_ms": 5_000, "owner_xid": "stale"}, DBOSWorkflowConflictIDError),
+    ]
+    for step, kwargs, error in refusals:
+        old = _outcome_of(stock, sys_db, step, **kwargs)
+        step["function_id"] += 100
+        new = _outcome_of(fast, sys_db, step, **kwargs)
+        assert old[:2] == new[:2] == ("raised", error.__name__)
+    # a retry of the very same write (same completion time) is not a conflict, as in DBOS
+    assert _outcome_of(fast, sys_db, _step(200), completed_at_epoch_ms=5_000)[0] == "ok"
+    # what the fast path does not mirror goes to DBOS's own method: a child workflow's step, a shard key
+    child = {**_step(300), "child_workflow_id": "fp2-child"}
+    assert _outcome_of(fast, sys_db, child, completed_at_epoch_ms=5_000)[0] == "ok"
+    with sys_db.engine.connect() as c:
+        assert c.execute(sa.text("SELECT child_workflow_id FROM operation_outputs WHERE workflow_uuid = 'fp2' "
+                                 "AND function_id = 300")).scalar() == "fp2-child"
+    old, new = (_outcome_of(fn, sys_db, _step(fid), owner_key="k") for fn, fid in ((stock, 301), (fast, 302)))
+    assert old == new and old[0] == "raised"
+
+
+class _Counts:
+    def __init__(self, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.statements = 0
+        self.hops = 0
+        sa.event.listen(engine, "before_cursor_execute", self._statement)
+        real = asyncio.to_thread
+
+        async def to_thread(func, /, *args, **kwargs):
+            self.hops += 1
+            return await real(func, *args, **kwargs)
+
+        monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+    def _statement(self, *_: object) -> None:
+        self.statements += 1
+
+
+def _per_turn(agent: Agent, counts: _Counts, name: str) -> tuple[int, int]:
+    """Statements and thread hops one more tool turn (a model step and a tool step) adds, checked
+    to be the same early and late in a run: nothing per step grows with the run's history."""
+    seen = []
+    for turns in (2, 6, 12):
+        s, h = counts.statements, counts.hops
+        assert agent.run(f"go {turns}", run_id=f"{name}{turns}").completed
+        seen.append((counts.statements - s, counts.hops - h, turns))
+    (s1, h1, t1), (s2, h2, t2), (s3, h3, t3) = seen
+    assert (s2 - s1) * (t3 - t2) == (s3 - s2) * (t2 - t1) and (h2 - h1) * (t3 - t2) == (h3 - h2) * (t2 - t1)
+    return (s3 - s2) // (t3 - t2), (h3 - h2) // (t3 - t2)
+
+
+def test_each_step_costs_a_fixed_number_of_statements_and_thread_hops(durable_db, monkeypatch):
+    from tether.durable import runtime
+
+    agent = _agent("fp_counts", durable_db)
+    assert agent.run("go 1", run_id="fp_warm").completed  # DBOS launched
+    counts = _Counts(runtime().store.engine, monkeypatch)
+    # per turn: 2 steps x (1 lookup + owner check + insert of the output) + the turn's events
+    assert _per_turn(agent, counts, "fast") == (7, 4)
+    dbos_fastpath.uninstall()  # DBOS's own: two SELECTs per lookup, a hop that only fetches a function
+    assert _per_turn(agent, counts, "stock") == (9, 6)
+
+
+async def test_the_hopless_then_runs_the_next_stage_in_a_thread_with_the_value_or_the_error():
+    loop_thread = threading.get_ident()
+
+    def after(get):
+        try:
+            return ("value", get(), threading.get_ident() != loop_thread)
+        except ValueError as exc:
+            return ("error", str(exc), threading.get_ident() != loop_thread)
+
+    async def good():
+        return 42
+
+    async def bad():
+        raise ValueError("boom")
+
+    assert await dbos_fastpath._then(_outcome.Pending(good), after)() == ("value", 42, True)
+    assert await dbos_fastpath._then(_outcome.Pending(bad), after)() == ("error", "boom", True)
