@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from tether import Agent, Limits, tool
@@ -70,6 +71,26 @@ async def book(item: str, context: ToolContext) -> str:
     return f"booked {item}"
 
 
+@tool(effect="reversible")
+def effect(seconds: float, context: ToolContext) -> str:
+    """Act once per idempotency key, slowly the first time (the ledger: `start KEY` at each try,
+    `done KEY` once). Sync, so it runs in a thread that a stopping process cannot cancel.
+
+    Args:
+        seconds: how long the first try takes
+    """
+    key = context.idempotency_key
+    lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
+    retry = f"start {key}" in lines
+    with LEDGER.open("a") as fh:
+        fh.write(f"start {key}\n")
+    time.sleep(0.2 if retry else seconds)
+    if f"done {key}" not in LEDGER.read_text().splitlines():
+        with LEDGER.open("a") as fh:
+            fh.write(f"done {key}\n")
+    return "done"
+
+
 def book_script(request: ModelRequest):
     n = _turn(request)
     return ToolCall(f"b{n}", "book", {"item": f"item{n}"}) if n < 3 else "booked three"
@@ -90,6 +111,18 @@ def charge_script(request: ModelRequest):
 def slow_script(request: ModelRequest):
     n = _turn(request)
     return ToolCall(f"w{n}", "wait", {"seconds": 0.5}) if n < 40 else "done"
+
+
+def steps_script(request: ModelRequest):
+    """Three `effect` calls: two in the first turn (run one at a time), one in the second. The prompt
+    says how long their first tries take, in call order ("3", "120 0.2 120"; 0.2 s when not said)."""
+    n = _turn(request)
+    seconds = [float(s) for s in next(m.content for m in request.messages if m.role == "user").split()]
+
+    def call(i: int) -> ToolCall:
+        return ToolCall(f"e{i}", "effect", {"seconds": seconds[i] if i < len(seconds) else 0.2})
+
+    return [call(0), call(1)] if n == 0 else call(2) if n == 1 else "finished"
 
 
 ANSWER = "The sum of two and three is five, as the calculator says."
@@ -125,5 +158,10 @@ def booking(user: str | None) -> Agent:
     return Agent(ScriptedModel(book_script), tools=[book], limits=Limits(max_steps=6))
 
 
+def steps(user: str | None) -> Agent:
+    return Agent(ScriptedModel(steps_script), tools=[effect], limits=Limits(max_steps=5, max_parallel_tools=1))
+
+
 AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking, "chatty": chatty}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
+SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

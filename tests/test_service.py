@@ -106,9 +106,10 @@ def wait_status(svc: Service, headers: dict, task_id: str, *statuses: str, timeo
     raise AssertionError(f"task {task_id} stayed {body['status']}, expected {statuses}")
 
 
-def events(svc: Service, headers: dict, task_id: str, last: str | None = None, limit: int | None = None) -> list[dict]:
-    """SSE events until the stream ends (or `limit` events)."""
-    out: list[dict] = []
+def events(svc: Service, headers: dict, task_id: str, last: str | None = None, limit: int | None = None,
+           into: list[dict] | None = None) -> list[dict]:
+    """SSE events until the stream ends (or `limit` events), appended to `into` as they come if given."""
+    out: list[dict] = [] if into is None else into
     h = dict(headers, **({"Last-Event-ID": last} if last else {}))
     with httpx.stream("GET", f"{svc.url}/v1/tasks/{task_id}/events", headers=h, timeout=60) as r:
         assert r.status_code == 200

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
-from typing import Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from tether.cli.durable_cmd import Db, database
+
+if TYPE_CHECKING:
+    from tether.server.tasks import Drained
 
 EXIT_USAGE = 2
 GlobalConcurrency = Annotated[int | None, typer.Option(
@@ -26,6 +32,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 
 def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int,
               global_concurrency: int | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; then uvicorn closes the listener and the connections (event streams
+    end; clients resume them with Last-Event-ID) while the tasks drain as in `worker_cmd`."""
     import uvicorn
 
     from tether.server import RegistryError, build_app
@@ -35,35 +43,91 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
                         global_concurrency=global_concurrency)
     except RegistryError as exc:
         return _fail(str(exc))
+    tasks = app.state.tasks
+
+    class Server(uvicorn.Server):
+        signalled = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.signalled:
+                _exit_now(1, SECOND_SIGNAL)
+            self.signalled = True
+            tasks.begin_drain()  # at the signal, not once the connections are closed
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace))
     print(f"tether: serving on http://{host}:{port} ({workers} worker slots)", file=sys.stderr)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
-    return 0
+    # uvicorn re-raises the signal it stopped on once it is done; it has been handled, so let it pass
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        return _fail(f"could not serve on {host}:{port}", 3)
+    return _stopped(tasks.drained)
 
 
 def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int, global_concurrency: int | None = None) -> int:
-    """Run queued tasks until SIGTERM/SIGINT; then stop taking work, let running steps finish for
-    `grace` seconds, and leave the rest to be recovered (by this worker's next start, same id)."""
+    """Run queued tasks until SIGTERM/SIGINT; then take no more tasks, let the steps in flight finish
+    (for at most `grace` seconds) and exit, leaving the runs pending for recovery (by this worker's next
+    start with the same executor id, or another worker's janitor). A second signal exits at once."""
     from tether.server import RegistryError, ServiceConfig, Tasks, load_registry
 
     try:
-        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency, global_concurrency=global_concurrency),
+        tasks = Tasks(ServiceConfig(database=database(db), workers=concurrency, grace_seconds=grace,
+                                    global_concurrency=global_concurrency),
                       load_registry(agents))
     except RegistryError as exc:
         return _fail(str(exc))
 
-    async def main() -> None:
+    async def main() -> Drained:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                _exit_now(1, SECOND_SIGNAL)
+            stop.set()
+            tasks.begin_drain()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         await tasks.start()
         print(f"tether: worker {tasks.rt.config.executor_id} running up to {concurrency} tasks", file=sys.stderr)
         await stop.wait()
-        print("tether: worker stopping", file=sys.stderr)
-        tasks.stop(grace)
+        await tasks.stop_taking_work()
+        print(f"tether: worker draining: taking no new tasks; {tasks.rt.steps_in_flight} steps in flight get "
+              f"up to {grace} s (a second signal exits at once)", file=sys.stderr, flush=True)
+        return await tasks.stop()
 
-    asyncio.run(main())
+    return _stopped(asyncio.run(main()))
+
+
+def _stopped(drained: Drained | None) -> int:
+    if drained is None:
+        return 0
+    print(f"tether: stopped; {drained.left_pending} runs left pending for recovery"
+          + (f", {drained.interrupted} steps cut short by the grace period (they run again then)"
+             if drained.interrupted else ""), file=sys.stderr)
+    if drained.interrupted:
+        _exit_now(0)  # a tool's thread may still run: the interpreter would wait for it at exit
     return 0
+
+
+def _exit_now(code: int = 1, message: str = "") -> NoReturn:
+    """Exit without waiting for anything (threads, DBOS): the runs in flight stay PENDING in DBOS and
+    are recovered later. May run in a signal handler, so the message goes out with a plain write."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if message:
+        os.write(2, f"tether: {message}\n".encode())
+    os._exit(code)
+
+
+SECOND_SIGNAL = "second signal: exiting now; the runs in flight are left pending for recovery"
 
 
 def keys_add_cmd(db: str | None, user: str, label: str) -> int:

@@ -4,6 +4,7 @@ branches. Clock readings are recorded with the steps (the loop reads `RecordedCl
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -101,10 +102,20 @@ class DbosStepRunner:
         return decision
 
     async def _step(self, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        from tether.durable.runtime import runtime
+
+        rt = runtime()
+        if rt.draining:  # the process is stopping: this step runs when the run is recovered, not here
+            if asyncio.iscoroutine(work):
+                work.close()
+            await asyncio.get_running_loop().create_future()  # until the shutdown cancels the run
+        rt.steps_in_flight += 1
         try:
             return await work
         except (DBOSWorkflowCancelledError, DBOSAwaitedWorkflowCancelledError) as exc:  # cancelled elsewhere
             raise RunCancelled from exc
+        finally:
+            rt.steps_in_flight -= 1
 
 
 class EventBuffer:

@@ -61,6 +61,8 @@ class Runtime:
     local: dict[str, _Local] = field(default_factory=dict)
     store_text: bool = False  # write streamed text to the store (the task service shows it live)
     launched: bool = False
+    draining: bool = False  # the process is stopping: no new step starts (tether.server.tasks.Tasks.stop)
+    steps_in_flight: int = 0
     _built: dict[str, Any] = field(default_factory=dict)
 
     def launch(self) -> None:

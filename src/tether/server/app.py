@@ -140,8 +140,8 @@ def create_app(tasks: Tasks) -> FastAPI:
         await tasks.start()
         try:
             yield
-        finally:
-            tasks.stop(tasks.config.grace_seconds)
+        finally:  # uvicorn has closed the listener and the connections (SSE streams end at the signal)
+            await tasks.stop()
 
     app = FastAPI(title="tether task service", version="1", lifespan=lifespan)
     limit = tasks.config.max_body_bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import time
 import uuid
@@ -36,7 +37,8 @@ class TaskError(Exception):
 
 @dataclass
 class ServiceConfig:
-    """How the service runs. `workers`: tasks this process runs at once (0: API only)."""
+    """How the service runs. `workers`: tasks this process runs at once (0: API only);
+    `grace_seconds`: how long the steps in flight get to finish when the process stops."""
 
     database: str | None = None
     workers: int = 4
@@ -61,6 +63,8 @@ class Tasks:
     queue: Any = None
     feed: Any = None  # tether.server.events.Feed: wakes the open event streams
     _janitor: asyncio.Task[None] | None = None
+    _deadline: float | None = None  # monotonic time the grace period ends (set by begin_drain)
+    drained: Drained | None = None  # how `stop` went
     # The requests' blocking store calls run here, not on the default pool, which DBOS uses for every
     # step it records: a burst of requests must not queue ahead of the runs' own checkpoints.
     _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="tether-api"))
@@ -215,20 +219,96 @@ class Tasks:
             raise TaskError(409, str(exc)) from exc
         return was
 
-    def stop(self, grace: int = 0) -> None:
-        """Stop taking work; running steps get `grace` seconds, the rest is recovered later."""
-        from dbos import DBOS
+    # -- stop ------------------------------------------------------------------------------------------
 
+    def begin_drain(self) -> None:
+        """Stop taking work, now: no task is dequeued and no durable step starts from here on (a run
+        about to start one parks instead). Idempotent; safe in a signal handler (it only sets flags)."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.config.grace_seconds
+        if self.rt is None:
+            return
+        self.rt.draining = True
+        dbos = _dbos_instance()
+        if dbos is not None:  # what DBOS.destroy sets first: the queue (and scheduler) threads end
+            for event in dbos.background_thread_stop_events:
+                event.set()
+
+    async def stop_taking_work(self) -> None:
+        """`begin_drain`, then wait for the queue threads to end (a dequeue under way dispatches its
+        tasks first; their first step parks)."""
+        self.begin_drain()
+        assert self._deadline is not None
+        await asyncio.to_thread(_join_queue_threads, min(10.0, max(1.0, self._deadline - time.monotonic())))
+
+    async def stop(self) -> Drained:
+        """Drain and stop: take no more work, let the steps in flight finish (model or tool calls,
+        checkpointed) until the grace period from `begin_drain` ends, then end every run where it is.
+        The runs stay PENDING in DBOS, with nothing recorded in the run store, and continue from their
+        last checkpoint when this executor id starts again (or another worker's janitor adopts them);
+        a step cut short by the grace period runs again then, with the same idempotency key."""
+        await self.stop_taking_work()
+        rt, drained = self.rt, Drained()
+        if rt is not None and rt.launched:
+            assert self._deadline is not None
+            while rt.steps_in_flight and time.monotonic() < self._deadline:
+                await asyncio.sleep(0.05)
+            interrupted = rt.steps_in_flight  # before the cancellation, which ends them
+            drained = Drained(left_pending=await _end_workflow_tasks(), interrupted=interrupted)
+        if self._janitor is not None:  # beats until here, so no janitor adopts this worker's runs mid-step
+            self._janitor.cancel()
+            await asyncio.gather(self._janitor, return_exceptions=True)
         from tether.durable.runtime import teardown
 
-        if self._janitor is not None:
-            self._janitor.cancel()
         if self.feed is not None:
             self.feed.close()
         self._io.shutdown(wait=False, cancel_futures=True)
-        if grace:
-            DBOS.destroy(workflow_completion_timeout_sec=grace)
         teardown()
+        self.drained = drained
+        return drained
+
+
+@dataclass(slots=True)
+class Drained:
+    """How a `Tasks.stop` went: runs left pending for recovery, and steps the grace period cut short."""
+
+    left_pending: int = 0
+    interrupted: int = 0
+
+
+def _dbos_instance() -> Any:
+    from dbos import _dbos
+
+    return _dbos._dbos_global_instance  # None before setup and after destroy
+
+
+def _join_queue_threads(timeout: float) -> None:
+    """Wait for DBOS's queue worker threads (named queue-worker-QUEUE) to see their stop event."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("queue-worker-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+async def _end_workflow_tasks() -> int:
+    """Cancel the workflows running on this loop; each ends without recording an outcome (run_workflow
+    re-raises the cancellation), so DBOS keeps it PENDING. How many there were."""
+    dbos = _dbos_instance()
+    loop = asyncio.get_running_loop()
+    running = [t for t in (dbos._workflow_tasks if dbos is not None else ()) if not t.done() and t.get_loop() is loop]
+    dbos_log = logging.getLogger("dbos")
+    level = dbos_log.level
+    dbos_log.setLevel(logging.ERROR)  # not DBOS's warning per task ("Asyncio task cancelled"): expected here
+    try:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=10)
+    finally:
+        dbos_log.setLevel(level)
+    return len(running)
 
 
 def _executor_id() -> str:
