@@ -46,14 +46,19 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
+RECONNECTS: list[str] = []  # what each reconnection was for, reported with the figures
+
+
 async def post(client: httpx.AsyncClient, url: str, **kwargs) -> httpx.Response:
-    """A POST retried when the server closed a kept-alive connection as it was reused (a race every
-    HTTP client meets; the submit carries an Idempotency-Key and a repeated confirm is a 409)."""
-    for attempt in range(3):
+    """A POST retried when the connection broke (e.g. the server closed a kept-alive connection as it
+    was reused: a race every HTTP client meets). Safe: the submit carries an Idempotency-Key and a
+    repeated confirm is a 409."""
+    for attempt in range(5):
         try:
             return await client.post(url, **kwargs)
-        except httpx.RemoteProtocolError:
-            if attempt == 2:
+        except httpx.TransportError as exc:
+            RECONNECTS.append(f"POST {type(exc).__name__}")
+            if attempt == 4:
                 raise
     raise AssertionError("unreachable")
 
@@ -65,27 +70,33 @@ async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, a
     r.raise_for_status()
     arrivals["submitted"] = max(arrivals.get("submitted", 0.0), time.time())
     task = r.json()["task_id"]
-    async with client.stream("GET", f"{url}/v1/tasks/{task}/events", headers=headers) as resp:
-        event: dict = {}
-        async for line in resp.aiter_lines():
-            if line.startswith(":"):
-                continue
-            if line:
-                key, _, value = line.partition(": ")
-                event[key] = value
-                continue
-            name, data = event.get("event"), json.loads(event.get("data", "{}"))
-            event = {}
-            if name == "text_delta":
-                now = time.time()
-                text_ms.extend((now - float(sent)) * 1000 for sent in data["text"].split())
-            elif name == "tool_call" and not data.get("is_error"):
-                arrivals[(task, data["call_id"])] = time.time()
-            elif name == "confirm_request":
-                await post(client, f"{url}/v1/tasks/{task}/confirm", json={"call_id": data["call_id"], "approved": True},
-                           headers=headers)
-            elif name == "stop":
-                return task, data.get("stop_reason") == "completed"
+    last: str | None = None
+    for _ in range(5):  # a broken stream is resumed after the last event seen, as an SSE client does
+        try:
+            async with client.stream("GET", f"{url}/v1/tasks/{task}/events",
+                                     headers={**headers, **({"Last-Event-ID": last} if last else {})}) as resp:
+                event: dict = {}
+                async for line in resp.aiter_lines():
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        key, _, value = line.partition(": ")
+                        event[key] = value
+                        continue
+                    name, data, last = event.get("event"), json.loads(event.get("data", "{}")), event.get("id", last)
+                    event = {}
+                    if name == "text_delta":
+                        now = time.time()
+                        text_ms.extend((now - float(sent)) * 1000 for sent in data["text"].split())
+                    elif name == "tool_call" and not data.get("is_error"):
+                        arrivals[(task, data["call_id"])] = time.time()
+                    elif name == "confirm_request":
+                        await post(client, f"{url}/v1/tasks/{task}/confirm",
+                                   json={"call_id": data["call_id"], "approved": True}, headers=headers)
+                    elif name == "stop":
+                        return task, data.get("stop_reason") == "completed"
+        except httpx.TransportError as exc:
+            RECONNECTS.append(f"GET events {type(exc).__name__}")
     return task, False
 
 
@@ -120,6 +131,7 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                 return await asyncio.gather(*(one_task(client, url, {"Authorization": f"Bearer {keys[i // 10]}"}, i,
                                                        arrivals, text_ms) for i in range(runs)))
 
+        RECONNECTS.clear()
         started = time.time()
         try:
             done = asyncio.run(main())
@@ -143,6 +155,7 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
             "p50_event_latency_ms": round(_pct(latencies, 50), 1), "p99_event_latency_ms": round(_pct(latencies, 99), 1),
             "p99_event_latency_ms_after_submissions": round(_pct(settled, 99), 1),
             "seconds_to_accept_all_submissions": round(arrivals["submitted"] - started, 1),
+            "reconnects": len(RECONNECTS), "reconnect_kinds": sorted(set(RECONNECTS)),
             "text_pieces": len(text_ms), "p50_text_latency_ms": round(_pct(text_ms, 50), 1),
             "p99_text_latency_ms": round(_pct(text_ms, 99), 1),
         }
