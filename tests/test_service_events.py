@@ -79,6 +79,7 @@ def test_the_stream_of_a_finished_run_and_every_resume(store: RunStore) -> None:
     for i, seen in enumerate(full):  # Last-Event-ID after any event: exactly the rest
         assert asyncio.run(_collect(store, "r1", seen["id"])) == full[i + 1:], seen["id"]
     assert asyncio.run(_collect(store, "r1", "garbage")) == full  # a malformed id starts over
+    assert asyncio.run(asyncio.wait_for(_collect(store, "r1", "99.0"), 10)) == []  # past the end: it ends
 
 
 def test_live_text_then_the_event_it_precedes(store: RunStore) -> None:
@@ -145,6 +146,10 @@ def test_a_run_ended_without_a_stop_event_gets_one_stored(store: RunStore) -> No
     assert first[-1]["id"] == "1.1" and first[-1]["data"]["stop_reason"] == "cancelled"
     store.add_events("r4", [_event("notice", cancelled="late"), _event("stop", stop_reason="cancelled")], 1)
     assert asyncio.run(_collect(store, "r4")) == first  # the run's own late events change nothing seen
+    assert asyncio.run(asyncio.wait_for(_collect(store, "r4", "50.0"), 10)) == []  # an id from elsewhere
+    with store.engine.connect() as conn:
+        seqs = [q for (q,) in conn.execute(sa.text("SELECT seq FROM tether_events WHERE run_id = 'r4' ORDER BY seq"))]
+    assert seqs == [0, 1, 2]  # and it wrote nothing there
 
 
 def test_one_feed_query_per_tick_for_many_streams(tmp_path) -> None:

@@ -29,6 +29,7 @@ log = logging.getLogger("tether.server")
 TICK_SECONDS = 0.1
 IDLE_RECHECK_SECONDS = 5.0  # a stream re-reads this often even unwoken (belt and braces)
 ENDED = ("cancelled", "error")  # statuses a run can end in without storing a stop event
+FINISHED = ("completed", "stopped", *ENDED)
 
 SseItem = tuple[str, dict[str, Any]]
 Call = Callable[..., Awaitable[Any]]
@@ -168,14 +169,22 @@ def _sse(seq: int, k: int, name: str, payload: dict[str, Any]) -> dict[str, Any]
     return {"id": f"{seq}.{k}", "event": name, "data": json.dumps(payload, ensure_ascii=False, default=str)}
 
 
-def end_without_stop(store: RunStore, run_id: str, seq: int, status: str, stop_reason: str | None) -> None:
-    """Store the stop event of a run that ended without one (cancelled while queued or parked: DBOS
-    lets no interrupted workflow record its end). Keyed by seq like every event: if the run stored
-    its own event there first, this changes nothing, and every reader sees the same sequence."""
+def settle_end(store: RunStore, run_id: str, status: str, stop_reason: str | None) -> int:
+    """The seq of a finished run's stop event. A run that ended without one (cancelled while queued or
+    parked: DBOS lets no interrupted workflow record its end) gets one stored after its last event;
+    keyed by seq like every event, so if the run stored its own event there first this changes nothing,
+    and every reader sees the same sequence."""
     from tether.types import TraceEvent
 
+    with store.engine.connect() as conn:
+        last, stop = conn.execute(sa.text("SELECT MAX(seq), MAX(CASE WHEN kind = 'stop' THEN seq END) "
+                                          "FROM tether_events WHERE run_id = :r"), {"r": run_id}).one()
+    if stop is not None:
+        return int(stop)
+    seq = -1 if last is None else int(last)
     event = TraceEvent("stop", 0, 0.0, 0.0, {"stop_reason": stop_reason or status, "status": status})
-    store.add_events(run_id, [event], seq)
+    store.add_events(run_id, [event], seq + 1)
+    return seq + 1
 
 
 async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str | None) -> AsyncIterator[dict[str, Any]]:
@@ -207,8 +216,10 @@ async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str |
                 if stored[seq][0] == "stop":
                     return
                 seq, k, texts = seq + 1, 0, later.pop(seq + 1, [])
-            if got.status in ENDED and seq not in stored:
-                await feed.call(end_without_stop, store, task_id, seq, got.status, got.stop_reason)
+            if got.status in FINISHED and seq not in stored and not texts:
+                end = await feed.call(settle_end, store, task_id, got.status, got.stop_reason)
+                if seq > end:
+                    return  # the client is past the end (an id from elsewhere): nothing more will come
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), IDLE_RECHECK_SECONDS)
