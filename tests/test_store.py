@@ -53,6 +53,24 @@ def test_runs_events_and_state_round_trip(where):
     store.close()
 
 
+def test_findings_are_read_without_the_state(where):
+    store = RunStore(where)
+    store.create_run("r1", "agent", "alice", "look")
+    assert store.findings("r1") == []  # running: nothing yet
+    state = RunState("r1", "alice", findings=["grep found 3 errors"])
+    store.finish_run(RunResult("r1", StopReason.COMPLETED, "ok", findings=list(state.findings), state=state))
+    statements: list[str] = []
+    import sqlalchemy as sa
+
+    sa.event.listen(store.engine, "before_cursor_execute", lambda conn, cur, sql, *a: statements.append(sql))
+    assert store.findings("r1") == ["grep found 3 errors"]
+    assert not any("state" in sql for sql in statements)  # the transcript is not read
+    with store.engine.begin() as conn:  # a run finished before migration 3: from its stored state
+        conn.execute(sa.text("UPDATE tether_runs SET findings = NULL WHERE run_id = 'r1'"))
+    assert store.findings("r1") == ["grep found 3 errors"]
+    store.close()
+
+
 def test_a_restarted_workflow_does_not_unpark_a_run_waiting_for_a_decision(where):
     store = RunStore(where)
     store.create_run("r1", "agent", "alice", "pay")

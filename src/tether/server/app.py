@@ -209,13 +209,13 @@ def create_app(tasks: Tasks) -> FastAPI:
     @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=ERRORS)
     async def get_task(task_id: str, user: User) -> TaskOut:
         row = await tasks.get(user, task_id)
-        state = await tasks.db(tasks.rt.store.state, task_id)
+        findings = await tasks.db(tasks.rt.store.findings, task_id)
         pending = [PendingCall(call_id=str(row.pending.get("call_id")), tool=str(row.pending.get("tool")),
                                arguments=dict(row.pending.get("arguments") or {}),
                                reason=str(row.pending.get("reason") or ""))] if row.pending else []
         return TaskOut(task_id=row.run_id, agent=row.agent, status=row.status, prompt=row.prompt,
                        stop_reason=row.stop_reason, answer=row.answer, error=row.error, usage=row.usage,
-                       steps=row.steps, findings=list(state.findings) if state is not None else [],
+                       steps=row.steps, findings=findings,
                        pending_approvals=pending, created_at=row.created_at, updated_at=row.updated_at)
 
     @app.get("/v1/tasks/{task_id}/events", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": (

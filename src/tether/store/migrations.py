@@ -31,6 +31,9 @@ MIGRATIONS: list[list[str]] = [
             restart BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, seq, idx))""",
         "CREATE INDEX IF NOT EXISTS tether_runs_by_user ON tether_runs (user_id, created_at)",
     ],
+    [  # 3: a run's findings beside its outcome (reading them no longer parses the whole stored state)
+        "ALTER TABLE tether_runs ADD COLUMN findings TEXT",
+    ],
 ]
 
 

@@ -134,9 +134,9 @@ class RunStore:
         with self.engine.begin() as conn:
             conn.execute(sa.text(
                 "UPDATE tether_runs SET status = :s, stop_reason = :sr, error = :e, answer = :a, usage = :u,"
-                " steps = :n, pending = NULL, state = :st, updated_at = :t WHERE run_id = :r"),
+                " steps = :n, pending = NULL, state = :st, findings = :f, updated_at = :t WHERE run_id = :r"),
                 {"s": status, "sr": result.stop_reason.value, "e": result.error, "a": result.answer,
-                 "u": to_json(result.usage), "n": result.steps,
+                 "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
                  "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
                  "r": result.run_id})
             self._events(conn, result.run_id, result.trace)
@@ -197,6 +197,14 @@ class RunStore:
     def state(self, run_id: str) -> RunState | None:
         rows = self._rows("SELECT state FROM tether_runs WHERE run_id = :r", {"r": run_id})
         return RunState.from_json(rows[0][0]) if rows and rows[0][0] else None
+
+    def findings(self, run_id: str) -> list[str]:
+        """The findings of a finished run (its stored state's, for runs finished before migration 3)."""
+        rows = self._rows("SELECT findings FROM tether_runs WHERE run_id = :r", {"r": run_id})
+        if rows and rows[0][0] is not None:
+            return list(json.loads(rows[0][0]))
+        state = self.state(run_id)
+        return list(state.findings) if state is not None else []
 
     def config(self, run_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT config FROM tether_runs WHERE run_id = :r", {"r": run_id})
