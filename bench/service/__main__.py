@@ -1,7 +1,9 @@
 """200 concurrent scripted runs through the task service: `python -m bench.service [--runs N]`.
 
 For each store (SQLite WAL; PostgreSQL when TETHER_BENCH_POSTGRES or TETHER_TEST_POSTGRES names a
-server): a real `tether serve` on 127.0.0.1 with 8 worker slots, N tasks submitted at once, each task's
+server), in two layouts (`--layouts`): a real `tether serve` on 127.0.0.1 with 8 worker slots
+("single"), and `tether serve --workers 0` with one `tether worker --concurrency 8` ("split",
+`stores_split` in results.json). N tasks submitted at once, each task's
 SSE stream read by its own client, which confirms the one call that needs it. Each run makes three tool
 calls, one confirmed call and a final answer streamed in five pieces. Reported: runs per second
 (submit of the first to the last stop event), latency from a tool call finishing (the tool writes the
@@ -100,7 +102,9 @@ async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, a
     return task, False
 
 
-def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
+def run_store(name: str, db: str | None, runs: int, home: Path, layout: str = "single") -> dict:
+    """One store, one layout: "single" (`tether serve --workers 8`) or "split" (`tether serve --workers 0`
+    for the API and one `tether worker --concurrency 8` process, as docs/service.md advises)."""
     port, url = _port(), ""
     url = f"http://127.0.0.1:{port}"
     ledger = home / "ledger"
@@ -112,7 +116,9 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                            capture_output=True, text=True, check=True).stdout.strip() for u in range((runs + 9) // 10)]
     log = (home / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port", str(port),
-                             "--workers", "8"], env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+                             "--workers", "8" if layout == "single" else "0"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=log, text=True)
+    worker = None
     try:
         for _ in range(600):
             try:
@@ -122,6 +128,10 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                 if proc.poll() is not None:
                     raise RuntimeError((home / "serve.log").read_text()) from None
                 time.sleep(0.2)
+        if layout == "split":  # after the API: it made the tables
+            worker = subprocess.Popen([sys.executable, "-m", "tether.cli", "worker", "--agents", AGENTS,
+                                       "--concurrency", "8"], env={**env, "TETHER_EXECUTOR_ID": "bench-worker"},
+                                      stdout=subprocess.DEVNULL, stderr=log, text=True)
         arrivals: dict = {}
         text_ms: list[float] = []
 
@@ -149,7 +159,7 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
                 if float(at) > arrivals["submitted"]:
                     settled.append(latencies[-1])
         return {
-            "store": name, "runs": runs, "lost_runs": sum(1 for _, ok in done if not ok),
+            "store": name, "layout": layout, "runs": runs, "lost_runs": sum(1 for _, ok in done if not ok),
             "duplicate_side_effects": len(keys) - len(set(keys)), "side_effects": len(keys),
             "runs_per_second": round(runs / elapsed, 2), "seconds": round(elapsed, 1),
             "p50_event_latency_ms": round(_pct(latencies, 50), 1), "p99_event_latency_ms": round(_pct(latencies, 99), 1),
@@ -160,17 +170,26 @@ def run_store(name: str, db: str | None, runs: int, home: Path) -> dict:
             "p99_text_latency_ms": round(_pct(text_ms, 99), 1),
         }
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for p in (worker, proc):
+            if p is not None:
+                p.send_signal(signal.SIGTERM)
+        for p in (worker, proc):
+            if p is not None:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--layouts", default="single,split", help="single (API and workers in one process), "
+                        "split (an API process and a worker process), or both, comma-separated")
     args = parser.parse_args()
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if not layouts or set(layouts) - {"single", "split"}:
+        parser.error("--layouts takes single, split or single,split")
     out: dict = {"method": " ".join(__doc__.split()), "stores": {}}
     from bench.durable.__main__ import _postgres
 
@@ -181,18 +200,27 @@ def main() -> None:
     from bench.durable.__main__ import RUNS, TURNS, measure_durable, measure_memory
 
     memory = measure_memory()
-    for name, db in stores:
-        with tempfile.TemporaryDirectory() as home:
-            out["stores"][name] = row = run_store(name, db, args.runs, Path(home))
-            # the same checkpoint measure as bench/durable: durable minus in-memory wall time per DBOS step
-            wall = measure_durable(db or str(Path(home) / "ckpt.db"))
-            row["checkpoint_ms_per_step"] = round((wall - memory) * 1000 / (RUNS * (2 * TURNS + 1)), 3)
-        print(f"{name:9} runs {row['runs']} lost {row['lost_runs']} dup {row['duplicate_side_effects']} "
-              f"{row['runs_per_second']} runs/s  event p50 {row['p50_event_latency_ms']} ms p99 "
-              f"{row['p99_event_latency_ms']} ms  text p50 {row['p50_text_latency_ms']} ms p99 "
-              f"{row['p99_text_latency_ms']} ms  checkpoint {row['checkpoint_ms_per_step']} ms/step")
+    for layout in layouts:
+        for name, db in stores:
+            if db is not None and layout != layouts[0]:
+                db = _postgres()  # a fresh database for each layout
+            with tempfile.TemporaryDirectory() as home:
+                row = run_store(name, db, args.runs, Path(home), layout)
+                (out["stores"] if layout == "single" else out.setdefault("stores_split", {}))[name] = row
+                # the same checkpoint measure as bench/durable (durable minus in-memory wall time per DBOS
+                # step), on a fresh database as there, not on the one the 200 runs just filled
+                wall = measure_durable(_postgres() if db else str(Path(home) / "ckpt.db"))
+                row["checkpoint_ms_per_step"] = round((wall - memory) * 1000 / (RUNS * (2 * TURNS + 1)), 3)
+            _report(row)
     Path(__file__).with_name("results.json").write_text(json.dumps(out, indent=1) + "\n")
 
+
+def _report(row: dict) -> None:
+    print(f"{row['store'] + '/' + row['layout']:16} runs {row['runs']} lost {row['lost_runs']} dup "
+          f"{row['duplicate_side_effects']} {row['runs_per_second']} runs/s  event p50 {row['p50_event_latency_ms']} "
+          f"ms p99 {row['p99_event_latency_ms']} ms (after submissions {row['p99_event_latency_ms_after_submissions']}"
+          f" ms)  text p50 {row['p50_text_latency_ms']} ms p99 {row['p99_text_latency_ms']} ms  checkpoint "
+          f"{row['checkpoint_ms_per_step']} ms/step")
 
 if __name__ == "__main__":
     main()
