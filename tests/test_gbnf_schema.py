@@ -98,11 +98,8 @@ def regexes(draw: st.DrawFn, depth: int = 0) -> str:
 # -- random schemas --------------------------------------------------------------------------------
 
 
-@st.composite
-def integer_schemas(draw: st.DrawFn) -> dict[str, Any]:
-    node: dict[str, Any] = {"type": "integer"}
-    lo = draw(st.integers(-2000, 2000))
-    hi = lo + draw(st.integers(0, 3000))
+def _bounded(draw: st.DrawFn, node: dict[str, Any], lo: float, hi: float) -> dict[str, Any]:
+    """`node` with each of minimum/maximum plain, exclusive or absent."""
     for key, value in (("minimum", lo), ("maximum", hi)):
         choice = draw(st.sampled_from(["plain", "exclusive", "absent"]))
         if choice == "plain":
@@ -110,20 +107,18 @@ def integer_schemas(draw: st.DrawFn) -> dict[str, Any]:
         elif choice == "exclusive":
             node["exclusiveM" + key[1:]] = value
     return node
+
+
+@st.composite
+def integer_schemas(draw: st.DrawFn) -> dict[str, Any]:
+    lo = draw(st.integers(-2000, 2000))
+    return _bounded(draw, {"type": "integer"}, lo, lo + draw(st.integers(0, 3000)))
 
 
 @st.composite
 def number_schemas(draw: st.DrawFn) -> dict[str, Any]:
-    node: dict[str, Any] = {"type": "number"}
     lo = draw(st.floats(-500, 500, allow_nan=False).map(lambda x: round(x, 2)))
-    hi = lo + draw(st.floats(0.5, 800, allow_nan=False).map(lambda x: round(x, 2)))
-    for key, value in (("minimum", lo), ("maximum", hi)):
-        choice = draw(st.sampled_from(["plain", "exclusive", "absent"]))
-        if choice == "plain":
-            node[key] = value
-        elif choice == "exclusive":
-            node["exclusiveM" + key[1:]] = value
-    return node
+    return _bounded(draw, {"type": "number"}, lo, lo + draw(st.floats(0.5, 800, allow_nan=False).map(lambda x: round(x, 2))))
 
 
 @st.composite

@@ -70,7 +70,7 @@ async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, a
     r = await post(client, f"{url}/v1/tasks", json={"prompt": f"job {i}", "agent": "worker"},
                    headers={**headers, "Idempotency-Key": f"job-{i}"})
     r.raise_for_status()
-    arrivals["submitted"] = max(arrivals.get("submitted", 0.0), time.time())
+    arrivals["last_submission_at"] = max(arrivals.get("last_submission_at", 0.0), time.time())
     task = r.json()["task_id"]
     last: str | None = None
     for _ in range(5):  # a broken stream is resumed after the last event seen, as an SSE client does
@@ -156,7 +156,7 @@ def run_store(name: str, db: str | None, runs: int, home: Path, layout: str = "s
             got = arrivals.get((key_.split(":")[0], call_id))
             if kind == "step" and got is not None:
                 latencies.append((got - float(at)) * 1000)
-                if float(at) > arrivals["submitted"]:
+                if float(at) > arrivals["last_submission_at"]:
                     settled.append(latencies[-1])
         return {
             "store": name, "layout": layout, "runs": runs, "lost_runs": sum(1 for _, ok in done if not ok),
@@ -164,7 +164,7 @@ def run_store(name: str, db: str | None, runs: int, home: Path, layout: str = "s
             "runs_per_second": round(runs / elapsed, 2), "seconds": round(elapsed, 1),
             "p50_event_latency_ms": round(_pct(latencies, 50), 1), "p99_event_latency_ms": round(_pct(latencies, 99), 1),
             "p99_event_latency_ms_after_submissions": round(_pct(settled, 99), 1),
-            "seconds_to_accept_all_submissions": round(arrivals["submitted"] - started, 1),
+            "seconds_to_accept_all_submissions": round(arrivals["last_submission_at"] - started, 1),
             "reconnects": len(RECONNECTS), "reconnect_kinds": sorted(set(RECONNECTS)),
             "text_pieces": len(text_ms), "p50_text_latency_ms": round(_pct(text_ms, 50), 1),
             "p99_text_latency_ms": round(_pct(text_ms, 99), 1),

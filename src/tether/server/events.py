@@ -33,10 +33,7 @@ FINISHED = ("completed", "stopped", *ENDED)
 
 SseItem = tuple[str, dict[str, Any]]
 Call = Callable[..., Awaitable[Any]]
-
-
-async def _to_thread(fn: Callable[..., Any], /, *args: Any) -> Any:
-    return await asyncio.to_thread(fn, *args)
+RUN_ROW = "SELECT status, stop_reason, answer FROM tether_runs WHERE run_id = :r"
 
 
 def derive(seq: int, kind: str, data: dict[str, Any], answer: str | None) -> list[SseItem]:
@@ -90,8 +87,7 @@ class Read:
 def read_from(store: RunStore, run_id: str, seq: int, idx: int) -> Read:
     """Events at `seq` and after, text pieces at (seq, idx) and after, and the run's status."""
     with store.engine.connect() as conn:
-        row = conn.execute(sa.text("SELECT status, stop_reason, answer FROM tether_runs WHERE run_id = :r"),
-                           {"r": run_id}).first()  # first: a run that ended stored its events before
+        row = conn.execute(sa.text(RUN_ROW), {"r": run_id}).first()  # first: a run that ended stored its events before
         events = [(int(q), k, json.loads(d)) for q, k, d in conn.execute(sa.text(
             "SELECT seq, kind, data FROM tether_events WHERE run_id = :r AND seq >= :s ORDER BY seq"),
             {"r": run_id, "s": seq})]
@@ -99,8 +95,7 @@ def read_from(store: RunStore, run_id: str, seq: int, idx: int) -> Read:
             "SELECT seq, idx, text, restart FROM tether_text_deltas WHERE run_id = :r AND "
             "(seq > :s OR (seq = :s AND idx >= :i)) ORDER BY seq, idx"), {"r": run_id, "s": seq, "i": idx})]
         if any(kind == "stop" for _, kind, _ in events):  # stored with its outcome: read that now
-            row = conn.execute(sa.text("SELECT status, stop_reason, answer FROM tether_runs WHERE run_id = :r"),
-                               {"r": run_id}).first()
+            row = conn.execute(sa.text(RUN_ROW), {"r": run_id}).first()
     return Read(events, texts, *(row if row is not None else (None, None, None)))
 
 
@@ -109,7 +104,7 @@ class Feed:
 
     def __init__(self, store: RunStore, call: Call | None = None, tick: float = TICK_SECONDS) -> None:
         self.store = store
-        self.call: Call = call or _to_thread  # how blocking reads run (the service's own threads)
+        self.call: Call = call or asyncio.to_thread  # how blocking reads run (the service's own threads)
         self.tick = tick
         self._watchers: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._marks: dict[str, tuple[Any, ...]] = {}
