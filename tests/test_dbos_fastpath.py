@@ -145,10 +145,13 @@ def test_the_fast_step_record_writes_and_refuses_as_dbos_does(durable_db):
 
 
 class _Counts:
+    """Every statement SQLite runs on the store's pool (sqlite3's trace callback: also BEGIN and
+    COMMIT, also on the bare DBAPI connections the fast path uses) and every hop to a thread."""
+
     def __init__(self, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
         self.statements = 0
         self.hops = 0
-        sa.event.listen(engine, "before_cursor_execute", self._statement)
+        sa.event.listen(engine, "checkout", self._trace)
         real = asyncio.to_thread
 
         async def to_thread(func, /, *args, **kwargs):
@@ -156,6 +159,10 @@ class _Counts:
             return await real(func, *args, **kwargs)
 
         monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+    def _trace(self, dbapi_conn: object, *_: object) -> None:
+        if hasattr(dbapi_conn, "set_trace_callback"):  # sqlite3
+            dbapi_conn.set_trace_callback(self._statement)
 
     def _statement(self, *_: object) -> None:
         self.statements += 1
@@ -180,10 +187,32 @@ def test_each_step_costs_a_fixed_number_of_statements_and_thread_hops(durable_db
     agent = _agent("fp_counts", durable_db)
     assert agent.run("go 1", run_id="fp_warm").completed  # DBOS launched
     counts = _Counts(runtime().store.engine, monkeypatch)
-    # per turn: 2 steps x (1 lookup + owner check + insert of the output) + the turn's events
-    assert _per_turn(agent, counts, "fast") == (7, 4)
+    # per turn: 2 steps x (1 lookup + BEGIN, owner check, insert of the output, COMMIT) + the turn's
+    # events (BEGIN, 2 inserts, COMMIT); no thread hop: on SQLite the lookup and record run on the loop
+    assert _per_turn(agent, counts, "fast") == (14, 0)
     dbos_fastpath.uninstall()  # DBOS's own: two SELECTs per lookup, a hop that only fetches a function
-    assert _per_turn(agent, counts, "stock") == (9, 6)
+    assert _per_turn(agent, counts, "stock") == (16, 6)
+
+
+@pytest.fixture
+def durable_pg():
+    from store_fixtures import fresh_postgres_database
+
+    from tether.durable import teardown
+
+    yield from fresh_postgres_database()
+    teardown()
+    dbos_fastpath.install()
+
+
+def test_on_postgres_a_step_keeps_its_thread_hops(durable_pg, monkeypatch):
+    # the lookup and record of a step are network round trips there: they stay off the event loop
+    agent = _agent("fp_pg", durable_pg)
+    assert agent.run("go 1", run_id="fp_pg_warm").completed
+    from tether.durable import runtime
+
+    counts = _Counts(runtime().store.engine, monkeypatch)  # statements: SQLite's trace only, 0 here
+    assert _per_turn(agent, counts, "pg") == (0, 4)  # 2 steps x (lookup, record)
 
 
 async def test_the_hopless_then_runs_the_next_stage_in_a_thread_with_the_value_or_the_error():

@@ -174,9 +174,10 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_crash_test_every_run_finishes_once(tmp_path):
     """At least 50 durable runs, the worker SIGKILLed at random points and restarted until done."""
-    from bench.durable.crash import crash_until_done
+    from bench.durable.crash import crash_until_done, kill_window
 
-    report = crash_until_done(tmp_path, runs=50, seed=7, max_kills=8)
+    window = kill_window(tmp_path / "calibrate", seed=7)
+    report = crash_until_done(tmp_path / "crash", runs=50, seed=7, max_kills=8, kill_after=window)
     assert report.not_completed == [] and report.kills >= 1
     assert report.lost_runs == 0 and report.duplicate_side_effects == 0 and report.missing_side_effects == 0
     assert report.attacker_calls_executed == 0

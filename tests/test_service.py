@@ -378,6 +378,52 @@ def test_two_workers_on_postgres_one_killed(tmp_path: Path) -> None:
                 proc.wait()
 
 
+def test_healthz_reports_a_lost_database_and_its_return(tmp_path: Path) -> None:
+    """The load balancer's check: 503 with a JSON reason while PostgreSQL refuses connections, 200
+    again once it takes them, without restarting the server."""
+    db = _postgres_database()
+    name = db.rsplit("/", 1)[1]
+    psycopg = pytest.importorskip("psycopg")
+    admin = os.environ["TETHER_TEST_POSTGRES"]
+    api = Service(tmp_path)
+    api.env["TETHER_DB"] = db
+    log = (tmp_path / "serve.log").open("w")  # DBOS logs its retries while the database is gone
+    api.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", AGENTS, "--port",
+                                 str(api.port), "--workers", "0"], env=api.env, stdout=subprocess.DEVNULL,
+                                stderr=log, text=True)
+
+    def health(want: int, timeout: float = 60) -> httpx.Response:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                r = httpx.get(api.url + "/healthz", timeout=10)
+                if r.status_code == want:
+                    return r
+            except httpx.HTTPError:
+                pass
+            assert api.proc is not None and api.proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"/healthz never answered {want}"
+            time.sleep(0.3)
+
+    def connections(allowed: bool) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+            if not allowed:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+    try:
+        assert health(200).json()["ok"] is True
+        connections(False)
+        down = health(503)
+        assert "the database does not answer" in down.json()["error"]
+        connections(True)
+        assert health(200).json()["ok"] is True
+    finally:
+        connections(True)
+        api.stop()
+        log.close()
+
+
 def test_schemathesis_finds_no_failure(tmp_path: Path) -> None:
     """schemathesis against the served spec: every response matches it, no 5xx, every check passes."""
     st = Path(sys.executable).with_name("st")

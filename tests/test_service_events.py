@@ -206,6 +206,23 @@ def test_refused_and_stale_idempotency_claims_free_the_key(store: RunStore) -> N
     assert tables.claim_submission("u", "k2", body, "t_e") == ("t_e", True, False)
 
 
+def test_heartbeats_are_judged_by_the_database_clock(store: RunStore, monkeypatch) -> None:
+    import tether.server.keys as keys
+
+    tables = ServiceTables(store.engine)
+    tables.beat("a")
+    tables.beat("b")
+    # this machine's clock an hour off (another machine's beats are compared with the same database clock)
+    monkeypatch.setattr(keys.time, "time", lambda: 1_000_000_000.0 + 3600)
+    assert tables.silent_workers(5, "me") == []
+    with store.engine.begin() as conn:  # a's last beat 20 s ago by the database's clock
+        conn.execute(sa.text("UPDATE tether_workers SET beat_at = beat_at - 20 WHERE executor_id = 'a'"))
+    assert tables.silent_workers(5, "me") == ["a"]
+    assert tables.silent_workers(5, "me") == []  # taken off the list
+    tables.beat("b")
+    assert tables.silent_workers(5, "b") == []  # a worker never judges itself
+
+
 class _Beats:
     """ServiceTables' heartbeat side for the janitor: each beat moves a fake clock 2 s on; the beats
     in `down` fail (the database is away); after `last` beats the janitor is stopped."""

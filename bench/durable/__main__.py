@@ -7,9 +7,11 @@ Cost: sequential runs of a scripted model calling one async no-op tool per turn 
 two DBOS steps, a model step and a tool step); `checkpoint_ms_per_step` = (durable wall time -
 in-memory wall time) / DBOS steps, median of repetitions; `checkpoint_cpu_ms_per_step` the same
 in process CPU time (steadier on a shared machine); `..._stock_dbos` the same with
-tether.durable.dbos_fastpath uninstalled (DBOS's own step checkpoints). A second, independent figure: the same
-number of bare `INSERT ... COMMIT`s of a step-sized row through sqlite3 in WAL/NORMAL and in the
-default rollback journal (what a checkpoint costs the database alone).
+tether.durable.dbos_fastpath uninstalled (DBOS's own step checkpoints). Two independent figures:
+`noop_dbos_step_ms`, ms per step of a bare DBOS workflow of 200 no-op async steps (DBOS alone, with
+and without the fast path, no subtraction); and the same number of bare `INSERT ... COMMIT`s of a
+step-sized row through sqlite3 in WAL/NORMAL and in the default rollback journal (what a checkpoint
+costs the database alone).
 Crash: `bench.durable.crash` (50 runs, the worker SIGKILLed at random points, restarted until done;
 the points drawn from 0.1-1x the time the same workload takes unkilled on this machine).
 PostgreSQL is measured when $TETHER_BENCH_POSTGRES or $TETHER_TEST_POSTGRES names a server.
@@ -29,6 +31,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from dbos import DBOS
 
 from tether import Agent, Limits, tool
 from tether.models.scripted import ScriptedModel
@@ -109,6 +113,39 @@ def time_durable(database: str, *, fastpath: bool = True) -> tuple[float, float]
         dbos_fastpath.install()
 
 
+@DBOS.workflow(name="bench.noop_steps")
+async def _noop_steps(n: int) -> int:
+    async def noop() -> int:
+        return 1
+
+    for _ in range(n):
+        await DBOS.run_step_async({"name": "noop"}, noop)
+    return n
+
+
+def bare_dbos_step_ms(database: str, *, fastpath: bool = True, steps: int = 200) -> float:
+    """ms per step of a DBOS workflow of `steps` no-op async steps, median of repetitions: DBOS's own
+    step cost with nothing of tether in it (a second figure, not a difference of two timings)."""
+    from tether.durable import dbos_fastpath, runtime, setup, teardown
+
+    async def once() -> float:
+        runtime().launch()
+        started = time.perf_counter()
+        handle = await DBOS.start_workflow_async(_noop_steps, steps)
+        assert await handle.get_result() == steps
+        return time.perf_counter() - started
+
+    try:
+        setup(database)  # installs the fast path
+        if not fastpath:
+            dbos_fastpath.uninstall()
+        samples = [asyncio.run(once()) for _ in range(REPEATS + 1)][1:]  # the first launches DBOS
+    finally:
+        teardown()
+        dbos_fastpath.install()
+    return statistics.median(samples) * 1000 / steps
+
+
 def bare_sqlite_ms(path: Path, journal: str, n: int) -> float:
     """ms per committed step-sized insert through sqlite3 alone."""
     conn = sqlite3.connect(path, isolation_level=None)
@@ -139,7 +176,7 @@ def _postgres() -> str | None:
 
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from bench.durable.crash import crash_until_done
+    from bench.durable.crash import crash_until_done, kill_window
 
     steps = RUNS * (2 * TURNS + 1)
     turns = RUNS * (TURNS + 1)
@@ -157,18 +194,17 @@ def main() -> int:
                         "durable_ms_per_turn": round(wall * 1000 / turns, 3),
                         "checkpoint_ms_per_step_stock_dbos": round((stock_wall - memory) * 1000 / steps, 3),
                         "checkpoint_cpu_ms_per_step_stock_dbos": round((stock_cpu - memory_cpu) * 1000 / steps, 3)}
+        stock_bare = _postgres() if name == "postgres" else str(tmp / "bare-steps-stock.db")
+        stores[name]["noop_dbos_step_ms"] = round(bare_dbos_step_ms(
+            _postgres() if name == "postgres" else str(tmp / "bare-steps.db")), 3)
+        stores[name]["noop_dbos_step_ms_stock_dbos"] = round(bare_dbos_step_ms(stock_bare, fastpath=False), 3)
     n = 2 * TURNS + 1
     bare = {"wal_normal": round(bare_sqlite_ms(tmp / "bare-wal.db", "WAL", n * 4), 3),
             "rollback_full": round(bare_sqlite_ms(tmp / "bare-delete.db", "DELETE", n * 4), 3)}
     for name in targets:
-        # a fresh database for each crash test (the worker takes a path or a URL); the kill window is
-        # scaled to how long the workload takes here uninterrupted, so that kills land in it however
-        # fast the checkpoints are
+        # a fresh database for each crash test (the worker takes a path or a URL)
         pg = name != "sqlite_wal"
-        whole = crash_until_done(tmp / f"calibrate-{name}", runs=50, seed=11, max_kills=0,
-                                 database=_postgres() if pg else None)
-        assert whole.lost_runs == 0 and not whole.not_completed, whole
-        window = (0.1 * whole.last_life_seconds, whole.last_life_seconds)
+        window = kill_window(tmp / f"calibrate-{name}", seed=11, database=_postgres() if pg else None)
         report = crash_until_done(tmp / f"crash-{name}", runs=50, seed=11, max_kills=8, kill_after=window,
                                   database=_postgres() if pg else None)
         stores[name].update({k: v for k, v in dataclasses.asdict(report).items() if k != "not_completed"})

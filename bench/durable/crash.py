@@ -110,6 +110,15 @@ def crash_until_done(workdir: Path, *, runs: int = 50, seed: int = 0, max_kills:
     return report
 
 
+def kill_window(workdir: Path, *, runs: int = 50, seed: int = 0,
+                database: str | None = None) -> tuple[float, float]:
+    """0.1-1x the seconds the same workload takes here unkilled: kills drawn from it land inside the
+    work however fast the checkpoints are (a fixed window misses it once they are fast enough)."""
+    whole = crash_until_done(workdir, runs=runs, seed=seed, max_kills=0, database=database)
+    assert whole.lost_runs == 0 and not whole.not_completed, whole
+    return (0.1 * whole.last_life_seconds, whole.last_life_seconds)
+
+
 def _count(report: CrashReport, db: str, ledger: Path, killed_waiting: set[str]) -> None:
     from tether.store import RunStore
 

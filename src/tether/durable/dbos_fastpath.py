@@ -5,10 +5,15 @@ cache-keying the same statements again for every step, plus three thread hops (o
 fetches a function). This module, for the unsharded SQLite system database only:
 
 - `check_operation_execution`: DBOS's two SELECTs (status, then output) as one LEFT JOIN, compiled
-  once; the same exceptions (cancelled, unexpected step name, unknown workflow).
+  once and run on the pooled sqlite3 connection itself; the same exceptions (cancelled, unexpected
+  step name, unknown workflow).
 - `record_operation_result`: DBOS's owner-token check and its INSERT .. ON CONFLICT .. RETURNING,
-  compiled once from DBOS's own statement; the same transaction, retries and errors. Calls it does
-  not mirror (child workflows, shard keys) go to DBOS's own method.
+  compiled once from DBOS's own statement, on the pooled sqlite3 connection; the same transaction,
+  retries and errors. Calls it does not mirror (child workflows, shard keys) go to DBOS's own method.
+- A step's lookup and record stages (`invoke_step`'s `check_existing_result`, `record_step_result`)
+  run on the event loop instead of in a worker thread: on SQLite each is ~0.05-0.1 ms of local I/O,
+  less than the hop to a thread and back costs. Other databases, and every other stage, keep
+  DBOS's hop.
 - `Pending.then` (all databases): the same stage without the hop to a thread that only returned
   the next function.
 
@@ -24,11 +29,12 @@ import hashlib
 import importlib.metadata
 import inspect
 import logging
+import sqlite3
 import time
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from dbos import _outcome, _sys_db, _sys_db_sqlite
+from dbos import _core, _dbos, _outcome, _sys_db, _sys_db_sqlite
 from dbos._context import current_owner_xid, get_local_dbos_context
 from dbos._debug_trigger import DebugTriggers
 from dbos._error import (
@@ -38,7 +44,6 @@ from dbos._error import (
     DBOSWorkflowConflictIDError,
 )
 from dbos._shard_keys import bound_shard_key
-from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,9 @@ _MIRRORED: dict[str, Any] = {
     "SQLiteSystemDatabase": _SQLite,
     "Pending._wrap": _outcome.Pending._wrap,
     "Pending.then": _outcome.Pending.then,
+    "Pending._intercept": _outcome.Pending._intercept,
+    "Pending.intercept": _outcome.Pending.intercept,
+    "invoke_step": _core.invoke_step,
 }
 # sha256 of inspect.getsource(...) of each, as reviewed for DBOS 3.4.0
 PINNED = {
@@ -79,9 +87,15 @@ PINNED = {
     "SQLiteSystemDatabase": "28df59d4023f86f3",
     "Pending._wrap": "ed2dee2ae3a28d04",
     "Pending.then": "324fb52640af6721",
+    "Pending._intercept": "68d426af693b07de",
+    "Pending.intercept": "14227a028b8ed367",
+    "invoke_step": "f60e7b0bb683cf4f",
 }
 _STOCK = {"check": _Base.check_operation_execution, "record": _Base.record_operation_result,
-          "then": _outcome.Pending.then}
+          "then": _outcome.Pending.then, "intercept": _outcome.Pending.__dict__["_intercept"]}
+# the two stages of a DBOS step that only touch the system database (see invoke_step)
+_STEP_LOOKUP = "invoke_step.<locals>.check_existing_result"
+_STEP_RECORD = "invoke_step.<locals>.record_step_result"
 
 
 def fingerprints() -> dict[str, str]:
@@ -115,6 +129,7 @@ def install() -> bool:
     _SQLite.check_operation_execution = _check_operation_execution  # type: ignore[method-assign]
     _SQLite.record_operation_result = _record_operation_result  # type: ignore[method-assign]
     _outcome.Pending.then = _then  # type: ignore[method-assign]
+    _outcome.Pending._intercept = staticmethod(_intercept)  # type: ignore[method-assign]
     return True
 
 
@@ -124,6 +139,7 @@ def uninstall() -> None:
         if name in _SQLite.__dict__:
             delattr(_SQLite, name)
     _outcome.Pending.then = _STOCK["then"]  # type: ignore[method-assign]
+    _outcome.Pending._intercept = _STOCK["intercept"]  # type: ignore[method-assign]
 
 
 # -- the statements, compiled once per system database -----------------------------------------
@@ -189,14 +205,21 @@ def _plain(workflow_id: str) -> bool:
 # -- the patched methods -----------------------------------------------------------------------
 
 
+def _rows(sys_db: Any, prepared: _Prepared, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """One read on a pooled sqlite3 connection (SQLAlchemy's result machinery costs more than the read)."""
+    conn = sys_db.engine.raw_connection()
+    try:
+        return conn.cursor().execute(prepared.sql, prepared.params(values)).fetchall()
+    finally:
+        conn.close()
+
+
 @_sys_db.db_retry()
 def _check_operation_execution(self: Any, workflow_id: str, function_id: int, function_name: str, *,
                                owner_key: str | None = None) -> Any:
     if owner_key is not None or not _plain(workflow_id):
         return _STOCK["check"].__wrapped__(self, workflow_id, function_id, function_name, owner_key=owner_key)
-    check = _statements(self).check
-    with self.engine.connect() as c:
-        rows = c.exec_driver_sql(check.sql, check.params({"wid": workflow_id, "fid": function_id})).all()
+    rows = _rows(self, _statements(self).check, {"wid": workflow_id, "fid": function_id})
     assert len(rows) > 0, f"Error: Workflow {workflow_id} does not exist"
     status, output, error, recorded_name, child_workflow_id, serialization, found = rows[0]
     if status == _sys_db.WorkflowStatusString.CANCELLED.value:
@@ -226,22 +249,43 @@ def _record_operation_result(self: Any, result: Any, *, completed_at_epoch_ms: i
     @_sys_db.db_retry(sys_db=self)
     def write() -> None:
         owner = owner_xid if owner_xid is not None else current_owner_xid(workflow_id)
-        with self.engine.begin() as c:
+        conn = self.engine.raw_connection()
+        try:
+            cursor = conn.cursor()
+            cursor.execute("BEGIN IMMEDIATE")  # what engine.begin() gets from make_engine's isolation level
             # a write, so the row stays locked until this commits (DBOS's `_check_owner_txn`)
-            if owner is not None and c.exec_driver_sql(
-                    sql.owner.sql, sql.owner.params({"wid": workflow_id})).scalar() != owner:
-                raise DBOSWorkflowConflictIDError(workflow_id)
+            if owner is not None:
+                fenced = cursor.execute(sql.owner.sql, sql.owner.params({"wid": workflow_id})).fetchone()
+                if fenced is None or fenced[0] != owner:
+                    raise DBOSWorkflowConflictIDError(workflow_id)
             try:
-                rows = c.exec_driver_sql(sql.insert.sql, sql.insert.params(values)).fetchall()
-            except DBAPIError as exc:
-                if self._is_unique_constraint_violation(exc):
+                rows = cursor.execute(sql.insert.sql, sql.insert.params(values)).fetchall()
+            except sqlite3.IntegrityError as exc:  # DBOS's _is_unique_constraint_violation, unwrapped
+                if "UNIQUE constraint failed" in str(exc):
                     raise DBOSStepNondeterminismError(workflow_id, result["function_id"]) from exc
                 raise
             if rows and (rows[0][0] is None or int(rows[0][0]) != completed_at):
                 raise DBOSStepNondeterminismError(workflow_id, result["function_id"])
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
         DebugTriggers.debug_trigger_point(DebugTriggers.DEBUG_TRIGGER_STEP_COMMIT)
 
     write()
+
+
+def _on_sqlite(dbos: Any) -> bool:
+    dbos = dbos if dbos is not None else _dbos._dbos_global_instance
+    return dbos is not None and isinstance(dbos._sys_db, _SQLite)
+
+
+def _inline(stage: Any, dbos: Any) -> bool:
+    """A step's lookup or record stage on SQLite: run it on the loop (see the module docstring)."""
+    return getattr(stage, "__qualname__", "") in (_STEP_LOOKUP, _STEP_RECORD) \
+        and getattr(stage, "__module__", "") == _core.__name__ and _on_sqlite(dbos)
 
 
 def _then(self: Any, next: Any, *, dbos: Any = None) -> Any:
@@ -252,18 +296,32 @@ async def _run_then(func: Any, next: Any, dbos: Any) -> Any:
     # Pending._wrap(func, lambda: next): the same stage, minus `await asyncio.to_thread(lambda: next)`
     if dbos is not None:
         await dbos._configure_asyncio_thread_pool()
+    inline = _inline(next, dbos)
     try:
         value = await func()
-        result = await asyncio.to_thread(next, lambda: value)
+        result = next(lambda: value) if inline else await asyncio.to_thread(next, lambda: value)
     except asyncio.CancelledError:
         _outcome.dbos_logger.warning(f"Asyncio task cancelled for workflow or step {func}")
         raise
     except BaseException as exp:
         saved = exp
-        result = await asyncio.to_thread(next, lambda: _outcome.Pending._raise(saved))
+        fail: Any = lambda: _outcome.Pending._raise(saved)  # noqa: E731
+        result = next(fail) if inline else await asyncio.to_thread(next, fail)
     if isinstance(result, _outcome.DeferredResult):
         return await result.resolve_async()
     return result
+
+
+async def _intercept(func: Any, interceptor: Any, *, dbos: Any = None) -> Any:
+    # Pending._intercept, with a step's lookup on SQLite run on the loop
+    if not _inline(interceptor, dbos):
+        return await _STOCK["intercept"].__func__(func, interceptor, dbos=dbos)
+    intercepted = interceptor()
+    if isinstance(intercepted, _outcome.NoResult):
+        return await func()
+    if isinstance(intercepted, _outcome.DeferredResult):
+        return await intercepted.resolve_async()
+    return intercepted
 
 
 __all__ = ["DBOS_VERSION", "fingerprints", "install", "mismatches", "uninstall"]

@@ -173,7 +173,7 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
         # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the
         # next process recovers it, and record nothing
         raise asyncio.CancelledError
-    rt.store.finish_run(result)
+    rt.store.finish_run(result, stored_events=events.flushed)
     out = to_jsonable(result)
     out["trace"] = []  # the events are in the store; the workflow output stays small
     return out

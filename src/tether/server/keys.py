@@ -116,16 +116,24 @@ class ServiceTables:
                                             f"({marks})"), {"u": user, **{f"s{i}": s for i, s in enumerate(statuses)}}
                                     ).scalar() or 0)
 
+    def _db_now(self) -> str:
+        """The database's clock in epoch seconds, as SQL: workers on several machines beat and are
+        judged by one clock, so a skewed machine clock cannot make a live worker look dead."""
+        if self.engine.dialect.name == "postgresql":
+            return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
     def beat(self, executor_id: str) -> None:
-        now = time.time()
+        now = self._db_now()
         with self.engine.begin() as conn:
-            conn.execute(sa.text("INSERT INTO tether_workers (executor_id, beat_at, started_at) VALUES (:e, :t, :t) "
-                                 "ON CONFLICT (executor_id) DO UPDATE SET beat_at = :t"), {"e": executor_id, "t": now})
+            conn.execute(sa.text(f"INSERT INTO tether_workers (executor_id, beat_at, started_at) VALUES (:e, {now}, "
+                                 f"{now}) ON CONFLICT (executor_id) DO UPDATE SET beat_at = {now}"), {"e": executor_id})
 
     def silent_workers(self, older_than: float, me: str) -> list[str]:
-        """Workers whose last heartbeat is older than `older_than` seconds (they are taken off the list)."""
-        cutoff = time.time() - older_than
+        """Workers whose last heartbeat is older than `older_than` seconds by the database's clock
+        (they are taken off the list)."""
         with self.engine.begin() as conn:
+            cutoff = conn.execute(sa.text(f"SELECT {self._db_now()} - :o"), {"o": older_than}).scalar()
             dead = [r[0] for r in conn.execute(sa.text(
                 "SELECT executor_id FROM tether_workers WHERE beat_at < :c AND executor_id != :me"),
                 {"c": cutoff, "me": me})]

@@ -126,8 +126,9 @@ class RunStore:
         self._write("UPDATE tether_runs SET status = 'running', pending = NULL, updated_at = :t WHERE run_id = :r"
                     " AND status NOT IN ('awaiting_approval', 'decided')", {"t": time.time(), "r": run_id})
 
-    def finish_run(self, result: RunResult) -> None:
-        """The run's outcome, its final state and its events, in one transaction."""
+    def finish_run(self, result: RunResult, *, stored_events: int = 0) -> None:
+        """The run's outcome, its final state and its events (all but the first `stored_events`,
+        which `add_events` wrote already), in one transaction."""
         status = "awaiting_approval" if result.stop_reason.value == "awaiting_approval" else (
             "completed" if result.completed else "cancelled" if result.stop_reason.value == "cancelled"
             else "stopped" if result.stop_reason.value != "error" else "error")
@@ -139,16 +140,17 @@ class RunStore:
                  "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
                  "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
                  "r": result.run_id})
-            self._events(conn, result.run_id, result.trace)
+            self._events(conn, result.run_id, result.trace, skip=stored_events)
 
     def add_events(self, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
         """Events `first_seq`.. of a run (a replay writing them again changes nothing)."""
         with self.engine.begin() as conn:
             self._events(conn, run_id, events, first_seq)
 
-    def _events(self, conn: sa.Connection, run_id: str, events: list[TraceEvent], first_seq: int = 0) -> None:
-        kept = [e for e in events if e.kind != "text_delta"]  # numbered without the text deltas
-        rows = [{"r": run_id, "q": first_seq + i, "k": e.kind, "s": e.step, "t": e.t, "d": e.duration,
+    def _events(self, conn: sa.Connection, run_id: str, events: list[TraceEvent], first_seq: int = 0, *,
+                skip: int = 0) -> None:
+        kept = [e for e in events if e.kind != "text_delta"][skip:]  # numbered without the text deltas
+        rows = [{"r": run_id, "q": first_seq + skip + i, "k": e.kind, "s": e.step, "t": e.t, "d": e.duration,
                  "data": json.dumps(to_jsonable(e.data), ensure_ascii=False)} for i, e in enumerate(kept)]
         if rows:
             conn.execute(sa.text(
