@@ -59,7 +59,7 @@ async def post(client: httpx.AsyncClient, url: str, **kwargs) -> httpx.Response:
         try:
             return await client.post(url, **kwargs)
         except httpx.TransportError as exc:
-            RECONNECTS.append(f"POST {type(exc).__name__}")
+            RECONNECTS.append(f"POST {type(exc).__name__}: {str(exc)[:80]}")
             if attempt == 4:
                 raise
     raise AssertionError("unreachable")
@@ -98,7 +98,7 @@ async def one_task(client: httpx.AsyncClient, url: str, headers: dict, i: int, a
                     elif name == "stop":
                         return task, data.get("stop_reason") == "completed"
         except httpx.TransportError as exc:
-            RECONNECTS.append(f"GET events {type(exc).__name__}")
+            RECONNECTS.append(f"GET events {type(exc).__name__}: {str(exc)[:80]} ({'after ' + last if last else 'before the first event'})")
     return task, False
 
 
