@@ -195,6 +195,16 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
         assert needle in r.json()["error"], r.json()
     r = httpx.post(service.url + "/v1/tasks", content=b"x" * 1_000_001, headers=alice, timeout=30)
     assert r.status_code == 413 and "bytes" in r.json()["error"]
+
+    def chunked():  # no Content-Length: the limit counts the bytes as they stream in
+        yield b'{"agent": "calc", "prompt": "'
+        for _ in range(30):
+            yield b"x" * 100_000
+        yield b'"}'
+
+    r = httpx.post(service.url + "/v1/tasks", content=chunked(), headers={**alice, "content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413 and r.json()["error"] == "request body over 1000000 bytes", r.text
     r = httpx.post(service.url + "/v1/tasks", content=b"{not json", headers={**alice, "content-type": "application/json"})
     assert r.status_code == 422 and "error" in r.json()
     assert httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"] == []  # nothing half-created

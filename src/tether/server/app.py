@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.server.events import stream
 from tether.server.tasks import ServiceConfig, TaskError, Tasks
@@ -132,6 +133,34 @@ User = Annotated[str, Depends(user_of)]
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 429)}
 
 
+class BodyLimit:
+    """A request body over `limit` bytes gets a 413, whether its size is declared (Content-Length) or
+    only streamed (chunked): the bytes are counted as they arrive, never all read first."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = f"request body over {self.limit} bytes"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            return await JSONResponse({"error": too_large}, status_code=413)(scope, receive, send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:  # FastAPI passes an HTTPException from reading the body through
+                    raise StarletteHTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counted, send)
+
+
 def create_app(tasks: Tasks) -> FastAPI:
     """The API over `tasks` (started and stopped with the app)."""
 
@@ -146,12 +175,7 @@ def create_app(tasks: Tasks) -> FastAPI:
     app = FastAPI(title="tether task service", version="1", lifespan=lifespan)
     limit = tasks.config.max_body_bytes
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > limit):
-            return JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=limit)
 
     @app.exception_handler(TaskError)
     async def task_error(_: Request, exc: TaskError) -> JSONResponse:

@@ -149,17 +149,9 @@ class Tasks:
             agent = self.registry.build(body["agent"], user, body.get("limits"))
         except RegistryError as exc:
             raise TaskError(422, str(exc)) from exc
-        active = await self.db(self.tables.active_tasks, user, ACTIVE)
-        if active >= self.config.max_active_per_user:
-            raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
-                                 "wait for one to finish or cancel one")
-        wait = await self.db(self.tables.take_submission, user, self.config.submissions_per_minute)
-        if wait is not None:
-            raise TaskError(429, f"at most {self.config.submissions_per_minute} tasks a minute; retry in {wait:.0f} s")
         state = agent.start_state(body["prompt"], run_id=task_id)
         config = {"user": user, "limits": body.get("limits") or None, "metadata": body.get("metadata") or {}}
-        # the run's row first: a worker may take the task at once, and builds its agent from this config
-        await self.db(self.rt.store.create_run, task_id, body["agent"], user, body["prompt"], config=config)
+        await self.db(self._admit, user, task_id, body, config)
         try:
             with SetWorkflowID(task_id):
                 await self.queue.enqueue_async(run_workflow, {"agent": body["agent"], "state": to_jsonable(state),
@@ -168,6 +160,19 @@ class Tasks:
             await self.db(self.rt.store.set_status, task_id, "error")
             raise
         return task_id
+
+    def _admit(self, user: str, task_id: str, body: dict[str, Any], config: dict[str, Any]) -> None:
+        """The user's limits, then the run's row (blocking: one trip to the I/O threads for all three)."""
+        assert self.rt is not None and self.tables is not None
+        active = self.tables.active_tasks(user, ACTIVE)
+        if active >= self.config.max_active_per_user:
+            raise TaskError(429, f"you have {active} tasks in progress (at most {self.config.max_active_per_user}); "
+                                 "wait for one to finish or cancel one")
+        wait = self.tables.take_submission(user, self.config.submissions_per_minute)
+        if wait is not None:
+            raise TaskError(429, f"at most {self.config.submissions_per_minute} tasks a minute; retry in {wait:.0f} s")
+        # the run's row before the enqueue: a worker may take the task at once, and builds its agent from this config
+        self.rt.store.create_run(task_id, body["agent"], user, body["prompt"], config=config)
 
     # -- read --------------------------------------------------------------------------------------
 
