@@ -38,6 +38,23 @@ def durable_db(tmp_path):
     dbos_fastpath.install()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db(request, tmp_path):
+    """A SQLite file, then a fresh PostgreSQL database: the fast path covers both."""
+    from tether.durable import teardown
+
+    if request.param == "sqlite":
+        yield str(tmp_path / "runs.db")
+    else:
+        from store_fixtures import fresh_postgres_database
+
+        for url in fresh_postgres_database():
+            yield url
+            teardown()  # before the database is dropped
+    teardown()
+    dbos_fastpath.install()
+
+
 def test_the_installed_dbos_is_the_reviewed_one():
     # A DBOS upgrade lands here: re-read the functions named in the message against
     # tether/durable/dbos_fastpath.py, then update PINNED (the fast path is off until then).
@@ -77,8 +94,14 @@ def _outcome_of(fn, *args, **kwargs):
         return ("raised", type(exc).__name__, str(exc))
 
 
-def test_the_fast_step_lookup_answers_as_dbos_does(durable_db):
-    agent = _agent("fp_check", durable_db)
+def _set(sys_db, workflow_id: str, **values) -> None:
+    ws = sys_db.tables.workflow_status
+    with sys_db.engine.begin() as c:
+        c.execute(sa.update(ws).where(ws.c.workflow_uuid == workflow_id).values(**values))
+
+
+def test_the_fast_step_lookup_answers_as_dbos_does(any_db):
+    agent = _agent("fp_check", any_db)
     assert agent.run("go 2", run_id="fp1").completed
     sys_db = _sys_db()
     stock = dbos_fastpath._STOCK["check"]
@@ -91,8 +114,7 @@ def test_the_fast_step_lookup_answers_as_dbos_does(durable_db):
     kinds = [a[0][:2] for a in answers]
     assert kinds[0][0] == "ok" and kinds[0][1]["output"] and kinds[3] == ("ok", None)
     assert answers[2][0][1] == DBOSUnexpectedStepError.__name__ and answers[4][0][1] == "AssertionError"
-    with sys_db.engine.begin() as c:
-        c.execute(sa.text("UPDATE workflow_status SET status = 'CANCELLED' WHERE workflow_uuid = 'fp1'"))
+    _set(sys_db, "fp1", status="CANCELLED")
     old, new = _outcome_of(stock, sys_db, "fp1", 1, "model"), _outcome_of(fast, sys_db, "fp1", 1, "model")
     assert old == new and old[1] == DBOSWorkflowCancelledError.__name__
     # a shard key is DBOS's own business (here: refused, as this database is not sharded)
@@ -106,22 +128,22 @@ def _step(function_id: int, output: str | None = '"out"', error: str | None = No
             "child_workflow_id": None}
 
 
-def test_the_fast_step_record_writes_and_refuses_as_dbos_does(durable_db):
-    agent = _agent("fp_record", durable_db)
+def test_the_fast_step_record_writes_and_refuses_as_dbos_does(any_db):
+    agent = _agent("fp_record", any_db)
     assert agent.run("go 1", run_id="fp2").completed
     sys_db = _sys_db()
     stock, fast = dbos_fastpath._STOCK["record"], dbos_fastpath._record_operation_result
-    with sys_db.engine.begin() as c:
-        c.execute(sa.text("UPDATE workflow_status SET owner_xid = 'tok' WHERE workflow_uuid = 'fp2'"))
+    _set(sys_db, "fp2", owner_xid="tok")
     for fn, first in ((stock, 100), (fast, 200)):  # the same calls, on step ids of their own
         assert _outcome_of(fn, sys_db, _step(first), completed_at_epoch_ms=5_000, owner_xid="tok")[0] == "ok"
         assert _outcome_of(fn, sys_db, _step(first + 1, None, '"boom"'), completed_at_epoch_ms=5_000)[0] == "ok"
-    columns = "function_name, output, error, child_workflow_id, started_at_epoch_ms, completed_at_epoch_ms, " \
-              "serialization, application_name, retention_timestamp IS NOT NULL"
+    oo = sys_db.tables.operation_outputs
+    columns = [oo.c.function_id, oo.c.function_name, oo.c.output, oo.c.error, oo.c.child_workflow_id,
+               oo.c.started_at_epoch_ms, oo.c.completed_at_epoch_ms, oo.c.serialization, oo.c.application_name,
+               oo.c.retention_timestamp.is_not(None)]
     with sys_db.engine.connect() as c:
-        rows = {fid: tuple(r) for fid, *r in c.execute(sa.text(
-            f"SELECT function_id, {columns} FROM operation_outputs WHERE workflow_uuid = 'fp2' "
-            "AND function_id >= 100"))}
+        rows = {fid: tuple(r) for fid, *r in c.execute(
+            sa.select(*columns).where(oo.c.workflow_uuid == "fp2", oo.c.function_id >= 100))}
     assert rows[100] == rows[200] and rows[101] == rows[201] and rows[100][1] == '"out"'
     refusals = [  # the same step again at another time; a token that no longer owns the run
         (dict(_step(100)), {"completed_at_epoch_ms": 6_000}, DBOSStepNondeterminismError),
@@ -138,8 +160,8 @@ def test_the_fast_step_record_writes_and_refuses_as_dbos_does(durable_db):
     child = {**_step(300), "child_workflow_id": "fp2-child"}
     assert _outcome_of(fast, sys_db, child, completed_at_epoch_ms=5_000)[0] == "ok"
     with sys_db.engine.connect() as c:
-        assert c.execute(sa.text("SELECT child_workflow_id FROM operation_outputs WHERE workflow_uuid = 'fp2' "
-                                 "AND function_id = 300")).scalar() == "fp2-child"
+        assert c.execute(sa.select(oo.c.child_workflow_id).where(
+            oo.c.workflow_uuid == "fp2", oo.c.function_id == 300)).scalar() == "fp2-child"
     old, new = (_outcome_of(fn, sys_db, _step(fid), owner_key="k") for fn, fid in ((stock, 301), (fast, 302)))
     assert old == new and old[0] == "raised"
 
@@ -213,6 +235,34 @@ def test_on_postgres_a_step_keeps_its_thread_hops(durable_pg, monkeypatch):
 
     counts = _Counts(runtime().store.engine, monkeypatch)  # statements: SQLite's trace only, 0 here
     assert _per_turn(agent, counts, "pg") == (0, 4)  # 2 steps x (lookup, record)
+
+
+def test_on_postgres_a_run_rides_out_its_connections_being_cut(durable_pg):
+    # every connection of the run's database is cut twice between steps (as by a server restart): the
+    # fast path's next statements get fresh connections (the pool checks them at checkout), and a
+    # statement that fails on a cut connection is a DBAPIError that DBOS's db_retry retries, as for
+    # DBOS's own statements
+    import os
+
+    import psycopg
+
+    name = durable_pg.rsplit("/", 1)[1]
+    cuts: list[int] = []
+
+    @tool
+    async def lookup(key: str) -> str:
+        """Look a key up."""
+        if key in ("1", "3"):  # every connection of the run's database dropped, as by a restart
+            with psycopg.connect(os.environ["TETHER_TEST_POSTGRES"], autocommit=True) as admin:
+                cuts.append(len(admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                              "datname = %s AND pid <> pg_backend_pid()", (name,)).fetchall()))
+        return "value-" + key
+
+    agent = Agent(ScriptedModel(_script), tools=[lookup], policy=AllowAll(), name="fp_cut", durable=durable_pg,
+                  limits=Limits(max_steps=50, max_repeats=None))
+    result = agent.run("go 5", run_id="fp_cut1")
+    assert result.completed and result.answer == "done", result.error
+    assert len(cuts) == 2 and all(n > 0 for n in cuts)  # connections were there to cut, twice
 
 
 async def test_the_hopless_then_runs_the_next_stage_in_a_thread_with_the_value_or_the_error():

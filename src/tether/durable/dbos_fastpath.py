@@ -2,18 +2,21 @@
 
 A stock DBOS async step on SQLite costs ~3 ms of CPU here, nearly all of it SQLAlchemy building and
 cache-keying the same statements again for every step, plus three thread hops (one of which only
-fetches a function). This module, for the unsharded SQLite system database only:
+fetches a function). This module, for the unsharded SQLite and PostgreSQL system databases:
 
 - `check_operation_execution`: DBOS's two SELECTs (status, then output) as one LEFT JOIN, compiled
-  once and run on the pooled sqlite3 connection itself; the same exceptions (cancelled, unexpected
-  step name, unknown workflow).
-- `record_operation_result`: DBOS's owner-token check and its INSERT .. ON CONFLICT .. RETURNING,
-  compiled once from DBOS's own statement, on the pooled sqlite3 connection; the same transaction,
-  retries and errors. Calls it does not mirror (child workflows, shard keys) go to DBOS's own method.
-- A step's lookup and record stages (`invoke_step`'s `check_existing_result`, `record_step_result`)
-  run on the event loop instead of in a worker thread: on SQLite each is ~0.05-0.1 ms of local I/O,
-  less than the hop to a thread and back costs. Other databases, and every other stage, keep
-  DBOS's hop.
+  once; the same exceptions (cancelled, unexpected step name, unknown workflow).
+- `record_operation_result`: DBOS's owner-token fence (an UPDATE on SQLite, FOR NO KEY UPDATE on
+  PostgreSQL) and its INSERT .. ON CONFLICT .. RETURNING, compiled once from DBOS's own statements;
+  the same transaction, retries and errors. Calls it does not mirror (child workflows, shard keys)
+  go to DBOS's own method.
+- On SQLite both run on the pooled sqlite3 connection itself; on PostgreSQL through SQLAlchemy's
+  `Connection.exec_driver_sql`, which keeps its error wrapping and connection invalidation (what
+  DBOS's `db_retry` relies on to ride out an outage).
+- On SQLite a step's lookup and record stages (`invoke_step`'s `check_existing_result`,
+  `record_step_result`) run on the event loop instead of in a worker thread: each is ~0.05-0.1 ms of
+  local I/O, less than the hop to a thread and back costs. PostgreSQL (network round trips), and
+  every other stage, keep DBOS's hop.
 - `Pending.then` (all databases): the same stage without the hop to a thread that only returned
   the next function.
 
@@ -31,10 +34,12 @@ import inspect
 import logging
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from dbos import _core, _dbos, _outcome, _sys_db, _sys_db_sqlite
+from dbos import _core, _dbos, _outcome, _sys_db, _sys_db_postgres, _sys_db_sqlite
 from dbos._context import current_owner_xid, get_local_dbos_context
 from dbos._debug_trigger import DebugTriggers
 from dbos._error import (
@@ -44,12 +49,14 @@ from dbos._error import (
     DBOSWorkflowConflictIDError,
 )
 from dbos._shard_keys import bound_shard_key
+from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger(__name__)
 
 DBOS_VERSION = "3.4.0"
 _Base = _sys_db.SystemDatabase
 _SQLite = _sys_db_sqlite.SQLiteSystemDatabase
+_Postgres = _sys_db_postgres.PostgresSystemDatabase
 _MIRRORED: dict[str, Any] = {
     "SystemDatabase.check_operation_execution": _Base.check_operation_execution,
     "SystemDatabase._check_operation_execution_txn": _Base._check_operation_execution_txn,
@@ -64,6 +71,7 @@ _MIRRORED: dict[str, Any] = {
     "SystemDatabase._key_conflict": _Base._key_conflict,
     "SystemDatabase._now_ms_sql": _Base._now_ms_sql,
     "SQLiteSystemDatabase": _SQLite,
+    "PostgresSystemDatabase": _Postgres,
     "Pending._wrap": _outcome.Pending._wrap,
     "Pending.then": _outcome.Pending.then,
     "Pending._intercept": _outcome.Pending._intercept,
@@ -85,6 +93,7 @@ PINNED = {
     "SystemDatabase._key_conflict": "fb289b4cef8ccd74",
     "SystemDatabase._now_ms_sql": "5c53016d81240b7a",
     "SQLiteSystemDatabase": "28df59d4023f86f3",
+    "PostgresSystemDatabase": "39766ad041eebc83",
     "Pending._wrap": "ed2dee2ae3a28d04",
     "Pending.then": "324fb52640af6721",
     "Pending._intercept": "68d426af693b07de",
@@ -126,8 +135,9 @@ def install() -> bool:
         log.warning("DBOS differs from the reviewed %s (%s): step checkpoints take DBOS's slower path",
                     DBOS_VERSION, ", ".join(changed))
         return False
-    _SQLite.check_operation_execution = _check_operation_execution  # type: ignore[method-assign]
-    _SQLite.record_operation_result = _record_operation_result  # type: ignore[method-assign]
+    for cls in (_SQLite, _Postgres):
+        cls.check_operation_execution = _check_operation_execution  # type: ignore[method-assign]
+        cls.record_operation_result = _record_operation_result  # type: ignore[method-assign]
     _outcome.Pending.then = _then  # type: ignore[method-assign]
     _outcome.Pending._intercept = staticmethod(_intercept)  # type: ignore[method-assign]
     return True
@@ -135,9 +145,10 @@ def install() -> bool:
 
 def uninstall() -> None:
     """DBOS as shipped again (tests comparing the two)."""
-    for name in ("check_operation_execution", "record_operation_result"):
-        if name in _SQLite.__dict__:
-            delattr(_SQLite, name)
+    for cls in (_SQLite, _Postgres):
+        for name in ("check_operation_execution", "record_operation_result"):
+            if name in cls.__dict__:
+                delattr(cls, name)
     _outcome.Pending.then = _STOCK["then"]  # type: ignore[method-assign]
     _outcome.Pending._intercept = _STOCK["intercept"]  # type: ignore[method-assign]
 
@@ -147,11 +158,17 @@ def uninstall() -> None:
 
 class _Prepared(NamedTuple):
     sql: str
-    order: tuple[str, ...]  # bind names in the driver's positional order
+    order: tuple[str, ...]  # bind names in the driver's positional order (SQLite); empty: named (psycopg)
+    names: tuple[str, ...]  # every bind name
     constants: dict[str, Any]  # the statement's own literals (e.g. strftime's arguments)
 
-    def params(self, values: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(values[k] if k in values else self.constants[k] for k in self.order)
+    def params(self, values: dict[str, Any]) -> Any:
+        def value(k: str) -> Any:
+            return values[k] if k in values else self.constants[k]
+
+        if self.order:
+            return tuple(value(k) for k in self.order)
+        return {k: value(k) for k in self.names}
 
 
 class _Statements(NamedTuple):
@@ -160,28 +177,36 @@ class _Statements(NamedTuple):
     insert: _Prepared
 
 
+class _NotPreparable(Exception):
+    """A bind the driver would convert: DBOS's own method then runs, not this module's."""
+
+
 def _prepare(sys_db: Any, stmt: Any) -> _Prepared:
+    dialect = sys_db.engine.dialect
     translate = sys_db.engine.get_execution_options().get("schema_translate_map")
-    compiled = stmt.compile(dialect=sys_db.engine.dialect, schema_translate_map=translate,
-                            render_schema_translate=True)
-    for bind in compiled.binds.values():  # the SQLite types of these columns convert nothing
-        assert bind.type.dialect_impl(sys_db.engine.dialect).bind_processor(sys_db.engine.dialect) is None
+    compiled = stmt.compile(dialect=dialect, schema_translate_map=translate, render_schema_translate=True)
+    for bind in compiled.binds.values():  # these columns' types must convert nothing on the way in
+        if bind.type.dialect_impl(dialect).bind_processor(dialect) is not None:
+            raise _NotPreparable(bind.key)
     order = tuple(compiled.positiontup or ())
     constants = {name: bind.value for name, bind in compiled.binds.items() if not bind.required}
-    return _Prepared(str(compiled), order, constants)
+    return _Prepared(str(compiled), order, tuple(compiled.binds), constants)
 
 
-def _statements(sys_db: Any) -> _Statements:
-    cached = sys_db.__dict__.get("_tether_statements")
-    if cached is not None:
-        return cached
+def _statements(sys_db: Any) -> _Statements | None:
+    """DBOS's step statements compiled for this system database, once; None: leave them to DBOS."""
+    if "_tether_statements" in sys_db.__dict__:
+        return sys_db.__dict__["_tether_statements"]
     ws, oo = sys_db.tables.workflow_status, sys_db.tables.operation_outputs
     on = sa.and_(oo.c.workflow_uuid == ws.c.workflow_uuid, oo.c.function_id == sa.bindparam("fid", required=True))
     check = sa.select(ws.c.status, oo.c.output, oo.c.error, oo.c.function_name, oo.c.child_workflow_id,
                       oo.c.serialization, oo.c.function_id).select_from(ws.outerjoin(oo, on)).where(
         ws.c.workflow_uuid == sa.bindparam("wid", required=True))
-    owner = (sa.update(ws).where(ws.c.workflow_uuid == sa.bindparam("wid", required=True))
-             .values(owner_xid=ws.c.owner_xid).returning(ws.c.owner_xid))
+    wid = ws.c.workflow_uuid == sa.bindparam("wid", required=True)
+    if isinstance(sys_db, _SQLite):  # DBOS's `_check_owner_txn`: a write on SQLite, so it takes the lock
+        owner = sa.update(ws).where(wid).values(owner_xid=ws.c.owner_xid).returning(ws.c.owner_xid)
+    else:  # FOR NO KEY UPDATE
+        owner = sa.select(ws.c.owner_xid).where(wid).with_for_update(key_share=True)
     columns = ("workflow_uuid", "function_id", "function_name", "started_at_epoch_ms", "completed_at_epoch_ms",
                "output", "error", "child_workflow_id", "serialization", "application_name")
     insert = (sys_db.dialect.insert(oo)
@@ -190,7 +215,12 @@ def _statements(sys_db: Any) -> _Statements:
               .on_conflict_do_update(index_elements=["workflow_uuid", "function_id"],
                                      set_={"completed_at_epoch_ms": oo.c.completed_at_epoch_ms})
               .returning(oo.c.completed_at_epoch_ms))
-    made = _Statements(_prepare(sys_db, check), _prepare(sys_db, owner), _prepare(sys_db, insert))
+    try:
+        made: _Statements | None = _Statements(_prepare(sys_db, check), _prepare(sys_db, owner),
+                                               _prepare(sys_db, insert))
+    except _NotPreparable as exc:
+        log.warning("DBOS step checkpoints take DBOS's own path on this database (bind %s converts)", exc)
+        made = None
     sys_db.__dict__["_tether_statements"] = made
     return made
 
@@ -202,24 +232,61 @@ def _plain(workflow_id: str) -> bool:
     return own is None and bound_shard_key(workflow_id) is None
 
 
-# -- the patched methods -----------------------------------------------------------------------
+# -- running them ------------------------------------------------------------------------------
+# SQLite: on the pooled sqlite3 connection itself (SQLAlchemy's result machinery costs more than a local
+# read). PostgreSQL: through SQLAlchemy's Connection, which wraps driver errors as DBAPIError and
+# invalidates broken connections, so DBOS's db_retry rides out an outage as it does for its own calls.
 
 
 def _rows(sys_db: Any, prepared: _Prepared, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """One read on a pooled sqlite3 connection (SQLAlchemy's result machinery costs more than the read)."""
+    """One read."""
+    if isinstance(sys_db, _SQLite):
+        conn = sys_db.engine.raw_connection()
+        try:
+            return conn.cursor().execute(prepared.sql, prepared.params(values)).fetchall()
+        finally:
+            conn.close()
+    with sys_db.engine.connect() as c:
+        return [tuple(r) for r in c.exec_driver_sql(prepared.sql, prepared.params(values)).all()]
+
+
+@contextmanager
+def _transaction(sys_db: Any) -> Iterator[Callable[[_Prepared, dict[str, Any]], list[Any]]]:
+    """A write transaction; yields `run(statement, values) -> rows`. Committed if the block returns."""
+    if not isinstance(sys_db, _SQLite):
+        with sys_db.engine.begin() as c:
+            yield lambda p, values: list(c.exec_driver_sql(p.sql, p.params(values)).fetchall())
+        return
     conn = sys_db.engine.raw_connection()
     try:
-        return conn.cursor().execute(prepared.sql, prepared.params(values)).fetchall()
+        cursor = conn.cursor()
+        cursor.execute("BEGIN IMMEDIATE")  # what engine.begin() gets from make_engine's isolation level
+        yield lambda p, values: cursor.execute(p.sql, p.params(values)).fetchall()
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
     finally:
         conn.close()
+
+
+def _unique_violation(sys_db: Any, exc: Exception) -> bool:
+    """DBOS's `_is_unique_constraint_violation`, also for the unwrapped sqlite3 error."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        return "UNIQUE constraint failed" in str(exc)
+    return isinstance(exc, DBAPIError) and sys_db._is_unique_constraint_violation(exc)
+
+
+# -- the patched methods -----------------------------------------------------------------------
 
 
 @_sys_db.db_retry()
 def _check_operation_execution(self: Any, workflow_id: str, function_id: int, function_name: str, *,
                                owner_key: str | None = None) -> Any:
-    if owner_key is not None or not _plain(workflow_id):
+    sql = _statements(self)
+    if sql is None or owner_key is not None or not _plain(workflow_id):
         return _STOCK["check"].__wrapped__(self, workflow_id, function_id, function_name, owner_key=owner_key)
-    rows = _rows(self, _statements(self).check, {"wid": workflow_id, "fid": function_id})
+    rows = _rows(self, sql.check, {"wid": workflow_id, "fid": function_id})
     assert len(rows) > 0, f"Error: Workflow {workflow_id} does not exist"
     status, output, error, recorded_name, child_workflow_id, serialization, found = rows[0]
     if status == _sys_db.WorkflowStatusString.CANCELLED.value:
@@ -236,12 +303,12 @@ def _check_operation_execution(self: Any, workflow_id: str, function_id: int, fu
 def _record_operation_result(self: Any, result: Any, *, completed_at_epoch_ms: int | None = None,
                              owner_xid: str | None = None, owner_key: str | None = None) -> None:
     workflow_id = result["workflow_uuid"]
-    if owner_key is not None or result["child_workflow_id"] is not None or not _plain(workflow_id):
+    sql = _statements(self)
+    if sql is None or owner_key is not None or result["child_workflow_id"] is not None or not _plain(workflow_id):
         return _STOCK["record"](self, result, completed_at_epoch_ms=completed_at_epoch_ms, owner_xid=owner_xid,
                                 owner_key=owner_key)
     assert result["error"] is None or result["output"] is None, "Only one of error or output can be set"
     completed_at = completed_at_epoch_ms if completed_at_epoch_ms is not None else int(time.time() * 1000)
-    sql = _statements(self)
     values = {k: result[k] for k in ("workflow_uuid", "function_id", "function_name", "started_at_epoch_ms",
                                      "output", "error", "child_workflow_id", "serialization")}
     values.update(completed_at_epoch_ms=completed_at, application_name=self.app_name)
@@ -249,29 +316,20 @@ def _record_operation_result(self: Any, result: Any, *, completed_at_epoch_ms: i
     @_sys_db.db_retry(sys_db=self)
     def write() -> None:
         owner = owner_xid if owner_xid is not None else current_owner_xid(workflow_id)
-        conn = self.engine.raw_connection()
-        try:
-            cursor = conn.cursor()
-            cursor.execute("BEGIN IMMEDIATE")  # what engine.begin() gets from make_engine's isolation level
-            # a write, so the row stays locked until this commits (DBOS's `_check_owner_txn`)
+        with _transaction(self) as run:
+            # the fence keeps the workflow's row locked until this commits (DBOS's `_check_owner_txn`)
             if owner is not None:
-                fenced = cursor.execute(sql.owner.sql, sql.owner.params({"wid": workflow_id})).fetchone()
-                if fenced is None or fenced[0] != owner:
+                fenced = run(sql.owner, {"wid": workflow_id})
+                if not fenced or fenced[0][0] != owner:
                     raise DBOSWorkflowConflictIDError(workflow_id)
             try:
-                rows = cursor.execute(sql.insert.sql, sql.insert.params(values)).fetchall()
-            except sqlite3.IntegrityError as exc:  # DBOS's _is_unique_constraint_violation, unwrapped
-                if "UNIQUE constraint failed" in str(exc):
+                rows = run(sql.insert, values)
+            except Exception as exc:
+                if _unique_violation(self, exc):
                     raise DBOSStepNondeterminismError(workflow_id, result["function_id"]) from exc
                 raise
             if rows and (rows[0][0] is None or int(rows[0][0]) != completed_at):
                 raise DBOSStepNondeterminismError(workflow_id, result["function_id"])
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            conn.close()
         DebugTriggers.debug_trigger_point(DebugTriggers.DEBUG_TRIGGER_STEP_COMMIT)
 
     write()
