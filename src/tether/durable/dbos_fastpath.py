@@ -246,7 +246,8 @@ def _rows(sys_db: Any, prepared: _Prepared, values: dict[str, Any]) -> list[tupl
             return conn.cursor().execute(prepared.sql, prepared.params(values)).fetchall()
         finally:
             conn.close()
-    with sys_db.engine.connect() as c:
+    # one statement: no transaction around it (BEGIN and ROLLBACK would be two more round trips)
+    with sys_db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         return [tuple(r) for r in c.exec_driver_sql(prepared.sql, prepared.params(values)).all()]
 
 
