@@ -210,6 +210,30 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
     assert httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"] == []  # nothing half-created
 
 
+def test_keys_are_listed_without_their_secret_and_revoked_at_once(service: Service) -> None:
+    done = service.cli("keys", "add", "erin", "--label", "erin's laptop")
+    key = done.stdout.strip()
+    other = service.key("erin")["Authorization"].removeprefix("Bearer ")
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    listed = service.cli("keys", "list", "--user", "erin")
+    assert listed.returncode == 0 and "tk_" not in listed.stdout, listed
+    lines = listed.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("erin's laptop") and all(" erin " in line for line in lines)
+    key_id = lines[0].split()[0]
+    revoked = service.cli("keys", "revoke", key_id)
+    assert revoked.returncode == 0 and f"revoked key {key_id} of erin" in revoked.stderr, revoked
+    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 401 and "API key" in r.json()["error"]  # the next request already
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}).status_code == 200
+    again = service.cli("keys", "revoke", key_id)
+    assert again.returncode == 1 and again.stderr.startswith("tether: no key with id"), again
+    assert service.cli("keys", "revoke", other).returncode == 0  # by the key itself
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}).status_code == 401
+    assert service.cli("keys", "list", "--user", "erin").stdout == ""
+    bad = service.cli("keys", "revoke", "nope")
+    assert bad.returncode == 1 and "neither a key" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_idempotent_submission(service: Service) -> None:
     alice = service.key("dave")
     h = {**alice, "Idempotency-Key": "order-7"}

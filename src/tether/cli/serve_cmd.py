@@ -144,6 +144,39 @@ def keys_add_cmd(db: str | None, user: str, label: str) -> int:
     return 0
 
 
+def keys_list_cmd(db: str | None, user: str | None) -> int:
+    import datetime as dt
+
+    from tether.server.keys import ServiceTables
+    from tether.store.sql import engine_url, make_engine
+
+    engine = make_engine(engine_url(database(db)))
+    try:
+        rows = ServiceTables(engine).keys(user)
+    finally:
+        engine.dispose()
+    for key_id, owner, label, created in rows:
+        when = dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        print(f"{key_id}  {owner}  {when}  {label}".rstrip())
+    return 0
+
+
+def keys_revoke_cmd(db: str | None, key: str) -> int:
+    from tether.server.keys import ServiceTables
+    from tether.store.sql import engine_url, make_engine
+
+    engine = make_engine(engine_url(database(db)))
+    try:
+        key_id, user = ServiceTables(engine).revoke(key.strip())
+    except ValueError as exc:
+        print(f"tether: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print(f"tether: revoked key {key_id} of {user}; requests with it now get a 401", file=sys.stderr)
+    return 0
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -177,5 +210,16 @@ def register(app: typer.Typer) -> None:
             label: Annotated[str, typer.Option(help="A note to recognise the key by.")] = "") -> None:
         """Make an API key for USER and print it (once)."""
         raise typer.Exit(keys_add_cmd(db, user, label))
+
+    @keys.command("list")
+    def list_(user: Annotated[str | None, typer.Option(help="Only this user's keys.")] = None, db: Db = None) -> None:
+        """The keys (id, user, created, label); never the keys themselves, which are not stored."""
+        raise typer.Exit(keys_list_cmd(db, user))
+
+    @keys.command("revoke")
+    def revoke(key: Annotated[str, typer.Argument(help="The key, or its id from `tether keys list`.")],
+               db: Db = None) -> None:
+        """Delete a key: requests that carry it get a 401 from then on."""
+        raise typer.Exit(keys_revoke_cmd(db, key))
 
     app.add_typer(keys, name="keys")

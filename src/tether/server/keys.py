@@ -32,6 +32,7 @@ MIGRATIONS: list[list[str]] = [
 
 
 STALE_CLAIM_SECONDS = 60.0
+KEY_ID_CHARS = 12  # how much of a key's hash `tether keys list` shows as its id
 
 
 def migrate(engine: sa.Engine) -> None:
@@ -64,6 +65,34 @@ class ServiceTables:
             conn.execute(sa.text("INSERT INTO tether_api_keys (key_hash, user_id, label, created_at) "
                                  "VALUES (:h, :u, :l, :t)"), {"h": hash_key(key), "u": user, "l": label, "t": time.time()})
         return key
+
+    def keys(self, user: str | None = None) -> list[tuple[str, str, str, float]]:
+        """(key id, user, label, created_at) of every key, or of `user`'s; the id is the start of the
+        key's hash (the key itself is not stored)."""
+        where, args = ("WHERE user_id = :u", {"u": user}) if user is not None else ("", {})
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text(f"SELECT key_hash, user_id, label, created_at FROM tether_api_keys {where} "
+                                        "ORDER BY created_at"), args).all()
+        return [(h[:KEY_ID_CHARS], u, label or "", float(t)) for h, u, label, t in rows]
+
+    def revoke(self, key_or_id: str) -> tuple[str, str]:
+        """Delete one key, given itself or its id (as `keys` shows it, or a longer start of its hash);
+        (key id, user). ValueError when it names no key or more than one."""
+        with self.engine.begin() as conn:
+            if key_or_id.startswith("tk_"):
+                found = conn.execute(sa.text("SELECT key_hash, user_id FROM tether_api_keys WHERE key_hash = :h"),
+                                     {"h": hash_key(key_or_id)}).all()
+            elif len(key_or_id) >= 8 and all(c in "0123456789abcdef" for c in key_or_id):
+                found = conn.execute(sa.text("SELECT key_hash, user_id FROM tether_api_keys WHERE key_hash LIKE :p"),
+                                     {"p": key_or_id + "%"}).all()
+            else:
+                raise ValueError(f"{key_or_id!r} is neither a key (tk_...) nor a key id (8 or more hex digits; "
+                                 "`tether keys list` shows them)")
+            if len(found) != 1:
+                raise ValueError(f"no key with id {key_or_id!r}" if not found else
+                                 f"{len(found)} keys start with {key_or_id!r}: give more of the id")
+            conn.execute(sa.text("DELETE FROM tether_api_keys WHERE key_hash = :h"), {"h": found[0][0]})
+        return found[0][0][:KEY_ID_CHARS], found[0][1]
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
