@@ -107,11 +107,12 @@ def wait_status(svc: Service, headers: dict, task_id: str, *statuses: str, timeo
 
 
 def events(svc: Service, headers: dict, task_id: str, last: str | None = None, limit: int | None = None,
-           into: list[dict] | None = None) -> list[dict]:
-    """SSE events until the stream ends (or `limit` events), appended to `into` as they come if given."""
+           into: list[dict] | None = None, url: str | None = None) -> list[dict]:
+    """SSE events until the stream ends (or `limit` events), appended to `into` as they come if given;
+    `url`: the stream's path with its query (a stream token's `events_url`)."""
     out: list[dict] = [] if into is None else into
     h = dict(headers, **({"Last-Event-ID": last} if last else {}))
-    with httpx.stream("GET", f"{svc.url}/v1/tasks/{task_id}/events", headers=h, timeout=60) as r:
+    with httpx.stream("GET", svc.url + (url or f"/v1/tasks/{task_id}/events"), headers=h, timeout=60) as r:
         assert r.status_code == 200
         current: dict = {}
         for line in r.iter_lines():
@@ -232,6 +233,42 @@ def test_keys_are_listed_without_their_secret_and_revoked_at_once(service: Servi
     assert service.cli("keys", "list", "--user", "erin").stdout == ""
     bad = service.cli("keys", "revoke", "nope")
     assert bad.returncode == 1 and "neither a key" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_stream_token_opens_one_tasks_events_without_the_key(service: Service) -> None:
+    """What a web page's EventSource does: no Authorization header, the token in the URL."""
+    done = service.cli("keys", "add", "frank")
+    frank = {"Authorization": f"Bearer {done.stdout.strip()}"}
+    grace = service.key("grace")
+    task, other = submit(service, frank, "calc"), submit(service, frank, "calc")
+    r = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=frank)
+    assert r.status_code == 200, r.text
+    minted = r.json()
+    assert minted["expires_at"] > time.time() + 3000 and minted["events_url"].endswith(minted["token"])
+    names = [e["event"] for e in events(service, {}, task, url=minted["events_url"])]
+    assert names[0] == "status" and names[-1] == "stop"
+    resumed = events(service, {}, task, last="1.0", url=minted["events_url"])  # EventSource's reconnect
+    assert [e["event"] for e in resumed] == names[3:]
+
+    def refused(path: str, token: str) -> dict:
+        r = httpx.get(f"{service.url}{path}", params={"token": token}, timeout=30)
+        assert r.status_code == 401, (path, r.status_code, r.text)
+        return r.json()
+
+    token = minted["token"]
+    assert "not for this task" in refused(f"/v1/tasks/{other}/events", token)["error"]  # one task only
+    refused(f"/v1/tasks/{task}/events", token[:-2] + ("AA" if not token.endswith("AA") else "BB"))  # tampered
+    refused(f"/v1/tasks/{task}/events", "st_x.y")
+    refused(f"/v1/tasks/{task}", token)  # only the stream: every other request still needs the key
+    assert httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=grace).status_code == 404
+    assert httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", json={"ttl_seconds": 0},
+                      headers=frank).status_code == 422
+    short = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", json={"ttl_seconds": 1}, headers=frank).json()
+    time.sleep(1.5)
+    refused(f"/v1/tasks/{task}/events", short["token"])  # expired
+    key_id = service.cli("keys", "list", "--user", "frank").stdout.split()[0]
+    assert service.cli("keys", "revoke", key_id).returncode == 0
+    refused(f"/v1/tasks/{task}/events", token)  # its key was revoked
 
 
 def test_idempotent_submission(service: Service) -> None:

@@ -4,19 +4,23 @@
     GET  /v1/tasks                 the caller's tasks, newest first (?status=, ?limit=, ?before=)
     GET  /v1/tasks/{id}            status, usage, stop reason, answer, findings, pending approvals
     GET  /v1/tasks/{id}/events     server-sent events; Last-Event-ID resumes with no gap or duplicate
+    POST /v1/tasks/{id}/stream-token  {ttl_seconds?} -> a token for the events URL (?token=, EventSource)
     POST /v1/tasks/{id}/confirm    {call_id, approved, reason?}: the exact pending call, once (else 409)
     POST /v1/tasks/{id}/cancel
     GET  /healthz                  GET /openapi.json
 
-Every request but /healthz and the spec carries `Authorization: Bearer KEY`; a user sees and acts on
-their own tasks only (another user's task is a 404). Every error is JSON: {"error": "what to change"}.
+Every request but /healthz and the spec carries `Authorization: Bearer KEY` (an event stream may carry
+a stream token instead); a user sees and acts on their own tasks only (another user's task is a 404).
+Every error is JSON: {"error": "what to change"}.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.server import stream_tokens
 from tether.server.events import stream
+from tether.server.keys import hash_key
 from tether.server.tasks import ServiceConfig, TaskError, Tasks
 
 Status = Literal["pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled"]
@@ -115,6 +121,17 @@ class Cancelled(BaseModel):
     was: str
 
 
+class StreamTokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_seconds: int = Field(3600, ge=1, le=86_400, description="How long the token opens the stream.")
+
+
+class StreamTokenOut(BaseModel):
+    token: str
+    expires_at: float
+    events_url: str = Field(description="The task's event stream with the token in it, for EventSource.")
+
+
 class ErrorOut(BaseModel):
     error: str
 
@@ -130,6 +147,28 @@ async def user_of(request: Request, authorization: Annotated[str | None, Header(
 
 
 User = Annotated[str, Depends(user_of)]
+STREAM_SECRET = "stream_tokens"
+TOKEN_KEY_ID_CHARS = 16  # how much of the asking key's hash a stream token carries
+BAD_STREAM_TOKEN = ("this stream token is not for this task, has expired, or its key was revoked: ask for a new one "
+                    "(POST /v1/tasks/{task_id}/stream-token)")
+
+
+async def stream_user(request: Request, task_id: str, authorization: Annotated[str | None, Header()] = None,
+                      token: Annotated[str | None, Query(max_length=2000, description=(
+                          "A stream token instead of the Authorization header (a browser's EventSource cannot "
+                          "send headers)"))] = None) -> str:
+    """The user an event stream is opened for: by API key, or by a stream token for this task."""
+    if authorization is not None or token is None:
+        return await user_of(request, authorization)
+    tasks: Tasks = request.app.state.tasks
+    key_id = stream_tokens.read(await tasks.secret(STREAM_SECRET), token, task_id, time.time())
+    user = await tasks.db(tasks.tables.key_owner, key_id) if key_id and tasks.tables is not None else None
+    if user is None:
+        raise TaskError(401, BAD_STREAM_TOKEN)
+    return user
+
+
+StreamUser = Annotated[str, Depends(stream_user)]
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 429)}
 
 
@@ -246,10 +285,22 @@ def create_app(tasks: Tasks) -> FastAPI:
         "Server-sent events, each with an id `SEQ.K`: `status`, `text_delta` ({text, restart?}), `model_call`, "
         "`tool_call`, `confirm_request` ({call_id, tool, arguments}), `notice`, `error`, `answer` ({answer, "
         "stop_reason}), `stop`. Send the last id seen as `Last-Event-ID` to resume after it.")}})
-    async def events(task_id: str, user: User,
+    async def events(task_id: str, user: StreamUser,
                      last_event_id: Annotated[str | None, Header(max_length=100)] = None) -> EventSourceResponse:
         await tasks.get(user, task_id)
         return EventSourceResponse(stream(tasks.rt.store, tasks.feed, task_id, last_event_id), ping=15)
+
+    @app.post("/v1/tasks/{task_id}/stream-token", response_model=StreamTokenOut, responses=ERRORS)
+    async def stream_token(task_id: str, user: User, authorization: Annotated[str, Header()],
+                           body: StreamTokenIn | None = None) -> StreamTokenOut:
+        """A token that opens this task's event stream without the Authorization header (for a web
+        page's EventSource): `GET events_url`. Valid for `ttl_seconds` or until the key is revoked."""
+        await tasks.get(user, task_id)
+        expires_at = time.time() + (body or StreamTokenIn()).ttl_seconds
+        key_id = hash_key(authorization.removeprefix("Bearer ").strip())[:TOKEN_KEY_ID_CHARS]
+        token = stream_tokens.make(await tasks.secret(STREAM_SECRET), task_id, key_id, expires_at)
+        return StreamTokenOut(token=token, expires_at=int(expires_at),
+                              events_url=f"/v1/tasks/{quote(task_id, safe='')}/events?token={token}")
 
     @app.post("/v1/tasks/{task_id}/confirm", response_model=Confirmed, responses=ERRORS)
     async def confirm(task_id: str, body: ConfirmIn, user: User) -> Confirmed:

@@ -28,6 +28,9 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE IF NOT EXISTS tether_submission_counts (
             user_id TEXT NOT NULL, minute BIGINT NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (user_id, minute))""",
     ],
+    [  # 3: the service's secrets (the stream tokens' signing key), shared by every API process
+        "CREATE TABLE IF NOT EXISTS tether_service_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ],
 ]
 
 
@@ -93,6 +96,21 @@ class ServiceTables:
                                  f"{len(found)} keys start with {key_or_id!r}: give more of the id")
             conn.execute(sa.text("DELETE FROM tether_api_keys WHERE key_hash = :h"), {"h": found[0][0]})
         return found[0][0][:KEY_ID_CHARS], found[0][1]
+
+    def secret(self, name: str) -> bytes:
+        """The service's secret `name`, made on first use (the first process to ask wins)."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO tether_service_secrets (name, value) VALUES (:n, :v) ON CONFLICT DO NOTHING"),
+                         {"n": name, "v": secrets.token_hex(32)})
+            return bytes.fromhex(conn.execute(sa.text("SELECT value FROM tether_service_secrets WHERE name = :n"),
+                                              {"n": name}).scalar_one())
+
+    def key_owner(self, key_id: str) -> str | None:
+        """The user of the key whose hash starts with `key_id`; None once it is revoked."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT user_id FROM tether_api_keys WHERE key_hash LIKE :p"),
+                                {"p": key_id + "%"}).all()
+        return rows[0][0] if len(rows) == 1 else None
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -68,6 +68,14 @@ class Tasks:
     # The requests' blocking store calls run here, not on the default pool, which DBOS uses for every
     # step it records: a burst of requests must not queue ahead of the runs' own checkpoints.
     _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="tether-api"))
+    _secrets: dict[str, bytes] = field(default_factory=dict)
+
+    async def secret(self, name: str) -> bytes:
+        """The service's secret `name` (from the database; fixed once made, so read once)."""
+        if name not in self._secrets:
+            assert self.tables is not None
+            self._secrets[name] = await self.db(self.tables.secret, name)
+        return self._secrets[name]
 
     async def db(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` (a blocking store call) on the service's own threads."""
