@@ -271,6 +271,30 @@ def test_a_stream_token_opens_one_tasks_events_without_the_key(service: Service)
     refused(f"/v1/tasks/{task}/events", token)  # its key was revoked
 
 
+def test_cors_lets_only_the_named_origins_call_from_a_browser(tmp_path: Path) -> None:
+    svc = Service(tmp_path)
+    refused = svc.cli("serve", "--agents", AGENTS, "--cors-origin", "https://console.test/app")
+    assert refused.returncode == 2 and "--cors-origin takes an origin" in refused.stderr
+    svc.start(AGENTS, "--cors-origin", "https://console.test")
+    try:
+        alice = svc.key("alice")
+        page = {"Origin": "https://console.test"}
+        pre = httpx.options(f"{svc.url}/v1/tasks", headers={**page, "Access-Control-Request-Method": "POST",
+                                                             "Access-Control-Request-Headers": "authorization,content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://console.test"
+        assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+        task = submit(svc, {**alice, **page}, "calc")
+        token = httpx.post(f"{svc.url}/v1/tasks/{task}/stream-token", headers={**alice, **page}).json()["events_url"]
+        with httpx.stream("GET", svc.url + token, headers=page, timeout=60) as r:  # EventSource, cross-origin
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://console.test"
+        r = httpx.get(f"{svc.url}/v1/tasks", headers={**alice, "Origin": "https://elsewhere.test"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers  # the browser blocks it
+        r = httpx.get(f"{svc.url}/v1/tasks", headers=page)  # a refusal is readable by the page too
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://console.test"
+    finally:
+        svc.stop()
+
+
 def test_idempotent_submission(service: Service) -> None:
     alice = service.key("dave")
     h = {**alice, "Idempotency-Key": "order-7"}

@@ -30,17 +30,27 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
+def _is_origin(text: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and not (parts.path or parts.query or parts.fragment)
+
+
 def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, grace: int,
-              global_concurrency: int | None = None) -> int:
+              global_concurrency: int | None = None, cors_origins: tuple[str, ...] = ()) -> int:
     """Serve until SIGTERM/SIGINT; then uvicorn closes the listener and the connections (event streams
     end; clients resume them with Last-Event-ID) while the tasks drain as in `worker_cmd`."""
     import uvicorn
 
     from tether.server import RegistryError, build_app
 
+    bad = [o for o in cors_origins if o != "*" and not _is_origin(o)]
+    if bad:
+        return _fail(f"--cors-origin takes an origin like https://console.example.com (no path), or *: got {bad[0]!r}")
     try:
         app = build_app(database(db), agents, workers=workers, grace_seconds=grace,
-                        global_concurrency=global_concurrency)
+                        global_concurrency=global_concurrency, cors_origins=tuple(cors_origins))
     except RegistryError as exc:
         return _fail(str(exc))
     tasks = app.state.tasks
@@ -188,9 +198,12 @@ def register(app: typer.Typer) -> None:
                                              "with `tether worker` processes elsewhere).")] = 4,
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
         global_concurrency: GlobalConcurrency = None,
+        cors_origin: Annotated[list[str] | None, typer.Option(
+            "--cors-origin", help="An origin whose web pages may call the API (repeatable; * for any).")] = None,
     ) -> None:
         """Serve the task API (submit, events, confirm, cancel) over the run database."""
-        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace, global_concurrency))
+        raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace, global_concurrency,
+                                   tuple(cors_origin or ())))
 
     @app.command("worker")
     def worker(

@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
@@ -215,6 +216,9 @@ def create_app(tasks: Tasks) -> FastAPI:
     limit = tasks.config.max_body_bytes
 
     app.add_middleware(BodyLimit, limit=limit)
+    if tasks.config.cors_origins:  # added last, so it is outermost: preflights and refusals get its headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(tasks.config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"])
 
     @app.exception_handler(TaskError)
     async def task_error(_: Request, exc: TaskError) -> JSONResponse:

@@ -38,7 +38,8 @@ class TaskError(Exception):
 @dataclass
 class ServiceConfig:
     """How the service runs. `workers`: tasks this process runs at once (0: API only);
-    `grace_seconds`: how long the steps in flight get to finish when the process stops."""
+    `grace_seconds`: how long the steps in flight get to finish when the process stops;
+    `cors_origins`: the origins (scheme://host[:port]) whose web pages may call the API."""
 
     database: str | None = None
     workers: int = 4
@@ -50,6 +51,7 @@ class ServiceConfig:
     executor_id: str | None = None
     approval_timeout: float = 7 * 86_400.0
     grace_seconds: int = 10
+    cors_origins: tuple[str, ...] = ()  # web pages on these origins may call the API from a browser
 
 
 @dataclass
