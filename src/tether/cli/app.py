@@ -288,7 +288,7 @@ rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their
 durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
 mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 eval_cmd.register(app)  # `eval`
-serve_cmd.register(app)  # `serve`, `worker`, `keys add`
+serve_cmd.register(app)  # `serve`, `worker`, `keys add|list|revoke`
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`tether serve` (the task service), `tether worker` (runs queued tasks), `tether keys add USER`."""
+"""`tether serve` (the task service), `tether worker` (runs queued tasks), `tether keys add|list|revoke`."""
 
 from __future__ import annotations
 
@@ -199,7 +199,8 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[int, typer.Option(min=0, help="Seconds running steps get to finish on SIGTERM.")] = 10,
         global_concurrency: GlobalConcurrency = None,
         cors_origin: Annotated[list[str] | None, typer.Option(
-            "--cors-origin", help="An origin whose web pages may call the API (repeatable; * for any).")] = None,
+            "--cors-origin", metavar="ORIGIN",
+            help="An origin whose web pages may call the API (repeatable; * for any).")] = None,
     ) -> None:
         """Serve the task API (submit, events, confirm, cancel) over the run database."""
         raise typer.Exit(serve_cmd(db, agents, host, port, workers, grace, global_concurrency,
