@@ -222,8 +222,9 @@ def durable_pg():
 
     from tether.durable import teardown
 
-    yield from fresh_postgres_database()
-    teardown()
+    for url in fresh_postgres_database():
+        yield url
+        teardown()  # before the database is dropped
     dbos_fastpath.install()
 
 

@@ -173,7 +173,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_crash_test_every_run_finishes_once(tmp_path):
-    """At least 50 durable runs, the worker SIGKILLed at random points and restarted until done."""
+    """At least 50 durable runs, the worker SIGKILLed (at random points, and every second kill in the
+    taint window) and restarted until done."""
     from bench.durable.crash import crash_until_done, kill_window
 
     window = kill_window(tmp_path / "calibrate", seed=7)

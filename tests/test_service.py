@@ -402,23 +402,18 @@ def test_openapi_spec(service: Service) -> None:
             "/v1/tasks/{task_id}/cancel", "/healthz"} <= set(spec["paths"])
 
 
-def _postgres_database() -> str:
-    base = os.environ.get("TETHER_TEST_POSTGRES")
-    if not base:
-        if os.environ.get("CI"):
-            pytest.fail("TETHER_TEST_POSTGRES is not set in CI (.ci/run starts PostgreSQL)")
-        pytest.skip("set TETHER_TEST_POSTGRES=postgresql://... to run the PostgreSQL worker test")
-    psycopg = pytest.importorskip("psycopg")
-    name = f"svc_{os.getpid()}_{int(time.time())}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return base.rsplit("/", 1)[0] + "/" + name
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database, dropped after the test (tests/store_fixtures.py)."""
+    from store_fixtures import fresh_postgres_database
+
+    yield from fresh_postgres_database()
 
 
-def test_two_workers_on_postgres_one_killed(tmp_path: Path) -> None:
+def test_two_workers_on_postgres_one_killed(tmp_path: Path, pg_database: str) -> None:
     """API-only server + two `tether worker`s on PostgreSQL; one is SIGKILLed with runs in flight: the
     other adopts them; every run completes; no side effect twice."""
-    db = _postgres_database()
+    db = pg_database
     api = Service(tmp_path)
     api.env["TETHER_DB"] = db
     api.proc = None
@@ -473,10 +468,10 @@ def test_two_workers_on_postgres_one_killed(tmp_path: Path) -> None:
                 proc.wait()
 
 
-def test_healthz_reports_a_lost_database_and_its_return(tmp_path: Path) -> None:
+def test_healthz_reports_a_lost_database_and_its_return(tmp_path: Path, pg_database: str) -> None:
     """The load balancer's check: 503 with a JSON reason while PostgreSQL refuses connections, 200
     again once it takes them, without restarting the server."""
-    db = _postgres_database()
+    db = pg_database
     name = db.rsplit("/", 1)[1]
     psycopg = pytest.importorskip("psycopg")
     admin = os.environ["TETHER_TEST_POSTGRES"]

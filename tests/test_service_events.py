@@ -213,7 +213,8 @@ def test_heartbeats_are_judged_by_the_database_clock(store: RunStore, monkeypatc
     tables.beat("a")
     tables.beat("b")
     # this machine's clock an hour off (another machine's beats are compared with the same database clock)
-    monkeypatch.setattr(keys.time, "time", lambda: 1_000_000_000.0 + 3600)
+    ahead = keys.time.time() + 3600
+    monkeypatch.setattr(keys.time, "time", lambda: ahead)
     assert tables.silent_workers(5, "me") == []
     with store.engine.begin() as conn:  # a's last beat 20 s ago by the database's clock
         conn.execute(sa.text("UPDATE tether_workers SET beat_at = beat_at - 20 WHERE executor_id = 'a'"))

@@ -12,8 +12,9 @@ tether.durable.dbos_fastpath uninstalled (DBOS's own step checkpoints). Two inde
 and without the fast path, no subtraction); and the same number of bare `INSERT ... COMMIT`s of a
 step-sized row through sqlite3 in WAL/NORMAL and in the default rollback journal (what a checkpoint
 costs the database alone).
-Crash: `bench.durable.crash` (50 runs, the worker SIGKILLed at random points, restarted until done;
-the points drawn from 0.1-1x the time the same workload takes unkilled on this machine).
+Crash: `bench.durable.crash` (50 runs, the worker SIGKILLed and restarted until done: odd kills at
+random points drawn from 0.1-1x the time the same workload takes unkilled on this machine, even ones
+aimed at a tainted run between reading the injection and trying the attack).
 PostgreSQL is measured when $TETHER_BENCH_POSTGRES or $TETHER_TEST_POSTGRES names a server.
 """
 
@@ -162,8 +163,16 @@ def bare_sqlite_ms(path: Path, journal: str, n: int) -> float:
     return (time.perf_counter() - started) * 1000 / n
 
 
+_CREATED: list[str] = []  # the databases `_postgres` made, dropped by `drop_postgres_databases`
+
+
+def _server() -> str | None:
+    return os.environ.get("TETHER_BENCH_POSTGRES") or os.environ.get("TETHER_TEST_POSTGRES")
+
+
 def _postgres() -> str | None:
-    url = os.environ.get("TETHER_BENCH_POSTGRES") or os.environ.get("TETHER_TEST_POSTGRES")
+    """A fresh PostgreSQL database on the server $TETHER_BENCH_POSTGRES (or $TETHER_TEST_POSTGRES) names."""
+    url = _server()
     if not url:
         return None
     import psycopg
@@ -171,7 +180,20 @@ def _postgres() -> str | None:
     name = f"tether_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    _CREATED.append(name)
     return url.rpartition("/")[0] + "/" + name
+
+
+def drop_postgres_databases() -> None:
+    """Drop the databases this bench made (at its end: nothing may still use them)."""
+    url = _server()
+    if not url or not _CREATED:
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        while _CREATED:
+            conn.execute(f'DROP DATABASE IF EXISTS "{_CREATED.pop()}" WITH (FORCE)')
 
 
 def main() -> int:
@@ -194,10 +216,10 @@ def main() -> int:
                         "durable_ms_per_turn": round(wall * 1000 / turns, 3),
                         "checkpoint_ms_per_step_stock_dbos": round((stock_wall - memory) * 1000 / steps, 3),
                         "checkpoint_cpu_ms_per_step_stock_dbos": round((stock_cpu - memory_cpu) * 1000 / steps, 3)}
-        stock_bare = _postgres() if name == "postgres" else str(tmp / "bare-steps-stock.db")
-        stores[name]["noop_dbos_step_ms"] = round(bare_dbos_step_ms(
-            _postgres() if name == "postgres" else str(tmp / "bare-steps.db")), 3)
-        stores[name]["noop_dbos_step_ms_stock_dbos"] = round(bare_dbos_step_ms(stock_bare, fastpath=False), 3)
+        for key, fastpath, file in (("noop_dbos_step_ms", True, "bare-steps.db"),
+                                    ("noop_dbos_step_ms_stock_dbos", False, "bare-steps-stock.db")):
+            where = _postgres() if name == "postgres" else str(tmp / file)
+            stores[name][key] = round(bare_dbos_step_ms(where, fastpath=fastpath), 3)
     n = 2 * TURNS + 1
     bare = {"wal_normal": round(bare_sqlite_ms(tmp / "bare-wal.db", "WAL", n * 4), 3),
             "rollback_full": round(bare_sqlite_ms(tmp / "bare-delete.db", "DELETE", n * 4), 3)}
@@ -229,6 +251,7 @@ def main() -> int:
     print(f"bare sqlite3 commit: WAL/NORMAL {bare['wal_normal']} ms, rollback/FULL {bare['rollback_full']} ms")
     OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {OUT}")
+    drop_postgres_databases()
     return 0
 
 

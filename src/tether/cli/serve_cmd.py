@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -15,6 +16,7 @@ import typer
 from tether.cli.durable_cmd import Db, database
 
 if TYPE_CHECKING:
+    from tether.server.keys import ServiceTables
     from tether.server.tasks import Drained
 
 EXIT_USAGE = 2
@@ -140,15 +142,22 @@ def _exit_now(code: int = 1, message: str = "") -> NoReturn:
 SECOND_SIGNAL = "second signal: exiting now; the runs in flight are left pending for recovery"
 
 
-def keys_add_cmd(db: str | None, user: str, label: str) -> int:
+@contextlib.contextmanager
+def _service_tables(db: str | None) -> Iterator[ServiceTables]:
+    """The service's tables on the run database, for one command."""
     from tether.server.keys import ServiceTables
     from tether.store.sql import engine_url, make_engine
 
     engine = make_engine(engine_url(database(db)))
     try:
-        key = ServiceTables(engine).add_key(user, label)
+        yield ServiceTables(engine)
     finally:
         engine.dispose()
+
+
+def keys_add_cmd(db: str | None, user: str, label: str) -> int:
+    with _service_tables(db) as tables:
+        key = tables.add_key(user, label)
     print(key)
     print(f"tether: API key for {user} (shown once; only its hash is stored)", file=sys.stderr)
     return 0
@@ -157,14 +166,8 @@ def keys_add_cmd(db: str | None, user: str, label: str) -> int:
 def keys_list_cmd(db: str | None, user: str | None) -> int:
     import datetime as dt
 
-    from tether.server.keys import ServiceTables
-    from tether.store.sql import engine_url, make_engine
-
-    engine = make_engine(engine_url(database(db)))
-    try:
-        rows = ServiceTables(engine).keys(user)
-    finally:
-        engine.dispose()
+    with _service_tables(db) as tables:
+        rows = tables.keys(user)
     for key_id, owner, label, created in rows:
         when = dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         print(f"{key_id}  {owner}  {when}  {label}".rstrip())
@@ -172,17 +175,12 @@ def keys_list_cmd(db: str | None, user: str | None) -> int:
 
 
 def keys_revoke_cmd(db: str | None, key: str) -> int:
-    from tether.server.keys import ServiceTables
-    from tether.store.sql import engine_url, make_engine
-
-    engine = make_engine(engine_url(database(db)))
     try:
-        key_id, user = ServiceTables(engine).revoke(key.strip())
+        with _service_tables(db) as tables:
+            key_id, user = tables.revoke(key.strip())
     except ValueError as exc:
         print(f"tether: {exc}", file=sys.stderr)
         return 1
-    finally:
-        engine.dispose()
     print(f"tether: revoked key {key_id} of {user}; requests with it now get a 401", file=sys.stderr)
     return 0
 

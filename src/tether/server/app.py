@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.server import stream_tokens
 from tether.server.events import stream
-from tether.server.keys import hash_key
+from tether.server.keys import key_id
 from tether.server.tasks import ServiceConfig, TaskError, Tasks
 
 Status = Literal["pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled"]
@@ -137,10 +137,15 @@ class ErrorOut(BaseModel):
     error: str
 
 
+def _bearer(authorization: str | None) -> str:
+    """The API key in an Authorization header ("" without one)."""
+    return (authorization or "").removeprefix("Bearer ").strip()
+
+
 async def user_of(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
     """The user an API key acts as; 401 without a valid one."""
     tasks: Tasks = request.app.state.tasks
-    key = (authorization or "").removeprefix("Bearer ").strip()
+    key = _bearer(authorization)
     user = await tasks.db(tasks.tables.user_of, key) if key and tasks.tables is not None else None
     if user is None:
         raise TaskError(401, "send a valid API key: Authorization: Bearer KEY (make one with `tether keys add USER`)")
@@ -162,8 +167,8 @@ async def stream_user(request: Request, task_id: str, authorization: Annotated[s
     if authorization is not None or token is None:
         return await user_of(request, authorization)
     tasks: Tasks = request.app.state.tasks
-    key_id = stream_tokens.read(await tasks.secret(STREAM_SECRET), token, task_id, time.time())
-    user = await tasks.db(tasks.tables.key_owner, key_id) if key_id and tasks.tables is not None else None
+    asker = stream_tokens.read(await tasks.secret(STREAM_SECRET), token, task_id, time.time())
+    user = await tasks.db(tasks.tables.key_owner, asker) if asker and tasks.tables is not None else None
     if user is None:
         raise TaskError(401, BAD_STREAM_TOKEN)
     return user
@@ -301,8 +306,8 @@ def create_app(tasks: Tasks) -> FastAPI:
         page's EventSource): `GET events_url`. Valid for `ttl_seconds` or until the key is revoked."""
         await tasks.get(user, task_id)
         expires_at = time.time() + (body or StreamTokenIn()).ttl_seconds
-        key_id = hash_key(authorization.removeprefix("Bearer ").strip())[:TOKEN_KEY_ID_CHARS]
-        token = stream_tokens.make(await tasks.secret(STREAM_SECRET), task_id, key_id, expires_at)
+        asker = key_id(_bearer(authorization), TOKEN_KEY_ID_CHARS)
+        token = stream_tokens.make(await tasks.secret(STREAM_SECRET), task_id, asker, expires_at)
         return StreamTokenOut(token=token, expires_at=int(expires_at),
                               events_url=f"/v1/tasks/{quote(task_id, safe='')}/events?token={token}")
 

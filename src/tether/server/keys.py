@@ -54,6 +54,11 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def key_id(key: str, chars: int = KEY_ID_CHARS) -> str:
+    """A key's id: the start of its hash (what `tether keys list` shows; a stream token carries more)."""
+    return hash_key(key)[:chars]
+
+
 class ServiceTables:
     """API keys (only their hashes are stored), idempotency keys of submissions, decisions."""
 
@@ -81,21 +86,26 @@ class ServiceTables:
     def revoke(self, key_or_id: str) -> tuple[str, str]:
         """Delete one key, given itself or its id (as `keys` shows it, or a longer start of its hash);
         (key id, user). ValueError when it names no key or more than one."""
+        if key_or_id.startswith("tk_"):
+            prefix = hash_key(key_or_id)
+        elif len(key_or_id) >= 8 and all(c in "0123456789abcdef" for c in key_or_id):
+            prefix = key_or_id
+        else:
+            raise ValueError(f"{key_or_id!r} is neither a key (tk_...) nor a key id (8 or more hex digits; "
+                             "`tether keys list` shows them)")
         with self.engine.begin() as conn:
-            if key_or_id.startswith("tk_"):
-                found = conn.execute(sa.text("SELECT key_hash, user_id FROM tether_api_keys WHERE key_hash = :h"),
-                                     {"h": hash_key(key_or_id)}).all()
-            elif len(key_or_id) >= 8 and all(c in "0123456789abcdef" for c in key_or_id):
-                found = conn.execute(sa.text("SELECT key_hash, user_id FROM tether_api_keys WHERE key_hash LIKE :p"),
-                                     {"p": key_or_id + "%"}).all()
-            else:
-                raise ValueError(f"{key_or_id!r} is neither a key (tk_...) nor a key id (8 or more hex digits; "
-                                 "`tether keys list` shows them)")
+            found = self._keys_from(conn, prefix)
             if len(found) != 1:
                 raise ValueError(f"no key with id {key_or_id!r}" if not found else
                                  f"{len(found)} keys start with {key_or_id!r}: give more of the id")
             conn.execute(sa.text("DELETE FROM tether_api_keys WHERE key_hash = :h"), {"h": found[0][0]})
         return found[0][0][:KEY_ID_CHARS], found[0][1]
+
+    @staticmethod
+    def _keys_from(conn: sa.Connection, prefix: str) -> list[Any]:
+        """(key_hash, user_id) of the keys whose hash starts with `prefix` (hex digits only)."""
+        return list(conn.execute(sa.text("SELECT key_hash, user_id FROM tether_api_keys WHERE key_hash LIKE :p"),
+                                 {"p": prefix + "%"}).all())
 
     def secret(self, name: str) -> bytes:
         """The service's secret `name`, made on first use (the first process to ask wins)."""
@@ -108,9 +118,8 @@ class ServiceTables:
     def key_owner(self, key_id: str) -> str | None:
         """The user of the key whose hash starts with `key_id`; None once it is revoked."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT user_id FROM tether_api_keys WHERE key_hash LIKE :p"),
-                                {"p": key_id + "%"}).all()
-        return rows[0][0] if len(rows) == 1 else None
+            found = self._keys_from(conn, key_id)
+        return found[0][1] if len(found) == 1 else None
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

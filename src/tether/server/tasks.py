@@ -133,8 +133,7 @@ class Tasks:
         task_id = "t_" + uuid.uuid4().hex[:16]
         if idempotency_key is None:
             return await self._start(user, body, task_id), True
-        existing, same, exists = await self.db(self.tables.claim_submission, user, idempotency_key, body,
-                                                         task_id)
+        existing, same, exists = await self.db(self.tables.claim_submission, user, idempotency_key, body, task_id)
         if not same:
             raise TaskError(409, "this Idempotency-Key was used for a different request; use a new key")
         if existing != task_id:

@@ -59,6 +59,11 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+def _without_text(events: list[TraceEvent]) -> list[TraceEvent]:
+    """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds those)."""
+    return [e for e in events if e.kind != "text_delta"]
+
+
 @dataclass(slots=True)
 class RunRow:
     """One run as the store keeps it."""
@@ -140,18 +145,17 @@ class RunStore:
                  "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
                  "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
                  "r": result.run_id})
-            self._events(conn, result.run_id, result.trace, skip=stored_events)
+            self._events(conn, result.run_id, _without_text(result.trace)[stored_events:], stored_events)
 
     def add_events(self, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
         """Events `first_seq`.. of a run (a replay writing them again changes nothing)."""
         with self.engine.begin() as conn:
-            self._events(conn, run_id, events, first_seq)
+            self._events(conn, run_id, _without_text(events), first_seq)
 
-    def _events(self, conn: sa.Connection, run_id: str, events: list[TraceEvent], first_seq: int = 0, *,
-                skip: int = 0) -> None:
-        kept = [e for e in events if e.kind != "text_delta"][skip:]  # numbered without the text deltas
-        rows = [{"r": run_id, "q": first_seq + skip + i, "k": e.kind, "s": e.step, "t": e.t, "d": e.duration,
-                 "data": json.dumps(to_jsonable(e.data), ensure_ascii=False)} for i, e in enumerate(kept)]
+    def _events(self, conn: sa.Connection, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
+        """`events` (no text deltas among them) as seq `first_seq`.. of the run."""
+        rows = [{"r": run_id, "q": first_seq + i, "k": e.kind, "s": e.step, "t": e.t, "d": e.duration,
+                 "data": json.dumps(to_jsonable(e.data), ensure_ascii=False)} for i, e in enumerate(events)]
         if rows:
             conn.execute(sa.text(
                 "INSERT INTO tether_events (run_id, seq, kind, step, t, duration, data)"
