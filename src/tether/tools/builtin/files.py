@@ -19,6 +19,7 @@ from such content keeps the run's commands (Bash) under approval.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
@@ -29,6 +30,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from tether.tools._beneath import Beneath, Entry, open_entry
 from tether.tools.base import Tool, files_source, tool, values_from
 
 MAX_FILE_BYTES = 5_000_000
@@ -49,7 +51,8 @@ SKIP_DIRS = frozenset(
 
 
 class Workspace:
-    """A root directory and the rules for turning model-given paths into real paths inside it."""
+    """A root directory and its files, reached only through `tether.tools._beneath` (resolved by the
+    kernel at the moment of use, no symbolic link followed)."""
 
     def __init__(self, root: str | Path) -> None:
         given = Path(os.path.abspath(os.fspath(root)))
@@ -58,9 +61,11 @@ class Workspace:
             raise ValueError(f"workspace root {given} is not an existing directory")
         self.given_root = given
         self.root = real
+        self.files = Beneath(real)
 
-    def resolve(self, path: str, *, what: str = "path") -> Path:
-        """The real path for `path` (relative to the root, or absolute inside it); ValueError if outside."""
+    def relative(self, path: str, *, what: str = "path") -> str:
+        """`path` (relative to the root, or absolute inside it) as a normalised relative path ('.' for
+        the root); ValueError if it leaves the root. Lexical only: nothing on disk is looked at."""
         if not isinstance(path, str) or not path.strip():
             raise ValueError(f"{what} is empty; give a path relative to the workspace root {self.root}")
         if "\0" in path:
@@ -74,52 +79,59 @@ class Workspace:
                 f"{what} '{path}' is outside the workspace root {self.root}; "
                 "use a path relative to the root or an absolute path inside it"
             )
-        real = lexical.resolve()
-        if not _inside(real, self.root):
-            raise ValueError(
-                f"{what} '{path}' leads outside the workspace root {self.root} through a symbolic link; refusing"
+        return lexical.relative_to(self.root).as_posix() or "."
+
+    def error(self, exc: OSError, path: str, action: str) -> ValueError:
+        """The message the model sees for a failed open/replace of `path`."""
+        code = exc.errno
+        if code in (errno.ELOOP, errno.EXDEV):
+            return ValueError(
+                f"'{path}' passes through a symbolic link (or was swapped for one); the file tools do not "
+                f"follow symbolic links, so refusing. Use the link's target path inside {self.root}"
             )
-        return real
+        if code == errno.ENOENT:
+            return ValueError(f"file not found: '{path}' (workspace root {self.root}); use Glob to find files")
+        if code == errno.ENOTDIR and self._symlink_on_the_way(path):  # O_NOFOLLOW|O_DIRECTORY on a link
+            return self.error(OSError(errno.ELOOP, "symbolic link"), path, action)
+        if code == errno.ENOTDIR:
+            return ValueError(f"cannot {action} '{path}': a part of the path is a file, not a directory")
+        if code == errno.EISDIR:
+            return ValueError(f"'{path}' is a directory, not a file; use Glob to list its contents")
+        return ValueError(f"cannot {action} '{path}': {exc.strerror or exc}")
 
-    def show(self, real: Path) -> str:
-        """How a real path inside the root is shown to the model: relative, with forward slashes."""
-        rel = real.relative_to(self.root).as_posix()
-        return rel or "."
+    def _symlink_on_the_way(self, path: str) -> bool:
+        """Whether a component of `path` is a symbolic link now (for the message only: decisions are
+        made by the open itself)."""
+        try:
+            rel = self.relative(path)
+        except ValueError:
+            return False
+        here = self.root
+        for part in rel.split("/"):
+            here = here / part
+            if here.is_symlink():
+                return True
+        return False
 
-    def existing_file(self, path: str, *, what: str = "file_path") -> Path:
-        """`resolve`, then require an existing regular file."""
-        real = self.resolve(path, what=what)
-        if not real.exists():
-            raise ValueError(f"file not found: '{path}' (workspace root {self.root}); use Glob to find files")
-        if real.is_dir():
-            raise ValueError(f"'{path}' is a directory, not a file; use Glob to list its contents")
-        if not real.is_file():
+    def open_file(self, path: str, *, what: str = "file_path") -> tuple[int, os.stat_result, str]:
+        """An open read descriptor of the existing regular file `path`, its stat and its shown name."""
+        rel = self.relative(path, what=what)
+        try:
+            fd = self.files.open(rel)
+        except OSError as exc:
+            raise self.error(exc, path, "read") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise ValueError(f"'{path}' is a directory, not a file; use Glob to list its contents")
             raise ValueError(f"'{path}' is not a regular file")
-        return real
+        return fd, info, rel
 
-    def walk(self, base: Path, *, max_depth: int | None = None) -> Iterator[tuple[Path, bool]]:
-        """Yield (path, is_dir) under the real directory `base`, sorted, not entering symlinked dirs.
-
-        Symlinks whose target lies outside the root are skipped; so are SKIP_DIRS below `base`.
-        """
-        base_depth = len(base.parts)
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-            here = Path(dirpath)
-            depth = len(here.parts) - base_depth
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            entries = [(name, True) for name in dirnames] + [(name, False) for name in sorted(filenames)]
-            descend: list[str] = []
-            for name, is_dir in entries:
-                path = here / name
-                if path.is_symlink():
-                    target = path.resolve()
-                    if not _inside(target, self.root):
-                        continue
-                    is_dir = target.is_dir()
-                elif is_dir:
-                    descend.append(name)
-                yield path, is_dir
-            dirnames[:] = descend if max_depth is None or depth + 1 < max_depth else []
+    def walk(self, dir_fd: int, prefix: str, *, max_depth: int | None = None) -> Iterator[Entry]:
+        """Entries under the open directory `dir_fd` (path `prefix`), sorted, SKIP_DIRS and symbolic
+        links left out."""
+        return self.files.walk(dir_fd, prefix, max_depth=max_depth, skip_dirs=SKIP_DIRS)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -130,14 +142,17 @@ def _is_binary(head: bytes) -> bool:
     return b"\0" in head
 
 
-def _read_text(real: Path, shown: str, *, max_bytes: int, strict: bool = False) -> str:
-    size = real.stat().st_size
-    if size > max_bytes:
-        raise ValueError(
-            f"'{shown}' is {size:,} bytes, over the {max_bytes:,}-byte limit for reading a whole file; "
-            "read part of it with offset and limit"
-        )
-    data = real.read_bytes()
+def _read_all(fd: int, info: os.stat_result, shown: str, *, max_bytes: int, strict: bool = False) -> str:
+    """The whole text of the open file `fd` (closed here)."""
+    with os.fdopen(fd, "rb") as fh:
+        if info.st_size > max_bytes:
+            raise ValueError(
+                f"'{shown}' is {info.st_size:,} bytes, over the {max_bytes:,}-byte limit for reading a whole file; "
+                "read part of it with offset and limit"
+            )
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew since the stat
+        raise ValueError(f"'{shown}' is over the {max_bytes:,}-byte limit for reading a whole file")
     if _is_binary(data[:BINARY_SNIFF_BYTES]):
         raise ValueError(
             f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
@@ -271,11 +286,10 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             offset: 1-based line number to start reading at (only for reading part of a long file)
             limit: maximum number of lines to return (only for reading part of a long file)
         """
-        real = ws.existing_file(file_path)
-        shown = ws.show(real)
+        fd, info, shown = ws.open_file(file_path)
         if offset is None and limit is None:
-            return _read_text(real, shown, max_bytes=max_file_bytes)
-        return _read_lines(real, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES, max_file_bytes)
+            return _read_all(fd, info, shown, max_bytes=max_file_bytes)
+        return _read_lines(fd, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES, max_file_bytes)
 
     read = tool(
         name="Read",
@@ -290,8 +304,8 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
     return values_from(read, "file_path", files_source(ws.root))
 
 
-def _read_lines(real: Path, shown: str, start: int, count: int, max_bytes: int) -> str:
-    with real.open("rb") as fh:
+def _read_lines(fd: int, shown: str, start: int, count: int, max_bytes: int) -> str:
+    with os.fdopen(fd, "rb") as fh:
         if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
             raise ValueError(
                 f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
@@ -334,17 +348,13 @@ def write_tool(root: str | Path) -> Tool:
             file_path: path of the file, relative to the workspace root or absolute inside it
             content: the complete new contents of the file
         """
-        real = ws.resolve(file_path, what="file_path")
-        shown = ws.show(real)
-        if real.is_dir():
+        shown = ws.relative(file_path, what="file_path")
+        if shown == ".":
             raise ValueError(f"'{file_path}' is a directory; give a file path")
-        existed = real.exists()
         try:
-            real.parent.mkdir(parents=True, exist_ok=True)
-            with real.open("w", encoding="utf-8", newline="") as fh:
-                fh.write(content)
+            existed = ws.files.replace(shown, content.encode("utf-8"), create_dirs=True)
         except OSError as exc:
-            raise ValueError(f"cannot write '{shown}': {exc.strerror or exc}") from None
+            raise ws.error(exc, file_path, "write") from None
         lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
         verb = "Overwrote" if existed else "Created"
         return f"{verb} {shown} ({lines} line{'' if lines == 1 else 's'}, {len(content)} characters)"
@@ -373,13 +383,12 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             new_string: the text to put in its place
             replace_all: replace every occurrence instead of requiring exactly one
         """
-        real = ws.existing_file(file_path)
-        shown = ws.show(real)
         if old_string == "":
             raise ValueError("old_string is empty; to create or overwrite a file use Write")
         if old_string == new_string:
             raise ValueError("old_string and new_string are identical; nothing to change")
-        text = _read_text(real, shown, max_bytes=max_file_bytes, strict=True)
+        fd, info, shown = ws.open_file(file_path)
+        text = _read_all(fd, info, shown, max_bytes=max_file_bytes, strict=True)
         count = text.count(old_string)
         if count == 0:
             raise ValueError(
@@ -393,10 +402,9 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             )
         updated = text.replace(old_string, new_string)
         try:
-            with real.open("w", encoding="utf-8", newline="") as fh:
-                fh.write(updated)
+            ws.files.replace(shown, updated.encode("utf-8"), must_exist=True)
         except OSError as exc:
-            raise ValueError(f"cannot write '{shown}': {exc.strerror or exc}") from None
+            raise ws.error(exc, file_path, "write") from None
         return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown}"
 
     return tool(
@@ -410,13 +418,16 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
     )(Edit)
 
 
-def _search_base(ws: Workspace, path: str | None) -> Path:
-    if path is None or path.strip() in ("", "."):
-        return ws.root
-    real = ws.resolve(path)
-    if not real.exists():
-        raise ValueError(f"path not found: '{path}' (workspace root {ws.root})")
-    return real
+def _search_base(ws: Workspace, path: str | None) -> tuple[int, os.stat_result, str]:
+    """An open descriptor of the directory or file to search, its stat and its shown path."""
+    rel = "." if path is None or path.strip() in ("", ".") else ws.relative(path)
+    try:
+        fd = ws.files.open(rel)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise ValueError(f"path not found: '{path}' (workspace root {ws.root})") from None
+        raise ws.error(exc, path or ".", "open") from None
+    return fd, os.fstat(fd), rel
 
 
 def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
@@ -431,20 +442,24 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
             path: directory to search in, relative to the workspace root (default: the root)
         """
         _check_pattern(pattern, "pattern")
-        base = _search_base(ws, path)
-        if not base.is_dir():
-            raise ValueError(f"path '{path}' is a file, not a directory")
         matcher = GlobPattern(pattern)
+        base_fd, info, base = _search_base(ws, path)
         matches: list[str] = []
         scanned = 0
-        for real, is_dir in ws.walk(base, max_depth=matcher.max_depth):
-            scanned += 1
-            if scanned > MAX_SCAN_ENTRIES:
-                break
-            if matcher.match(real.relative_to(base).as_posix()):
-                matches.append(ws.show(real) + ("/" if is_dir else ""))
+        try:
+            if not stat.S_ISDIR(info.st_mode):
+                raise ValueError(f"path '{path}' is a file, not a directory")
+            skip = len(base) + 1 if base != "." else 0
+            for entry in ws.walk(base_fd, base, max_depth=matcher.max_depth):
+                scanned += 1
+                if scanned > MAX_SCAN_ENTRIES:
+                    break
+                if matcher.match(entry.path[skip:]):
+                    matches.append(entry.path + ("/" if entry.is_dir else ""))
+        finally:
+            os.close(base_fd)
         if not matches:
-            return f"No files match '{pattern}' in {ws.show(base)}"
+            return f"No files match '{pattern}' in {base}"
         matches.sort()
         lines = matches[:max_results]
         if len(matches) > max_results:
@@ -482,27 +497,39 @@ def grep_tool(
             regex = re.compile(pattern)
         except re.error as exc:
             raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
-        base = _search_base(ws, path)
         if glob is not None:
             _check_pattern(glob, "glob")
         glob_filter = GlobPattern(glob) if glob else None
         by_name = glob is not None and "/" not in glob
-        if base.is_file():
-            candidates: Iterator[Path] = iter([base])
-        else:
-            candidates = (p for p, is_dir in ws.walk(base) if not is_dir)
+        base_fd, info, base = _search_base(ws, path)
         out: list[str] = []
         capped = False
-        for real in candidates:
-            if glob_filter is not None and real != base:
-                subject = real.name if by_name else real.relative_to(base).as_posix()
-                if not glob_filter.match(subject):
-                    continue
-            if not _grep_file(ws, real, regex, out, max_matches, max_file_bytes):
-                capped = True
-                break
+        try:
+            if not stat.S_ISDIR(info.st_mode):  # one file, already open
+                capped = not _grep_file(base_fd, base, regex, out, max_matches, max_file_bytes)
+            else:
+                skip = len(base) + 1 if base != "." else 0
+                for entry in ws.walk(base_fd, base):
+                    if entry.is_dir:
+                        continue
+                    if glob_filter is not None:
+                        subject = entry.name if by_name else entry.path[skip:]
+                        if not glob_filter.match(subject):
+                            continue
+                    try:
+                        fd = open_entry(entry)
+                    except OSError:  # gone, or swapped for a symbolic link, since it was listed
+                        continue
+                    try:
+                        if not _grep_file(fd, entry.path, regex, out, max_matches, max_file_bytes):
+                            capped = True
+                            break
+                    finally:
+                        os.close(fd)
+        finally:
+            os.close(base_fd)
         if not out:
-            return f"No matches for {pattern!r} in {ws.show(base)}"
+            return f"No matches for {pattern!r} in {base}"
         if capped:
             out.append(f"[stopped at {max_matches} matches; narrow the pattern, path or glob]")
         return "\n".join(out)
@@ -519,20 +546,18 @@ def grep_tool(
     )(Grep)
 
 
-def _grep_file(
-    ws: Workspace, real: Path, regex: re.Pattern[str], out: list[str], cap: int, max_bytes: int
-) -> bool:
-    """Append matches of one file to `out`; False once `cap` is reached."""
+def _grep_file(fd: int, shown: str, regex: re.Pattern[str], out: list[str], cap: int, max_bytes: int) -> bool:
+    """Append matches of the open file `fd` to `out` (non-regular and oversized files are skipped);
+    False once `cap` is reached. `fd` stays the caller's."""
     try:
-        info = real.stat()
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
             return True
-        data = real.read_bytes()
+        data = os.pread(fd, max_bytes + 1, 0)
     except OSError:
         return True
-    if _is_binary(data[:BINARY_SNIFF_BYTES]):
+    if len(data) > max_bytes or _is_binary(data[:BINARY_SNIFF_BYTES]):
         return True
-    shown = ws.show(real)
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if regex.search(line):
             if len(out) >= cap:
