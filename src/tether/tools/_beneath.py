@@ -93,7 +93,7 @@ def openat2_available(dir_fd: int) -> bool:
 def _walk_open(dir_fd: int, path: str, flags: int, mode: int) -> int:
     """openat one component at a time from `dir_fd`, never following a symbolic link."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
+    if path.startswith("/") or any(p == ".." for p in parts):
         raise OSError(errno.EXDEV, "path leaves the directory", path)
     if not parts:
         return os.open(".", flags | _CLOEXEC, mode, dir_fd=dir_fd)
