@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.models._gbnf import Offered
+from tether.tools._beneath import Beneath
 from tether.types import Message
 
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
@@ -23,22 +24,24 @@ MAX_QUOTE_CHARS = 300
 
 
 def workspace_files(root: str | Path, limit: int) -> list[str] | None:
-    """Relative paths of the regular files under `root` (hidden and tool folders skipped), sorted;
-    None when there are more than `limit` or `root` is not a folder."""
-    base = Path(root)
-    if not base.is_dir():
+    """Relative paths of the regular files under `root` (hidden and tool folders skipped, symbolic
+    links left out, walked by directory descriptors), sorted; None when there are more than `limit`
+    or `root` is not a folder."""
+    walker = Beneath(root)
+    try:
+        fd = walker.open_dir(".")
+    except OSError:
         return None
     found: list[str] = []
-    for folder, dirs, files in os.walk(base):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-        for name in files:
-            if name.startswith("."):
+    try:
+        for entry in walker.walk(fd, ".", skip_dirs=lambda name: name.startswith(".") or name in _SKIP_DIRS):
+            if entry.is_dir or entry.name.startswith("."):
                 continue
-            path = Path(folder, name)
-            if path.is_file() and not path.is_symlink():
-                found.append(path.relative_to(base).as_posix())
-                if len(found) > limit:
-                    return None
+            found.append(entry.path)
+            if len(found) > limit:
+                return None
+    finally:
+        os.close(fd)
     return sorted(found)
 
 

@@ -28,7 +28,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,15 +225,17 @@ class Beneath:
             os.close(dir_fd)
 
     def walk(self, dir_fd: int, prefix: str, *, max_depth: int | None = None,
-             skip_dirs: Collection[str] = ()) -> Iterator[Entry]:
+             skip_dirs: Collection[str] | Callable[[str], bool] = ()) -> Iterator[Entry]:
         """Entries under the open directory `dir_fd` (whose path is `prefix`), sorted per directory,
         each directory's entries before its subdirectories' ones. Symbolic links (and anything that
         becomes one during the walk) are left out; so are directories named in `skip_dirs`.
-        `max_depth`: how many levels to yield (None: all). `dir_fd` stays the caller's."""
-        yield from self._walk(dir_fd, prefix, 0, max_depth, skip_dirs)
+        (names, or a test on a name). `max_depth`: how many levels to yield (None: all). `dir_fd`
+        stays the caller's."""
+        skip = skip_dirs if callable(skip_dirs) else frozenset(skip_dirs).__contains__
+        yield from self._walk(dir_fd, prefix, 0, max_depth, skip)
 
     def _walk(self, fd: int, prefix: str, depth: int, max_depth: int | None,
-              skip_dirs: Collection[str]) -> Iterator[Entry]:
+              skip_dir: Callable[[str], bool]) -> Iterator[Entry]:
         dirs: list[str] = []
         files: list[str] = []
         try:
@@ -242,7 +244,7 @@ class Beneath:
                     if item.is_symlink():
                         continue
                     if item.is_dir(follow_symlinks=False):
-                        if item.name not in skip_dirs:
+                        if not skip_dir(item.name):
                             dirs.append(item.name)
                     else:
                         files.append(item.name)
@@ -263,7 +265,7 @@ class Beneath:
             except OSError:
                 continue
             try:
-                yield from self._walk(sub, base + name, depth + 1, max_depth, skip_dirs)
+                yield from self._walk(sub, base + name, depth + 1, max_depth, skip_dir)
             finally:
                 os.close(sub)
 
