@@ -82,7 +82,15 @@ def box(request: pytest.FixtureRequest, tmp_path: Path) -> Sandbox:
         return Unconfined()
     if BWRAP_PROBLEM is not None:
         pytest.skip(f"bubblewrap cannot run here ({BWRAP_PROBLEM})")
-    return Bubblewrap(tmp_path)
+    return Bubblewrap(for_the_sandbox_user(tmp_path))
+
+
+def for_the_sandbox_user(path: Path) -> Path:
+    """`path`, owned by the user sandboxed commands run as when the tests run as root (nobody: they
+    never run as root), so they can write it as they would a normal user's workspace."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+    return path
 
 
 # ----- what every sandbox does ----------------------------------------------------------------------
@@ -132,7 +140,9 @@ async def test_runs_in_cwd_with_stdin_closed(tmp_path: Path, box: Sandbox) -> No
 
 async def test_env_override(tmp_path: Path, box: Sandbox) -> None:
     bash = shell_tool(tmp_path, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ONLY": "this"}, sandbox=box)
-    assert await run(bash, "echo $ONLY ${HOME:-nohome}") == "this nohome\n"
+    only, home = (await run(bash, "echo $ONLY ${HOME:-nohome}")).split()
+    assert only == "this"
+    assert home != os.environ.get("HOME") and home != "nohome"  # a private HOME, not the user's
 
 
 async def test_foreground_sleep_times_out(tmp_path: Path, box: Sandbox) -> None:
@@ -173,9 +183,11 @@ async def test_bash_does_not_hand_secrets_to_commands(tmp_path: Path, monkeypatc
     monkeypatch.setenv("OPENROUTER_API_KEY", "sk-secret-value")
     monkeypatch.setenv("TETHER_DB", "postgres://app:hunter2@db/x")
     monkeypatch.setenv("TETHER_PLAIN_SETTING", "visible")
+    probe = "echo key=${OPENROUTER_API_KEY:-none} db=${TETHER_DB:-none} plain=${TETHER_PLAIN_SETTING:-none}"
     bash = shell_tool(tmp_path, timeout=10, sandbox=box)
-    out = await bash.fn(command="echo key=${OPENROUTER_API_KEY:-none} db=${TETHER_DB:-none} plain=$TETHER_PLAIN_SETTING")
-    assert out == "key=none db=none plain=visible\n"
+    assert await bash.fn(command=probe) == "key=none db=none plain=none\n"  # an allowlist: named or absent
+    bash = shell_tool(tmp_path, timeout=10, sandbox=box, pass_env=["TETHER_PLAIN_SETTING"])
+    assert await bash.fn(command=probe) == "key=none db=none plain=visible\n"
 
 
 async def test_timeout_kills_every_process_of_the_command(tmp_path: Path, box: Sandbox) -> None:
@@ -234,7 +246,7 @@ async def test_unconfined_background_children_with_redirected_output_keep_runnin
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
-    return ws
+    return for_the_sandbox_user(ws)
 
 
 @needs_bwrap

@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tether.tools.base import Tool, tool
-from tether.tools.sandbox import Sandbox, Unconfined, default_sandbox, scrubbed_environ
+from tether.tools.sandbox import Sandbox, Unconfined, default_sandbox, sandbox_environ
 
 DRAIN_GRACE_SECONDS = 0.5  # after bash exits, how long background children may keep the output open
 
@@ -193,22 +193,26 @@ def shell_tool(
     env: Mapping[str, str] | None = None,
     sandbox: Sandbox | None = None,
     allow_net: bool = False,
+    pass_env: Sequence[str] = (),
+    executed_later: Sequence[str] = (),
 ) -> Tool:
     """The `Bash` tool: runs commands in `cwd`, confined by `sandbox`.
 
     `sandbox` defaults to bubblewrap around `cwd` (no network unless `allow_net`) where it works
     here; where it does not, commands run unconfined, that is said once on stderr, and every Bash
-    call requires approval. `env` defaults to the process environment without its secrets (see
-    `scrubbed_environ`), so an injected `echo $OPENAI_API_KEY` finds nothing.
+    call requires approval. `env` defaults to an allowlist of this process's environment (see
+    `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
+    credentials. `executed_later`: workspace paths kept read-only besides `.git` (see sandbox.py).
     """
     if env is None:
-        env = scrubbed_environ()
+        env = sandbox_environ(pass_env)
     workdir = Path(cwd).resolve()
     if not workdir.is_dir():
         raise ValueError(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
         raise ValueError("timeout must be positive")
-    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net)
+    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
+                                                              executed_later=executed_later)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
@@ -245,4 +249,4 @@ def shell_tool(
     )(Bash)
 
 
-__all__ = ["CommandResult", "CommandTimeout", "format_result", "run_command", "scrubbed_environ", "shell_tool"]
+__all__ = ["CommandResult", "CommandTimeout", "format_result", "run_command", "shell_tool"]
