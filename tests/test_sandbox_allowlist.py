@@ -60,16 +60,27 @@ async def test_commands_run_unprivileged_and_cannot_plant_a_setuid_root_binary(w
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="what a root-owned workspace gives only shows when tether runs as root")
-async def test_as_root_a_root_owned_workspace_is_read_only_to_commands(tmp_path: Path) -> None:
+async def test_as_root_a_root_owned_workspace_is_written_as_nobody_and_never_gets_a_setuid_file(
+        tmp_path: Path) -> None:
+    """Commands run as nobody; an id-mapped view lets them write root's workspace (files stay root's
+    on disk) and a seccomp filter refuses every way of making a file setuid or setgid there."""
     root_ws = tmp_path / "rootws"
     root_ws.mkdir()
     root_ws.chmod(0o755)
     (root_ws / "f.txt").write_text("readable\n")
     box = Bubblewrap(root_ws)
-    assert "cannot write" in box.description  # the model is told, in the tool description
-    out = await sh(shell_tool(root_ws, timeout=20, sandbox=box), "id -u; cat f.txt; touch new.txt")
-    assert out.splitlines()[:2] == ["65534", "readable"] and "Permission denied" in out
-    assert not (root_ws / "new.txt").exists()
+    out = await sh(shell_tool(root_ws, timeout=20, sandbox=box), (
+        "id -u; cat f.txt; echo more >> f.txt; echo new > g.txt; head -c 5 /etc/shadow || echo NO-SHADOW; "
+        "cp /bin/sh sh; chmod 4755 sh; chmod g+s g.txt; install -m 4755 /bin/sh sh2; "
+        "python3 -c \"import os; os.open('sh3', os.O_CREAT | os.O_WRONLY, 0o4755)\"; mkdir -m 2755 d; "
+        "python3 -c \"import os; os.chmod('sh', 0o2755)\"; echo done"))
+    assert out.splitlines()[:2] == ["65534", "readable"], out
+    assert "NO-SHADOW" in out and out.rstrip().endswith("done")
+    assert (root_ws / "f.txt").read_text() == "readable\nmore\n" and (root_ws / "g.txt").read_text() == "new\n"
+    assert os.stat(root_ws / "g.txt").st_uid == 0  # root's on disk, as the user's other files
+    for path in root_ws.rglob("*"):
+        assert not os.stat(path).st_mode & (stat.S_ISUID | stat.S_ISGID), f"{path.name} is setuid/setgid: {out}"
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "tether-ws-" in line]
 
 
 # --- item 4: the whole .git, submodules included, and user-named paths ----------------------------

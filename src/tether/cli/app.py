@@ -133,6 +133,9 @@ def execute_chat(opts: o.RunOptions) -> int:
 
 
 def _options(**values: object) -> o.RunOptions:
+    for name in ("env", "protect"):  # repeated options: a tuple, None when not given
+        given = values.get(name)
+        values[name] = tuple(given) if isinstance(given, list) and given else None
     return o.RunOptions(**values)  # type: ignore[arg-type]
 
 
@@ -156,6 +159,8 @@ def root(
     instructions: o.Instructions = None,
     yes: o.Yes = False,
     allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -177,7 +182,7 @@ def root(
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
-                    instructions=instructions, yes=yes, allow_net=allow_net, raw=raw, verbose=verbose, quiet=quiet,
+                    instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
@@ -211,6 +216,8 @@ def run_command(
     instructions: o.Instructions = None,
     yes: o.Yes = False,
     allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -226,7 +233,7 @@ def run_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact))
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact))
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -254,6 +261,8 @@ def chat_command(
     instructions: o.Instructions = None,
     yes: o.Yes = False,
     allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -265,7 +274,7 @@ def chat_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
     raise typer.Exit(execute_chat(opts))
 
 

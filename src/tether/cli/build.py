@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,8 +61,10 @@ def workspace_of(opts: RunOptions) -> Path:
     return root
 
 
-def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False) -> list[Tool]:
-    """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once."""
+def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, pass_env: Sequence[str] = (),
+                protect: Sequence[str] = ()) -> list[Tool]:
+    """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`
+    and `protect`: Bash's extra environment variable names and read-only workspace paths."""
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
     if not names:
         raise CliError(f"--tools is empty; choose from: {', '.join(TOOL_SETS)}")
@@ -77,11 +79,12 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False) -
     tools: list[Tool] = []
     for name in names:
         if name == "coding":
-            tools += builtin.coding_tools(workspace, allow_net=allow_net)
+            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect)
         elif name == "files":
             tools += builtin.file_tools(workspace)
         elif name == "bash":
-            tools.append(builtin.shell_tool(workspace, allow_net=allow_net))
+            tools.append(builtin.shell_tool(workspace, allow_net=allow_net, pass_env=pass_env,
+                                            executed_later=protect))
         elif name == "calculator":
             tools.append(builtin.calculator)
     unique: dict[str, Tool] = {}
@@ -138,7 +141,8 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     """The agent the options describe. Raises CliError with a message for the user. `pause` is
     entered while a person is asked to approve a call (the progress spinner stops meanwhile)."""
     workspace = workspace_of(opts)
-    tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net)
+    tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net, pass_env=opts.env or (),
+                        protect=opts.protect or ())
     limits = build_limits(opts)
     model = build_model(opts, announce)
     mcp = None

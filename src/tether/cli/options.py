@@ -56,6 +56,12 @@ OutputSchema = Annotated[Path | None, typer.Option(
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that asks for approval.")]
 AllowNet = Annotated[bool, typer.Option("--allow-net", help="Let Bash commands use the network (the sandbox "
                                         "has none by default).")]
+Env = Annotated[list[str] | None, typer.Option(
+    "--env", help="Pass the environment variable NAME to Bash commands (repeat for more). Only PATH, the "
+    "locale and TERM are passed otherwise, with a private HOME and TMPDIR.", metavar="NAME", show_default=False)]
+Protect = Annotated[list[str] | None, typer.Option(
+    "--protect", help="Keep this workspace PATH read-only for Bash, like .git: a file that runs code later, "
+    "outside the sandbox (e.g. .envrc, .vscode). Repeat for more.", metavar="PATH", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Print the answer exactly as the model wrote it, terminal "
                                    "control sequences included (they are removed by default).")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
@@ -89,6 +95,8 @@ class RunOptions:
     instructions: str | None = None
     yes: bool = False
     allow_net: bool = False
+    env: tuple[str, ...] | None = None
+    protect: tuple[str, ...] | None = None
     raw: bool = False
     verbose: bool = False
     quiet: bool = False
@@ -103,6 +111,8 @@ class RunOptions:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, bool):
                 setattr(out, f.name, mine or theirs)
+            elif isinstance(mine, tuple) and isinstance(theirs, tuple):
+                setattr(out, f.name, tuple(dict.fromkeys(mine + theirs)))
             elif theirs is not None:
                 setattr(out, f.name, theirs)
         return out

@@ -5,8 +5,10 @@ more, each one an allowlist or a kernel guarantee rather than a list of known-ba
 
 - it runs as an unprivileged user with no capabilities, `no_new_privs`, and every mount `nosuid`
   and `nodev` (the workspace included): as a normal user, as that user in a new user namespace;
-  when tether runs as root, as the workspace's owner, or `nobody` (65534) when root owns it too,
-  so it can neither read root-only files such as /etc/shadow nor leave a setuid-root binary behind;
+  when tether runs as root, as the workspace's owner, or `nobody` (65534) when root owns it too
+  (the workspace then mounted id-mapped, so nobody can write it and what it writes is root's:
+  tools/_idmap.py), so it can neither read root-only files such as /etc/shadow nor leave a
+  setuid-root binary behind;
 - the filesystem is read-only, except the workspace (bind-mounted writable) and `writable` paths;
   inside the workspace the paths that run code later, outside the sandbox (`executed_later`:
   the whole `.git`, submodules' `.git` included, plus what the user adds) are read-only mounts,
@@ -37,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tether.tools._idmap import idmapped_view
+from tether.tools._seccomp import filter_fd, no_setid_filter
+
 # What a command's environment may hold, by name; anything else only when the user names it (--env).
 ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TZ")
 SANDBOX_HOME = "/tmp/home"  # inside bubblewrap's private /tmp
@@ -58,10 +63,13 @@ def sandbox_environ(pass_env: Sequence[str] = (), environ: Mapping[str, str] | N
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """The process to start for one command: its argv and its whole environment."""
+    """The process to start for one command: its argv and its whole environment, and what to undo
+    once it has ended (`cleanup`)."""
 
     argv: list[str]
     env: dict[str, str]
+    cleanup: Callable[[], None] | None = None
+    pass_fds: tuple[int, ...] = ()  # descriptors the process inherits (bwrap's --seccomp)
 
 
 class Sandbox(Protocol):
@@ -119,7 +127,7 @@ class Bubblewrap:
     def description(self) -> str:
         net = "network allowed" if self.allow_net else "no network"
         who = self.identity()
-        if who is not None and who[0] == NOBODY and _owner(self.workspace) == 0:
+        if self._root_owned() and not _idmap_works(self.workspace):
             return (f"sandboxed (bubblewrap): commands run as nobody and cannot write {self.workspace}, which "
                     f"belongs to root (run tether as the workspace's owner to let them), {net}")
         user = "" if who is None else f", commands run as uid {who[0]}"
@@ -166,8 +174,14 @@ class Bubblewrap:
                 out.append(p)
         return out
 
-    def args(self) -> list[str]:
-        """bwrap's options, without the command."""
+    def _root_owned(self) -> bool:
+        """tether runs as root on a workspace root owns, and commands run as nobody."""
+        who = self.identity()
+        return who is not None and who[0] == NOBODY and _owner(self.workspace) == 0
+
+    def args(self, source: Path | None = None) -> list[str]:
+        """bwrap's options, without the command. `source`: what to mount at the workspace (default:
+        the workspace itself; an id-mapped view of it for a root-owned one)."""
         ws = self.workspace.resolve()
         root = self.identity() is not None
         if root:
@@ -203,7 +217,7 @@ class Bubblewrap:
         for parent in sorted(ws.parents, key=lambda p: len(p.parts)):
             if any(parent != t and parent.is_relative_to(t) for t in tmpfs):
                 out += ["--perms", "0755", "--dir", str(parent)]
-        out += ["--bind", str(ws), str(ws)]
+        out += ["--bind", str(source or ws), str(ws)]
         for extra in self.writable:
             p = Path(extra).resolve()
             if p.exists():
@@ -225,7 +239,34 @@ class Bubblewrap:
             drop = [self.setpriv, "--reuid", str(who[0]), "--regid", str(who[1]), "--clear-groups",
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
             env["USER"] = env["LOGNAME"] = "nobody" if who[0] == NOBODY else str(who[0])
-        return Launch([self.bwrap, *self.args(), "--chdir", str(cwd), *drop, *argv], env)
+        seccomp = filter_fd() if who is not None and self._root_owned() else None
+        view = idmapped_view(self.workspace.resolve(), *who) if who is not None and seccomp is not None else None
+        if view is None:  # the plain workspace, read-only to nobody: no setuid file can be made there
+            if seccomp is not None:
+                os.close(seccomp)
+            return Launch([self.bwrap, *self.args(), "--chdir", str(cwd), *drop, *argv], env)
+        # Through the id-mapped view what the command creates is root's on disk: the filter keeps
+        # it from making any of it setuid or setgid (tools/_seccomp.py).
+        source, remove = view
+        fd = seccomp
+
+        def cleanup() -> None:
+            os.close(fd)
+            remove()
+
+        return Launch([self.bwrap, *self.args(source), "--seccomp", str(fd), "--chdir", str(cwd), *drop, *argv],
+                      env, cleanup, (fd,))
+
+
+def _idmap_works(workspace: Path) -> bool:
+    """Whether a root-owned workspace can be shown writable to nobody here (see tools/_idmap.py)."""
+    if no_setid_filter() is None:
+        return False
+    view = idmapped_view(workspace.resolve(), NOBODY, NOBODY)
+    if view is None:
+        return False
+    view[1]()
+    return True
 
 
 def _owner(path: Path) -> int | None:
@@ -273,11 +314,14 @@ def probe_bubblewrap(bwrap: str | None = None) -> str | None:
                 ["true"], cwd=Path(tmp), env={"PATH": "/usr/bin:/bin"})
             try:
                 proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=10,
-                                      check=False)
+                                      check=False, pass_fds=launch.pass_fds)
                 last = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[-1]
                 reason = None if proc.returncode == 0 else f"bwrap cannot create its sandbox here: {last}"
             except (OSError, subprocess.TimeoutExpired) as exc:
                 reason = f"bwrap cannot start: {exc}"
+            finally:
+                if launch.cleanup is not None:
+                    launch.cleanup()
     _probed[path] = reason
     return reason
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tether.tools.base import Tool
@@ -18,9 +19,13 @@ from tether.tools.builtin.files import (
 from tether.tools.builtin.shell import shell_tool
 
 
-def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False) -> list[Tool]:
-    """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set)."""
-    return [*file_tools(root), shell_tool(root, timeout=bash_timeout, allow_net=allow_net)]
+def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,
+                 pass_env: Sequence[str] = (), protect: Sequence[str] = ()) -> list[Tool]:
+    """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
+    `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
+    paths kept read-only for them besides .git."""
+    return [*file_tools(root), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
+                                          executed_later=protect)]
 
 
 __all__ = [

@@ -131,10 +131,15 @@ async def run_command(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group, so we can kill every child at once
+            pass_fds=launch.pass_fds,
         )
-    except FileNotFoundError as exc:
-        missing = launch.argv[0] if exc.filename is None else exc.filename
-        raise RuntimeError(f"cannot start the command: {missing} not found") from None
+    except BaseException as exc:
+        if launch.cleanup is not None:
+            launch.cleanup()
+        if isinstance(exc, FileNotFoundError):
+            missing = launch.argv[0] if exc.filename is None else exc.filename
+            raise RuntimeError(f"cannot start the command: {missing} not found") from None
+        raise
     pid = transport.get_pid()
     timed_out = stragglers = False
     try:
@@ -151,6 +156,8 @@ async def run_command(
         if transport.get_returncode() is None:
             _kill_group(pid)
         transport.close()
+        if launch.cleanup is not None:
+            launch.cleanup()
     return CommandResult(capture.text(), transport.get_returncode(), timed_out, stragglers, capture.total)
 
 
