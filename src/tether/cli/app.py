@@ -21,7 +21,7 @@ from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
 from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
-from tether.cli.terminal import clean
+from tether.terminal import clean
 from tether.trace import JsonlTraceWriter
 
 # Newer typers vendor click, older ones use the click package: find its error classes through a public name.

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
-from tether.cli.terminal import CleanWriter
 from tether.limits import Limits
 from tether.loop import ContextBuilder, FullHistory
 from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 from tether.models.resolve import ModelConfigError, resolve_model
+from tether.terminal import CleanWriter, show_approval
 from tether.tools import builtin
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
@@ -193,10 +193,17 @@ def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
     ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal)."""
     from tether.policy import AutoApprove, DenyAll, SafetyPolicy, TerminalApprover
 
+    class EscapingTerminalApprover(TerminalApprover):
+        """The terminal approver, its question shown by `tether.terminal.show_approval` (escaped, long
+        whitespace collapsed, long values cut in the middle, so what runs is what is shown)."""
+
+        def render(self, req: ApprovalRequest) -> str:
+            return show_approval(req)
+
     if opts.yes:
         approver: Approver = AutoApprove()
     elif sys.stdin.isatty() and sys.stderr.isatty():
-        approver = PausingApprover(TerminalApprover(ask=ask_on_stderr, out=CleanWriter(sys.stderr)), pause)
+        approver = PausingApprover(EscapingTerminalApprover(ask=ask_on_stderr, out=CleanWriter(sys.stderr)), pause)
     else:
         approver = DenyAll()
     return SafetyPolicy(approver=approver)

@@ -16,7 +16,7 @@ from rich.markup import escape
 from tether.agent import Agent
 from tether.cli.progress import EXIT_CANCELLED, EXIT_OK, Reporter
 from tether.cli.runner import report, run_turn
-from tether.cli.terminal import clean
+from tether.terminal import clean
 from tether.trace import JsonlTraceWriter
 from tether.types import Message
 

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from tether.cli.build import CliError, model_deadline, run_seconds
 from tether.cli.options import RunOptions
-from tether.cli.terminal import clean
 from tether.models.resolve import configured_endpoints, default_choice, gguf_files, local_status, models_dir
+from tether.terminal import clean
 from tether.tools.sandbox import INSTALL_HINT, probe_bubblewrap
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from tether.cli.terminal import clean
+from tether.terminal import clean
 from tether.types import RunResult, StopReason, TraceEvent
 
 # Exit codes: 2 stays click's usage error, so scripts can tell a typo from a run that ran out of budget.

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tether.terminal import clean
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 WRAP = 88  # error lines are wrapped to this width
 
@@ -38,7 +40,7 @@ class CommandError(Exception):
 
 def format_error(message: str, width: int = WRAP) -> str:
     """`tether: message`, wrapped into lines of at most `width` characters (continuations indented)."""
-    return "\n".join(textwrap.wrap(f"tether: {message}", width, subsequent_indent="  ", break_on_hyphens=False,
+    return "\n".join(textwrap.wrap(f"tether: {clean(message)}", width, subsequent_indent="  ", break_on_hyphens=False,
                                    break_long_words=False)) or "tether:"
 
 
@@ -219,13 +221,15 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(show_lines=False, box=None, pad_edge=False)
     for col, kw in (("#", {"justify": "right"}), ("score", {"justify": "right"}), ("source", {"overflow": "fold"}),
                     ("heading", {"overflow": "fold"}), ("snippet", {"overflow": "fold", "ratio": 1})):
         table.add_column(col, **kw)
-    for i, h in enumerate(hits, start=1):
-        table.add_row(str(i), f"{h.score:.3f}", _shown_source(h.source), h.heading or "-", _snippet(h.text, 120))
+    for i, h in enumerate(hits, start=1):  # documents' text as Text: no rich markup, no terminal sequences
+        table.add_row(str(i), f"{h.score:.3f}", Text(clean(_shown_source(h.source))), Text(clean(h.heading or "-")),
+                      Text(clean(_snippet(h.text, 120))))
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=140)
@@ -259,7 +263,7 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
         print(json.dumps({"answer": answer, "stop_reason": status,
                           "passages": [{"id": h.id, "source": h.source, "score": h.score} for h in hits]}))
     else:
-        print(answer)
+        print(clean(answer))
     return EXIT_OK if status == "completed" else EXIT_STOPPED
 
 

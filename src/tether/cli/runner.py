@@ -14,8 +14,8 @@ from typing import TextIO
 
 from tether.agent import Agent
 from tether.cli.progress import Reporter, exit_code, stop_line
-from tether.cli.terminal import clean, json_safe
 from tether.loop import CancelToken
+from tether.terminal import clean, json_safe
 from tether.trace import JsonlTraceWriter
 from tether.types import Message, RunResult, TraceEvent, to_json
 
