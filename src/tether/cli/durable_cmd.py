@@ -22,6 +22,7 @@ import typer
 
 from tether.cli import options as o
 from tether.cli.progress import EXIT_ERROR
+from tether.terminal import clean, json_safe
 
 EXIT_USAGE = 2
 CLI_AGENT = "cli"
@@ -95,10 +96,10 @@ async def until_parked(run_id: str, work: Any) -> Any:
             if not task.done() and row is not None and row.status == "awaiting_approval" and row.pending \
                     and time.time() - row.updated_at > 1.0:
                 p = row.pending
-                print(f"tether: run {run_id} is parked: {p.get('tool')}("
-                      f"{json.dumps(p.get('arguments'), ensure_ascii=False)}) awaits approval ({p.get('reason')}). "
-                      f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
-                      f"{run_id}", file=sys.stderr)
+                print(clean(f"tether: run {run_id} is parked: {p.get('tool')}("
+                            f"{json.dumps(p.get('arguments'), ensure_ascii=False)}) awaits approval ({p.get('reason')}). "
+                            f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
+                            f"{run_id}"), file=sys.stderr)
                 return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=row.steps)
         return task.result()
     finally:
@@ -180,8 +181,8 @@ def approve_cmd(run_id: str, call_id: str, deny: bool, reason: str, db: str | No
     except Exception as exc:
         return _err(f"cannot reach the run database: {type(exc).__name__}: {exc}")
     verb = "denied" if deny else "approved"
-    print(f"{verb} {pending.get('tool')}({json.dumps(pending.get('arguments'), ensure_ascii=False)}) "
-          f"in run {run_id}", file=sys.stderr)
+    print(clean(f"{verb} {pending.get('tool')}({json.dumps(pending.get('arguments'), ensure_ascii=False)}) "
+                f"in run {run_id}"), file=sys.stderr)
     return 0
 
 
@@ -209,22 +210,22 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
         if run_id is None:
             rows = store.runs(limit=limit)
             if as_json:
-                print(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False))
+                print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
             for r in rows if not as_json else ():
                 answer = (r.answer or "").replace("\n", " ")
-                print(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}")
+                print(clean(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
             return 0
         row = store.run(run_id)
         if row is None:
             return _err(f"no run {run_id!r}")
         if as_json:
-            print(json.dumps({**dataclasses.asdict(row), "events": [dataclasses.asdict(e) for e in store.events(run_id)]
-                              if events else None}, ensure_ascii=False))
+            print(json_safe(json.dumps({**dataclasses.asdict(row), "events": [
+                dataclasses.asdict(e) for e in store.events(run_id)] if events else None}, ensure_ascii=False)))
             return 0
         for key, value in dataclasses.asdict(row).items():
-            print(f"{key}: {value}")
+            print(clean(f"{key}: {value}"))
         for e in store.events(run_id) if events else ():
-            print(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}")
+            print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
         return 0
     finally:
         store.close()

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from tether.cli.durable_cmd import Db
 from tether.cli.progress import EXIT_ERROR, EXIT_OK
+from tether.terminal import clean
 
 EXIT_USAGE = 2
 
@@ -38,7 +39,7 @@ def eval_cmd(suite_path: Path, model_spec: str | None, record: bool, judge_spec:
     mode = "record" if record else ("live" if model is not None else "replay")
 
     def progress(row: dict) -> None:
-        err.print(f"  {'ok ' if row['success'] else 'FAIL'} {row['id']}", markup=False)
+        err.print(clean(f"  {'ok ' if row['success'] else 'FAIL'} {row['id']}"), markup=False)
 
     try:
         report = asyncio.run(run_suite(suite, mode=mode, model=model, judge=judge, concurrency=concurrency,
@@ -54,7 +55,7 @@ def eval_cmd(suite_path: Path, model_spec: str | None, record: bool, judge_spec:
         write_html(report, html_out)
     if old is not None:
         for line in compare(old, report):
-            print(line)
+            print(clean(line))
     t = report["totals"]
     return EXIT_OK if t["passed"] == t["scenarios"] and t["safety_violations"] == 0 else EXIT_ERROR
 

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from tether.cli import options as o
 from tether.cli.build import CliError, build_tools, workspace_of
+from tether.terminal import clean
 from tether.tools.base import Tool
 
 if TYPE_CHECKING:  # the mcp extra is imported only when a command needs it
@@ -163,7 +164,7 @@ def list_tools(path: Path) -> int:
             hints = t.metadata.get("mcp_annotations", {})
             shown = ", ".join(f"{k}={v}" for k, v in hints.items() if k.endswith("Hint")) or "none"
             trust = "untrusted" if t.untrusted_output else "trusted"
-            typer.echo(f"{t.name}\t{t.effect.value}\t{trust} output\thints: {shown}")
+            typer.echo(clean(f"{t.name}\t{t.effect.value}\t{trust} output\thints: {shown}"))
     return 1 if toolset.failures else 0
 
 

@@ -10,6 +10,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from tether.terminal import clean
 
 COLUMNS = [("steps", "steps"), ("input_tokens", "in tok"), ("output_tokens", "out tok"), ("cost_usd", "cost $"),
            ("side_effect_requests", "effects asked"), ("unnecessary_side_effect_requests", "unneeded"),
@@ -17,7 +20,7 @@ COLUMNS = [("steps", "steps"), ("input_tokens", "in tok"), ("output_tokens", "ou
 
 
 def print_table(report: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"{report['suite']} ({report['mode']})", show_lines=False)
+    table = Table(title=Text(clean(f"{report['suite']} ({report['mode']})")), show_lines=False)
     table.add_column("scenario")
     table.add_column("ok")
     for _, label in COLUMNS:
@@ -25,8 +28,9 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     table.add_column("caught by")
     table.add_column("why not")
     for row in report["scenarios"]:
-        table.add_row(row["id"], "yes" if row["success"] else "NO", *(_fmt(row[k]) for k, _ in COLUMNS),
-                      ", ".join(row["caught_by"]), "; ".join(row["failures"])[:160])
+        # failures quote model output: Text (no rich markup) through the one terminal sanitiser
+        table.add_row(Text(clean(row["id"])), "yes" if row["success"] else "NO", *(_fmt(row[k]) for k, _ in COLUMNS),
+                      Text(clean(", ".join(row["caught_by"]))), Text(clean("; ".join(row["failures"])[:160])))
     t = report["totals"]
     table.add_row("total", f"{t['passed']}/{t['scenarios']}", *(_fmt(t[k]) for k, _ in COLUMNS), "", "")
     console.print(table)
