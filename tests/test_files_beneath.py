@@ -208,3 +208,21 @@ def test_open_beneath_refuses_dotdot_and_absolute(resolver: str, ws: Path) -> No
         os.close(_beneath.open_beneath(root, "f.txt", os.O_RDONLY))
     finally:
         os.close(root)
+
+
+def test_write_and_edit_refuse_git_and_protected_paths(ws: Path) -> None:
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    (ws / "sub").mkdir()
+    (ws / "sub" / ".git").write_text("gitdir: ../.git/modules/sub\n")
+    (ws / ".envrc").write_text("export A=1\n")
+    tools = {t.name: t for t in file_tools(ws, protect=[".envrc", ".vscode"])}
+    for path in (".git/hooks/pre-commit", "d/../.git/config", "sub/.git", ".envrc", ".vscode/tasks.json"):
+        with pytest.raises(ValueError, match="runs later, outside the sandbox"):
+            run(tools["Write"], file_path=path, content="touch PWNED\n")
+    for path, old in ((".git/config", "[core]"), (".envrc", "A=1"), ("sub/.git", "gitdir")):
+        with pytest.raises(ValueError, match="runs later, outside the sandbox"):
+            run(tools["Edit"], file_path=path, old_string=old, new_string="x")
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists() and not (ws / ".vscode").exists()
+    assert (ws / ".git" / "config").read_text() == "[core]\n" and (ws / ".envrc").read_text() == "export A=1\n"
+    assert run(tools["Write"], file_path="gitnotes/.gitignore", content="x\n").startswith("Created")

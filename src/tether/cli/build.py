@@ -81,7 +81,7 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, p
         if name == "coding":
             tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect)
         elif name == "files":
-            tools += builtin.file_tools(workspace)
+            tools += builtin.file_tools(workspace, protect=protect)
         elif name == "bash":
             tools.append(builtin.shell_tool(workspace, allow_net=allow_net, pass_env=pass_env,
                                             executed_later=protect))

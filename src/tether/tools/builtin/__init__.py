@@ -24,7 +24,7 @@ def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool
     """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
     `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
     paths kept read-only for them besides .git."""
-    return [*file_tools(root), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
+    return [*file_tools(root, protect=protect), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
                                           executed_later=protect)]
 
 

@@ -24,7 +24,7 @@ import fnmatch
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -337,9 +337,22 @@ def _read_lines(fd: int, shown: str, start: int, count: int, max_bytes: int) -> 
     return text
 
 
-def write_tool(root: str | Path) -> Tool:
-    """The `Write` tool for files under `root`."""
+def _check_writable(shown: str, file_path: str, protect: Sequence[str]) -> None:
+    """Refuse a write under `.git` (at any depth) or a `protect`ed path: code there runs later,
+    outside any sandbox (hooks, core.fsmonitor, direnv ...). `shown` is already normalised and no
+    symbolic link is followed on the way, so the lexical path is the path written."""
+    parts = shown.split("/")
+    hit = ".git" if ".git" in parts else next(
+        (p for p in protect if shown == p or shown.startswith(p.rstrip("/") + "/")), None)
+    if hit is not None:
+        raise ValueError(f"'{file_path}' is under {hit}, which the file tools do not write: code there runs "
+                         "later, outside the sandbox")
+
+
+def write_tool(root: str | Path, *, protect: Sequence[str] = ()) -> Tool:
+    """The `Write` tool for files under `root` (never under `.git` or a `protect`ed path)."""
     ws = Workspace(root)
+    protected = [os.path.normpath(p) for p in protect]
 
     def Write(file_path: str, content: str) -> str:
         """Write a file.
@@ -351,6 +364,7 @@ def write_tool(root: str | Path) -> Tool:
         shown = ws.relative(file_path, what="file_path")
         if shown == ".":
             raise ValueError(f"'{file_path}' is a directory; give a file path")
+        _check_writable(shown, file_path, protected)
         try:
             existed = ws.files.replace(shown, content.encode("utf-8"), create_dirs=True)
         except OSError as exc:
@@ -370,9 +384,10 @@ def write_tool(root: str | Path) -> Tool:
     )(Write)
 
 
-def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool:
-    """The `Edit` tool for files under `root`."""
+def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect: Sequence[str] = ()) -> Tool:
+    """The `Edit` tool for files under `root` (never under `.git` or a `protect`ed path)."""
     ws = Workspace(root)
+    protected = [os.path.normpath(p) for p in protect]
 
     def Edit(file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
         """Replace exact text in a file.
@@ -387,6 +402,7 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
             raise ValueError("old_string is empty; to create or overwrite a file use Write")
         if old_string == new_string:
             raise ValueError("old_string and new_string are identical; nothing to change")
+        _check_writable(ws.relative(file_path, what="file_path"), file_path, protected)
         fd, info, shown = ws.open_file(file_path)
         text = _read_all(fd, info, shown, max_bytes=max_file_bytes, strict=True)
         count = text.count(old_string)
@@ -568,11 +584,13 @@ def _grep_file(fd: int, shown: str, regex: re.Pattern[str], out: list[str], cap:
     return True
 
 
-def file_tools(root: str | Path, *, read_only: bool = False) -> list[Tool]:
-    """Read, Write, Edit, Glob and Grep confined to `root` (only Read, Glob, Grep when read_only)."""
+def file_tools(root: str | Path, *, read_only: bool = False, protect: Sequence[str] = ()) -> list[Tool]:
+    """Read, Write, Edit, Glob and Grep confined to `root` (only Read, Glob, Grep when read_only);
+    Write and Edit never write under `.git` or a `protect`ed path."""
     if read_only:
         return [read_tool(root), glob_tool(root), grep_tool(root)]
-    return [read_tool(root), write_tool(root), edit_tool(root), glob_tool(root), grep_tool(root)]
+    return [read_tool(root), write_tool(root, protect=protect), edit_tool(root, protect=protect), glob_tool(root),
+            grep_tool(root)]
 
 
 __all__ = [
