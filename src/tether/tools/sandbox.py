@@ -241,14 +241,14 @@ class Bubblewrap:
             env["USER"] = env["LOGNAME"] = "nobody" if who[0] == NOBODY else str(who[0])
         seccomp = filter_fd() if who is not None and self._root_owned() else None
         view = idmapped_view(self.workspace.resolve(), *who) if who is not None and seccomp is not None else None
-        if view is None:  # the plain workspace, read-only to nobody: no setuid file can be made there
+        if view is None or seccomp is None:  # the plain workspace, read-only to nobody: no setuid file there
             if seccomp is not None:
                 os.close(seccomp)
             return Launch([self.bwrap, *self.args(), "--chdir", str(cwd), *drop, *argv], env)
         # Through the id-mapped view what the command creates is root's on disk: the filter keeps
         # it from making any of it setuid or setgid (tools/_seccomp.py).
         source, remove = view
-        fd = seccomp
+        fd: int = seccomp
 
         def cleanup() -> None:
             os.close(fd)
