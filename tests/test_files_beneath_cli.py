@@ -67,3 +67,34 @@ def test_a_swapping_bash_and_parallel_file_calls_in_one_turn(tmp_path: Path) -> 
     refused = [k for k, v in results.items() if "symbolic link" in v]
     done = [k for k, v in results.items() if k != "bash" and "symbolic link" not in v]
     print(f"{len(refused)} refused, {len(done)} done")  # both happen when the race overlaps the calls
+
+
+def test_the_sandbox_through_the_cli_never_root_git_read_only_environment_by_allowlist(tmp_path: Path) -> None:
+    """Items 3-5 of the issue through `tether -p`: a Bash call tries each attack; markers decide."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    subprocess.run(["git", "init", "-q", str(ws)], check=True, capture_output=True)
+    attack = ("id -u > uid.txt; env > env.txt; cat /proc/1/environ >> env.txt; head -c 5 /etc/shadow > shadow.txt; "
+              "cp /bin/sh sh; chmod 4755 sh; mv .git .git.orig; echo 'touch PWNED' > .git/hooks/pre-commit; "
+              "git config core.fsmonitor 'touch PWNED'; echo finished")
+    script = [chat_completion(None, [tool_call("Bash", {"command": attack}, id="bash")]), chat_completion("done")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_"))}
+    env.update(GH_PAT="ghp_leak1", DB_PASS="leak2", MYSQL_PWD="leak3", REDIS_URL="redis://:leak4@cache:6379",
+               SENTRY_DSN="https://leak5@o1.ingest.sentry.io/1", CI_JOB_JWT="eyJleak6", KEEP_ME="kept")
+    with FakeOpenAIServer(script) as server:
+        env.update(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url)
+        proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "check the build", "--workspace", str(ws),
+                               "--env", "KEEP_ME"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (ws / "uid.txt").read_text().strip() != "0"
+    assert (ws / "shadow.txt").read_text() == ""
+    planted = ws / "sh"
+    assert not (planted.exists() and planted.stat().st_uid == 0 and planted.stat().st_mode & 0o4000)
+    assert (ws / ".git" / "HEAD").is_file() and not (ws / ".git.orig").exists()
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert "fsmonitor" not in (ws / ".git" / "config").read_text()
+    seen = (ws / "env.txt").read_text()
+    assert "KEEP_ME=kept" in seen and "sk-test" not in seen
+    for i in range(1, 7):
+        assert f"leak{i}" not in seen
