@@ -3,11 +3,13 @@
 Names and parameters follow Claude Code (and the CodeCrafters "Build your own Claude Code" course),
 so models trained on those tools use them without coaching.
 
-Confinement: every path is resolved to its real path (symlinks followed) and must lie inside the
-real root; `../` escapes, absolute paths elsewhere and symlinks leading out are refused with an
-error naming the root. Directory walks never follow symlinked directories and skip symlinked files
-whose target is outside the root. (A symlink swapped in between the check and the open is not
-defended against; the tools open the already-resolved real path, which narrows that window.)
+Confinement: every path is resolved beneath the root by the kernel at the moment it is opened
+(tools/_beneath.py: openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, else an O_NOFOLLOW descriptor
+walk), never checked first and opened after; `../` escapes and absolute paths elsewhere are refused
+with an error naming the root, and so is a symbolic link anywhere on the path (even one pointing
+inside). Glob and Grep walk by directory descriptors and leave symbolic links out. Write and Edit
+write a new file in the target's directory and rename it over the target (a hard link to a file
+outside is replaced, not written through), and never write under `.git` or a `protect`ed path.
 
 Read, Grep and Glob return text that someone other than the user may have written (cloned
 repositories, downloads, files produced by earlier tool calls; even a file *name* can carry an
