@@ -29,6 +29,7 @@ and otherwise says once on stderr why not (the Bash tool then asks approval for 
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -89,6 +90,7 @@ def _unconfined_home() -> str:
     credentials are not where a command looks for them."""
     if not _private_home:
         _private_home.append(tempfile.mkdtemp(prefix="tether-home-"))
+        atexit.register(shutil.rmtree, _private_home[0], True)
     return _private_home[0]
 
 
