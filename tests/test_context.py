@@ -21,7 +21,7 @@ from tether.context import (
     counter_for,
     cut_result,
 )
-from tether.context.tokens import message_tokens, size_bound, tiktoken_encoding
+from tether.tokens import message_tokens, size_bound, tiktoken_encoding
 from tether.limits import Budget, MonotonicClock
 from tether.loop import ContextRun, DirectStepRunner, RunSpec
 from tether.models.anthropic import AnthropicModel
@@ -430,7 +430,7 @@ def test_a_builder_that_fails_to_start_ends_the_run_with_one_error() -> None:
 
 
 def test_unusable_ranks_fall_back_to_the_estimate(monkeypatch) -> None:
-    import tether.context.tokens as tokens
+    import tether.tokens as tokens
 
     monkeypatch.setattr(tokens, "tiktoken_encoding", lambda name: None)  # e.g. a hash mismatch
     counter = tokens.TiktokenCounter("o200k_base")

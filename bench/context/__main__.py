@@ -37,7 +37,7 @@ from typing import Any
 
 from tether import Agent, Limits, tool
 from tether.context import Compaction, counter_for
-from tether.context.tokens import message_tokens, tools_tokens
+from tether.tokens import message_tokens, tools_tokens
 from tether.loop import FullHistory
 from tether.models.scripted import ScriptedModel
 from tether.types import ModelReply, ModelRequest, ToolCall, Usage, to_jsonable

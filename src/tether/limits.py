@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -111,6 +112,33 @@ class Budget:
         if self._time_cap is not None and self._now() - self.started >= self._time_cap:
             return StopReason.TIME_BUDGET
         return None
+
+    def admit(self, input_tokens: int, rates: tuple[float, float] | None, *, final: bool = False,
+              min_output: int = 1) -> tuple[StopReason | None, int | None]:
+        """Before a model call of `input_tokens`: (None, the output cap that keeps usage within the
+        token and cost ceilings, None if unbounded), or (the budget it would cross, None) when not even
+        `min_output` tokens fit. Steps stop short of the reserve; the final call may use it.
+        `rates` are USD per 1M (input, output) tokens; without them cost is checked after the call."""
+        lim, usage = self.limits, self.usage
+        cap: int | None = None
+        if lim.max_tokens is not None:
+            ceiling = lim.max_tokens if final else self._token_cap
+            assert ceiling is not None
+            cap = math.floor(ceiling - usage.input_tokens - usage.output_tokens - input_tokens)
+            if cap < min_output:
+                return StopReason.TOKEN_BUDGET, None
+        if lim.max_cost_usd is not None and rates is not None:
+            ceiling = lim.max_cost_usd if final else self._cost_cap
+            assert ceiling is not None
+            left = (ceiling - usage.cost_usd) * 1_000_000 - input_tokens * rates[0]  # in USD per 1M
+            if rates[1] > 0:
+                afford = math.floor(left / rates[1] * (1 - 1e-9))  # float rounding never rounds up
+                if afford < min_output:
+                    return StopReason.COST_BUDGET, None
+                cap = afford if cap is None else min(cap, afford)
+            elif left < 0:
+                return StopReason.COST_BUDGET, None
+        return None, cap
 
     def final_output_tokens(self) -> int | None:
         """An output cap for the final call: what is left of the token budget, at least the reserve

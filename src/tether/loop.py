@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from tether._admission import Admission
 from tether._json import dumps_fn
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -258,6 +259,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
     deadline = _Deadline(budget.remaining_seconds())
+    # Token and cost ceilings: each call is sized and its output capped before it is sent.
+    lim = spec.limits
+    admission = Admission(spec.model, spec.pricing) if lim.max_tokens is not None or lim.max_cost_usd is not None \
+        else None
+    counted = 0
 
     try:
         _start_policy(policy, state, ctx)
@@ -279,6 +285,14 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
             if spec.output is not None:
                 request = spec.output.prepare(spec.model, request)
+            if admission is not None:
+                counted = admission.count(request.messages, request.tools)
+                stop, cap = admission.admit(budget, counted)
+                if stop is not None:
+                    emit("notice", {"not_sent": stop.value, "input_tokens": counted})
+                    break
+                if cap is not None:
+                    request.max_output_tokens = min(cap, request.max_output_tokens or cap)
             started = budget.elapsed()
             deadline.armed = True
             try:
@@ -304,6 +318,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
             _price(spec, reply)
             budget.record_model_call(reply.usage)
+            if admission is not None:
+                admission.observe(counted, reply.usage.input_tokens)
             messages.append(reply.to_message())
             if reply.text:
                 answer = reply.text
@@ -370,7 +386,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
                     StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
-        answer = await _final_answer(spec, context, messages, stop, budget, emit) or answer
+        answer = await _final_answer(spec, context, messages, stop, budget, emit, admission,
+                                     [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
     finish = getattr(policy, "finish_run", None)  # optional in a Policy
@@ -559,9 +576,13 @@ def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:
 
 
 async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,
-                        budget: Budget, emit: Callable[..., None]) -> str:
-    """The one reserved, tool-free call that turns what was found into a partial answer."""
-    messages.append(Message.user(FINAL_PROMPT.format(reason=reason.value.replace("_", " "))))
+                        budget: Budget, emit: Callable[..., None], admission: Admission | None,
+                        findings: list[str]) -> str:
+    """The one reserved, tool-free call that turns what was found into a partial answer. Under a
+    token or cost ceiling it must fit what is left: when the whole transcript does not, it is sent
+    the task and the findings, cut to fit; when nothing fits, the findings are the answer."""
+    why = reason.value.replace("_", " ")
+    messages.append(Message.user(FINAL_PROMPT.format(reason=why)))
     started = budget.elapsed()
     try:
         async with asyncio.timeout(budget.final_seconds()):
@@ -571,7 +592,13 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
             request = ModelRequest(await _build(context, messages), tools,
                                    max_output_tokens=budget.final_output_tokens(),
                                    tool_choice="none" if tools else None)
-            if spec.output is not None:
+            if admission is not None:
+                fitted = _fit_final(spec, admission, budget, request, messages, findings, why)
+                if fitted is None:
+                    emit("notice", {"final_answer": "no model call fits what is left of the budget"})
+                    return _findings_answer(why, findings)
+                request = fitted
+            elif spec.output is not None:
                 request = spec.output.prepare(spec.model, request)
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
@@ -591,6 +618,48 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
                         "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
          budget.elapsed() - started)
     return reply.text if spec.output is None else spec.output.accept_final(reply)
+
+
+def _fit_final(spec: RunSpec, admission: Admission, budget: Budget, request: ModelRequest,
+              messages: list[Message], findings: list[str], why: str) -> ModelRequest | None:
+    """The final request, admitted (its output capped) within what is left of the ceilings: the whole
+    transcript if it fits, else the instructions, the task and the findings cut until they fit."""
+    def admitted(req: ModelRequest) -> ModelRequest | None:
+        if spec.output is not None:
+            req = spec.output.prepare(spec.model, req)
+        stop, cap = admission.admit(budget, admission.count(req.messages, req.tools), final=True)
+        if stop is not None:
+            return None
+        if cap is not None:
+            req.max_output_tokens = min(cap, req.max_output_tokens or cap)
+        return req
+
+    if (whole := admitted(request)) is not None:
+        return whole
+    head = [m for m in messages[:1] if m.role == "system"]
+    task = next((m.content for m in messages if m.role == "user" and m.name != NOTE_NAME), "")
+    found = "\n".join(f"- {f}" for f in findings) or "(nothing yet)"
+    room = 4_000
+    while room >= 200:
+        text = (f"The task: {_cut(task, room // 2)}\n\nWhat the run found so far:\n{_cut(found, room)}\n\n"
+                + FINAL_PROMPT.format(reason=why))
+        if (short := admitted(ModelRequest([*head, Message.user(text)], [],
+                                           max_output_tokens=budget.final_output_tokens()))) is not None:
+            return short
+        room //= 2
+    return None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 15] + " [...cut here]"
+
+
+def _findings_answer(why: str, findings: list[str]) -> str:
+    """The partial answer when no model call fits: what the run found, as found."""
+    if not findings:
+        return f"The run reached its limit ({why}) before it found anything."
+    return f"The run reached its limit ({why}) before it could write an answer. What it found:\n" + "\n".join(
+        f"- {f}" for f in findings)
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:

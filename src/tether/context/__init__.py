@@ -15,7 +15,7 @@ from tether.context.facts import FactList, message_facts
 from tether.context.memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore, policy_taint
 from tether.context.planning import Planner, parse_plan
 from tether.context.task_state import PlanStep, TaskBoard, TaskState, task_state_tools
-from tether.context.tokens import (
+from tether.tokens import (
     EstimateCounter,
     MessageSizes,
     TiktokenCounter,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from tether.context.facts import FactList, message_facts, result_facts
 from tether.context.task_state import TaskBoard, TaskState, task_state_tools
-from tether.context.tokens import (
+from tether.tokens import (
     MessageSizes,
     TokenCounter,
     context_window,

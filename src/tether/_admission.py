@@ -1,0 +1,71 @@
+"""Admission: before a model call is sent, size it and cap its output so that it cannot cross the
+run's token or cost ceiling. A budget is a ceiling checked before the money is spent, not a total
+checked after.
+
+The request's input is counted with the model's own tokenizer where tether has it (tiktoken ranks
+for OpenAI models), else with the calibrated estimate times `ESTIMATE_MARGIN`; every reply's reported
+input count then corrects the run's factor upward if the count was low. The output is bounded by
+`max_output_tokens`, which the provider enforces. So the ceiling holds exactly for a provider that
+counts as tether does and honours `max_output_tokens`, and within the estimate's error otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tether.tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
+from tether.limits import Budget
+from tether.models.base import Model
+from tether.models.pricing import Pricing
+from tether.types import Message, StopReason, ToolSpec
+
+ESTIMATE_MARGIN = 1.25  # the calibrated estimate's error on prose, logs, JSON and code stays well under this
+REPLY_PRIMING = 3  # tokens a provider adds to prime the reply
+MIN_STEP_OUTPUT = 64  # a step that could not write even a short tool call is not sent
+
+
+class Admission:
+    """Sizes the requests of one run and admits them against its Budget."""
+
+    __slots__ = ("_sizes", "_tools", "_tools_tokens", "counter", "factor", "rates")
+
+    def __init__(self, model: Model, pricing: Pricing) -> None:
+        self.counter = counter_for(model.name)
+        self.factor = 1.0 if isinstance(self.counter, TiktokenCounter) else ESTIMATE_MARGIN
+        self.rates = model_rates(model, pricing)
+        self._sizes = MessageSizes(self.counter)
+        self._tools: Sequence[ToolSpec] | None = None
+        self._tools_tokens = 0
+
+    def count(self, messages: list[Message], tools: Sequence[ToolSpec]) -> int:
+        """The request's input tokens as counted (before the run's factor)."""
+        sizes = self._sizes
+        sizes.sync(messages)  # the transcript itself (FullHistory): each message counted once per run
+        n = sizes.total()
+        if tools is not self._tools:
+            self._tools, self._tools_tokens = tools, tools_tokens(self.counter, list(tools))
+        return n + self._tools_tokens + REPLY_PRIMING
+
+    def admit(self, budget: Budget, counted: int, *, final: bool = False) -> tuple[StopReason | None, int | None]:
+        """(the budget this call would cross, None) or (None, the output cap that keeps it within
+        every ceiling; None when nothing bounds it). The final call may use the reserve."""
+        return budget.admit(math.ceil(counted * self.factor), self.rates, final=final,
+                            min_output=1 if final else MIN_STEP_OUTPUT)
+
+    def observe(self, counted: int, reported: int) -> None:
+        """A reply's reported input count: a count that was low raises the run's factor."""
+        if counted > 0 and reported > counted * self.factor:
+            self.factor = reported / counted
+
+
+def model_rates(model: Model, pricing: Pricing) -> tuple[float, float] | None:
+    """USD per 1M (input, output) tokens; for a model that tries several (FallbackModel), the
+    dearest of each; None when a model has no price (its cost cannot be bounded before the call)."""
+    inner = getattr(model, "models", None)
+    if not inner:
+        return pricing.lookup(model.name)
+    rates = [model_rates(m, pricing) for m in inner]
+    if any(r is None for r in rates):
+        return None
+    return max(r[0] for r in rates if r), max(r[1] for r in rates if r)
