@@ -107,13 +107,14 @@ def test_token_budget_counts_tokens_and_keeps_a_reserve():
 
 
 def test_cost_budget_uses_the_price_table():
-    pricing = Pricing({"scripted": (100_000.0, 0.0)})  # $0.1 per input token
+    pricing = Pricing({"scripted": (10_000.0, 0.0)})  # $0.01 per input token
     model = ScriptedModel(endless, usage=Usage(input_tokens=1, output_tokens=0))
     result = Agent(model, tools=[lookup], pricing=pricing, limits=Limits(max_steps=50, max_cost_usd=5)).run("go")
     assert result.stop_reason is StopReason.COST_BUDGET
-    assert result.trace[0].data["cost_usd"] == pytest.approx(0.1)  # the table's price, not the model's $0
-    # each call is priced before it is sent (its input as counted, at $0.1 a token): never over $5
-    assert 0.1 <= result.usage.cost_usd <= 5
+    first = next(e for e in result.trace if e.kind == "model_call")
+    assert first.data["cost_usd"] == pytest.approx(0.01)  # the table's price, not the model's $0
+    # each call is priced before it is sent (its input as counted, at $0.01 a token): never over $5
+    assert 0.01 <= result.usage.cost_usd <= 5
 
 
 def test_a_step_the_cost_ceiling_cannot_afford_is_not_sent():
