@@ -184,3 +184,54 @@ def test_the_rule() -> None:
     assert not is_context_length_error("Invalid API key")
     with pytest.raises(ValueError):
         FallbackModel([])
+
+
+# --- issue 24, item 2: a hung primary falls back; a down primary is skipped by a circuit breaker
+
+
+def test_a_hung_primary_falls_back_when_its_deadline_passes() -> None:
+    """The primary never answers (each reply delayed past the model's deadline): the secondary gets
+    the request and the run completes (before: the deadline error was not retryable, the run ended in
+    `error` and the secondary saw nothing)."""
+    with FakeOpenAIServer([], responder=lambda r: Reply(body=chat_completion("late"), delay=5.0)) as hung:
+        primary = OpenAICompatModel(PRIMARY, base_url=hung.base_url, api_key="k", max_retries=0, deadline=0.5)
+        secondary = ScriptedModel(["from the secondary"], name=SECONDARY)
+        result = Agent(FallbackModel([primary, secondary])).run("hi")
+    assert result.stop_reason is StopReason.COMPLETED, result.error
+    assert result.answer == "from the secondary"
+    assert len(hung.requests) == 1 and secondary.calls == 1
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_down_primary_is_skipped_after_repeated_failures_and_retried_after_the_cooldown() -> None:
+    clock = _Clock()
+    with FakeOpenAIServer([], responder=lambda r: Reply.error(503, "down")) as down:
+        primary = OpenAICompatModel(PRIMARY, base_url=down.base_url, api_key="k", max_retries=1, backoff_base=0.0)
+        secondary = ScriptedModel(lambda req: "ok", name=SECONDARY)
+        model = FallbackModel([primary, secondary], breaker_failures=2, breaker_cooldown=30, clock=clock)
+        agent = Agent(model)
+        for _ in range(5):
+            assert agent.run("hi").answer == "ok"
+        assert len(down.requests) == 4  # 2 steps x 2 attempts, then skipped (not 5 x 2)
+        clock.t = 31  # cool-down over: tried once more, fails, skipped again
+        for _ in range(3):
+            assert agent.run("hi").answer == "ok"
+        assert len(down.requests) == 6
+    assert secondary.calls == 8
+
+
+def test_a_context_length_error_does_not_open_the_breaker() -> None:
+    with FakeOpenAIServer([], responder=lambda r: Reply.error(400, "maximum context length exceeded")) as small:
+        primary = OpenAICompatModel(PRIMARY, base_url=small.base_url, api_key="k", max_retries=0)
+        model = FallbackModel([primary, ScriptedModel(lambda req: "ok", name=SECONDARY)], breaker_failures=1)
+        agent = Agent(model)
+        for _ in range(3):
+            agent.run("hi")
+    assert len(small.requests) == 3  # asked every time: its prompt limit says nothing of its health

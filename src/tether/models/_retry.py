@@ -82,7 +82,9 @@ def past_deadline(prefix: str, policy: RetryPolicy, last: Failure | None, emitte
     tail = f" (last error: {last.message})" if last is not None else ""
     if emitted:
         tail += " (stream broke after text was sent)"
-    return ModelError(f"{prefix}: no complete reply within the {policy.deadline:g}s deadline for one model call{tail}")
+    # retryable: a hung provider is worth another model (FallbackModel), and a later attempt
+    return ModelError(f"{prefix}: no complete reply within the {policy.deadline:g}s deadline for one model call{tail}",
+                      retryable=True)
 
 
 class _Clock:
