@@ -551,3 +551,30 @@ def test_work_per_step_stays_flat_as_the_history_grows(tool_name):
     early = (_calls_per_run(tool_name, 40) - _calls_per_run(tool_name, 20)) / 20
     late = (_calls_per_run(tool_name, 160) - _calls_per_run(tool_name, 80)) / 80
     assert late <= early * 1.05, (early, late)
+
+
+def test_cancel_from_another_thread_interrupts_a_synchronous_run() -> None:
+    """Issue 24, item 3: `CancelToken.cancel()` from a thread while a sync `agent.run()` waits on a
+    model call ends the run at once (before: asyncio.Event is not thread-safe, the run sat out the hang)."""
+    token = CancelToken()
+    started = threading.Event()
+
+    class Hanging:
+        name = "hanging"
+
+        async def complete(self, request: ModelRequest) -> ModelReply:
+            started.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("not reached")
+
+        async def stream(self, request: ModelRequest):  # pragma: no cover
+            yield await self.complete(request)
+
+    threading.Thread(target=lambda: (started.wait(30), token.cancel("stopped from a thread")), daemon=True).start()
+    done: list[RunResult] = []
+    runner = threading.Thread(target=lambda: done.append(Agent(Hanging()).run("go", cancel=token)), daemon=True)
+    runner.start()
+    runner.join(60)  # a generous guard: the run ends as soon as the cancel lands
+    assert done, "the run did not end after the cancel"
+    assert done[0].stop_reason is StopReason.CANCELLED
+    assert done[0].error == "stopped from a thread"

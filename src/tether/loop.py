@@ -14,6 +14,7 @@ updates run here, in the workflow, from the recorded results.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -131,24 +132,45 @@ async def _build(context: ContextBuilder, messages: list[Message]) -> list[Messa
 
 
 class CancelToken:
-    """Cancels a run from outside (another task, a signal handler, the server)."""
+    """Cancels a run from outside: another task, a signal handler, the server, or another thread
+    (a synchronous `agent.run()` waiting on a model call is woken at once). One token may serve
+    runs on several event loops; once cancelled it stays cancelled."""
 
-    __slots__ = ("_event", "reason")
+    __slots__ = ("_lock", "_set", "_waiters", "reason")
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._set = False
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self.reason = ""
 
     def cancel(self, reason: str = "cancelled") -> None:
-        self.reason = reason
-        self._event.set()
+        with self._lock:
+            if not self._set:
+                self.reason = reason
+            self._set = True
+            waiters = list(self._waiters)
+        for loop, event in waiters:  # each waiter on its own loop, thread-safely
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop has closed: nothing waits there any more
+                pass
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
     async def wait(self) -> None:
-        await self._event.wait()
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            if self._set:
+                return
+            self._waiters.append(entry)
+        try:
+            await entry[1].wait()
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
 
 
 class _Cancelled(Exception):
