@@ -319,3 +319,32 @@ def test_an_awaitable_that_is_not_a_coroutine_keeps_its_timeout():
     t.is_async = True
     r = run(Executor([t]), "never", x=1)
     assert r.decision == "timeout"
+
+
+async def test_timed_out_sync_tools_do_not_take_the_next_calls_workers():
+    """Issue 24, item 4: after 8 sync tools timed out (their threads still blocked), a trivial sync
+    tool still runs (before: 'timed out after 1 s', every worker held by an abandoned call)."""
+    import threading
+
+    release = threading.Event()
+
+    @tool(timeout=0.2)
+    def stuck(n: int) -> str:
+        """Blocks until released."""
+        release.wait(60)
+        return "late"
+
+    @tool(timeout=5)
+    def quick() -> str:
+        """Answers at once."""
+        return "quick"
+
+    ex = Executor([stuck, quick], max_workers=8)
+    try:
+        for n in range(8):
+            r = await ex.execute(ToolCall(f"c{n}", "stuck", {"n": n}), CallContext(run_id="r"))
+            assert r.decision == "timeout"
+        r = await ex.execute(ToolCall("q", "quick", {}), CallContext(run_id="r"))
+        assert r.content == "quick" and not r.is_error
+    finally:
+        release.set()

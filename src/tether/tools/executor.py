@@ -186,6 +186,14 @@ class Executor:
         self._max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
 
+    def _abandon_pool(self) -> None:
+        """A timed-out sync tool keeps its thread (Python cannot stop it): leave that pool to finish
+        what it holds and give the next calls a fresh one, so abandoned calls never take the workers
+        the next call needs."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
     @property
     def specs(self) -> list[ToolSpec]:
         """What a run that has no capped result yet is told about (a run asks `specs_for`)."""
@@ -309,6 +317,8 @@ class Executor:
                     value = await asyncio.get_running_loop().run_in_executor(
                         self._pool, functools.partial(tool.fn, **args))
         except TimeoutError:
+            if not tool.is_async:
+                self._abandon_pool()
             return self._error(
                 call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "
                 "request or another approach.", "timeout",
