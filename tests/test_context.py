@@ -21,13 +21,13 @@ from tether.context import (
     counter_for,
     cut_result,
 )
-from tether.tokens import message_tokens, size_bound, tiktoken_encoding
 from tether.limits import Budget, MonotonicClock
 from tether.loop import ContextRun, DirectStepRunner, RunSpec
 from tether.models.anthropic import AnthropicModel
 from tether.models.openai_compat import to_openai_messages, to_openai_tools
 from tether.models.pricing import Pricing
 from tether.models.scripted import ScriptedModel, call
+from tether.tokens import message_tokens, size_bound, tiktoken_encoding
 from tether.tools.executor import Executor
 from tether.types import Message, ModelReply, ModelRequest, RunResult, ToolCall, Usage, from_json, to_json
 

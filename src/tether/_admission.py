@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tether.tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
 from tether.limits import Budget
 from tether.models.base import Model
 from tether.models.pricing import Pricing
+from tether.tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
 from tether.types import Message, StopReason, ToolSpec
 
 ESTIMATE_MARGIN = 1.25  # the calibrated estimate's error on prose, logs, JSON and code stays well under this

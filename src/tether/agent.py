@@ -111,7 +111,8 @@ class Agent(Generic[OutputT]):
             usage=Usage(u.input_tokens, u.output_tokens, u.cost_usd, u.model_calls, u.tool_calls, u.seconds),
             steps=state.steps, loop_counts=dict(state.loop_counts), loop_warned=list(state.loop_warned),
             findings=list(state.findings), policy=state.policy, handles=list(state.handles),
-            task_state=state.task_state,
+            task_state=state.task_state, pending=[dict(p) for p in state.pending],
+            decisions=[dict(d) for d in state.decisions] if prompt is None else [],
         )
 
     def _spec(self, run_id: str, cancel: CancelToken | None, on_event, stream_text: bool) -> RunSpec:

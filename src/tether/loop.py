@@ -14,6 +14,7 @@ updates run here, in the workflow, from the recorded results.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -151,10 +152,8 @@ class CancelToken:
             self._set = True
             waiters = list(self._waiters)
         for loop, event in waiters:  # each waiter on its own loop, thread-safely
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nothing waits there any more
                 loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # that loop has closed: nothing waits there any more
-                pass
 
     @property
     def cancelled(self) -> bool:
@@ -292,6 +291,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         start = getattr(spec.context, "start", None)  # a builder with per-run state
         if start is not None:
             context = start(ContextRun(spec, budget, emit))
+        if state.decisions:  # a person decided on calls the run stopped for: those calls first
+            await _resume_decided(spec, state, ctx, budget, emit)
         while True:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
@@ -433,6 +434,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     dump = getattr(policy, "dump_state", None)
     if dump is not None and ctx.policy_state is not None:
         state.policy = dump(ctx.policy_state)
+    waiting = getattr(policy, "pending", None)
+    state.pending = [] if waiting is None or ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
+        else [{**p, "step": ctx.step} for p in waiting(ctx.policy_state)]
     result = RunResult(
         run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
         usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
@@ -579,6 +583,43 @@ async def _wait_approval(spec: RunSpec, call: ToolCall, result: ToolResult, ctx:
     pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
                                     "reason": result.content}
     return await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
+
+
+async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budget: Budget,
+                          emit: Callable[..., None]) -> None:
+    """Apply the decisions taken on a stopped run's pending calls (`RunState.approve`/`deny`): each
+    goes to the policy, bound to its call's tool and arguments, and that exact call runs again
+    through the executor (approved: it runs; denied: the denial is its answer), its result replacing
+    the "awaiting approval" answer in the transcript, before the model is asked again."""
+    policy = spec.executor.policy
+    decide = getattr(policy, "decide", None)
+    if decide is None or ctx.policy_state is None:
+        raise ValueError("this run's policy takes no decisions on pending calls")
+    messages = state.messages
+    turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
+    steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
+    for d in state.decisions:
+        call_id = d["call_id"]
+        index, call = next(((k, c) for k, c in enumerate(messages[turn].tool_calls) if c.id == call_id)
+                           if turn is not None else iter(()), (None, None))
+        if call is None or index is None or turn is None:
+            raise ValueError(f"call {call_id!r} is not in the run's last turn")
+        decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
+        ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
+        started = budget.elapsed()
+        result = await spec.step_runner.tool_step(ctx.step, index, call,
+                                                  lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+        budget.usage.tool_calls += 1
+        slot = next(j for j in range(turn + 1, len(messages))
+                    if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
+        messages[slot] = result.to_message()
+        emit("notice", {"approval": {"call_id": call_id, "approved": bool(d["approved"]), "by": d.get("by")}})
+        emit("tool_call", {"name": call.name, "call_id": call.id, "arguments": call.arguments,
+                           "decision": result.decision, "is_error": result.is_error,
+                           "result_chars": result.full_chars or len(result.content),
+                           "truncated": result.handle is not None}, since=started)
+    state.decisions = []
+    state.pending = []
 
 
 def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:

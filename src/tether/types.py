@@ -226,6 +226,24 @@ class RunResult(Generic[OutputT]):
         return self.stop_reason is StopReason.COMPLETED
 
     @property
+    def pending(self) -> list[dict[str, Any]]:
+        """The calls awaiting a person's decision (call_id, tool, arguments, reason, step)."""
+        return self.state.pending if self.state is not None else []
+
+    def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
+        """Approve a pending call; continue with `agent.run(None, state=result.approve(call_id))`."""
+        return self._state().approve(call_id, by=by, reason=reason)
+
+    def deny(self, call_id: str, reason: str = "", *, by: str = "library") -> RunState:
+        """Deny a pending call; continue with `agent.run(None, state=result.deny(call_id, why))`."""
+        return self._state().deny(call_id, reason, by=by)
+
+    def _state(self) -> RunState:
+        if self.state is None:
+            raise ValueError(f"run {self.run_id!r} carries no state to continue")
+        return self.state
+
+    @property
     def usage_by_model(self) -> dict[str, Usage]:
         """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
         out: dict[str, Usage] = {}
@@ -263,6 +281,26 @@ class RunState:
     task_state: Any = None
     stop_reason: StopReason | None = None
     version: int = RUN_STATE_VERSION
+    pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
+
+    def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
+        """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its
+        tool and arguments as asked) and goes on. Returns this state."""
+        return self._decide(call_id, True, by, reason)
+
+    def deny(self, call_id: str, reason: str = "", *, by: str = "library") -> RunState:
+        """Deny one pending call; when the run continues, the denial (with `reason`) is its answer."""
+        return self._decide(call_id, False, by, reason)
+
+    def _decide(self, call_id: str, approved: bool, by: str, reason: str) -> RunState:
+        if not any(p.get("call_id") == call_id for p in self.pending):
+            waiting = ", ".join(str(p.get("call_id")) for p in self.pending) or "none"
+            raise ValueError(f"no call {call_id!r} awaits a decision in run {self.run_id!r} (waiting: {waiting})")
+        if any(d["call_id"] == call_id for d in self.decisions):
+            raise ValueError(f"call {call_id!r} of run {self.run_id!r} is already decided")
+        self.decisions.append({"call_id": call_id, "approved": approved, "by": by, "reason": reason})
+        return self
 
     def to_json(self) -> str:
         return to_json(self)

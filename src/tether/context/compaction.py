@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tether.context.facts import FactList, message_facts, result_facts
 from tether.context.task_state import TaskBoard, TaskState, task_state_tools
+from tether.models.base import Model
 from tether.tokens import (
     MessageSizes,
     TokenCounter,
@@ -35,7 +36,6 @@ from tether.tokens import (
     message_tokens,
     tools_tokens,
 )
-from tether.models.base import Model
 from tether.tools.base import Tool
 from tether.types import Message, ModelRequest, ToolSpec
 
