@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
 
 from tether import Agent, Limits, StopReason, tool
@@ -97,3 +98,35 @@ def test_streamed_run_emits_text_deltas():
     assert deltas == "Hello there, streaming works"
     assert items[-1].answer == deltas
     json.dumps([getattr(i, "data", None) for i in items[:-1]])  # events are plain data
+
+
+def test_repeated_sync_runs_leave_nothing_to_close_on_a_closed_loop(tmp_path) -> None:
+    """Issue 24, item 9: from the second `agent.run()` on one model, stderr got "Task exception was
+    never retrieved ... Event loop is closed" (the first loop's HTTP client closed after its loop)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "runs.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from fake_openai_server import FakeOpenAIServer, chat_completion\n"
+        "from tether import Agent\n"
+        "from tether.models.openai_compat import OpenAICompatModel\n"
+        "with FakeOpenAIServer([], responder=lambda r: chat_completion('hi')) as s:\n"
+        "    agent = Agent(OpenAICompatModel('gpt-4o-mini', base_url=s.base_url, api_key='k'))\n"
+        "    print([agent.run('x').answer for _ in range(3)])\n"
+        "    import gc; gc.collect()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['hi', 'hi', 'hi']"
+    assert out.stderr == "", out.stderr
+
+
+async def test_run_inside_a_running_loop_names_arun() -> None:
+    from tether import Agent
+    from tether.models.scripted import ScriptedModel
+
+    with pytest.raises(RuntimeError, match=r"await agent\.arun"):
+        Agent(ScriptedModel(["x"])).run("hi")

@@ -151,3 +151,15 @@ def test_similarity_falls_back_to_shared_words_without_numpy(monkeypatch) -> Non
     mem.remember_episode("ann", "newsletter draft", "completed", "sent", source="r2")
     monkeypatch.setattr(builtins, "__import__", no_rag)
     assert [m.source for m in mem.episodes("ann", "checkout errors again")] == ["r1"]
+
+
+def test_open_expands_the_home_directory(tmp_path, monkeypatch) -> None:
+    """Issue 24, item 9: `LongTermMemory.open("~/.tether/memory.db")`, as docs/context.md writes it,
+    used to create a directory named `~` in the working directory."""
+    from tether.context import LongTermMemory
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    LongTermMemory.open("~/.tether/memory.db")
+    assert (tmp_path / "home" / ".tether" / "memory.db").exists()
+    assert not (tmp_path / "~").exists()

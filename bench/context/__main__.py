@@ -37,9 +37,9 @@ from typing import Any
 
 from tether import Agent, Limits, tool
 from tether.context import Compaction, counter_for
-from tether.tokens import message_tokens, tools_tokens
 from tether.loop import FullHistory
 from tether.models.scripted import ScriptedModel
+from tether.tokens import message_tokens, tools_tokens
 from tether.types import ModelReply, ModelRequest, ToolCall, Usage, to_jsonable
 
 OUT = Path(__file__).with_name("results.json")

@@ -144,9 +144,23 @@ class Agent(Generic[OutputT]):
             return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
         return await run_loop(self._spec(run_id, cancel, on_event, stream_text), start)
 
-    def run(self, prompt: str | None, **kwargs) -> RunResult[OutputT]:
-        """Synchronous `arun` (starts its own event loop)."""
-        return asyncio.run(self.arun(prompt, **kwargs))
+    def run(self, prompt: str | None, **kwargs: Any) -> RunResult[OutputT]:
+        """Synchronous `arun`: runs on its own event loop, and closes the model's connections before
+        that loop ends. Inside a running event loop, `await agent.arun(...)` instead."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._run_closing(prompt, **kwargs))
+        raise RuntimeError("Agent.run() was called inside a running event loop (Jupyter, an async server, "
+                           "a coroutine): use `await agent.arun(...)` there")
+
+    async def _run_closing(self, prompt: str | None, **kwargs: Any) -> RunResult[OutputT]:
+        try:
+            return await self.arun(prompt, **kwargs)
+        finally:
+            close = getattr(self.model, "aclose", None)  # clients tied to this loop, which ends here
+            if close is not None:
+                await close()
 
     async def stream(
         self,

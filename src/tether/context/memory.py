@@ -91,7 +91,8 @@ class SQLiteMemoryStore:
 
     def __init__(self, path: str | Path = ":memory:") -> None:
         if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            path = Path(path).expanduser()  # "~/.tether/memory.db", as the docs write it
+            path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")

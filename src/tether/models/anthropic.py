@@ -99,6 +99,14 @@ class AnthropicModel:
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r})"
 
+    async def aclose(self) -> None:
+        """Close the HTTP client this event loop opened (a synchronous `Agent.run` calls it before
+        its loop ends, so no connection is left to close on a closed loop)."""
+        client, self._client = self._client, None
+        if client is not None and self._client_loop is asyncio.get_running_loop():
+            await client.close()
+        self._client_loop = None
+
     def _get_client(self) -> Any:
         loop = asyncio.get_running_loop()  # one client per event loop, as in OpenAICompatModel
         if self._client is None or self._client_loop is not loop:

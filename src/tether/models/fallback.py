@@ -74,6 +74,13 @@ class FallbackModel:
         self._failures = [0] * len(self.models)  # failures in a row, per model
         self._open_until = [0.0] * len(self.models)  # skipped until this clock reading
 
+    async def aclose(self) -> None:
+        """Close each model's clients for this event loop (see `OpenAICompatModel.aclose`)."""
+        for model in self.models:
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+
     def _order(self) -> list[int]:
         """The models to try: those whose breaker is closed (or whose cool-down is over), in order;
         every model when all are open."""

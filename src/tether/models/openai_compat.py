@@ -192,6 +192,14 @@ class OpenAICompatModel:
     def __repr__(self) -> str:
         return f"OpenAICompatModel({self.model!r}, base_url={self.base_url!r})"
 
+    async def aclose(self) -> None:
+        """Close the HTTP client this event loop opened (a synchronous `Agent.run` calls it before
+        its loop ends, so no connection is left to close on a closed loop)."""
+        client, self._client = self._client, None
+        if client is not None and self._client_loop is asyncio.get_running_loop():
+            await client.close()
+        self._client_loop = None
+
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._given_client is not None:
             return self._given_client
