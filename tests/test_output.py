@@ -129,7 +129,7 @@ def test_a_type_without_a_schema_is_a_clear_error() -> None:
 def test_parse_json_finds_the_value() -> None:
     assert parse_json('```\n[1]\n```') == [1]
     assert parse_json("nothing here") is not None  # the _NOT_JSON marker, not a value
-    assert OutputType.of(int).schema.strict and not OutputType.of(City).schema.strict
+    assert OutputType.of(int).schema.strict and OutputType.of(City).schema.strict  # all fields required: closed, strict
 
 
 def test_request_for_uses_a_final_tool_only_without_native_support() -> None:
@@ -255,7 +255,8 @@ def test_openai_sends_response_format_and_validates() -> None:
     body = server.requests[0].body
     fmt = body["response_format"]
     assert fmt["type"] == "json_schema"
-    assert fmt["json_schema"]["name"] == FINAL_TOOL and fmt["json_schema"]["strict"] is False
+    assert fmt["json_schema"]["name"] == FINAL_TOOL and fmt["json_schema"]["strict"] is True
+    assert fmt["json_schema"]["schema"]["additionalProperties"] is False
     assert fmt["json_schema"]["schema"]["properties"]["population"]["type"] == "integer"
     assert "tools" not in body and "tool_choice" not in body
 
@@ -398,3 +399,39 @@ def test_cli_output_schema_errors(tmp_path: Path) -> None:
 def _cli_env_static() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_"))}
     return env | {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+
+
+def test_strict_mode_is_on_for_plain_classes_whose_schema_allows_it() -> None:
+    """Issue 24, item 9: a dataclass, a TypedDict or a plain pydantic model with required fields is
+    sent with `strict: true` (closed objects), so OpenAI enforces the schema; optional fields keep it
+    off (strict mode would demand every key)."""
+    import dataclasses
+
+    from pydantic import BaseModel
+    from typing_extensions import TypedDict
+
+    from tether.output import OutputType
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: int
+
+    class Box(TypedDict):
+        name: str
+        corner: Point
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    class Loose(BaseModel):
+        name: str
+        note: str = ""
+
+    for tp in (Point, Box, City, list[City]):
+        out = OutputType.of(tp).schema
+        assert out.strict, tp
+        assert out.schema["additionalProperties"] is False
+    assert not OutputType.of(Loose).schema.strict
+    assert OutputType.of(Box).validate({"name": "a", "corner": {"x": 1, "y": 2}})["corner"].y == 2

@@ -147,7 +147,11 @@ def _compile(tp: Any) -> OutputType[Any]:
     name = FINAL_TOOL
     wrapped_schema, wrapped = _object_root(schema)
     description = str(schema.get("description") or "")
-    out = OutputSchema(name, wrapped_schema, description, strict=_strict_ok(wrapped_schema))
+    # Pydantic leaves objects open; a closed copy is what OpenAI's strict mode (the provider enforcing
+    # the schema) needs, and validation is unchanged (extra keys were ignored, now none are sent).
+    closed = _closed(wrapped_schema)
+    strict = _strict_ok(closed)
+    out = OutputSchema(name, closed if strict else wrapped_schema, description, strict=strict)
     return OutputType(tp, out, wrapped, tp is str, adapter, None)
 
 
@@ -168,6 +172,18 @@ def _object_root(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         if key in schema:
             wrapped[key] = schema[key]
     return wrapped, True
+
+
+def _closed(schema: Any) -> Any:
+    """A copy with `additionalProperties: false` on every object schema that does not say otherwise."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k == "enum" else _closed(v)) for k, v in schema.items()}
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _strict_ok(schema: Any) -> bool:
