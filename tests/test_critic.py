@@ -71,3 +71,21 @@ def test_citations_required() -> None:
     review = asyncio.run(Critic(require_citations=True).review("q", "It is 1465 ms.", ["1465 ms"]))
     assert not review.ok and review.reasons == ["the answer cites no passage ([1], [2], ...)"]
     assert asyncio.run(Critic(require_citations=True).review("q", "It is 1465 ms [1].", ["[1] 1465 ms"])).ok
+
+
+def test_the_reviewer_is_priced_with_the_agents_price_table() -> None:
+    """Issue 24, item 7: the reviewer's call (100k input tokens on gpt-4o) added tokens but $0."""
+    from tether.models.pricing import Pricing
+
+    reviewer = ScriptedModel(["OK"], name="gpt-4o", usage=Usage(100_000, 20))
+    model = ScriptedModel([call("lookup", topic="checkout"), "p99 is 1,465 ms."], usage=Usage(100, 10))
+    agent = Agent(model, tools=[lookup], pricing=Pricing())
+    result = asyncio.run(run_with_critic(agent, "How slow is checkout?", Critic(reviewer)))
+    assert result.usage.cost_usd == Pricing().cost("gpt-4o", 100_000, 20) > 0.2
+
+
+def test_a_reviewer_call_that_would_cross_the_token_limit_is_not_made() -> None:
+    reviewer = ScriptedModel(["REVISE: no"], usage=Usage(500, 20))
+    result, _ = run([call("lookup", topic="checkout"), "p99 is 1,465 ms."], Critic(reviewer), max_tokens=300)
+    assert reviewer.calls == 0
+    assert result.usage.total_tokens <= 300

@@ -15,7 +15,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tether.limits import Limits
 from tether.models.base import Model
+from tether.models.pricing import Pricing
+from tether.tokens import counter_for, message_tokens
 from tether.types import Message, ModelRequest, RunResult, TraceEvent, Usage
 
 _CLAIM = re.compile(
@@ -77,7 +80,11 @@ class Critic:
         self.max_evidence_chars = max_evidence_chars
         self.max_output_tokens = max_output_tokens
 
-    async def review(self, task: str, answer: str, tool_outputs: list[str]) -> Review:
+    async def review(self, task: str, answer: str, tool_outputs: list[str], *, pricing: Pricing | None = None,
+                     limits: Limits | None = None, used: Usage | None = None) -> Review:
+        """The deterministic checks, then the reviewer model's verdict, priced with `pricing`. With
+        `limits` and the run's `used` usage, the reviewer call is made only if it fits what is left
+        of the token and cost ceilings (its input counted, its output capped), else it is skipped."""
         evidence = "\n".join(tool_outputs)
         reasons: list[str] = []
         if self.check_claims:
@@ -90,14 +97,30 @@ class Critic:
             request = ModelRequest([Message.user(REVIEW_PROMPT.format(task=task, evidence=shown or "(none)",
                                                                       answer=answer))], [],
                                    max_output_tokens=self.max_output_tokens, temperature=0.0)
+            prices = pricing or Pricing()
+            if limits is not None and not _fits(request, self.model.name, prices, limits, used or Usage()):
+                return Review(not reasons, [*reasons], usage)  # no room left in the run's budget: no reviewer
             reply = await self.model.complete(request)
-            usage = Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1)
+            name = reply.model or self.model.name
+            cost = prices.usage_cost(name, reply.usage) if prices.known(name) else reply.usage.cost_usd
+            usage = Usage(reply.usage.input_tokens, reply.usage.output_tokens, cost, 1)
             text = reply.text.strip()
             if not text.upper().startswith("OK"):
                 lines = [ln.strip(" -*") for ln in text.splitlines()[1:] if ln.strip(" -*")]
                 head = text.split("\n", 1)[0].removeprefix("REVISE").strip(" :")
                 reasons += [r for r in [head, *lines] if r] or ["the reviewer asked for a revision"]
         return Review(not reasons, reasons, usage)
+
+
+def _fits(request: ModelRequest, model: str, pricing: Pricing, limits: Limits, used: Usage) -> bool:
+    """Whether the reviewer call, at its most (input as counted, output at its cap), stays within the
+    run's token and cost limits."""
+    counter = counter_for(model)
+    n_in = sum(message_tokens(counter, m) for m in request.messages) + 3
+    n_out = request.max_output_tokens or 0
+    if limits.max_tokens is not None and used.total_tokens + n_in + n_out > limits.max_tokens:
+        return False
+    return limits.max_cost_usd is None or used.cost_usd + pricing.cost(model, n_in, n_out) <= limits.max_cost_usd
 
 
 async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: int = 1, **kwargs) -> RunResult:
@@ -108,7 +131,8 @@ async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: 
         if not result.completed:
             return result
         outputs = [m.content for m in result.messages if m.role == "tool"]
-        review = await critic.review(prompt, result.answer, outputs)
+        review = await critic.review(prompt, result.answer, outputs, pricing=agent.pricing, limits=agent.limits,
+                                     used=result.usage)
         result.trace.append(TraceEvent("critic", result.steps, result.trace[-1].t if result.trace else 0.0, 0.0,
                                        {"ok": review.ok, "reasons": review.reasons,
                                         "input_tokens": review.usage.input_tokens}))
