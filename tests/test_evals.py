@@ -96,7 +96,8 @@ def test_concurrent_report_equals_sequential() -> None:
     ('contains = ["41", "gamma"]', "alpha is 41", "answer lacks 'gamma'"),
     ('not_contains = ["41"]', "alpha is 41", "answer contains '41'"),
     ('regex = "^beta"', "alpha is 41", "does not match"),
-    ('required_tools = ["delete"]', "alpha is 41", "delete was never called"),
+    ('required_tools = ["delete"]', "alpha is 41", "delete never ran"),
+    ('forbidden_attempts = ["lookup"]', "alpha is 41", "lookup was asked for"),
     ("max_steps = 1", "alpha is 41", "2 steps, at most 1"),
     ("max_tokens = 1", "alpha is 41", "tokens, at most 1"),
     ('stop_reason = "max_steps"', "alpha is 41", "stopped with completed, expected max_steps"),
@@ -267,3 +268,63 @@ def test_a_stored_run_exports_as_a_cassette_that_replays(tmp_path: Path) -> None
     missing = subprocess.run([sys.executable, "-m", "tether.cli", "export-cassette", "nope", "--db", str(db), "-o",
                               str(out)], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no finished run 'nope'" in missing.stderr
+
+
+def test_every_shipped_scenario_fails_when_its_required_tools_are_refused(monkeypatch) -> None:
+    """Issue 24, item 8: the flagship scenario passed while 3 of its 5 read-only calls were denied.
+    Flip the policy to refuse each scenario's required tools: every scenario that requires a tool
+    must then fail (a check that cannot fail is no check)."""
+    from tether.tools.executor import Verdict
+
+    suite = load_suite(OPS)
+    build = suite.factory
+    refused: set[str] = set()
+
+    def refusing(*args, **kwargs):
+        agent = build(*args, **kwargs)
+        policy = agent.executor.policy
+        real = policy.before_call
+
+        async def before_call(tool, args, call, ctx):
+            if tool.name in refused:
+                return Verdict("refuse", "refused by the test", "refused:test")
+            return await real(tool, args, call, ctx)
+
+        monkeypatch.setattr(policy, "before_call", before_call)
+        return agent
+
+    monkeypatch.setattr(suite, "factory", refusing)
+    checked = 0
+    for sc in suite.scenarios:
+        if not sc.expect.required_tools:
+            continue
+        refused.clear()
+        refused.update(sc.expect.required_tools)
+        row = asyncio.run(run_suite(suite, only=[sc.id]))["scenarios"][0]
+        assert not row["success"], sc.id
+        assert any("never ran" in f for f in row["failures"]), (sc.id, row["failures"])
+        checked += 1
+    assert checked >= 4  # the suite's scenarios that require a tool
+
+
+def test_an_exported_cassette_detects_a_changed_agent(tmp_path: Path) -> None:
+    """Issue 24, item 8: a cassette exported from a stored run carried `request: null`, so a changed
+    agent (other instructions) still passed on it. Each reply now carries the fingerprint of the
+    messages it answered."""
+    from tether.evals.cassette import CassettePlayer, cassette_from_state
+    from tether.models.scripted import ScriptedModel, call
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return "alpha is 41"
+
+    first = Agent(ScriptedModel([call("lookup", key="alpha"), "alpha is 41"]), tools=[lookup],
+                  instructions="Be brief.").run("What is alpha?")
+    cassette = cassette_from_state(first.state)
+    same = CassettePlayer(cassette)
+    again = Agent(same.model, tools=same.wrap_tools([lookup]), instructions="Be brief.").run("What is alpha?")
+    assert again.completed and same.drift == []
+    changed = CassettePlayer(cassette)
+    other = Agent(changed.model, tools=changed.wrap_tools([lookup]), instructions="Be verbose.").run("What is alpha?")
+    assert not other.completed and changed.drift

@@ -75,7 +75,7 @@ def may_restart(ops: Ops):
 
 
 def build_tools(ops: Ops) -> list[Tool]:
-    @tool
+    @tool(effect="read_only")
     def search_logs(query: str = "", service: str | None = None, level: Level | None = None,
                     limit: Annotated[int, Field(ge=1, le=50)] = 10) -> str:
         """Search the logs. Returns the newest matching lines with timestamps, and counts.
@@ -100,7 +100,7 @@ def build_tools(ops: Ops) -> list[Tool]:
         shown = rows[-limit:]
         return head + "\nNewest:\n" + "\n".join(f"{r['ts']} {r['service']} {r['level']} {r['message']}" for r in shown)
 
-    @tool
+    @tool(effect="read_only")
     def query_metrics(service: str, metric: Metric) -> str:
         """Summary of one metric of one service over the last two hours (5-minute points).
 
@@ -121,7 +121,7 @@ def build_tools(ops: Ops) -> list[Tool]:
         lines.append("points: " + ", ".join(f"{t[11:16]}={v}" for t, v in points[-8:]))
         return "\n".join(lines)
 
-    @tool
+    @tool(effect="read_only")
     def read_runbook(service: str) -> str:
         """The runbook of a service.
 
@@ -134,7 +134,7 @@ def build_tools(ops: Ops) -> list[Tool]:
             raise ValueError(f"no runbook for {service!r}; runbooks exist for: {', '.join(have)}")
         return path.read_text("utf-8")
 
-    @tool
+    @tool(effect="read_only")
     def list_services() -> str:
         """Every service with its team, on-call engineer and dependencies."""
         return "\n".join(f"{name}: team {s['team']}, on-call {ops.oncall[s['team']]}, depends on "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.models.base import ModelError
-from tether.models.scripted import ReplayModel, request_fingerprint
+from tether.models.scripted import ReplayModel, request_fingerprint, transcript_fingerprint
 from tether.policy.canonical import canonical_json
 from tether.tools.base import Tool
 from tether.tools.results import shape
@@ -62,14 +62,16 @@ def _public_args(tool: Tool, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def cassette_from_state(state: RunState) -> Cassette:
     """A cassette from a stored run's transcript (`RunStore.state(run_id)`): each assistant message is a
-    model reply, each tool message the response to its call. The requests are not fingerprinted (the
-    transcript does not say which tools the model was offered), so a replay checks the tool calls
-    for drift, not the prompts; capped results replay as the capped text the model saw."""
+    model reply, each tool message the response to its call. Each reply carries a fingerprint of the
+    messages before it (not of the tools offered, which the transcript does not say), so a replay
+    whose prompts, instructions or tool results differ is reported as drift; capped results replay
+    as the capped text the model saw."""
     calls = {c.id: c for m in state.messages for c in m.tool_calls}
     cassette = Cassette()
-    for m in state.messages:
-        if m.role == "assistant":
-            cassette.model.append({"request": None, "reply": to_jsonable(ModelReply(m.content, list(m.tool_calls)))})
+    for i, m in enumerate(state.messages):
+        if m.role == "assistant":  # the messages before it are what the model was sent: a replay checks them
+            cassette.model.append({"request": None, "transcript": transcript_fingerprint(state.messages[:i]),
+                                   "messages": i, "reply": to_jsonable(ModelReply(m.content, list(m.tool_calls)))})
         elif m.role == "tool" and m.tool_call_id in calls:
             call = calls[m.tool_call_id]
             record: dict[str, Any] = {"name": call.name, "arguments": call.arguments}

@@ -51,8 +51,9 @@ class Expect:
     regex: str | None = None
     predicate: str | None = None  # "module:function" or "file.py:function": (result, agent) -> bool | str
     judge: str | None = None  # criteria for a judge model (needs --judge-model)
-    required_tools: list[str] = field(default_factory=list)  # called at least once
+    required_tools: list[str] = field(default_factory=list)  # ran at least once (a refused call does not count)
     forbidden_tools: list[str] = field(default_factory=list)  # never executed successfully
+    forbidden_attempts: list[str] = field(default_factory=list)  # never even asked for (refused or not)
     allowed_actions: list[str] | None = None  # effectful tools the task needs; None: those in `approve`
     max_steps: int | None = None
     max_tokens: int | None = None

@@ -123,10 +123,20 @@ class ScriptedModel:
 
 def request_fingerprint(request: ModelRequest) -> str:
     """A short hash of what the model was asked (messages and tool names), for replay checks."""
-    body = {
-        "messages": [[m.role, m.content, [[c.name, c.arguments] for c in m.tool_calls]] for m in request.messages],
-        "tools": [t.name for t in request.tools],
-    }
+    return _fingerprint({"messages": _message_body(request.messages), "tools": [t.name for t in request.tools]})
+
+
+def transcript_fingerprint(messages: list[Message]) -> str:
+    """A short hash of the messages alone: what a cassette exported from a stored transcript can check
+    (the transcript does not say which tools were offered)."""
+    return _fingerprint({"messages": _message_body(messages)})
+
+
+def _message_body(messages: list[Message]) -> list[Any]:
+    return [[m.role, m.content, [[c.name, c.arguments] for c in m.tool_calls]] for m in messages]
+
+
+def _fingerprint(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -181,7 +191,12 @@ class ReplayModel:
             raise ModelError(f"ReplayModel: the cassette has only {len(self.records)} replies")
         record = self.records[self._next]
         self._next += 1
-        if self.strict and record.get("request") not in (None, request_fingerprint(request)):
+        recorded = record.get("request")
+        if recorded is None and record.get("transcript") is not None:  # exported from a stored run
+            mismatch = record["transcript"] != transcript_fingerprint(request.messages)
+        else:
+            mismatch = recorded not in (None, request_fingerprint(request))
+        if self.strict and mismatch:
             raise ModelError(
                 f"ReplayModel: request {self._next} differs from the recording "
                 f"(recorded {record.get('messages')} messages, got {len(request.messages)}); "
