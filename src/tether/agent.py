@@ -10,6 +10,7 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
+from tether._delegation import agent_as_tool
 from tether.limits import Clock, Limits, MonotonicClock
 from tether.loop import (
     CancelToken,
@@ -80,6 +81,13 @@ class Agent(Generic[OutputT]):
             from tether.durable import attach  # only durable agents import DBOS
 
             self.durable = attach(self, self.durable)
+
+    def as_tool(self, name: str, description: str = "", *, share: float = 0.5) -> Tool:
+        """This agent as a tool of another: each call is one run of this agent on the task the parent's
+        model writes, its token and cost budgets carved from what the parent has left (`share` of it,
+        never more), its usage charged to the parent, acting as the parent's user, tainted when the
+        parent is. See docs/agents.md."""
+        return agent_as_tool(self, name, description, share=share)
 
     def start_messages(self, prompt: str, history: Iterable[Message] = ()) -> list[Message]:
         """The transcript a new run starts from: instructions, earlier turns, the prompt."""

@@ -66,7 +66,8 @@ class Limits:
 class Budget:
     """Accounts a run's usage against its Limits; `exceeded()` is O(1)."""
 
-    __slots__ = ("_cost_cap", "_now", "_time_cap", "_token_cap", "clock", "limits", "started", "steps", "usage")
+    __slots__ = ("_cost_cap", "_now", "_time_cap", "_token_cap", "clock", "limits", "reserved_cost", "reserved_tokens",
+                 "started", "steps", "usage")
 
     def __init__(self, limits: Limits, clock: Clock, usage: Usage | None = None, steps: int = 0) -> None:
         self.limits = limits
@@ -76,6 +77,8 @@ class Budget:
         self.started = clock.now() - (usage.seconds if usage else 0.0)
         self.usage = usage or Usage()
         self.steps = steps
+        self.reserved_tokens = 0  # carved out for sub-agents now running (see `carve`)
+        self.reserved_cost = 0.0
         keep = 1.0 - limits.final_reserve if limits.final_answer else 1.0
         self._token_cap = None if limits.max_tokens is None else limits.max_tokens * keep
         self._cost_cap = None if limits.max_cost_usd is None else limits.max_cost_usd * keep
@@ -103,9 +106,9 @@ class Budget:
         lim, usage = self.limits, self.usage  # checked twice a step: no property or method frames
         if lim.max_steps is not None and self.steps >= lim.max_steps:
             return StopReason.MAX_STEPS
-        if self._token_cap is not None and usage.input_tokens + usage.output_tokens >= self._token_cap:
+        if self._token_cap is not None and usage.input_tokens + usage.output_tokens + self.reserved_tokens >= self._token_cap:
             return StopReason.TOKEN_BUDGET
-        if self._cost_cap is not None and usage.cost_usd >= self._cost_cap:
+        if self._cost_cap is not None and usage.cost_usd + self.reserved_cost >= self._cost_cap:
             return StopReason.COST_BUDGET
         if lim.max_tool_calls is not None and usage.tool_calls >= lim.max_tool_calls:
             return StopReason.TOOL_CALL_BUDGET
@@ -124,13 +127,13 @@ class Budget:
         if lim.max_tokens is not None:
             ceiling = lim.max_tokens if final else self._token_cap
             assert ceiling is not None
-            cap = math.floor(ceiling - usage.input_tokens - usage.output_tokens - input_tokens)
+            cap = math.floor(ceiling - usage.input_tokens - usage.output_tokens - self.reserved_tokens - input_tokens)
             if cap < min_output:
                 return StopReason.TOKEN_BUDGET, None
         if lim.max_cost_usd is not None and rates is not None:
             ceiling = lim.max_cost_usd if final else self._cost_cap
             assert ceiling is not None
-            left = (ceiling - usage.cost_usd) * 1_000_000 - input_tokens * rates[0]  # in USD per 1M
+            left = (ceiling - usage.cost_usd - self.reserved_cost) * 1_000_000 - input_tokens * rates[0]  # per 1M
             if rates[1] > 0:
                 afford = math.floor(left / rates[1] * (1 - 1e-9))  # float rounding never rounds up
                 if afford < min_output:
@@ -139,6 +142,32 @@ class Budget:
             elif left < 0:
                 return StopReason.COST_BUDGET, None
         return None, cap
+
+    def carve(self, share: float) -> tuple[int | None, float | None]:
+        """Reserve `share` of what is left of the token and cost budgets (the final answer's reserve
+        excluded) for a sub-agent: (tokens, USD), None where unbounded. Reserved amounts count as
+        spent until `settle`, so siblings carving at once never share the same tokens."""
+        tokens = cost = None
+        if self._token_cap is not None:
+            left = self._token_cap - self.usage.input_tokens - self.usage.output_tokens - self.reserved_tokens
+            tokens = max(0, math.floor(left * share))
+            self.reserved_tokens += tokens
+        if self._cost_cap is not None:
+            left_usd = self._cost_cap - self.usage.cost_usd - self.reserved_cost
+            cost = max(0.0, left_usd * share)
+            self.reserved_cost += cost
+        return tokens, cost
+
+    def settle(self, tokens: int | None, cost: float | None, used: Usage) -> None:
+        """Release a `carve` and charge what the sub-agent used (within what was carved)."""
+        self.reserved_tokens -= tokens or 0
+        self.reserved_cost -= cost or 0.0
+        self.usage.input_tokens += used.input_tokens
+        self.usage.output_tokens += used.output_tokens
+        self.usage.cost_usd += used.cost_usd
+        self.usage.model_calls += used.model_calls
+        self.usage.cached_input_tokens += used.cached_input_tokens
+        self.usage.cache_write_tokens += used.cache_write_tokens
 
     def final_output_tokens(self) -> int | None:
         """An output cap for the final call: what is left of the token budget, at least the reserve

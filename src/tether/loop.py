@@ -230,6 +230,16 @@ class RunSpec:
 
 
 NOTE_NAME = "tether"  # a user-role message the loop wrote (the policy's label), not the user's words
+DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
+PARENT_KEY = "tether.parent"
+
+
+@dataclass(slots=True, frozen=True)
+class ParentRun:
+    """The running parent of a sub-agent: its budget (to carve from and charge) and its taint."""
+
+    budget: Budget
+    tainted: Callable[[], bool]
 
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
@@ -258,10 +268,14 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
         # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
         # outputs of earlier turns (a continued conversation stays as tainted as it was).
-        "user_messages": [m.content for m in messages if m.role == "user" and m.name != NOTE_NAME],
-        "history_tool_outputs": [m.content for m in messages if m.role == "tool"],
+        "user_messages": [m.content for m in messages if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
+        # a task another agent's model wrote after reading untrusted data is untrusted data too
+        "history_tool_outputs": [m.content for m in messages
+                                 if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
         HANDLES_KEY: handles,
     })
+    # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
+    ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)))
     policy = spec.executor.policy
     label = getattr(policy, "label_turn", None)  # untrusted results, labelled outside them
     stop: StopReason | None = None

@@ -26,33 +26,12 @@ from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Executor
 from tether.types import Effect, ToolCall
 
-_ORDER = (Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE)
 
 
 def agent_tool(agent: Agent, name: str, description: str = "") -> Tool:
-    """An agent as one tool: each call is one whole run of `agent` (its own limits, tools and policy)
-    on the task it is given; the answer is the result, a run that did not complete is an error."""
-
-    async def run(task: str) -> str:
-        result = await agent.arun(task)
-        if result.completed:
-            return result.answer
-        partial = f" Partial answer: {result.answer}" if result.answer.strip() else ""
-        raise RuntimeError(f"the run stopped ({result.stop_reason.value}{': ' + result.error if result.error else ''})"
-                           f" after {result.steps} steps.{partial}")
-
-    effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
-    return Tool.from_schema(
-        name, description or f"Runs the agent '{name}' on a task and returns its final answer.",
-        {"properties": {"task": {"type": "string", "description": "The task, in full."}}, "required": ["task"]},
-        run,
-        # the strongest effect among its tools: its answer may be the product of any of them
-        effect=max(effects, key=_ORDER.index),
-        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
-        # the agent's own limits bound the run; the executor's timeout must not cut it short
-        timeout=agent.limits.max_seconds + 5 if agent.limits.max_seconds else None,
-        metadata={"agent": name},
-    )
+    """An agent as one tool: `agent.as_tool(name, description)` (each call one whole run of `agent` on
+    the task it is given; inside a tether run its budget is carved from the caller's and charged back)."""
+    return agent.as_tool(name, description)
 
 
 def _annotations(tool: Tool) -> mt.ToolAnnotations:

@@ -1,0 +1,95 @@
+"""An agent as a tool of another agent (`Agent.as_tool`), with every limit intact.
+
+Each call is one whole run of the child agent on the task the parent's model wrote:
+- its token and cost budgets are carved from what the parent run has left (a share, reserved while
+  it runs so siblings never spend the same tokens), its time from the parent's remaining time, its
+  steps from its own limits; what it used is charged to the parent;
+- it acts as the parent run's user (authorization never widens) and is declared with the strongest
+  effect among its tools, so the parent's policy gates the call as it would the child's riskiest
+  tool; its answer is untrusted when any of its tools reads untrusted data;
+- a task written after the parent read untrusted data starts the child as tainted (the task is a
+  `delegated` message, counted as untrusted input by the child's policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from tether.limits import Limits
+from tether.loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
+from tether.tools.base import Tool, ToolContext
+from tether.types import Effect, Message, RunResult, RunState, StopReason, Usage
+
+if TYPE_CHECKING:
+    from tether.agent import Agent
+
+_EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
+MIN_CHILD_TOKENS = 200  # below this a child could not write one tool call and an answer
+
+
+class SubagentError(RuntimeError):
+    """A child run that did not complete; the message says why and carries its partial answer."""
+
+
+def agent_as_tool(agent: Agent, name: str, description: str = "", *, share: float = 0.5) -> Tool:
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+
+    async def run(task: str, context: ToolContext) -> str:
+        parent = context.extra.get(PARENT_KEY)
+        if not isinstance(parent, ParentRun):  # called outside a run (an executor driven by hand)
+            parent = None
+        tokens = cost = None
+        if parent is not None:
+            tokens, cost = parent.budget.carve(share)
+        try:
+            limits = dataclasses.replace(agent.limits)
+            if tokens is not None:
+                if tokens < MIN_CHILD_TOKENS:
+                    raise SubagentError(f"not enough of the run's token budget is left for '{name}' "
+                                        f"({tokens} tokens); answer with what you have")
+                limits.max_tokens = min(limits.max_tokens or tokens, tokens)
+            if cost is not None:
+                if cost <= 0:
+                    raise SubagentError(f"none of the run's cost budget is left for '{name}'")
+                limits.max_cost_usd = min(limits.max_cost_usd or cost, cost)
+            if parent is not None and (left := parent.budget.remaining_seconds()) is not None:
+                limits.max_seconds = min(limits.max_seconds or left, left)
+            tainted = parent is not None and parent.tainted()
+            run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
+            result = await _child_run(agent, task, user=context.user, limits=limits, run_id=run_id,
+                                      tainted=tainted)
+        except BaseException:
+            if parent is not None:
+                parent.budget.settle(tokens, cost, Usage())
+            raise
+        if parent is not None:
+            parent.budget.settle(tokens, cost, result.usage)
+        if result.stop_reason is StopReason.COMPLETED:
+            return result.answer
+        partial = f" Partial answer: {result.answer}" if result.answer.strip() else ""
+        why = result.stop_reason.value + (f": {result.error}" if result.error else "")
+        raise SubagentError(f"the sub-agent '{name}' stopped ({why}) after {result.steps} steps.{partial}")
+
+    effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
+    return Tool.from_schema(
+        name, description or f"Runs the agent '{name}' on a task and returns its final answer.",
+        {"properties": {"task": {"type": "string", "description": "The task, in full: the child sees nothing else."}},
+         "required": ["task"]},
+        run,
+        effect=max(effects, key=_EFFECT_ORDER.index),
+        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
+        timeout=None,  # the child's own time limit (carved from the parent's) bounds it
+        metadata={"agent": name},
+        context_param="context",
+    )
+
+
+async def _child_run(agent: Agent, task: str, *, user: str | None, limits: Limits, run_id: str,
+                     tainted: bool) -> RunResult:
+    messages = [Message.system(agent.instructions)] if agent.instructions else []
+    messages.append(Message("user", task, name=DELEGATED_NAME if tainted else None))
+    spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
+    return await run_loop(spec, RunState(run_id=run_id, user=user, messages=messages))
+
