@@ -27,7 +27,6 @@ from tether.tools.executor import CallContext, Executor
 from tether.types import Effect, ToolCall
 
 
-
 def agent_tool(agent: Agent, name: str, description: str = "") -> Tool:
     """An agent as one tool: `agent.as_tool(name, description)` (each call one whole run of `agent` on
     the task it is given; inside a tether run its budget is carved from the caller's and charged back)."""
