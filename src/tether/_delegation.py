@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from tether.limits import Limits
+from tether.limits import Budget, Limits
 from tether.loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
 from tether.tools.base import Tool, ToolContext
 from tether.types import Effect, Message, RunResult, RunState, StopReason, Usage
@@ -40,37 +40,12 @@ def agent_as_tool(agent: Agent, name: str, description: str = "", *, share: floa
         parent = context.extra.get(PARENT_KEY)
         if not isinstance(parent, ParentRun):  # called outside a run (an executor driven by hand)
             parent = None
-        tokens = cost = None
-        if parent is not None:
-            tokens, cost = parent.budget.carve(share)
-        try:
-            limits = dataclasses.replace(agent.limits)
-            if tokens is not None:
-                if tokens < MIN_CHILD_TOKENS:
-                    raise SubagentError(f"not enough of the run's token budget is left for '{name}' "
-                                        f"({tokens} tokens); answer with what you have")
-                limits.max_tokens = min(limits.max_tokens or tokens, tokens)
-            if cost is not None:
-                if cost <= 0:
-                    raise SubagentError(f"none of the run's cost budget is left for '{name}'")
-                limits.max_cost_usd = min(limits.max_cost_usd or cost, cost)
-            if parent is not None and (left := parent.budget.remaining_seconds()) is not None:
-                limits.max_seconds = min(limits.max_seconds or left, left)
-            tainted = parent is not None and parent.tainted()
-            run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
-            result = await _child_run(agent, task, user=context.user, limits=limits, run_id=run_id,
-                                      tainted=tainted)
-        except BaseException:
-            if parent is not None:
-                parent.budget.settle(tokens, cost, Usage())
-            raise
-        if parent is not None:
-            parent.budget.settle(tokens, cost, result.usage)
+        run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
+        result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
+                                  user=context.user, run_id=run_id, tainted=parent is not None and parent.tainted())
         if result.stop_reason is StopReason.COMPLETED:
             return result.answer
-        partial = f" Partial answer: {result.answer}" if result.answer.strip() else ""
-        why = result.stop_reason.value + (f": {result.error}" if result.error else "")
-        raise SubagentError(f"the sub-agent '{name}' stopped ({why}) after {result.steps} steps.{partial}")
+        raise SubagentError(stopped(name, result))
 
     effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
     return Tool.from_schema(
@@ -84,6 +59,43 @@ def agent_as_tool(agent: Agent, name: str, description: str = "", *, share: floa
         metadata={"agent": name},
         context_param="context",
     )
+
+
+def stopped(name: str, result: RunResult) -> str:
+    """One line on a child run that did not complete, with its partial answer."""
+    partial = f" Partial answer: {result.answer}" if result.answer.strip() else ""
+    why = result.stop_reason.value + (f": {result.error}" if result.error else "")
+    return f"the sub-agent '{name}' stopped ({why}) after {result.steps} steps.{partial}"
+
+
+async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | None, share: float = 0.5,
+                     carved: tuple[int | None, float | None] | None = None, user: str | None,
+                     run_id: str, tainted: bool) -> RunResult:
+    """One child run within `budget`: its token and cost limits are `carved` (already reserved) or
+    `share` of what is left, its time what the budget has left; its usage is charged to `budget`.
+    Raises SubagentError when too little is left to start it."""
+    tokens, cost = carved if carved is not None else budget.carve(share) if budget is not None else (None, None)
+    try:
+        limits = dataclasses.replace(agent.limits)
+        if tokens is not None:
+            if tokens < MIN_CHILD_TOKENS:
+                raise SubagentError(f"not enough of the run's token budget is left for '{name}' "
+                                    f"({tokens} tokens); answer with what you have")
+            limits.max_tokens = min(limits.max_tokens or tokens, tokens)
+        if cost is not None:
+            if cost <= 0:
+                raise SubagentError(f"none of the run's cost budget is left for '{name}'")
+            limits.max_cost_usd = min(limits.max_cost_usd or cost, cost)
+        if budget is not None and (left := budget.remaining_seconds()) is not None:
+            limits.max_seconds = min(limits.max_seconds or left, left)
+        result = await _child_run(agent, task, user=user, limits=limits, run_id=run_id, tainted=tainted)
+    except BaseException:
+        if budget is not None:
+            budget.settle(tokens, cost, Usage())
+        raise
+    if budget is not None:
+        budget.settle(tokens, cost, result.usage)
+    return result
 
 
 async def _child_run(agent: Agent, task: str, *, user: str | None, limits: Limits, run_id: str,
