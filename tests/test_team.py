@@ -14,6 +14,7 @@ from tether import Agent, Limits, StopReason
 from tether.models.base import ModelError
 from tether.models.scripted import ScriptedModel
 from tether.team import Stage, orchestrate, pipeline
+from tether.tokens import counter_for, message_tokens, tools_tokens
 from tether.types import ModelReply, ModelRequest, Usage
 
 
@@ -64,28 +65,33 @@ def test_an_invalid_plan_stops_with_a_clear_error() -> None:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(max_tokens=st.integers(300, 5_000), n=st.integers(1, 6), worker_in=st.integers(10, 900))
-def test_the_team_never_exceeds_its_limit(max_tokens: int, n: int, worker_in: int) -> None:
+@given(max_tokens=st.integers(300, 5_000), n=st.integers(1, 6), pad=st.integers(0, 3_000))
+def test_the_team_never_exceeds_its_limit(max_tokens: int, n: int, pad: int) -> None:
+    """A provider that counts input as OpenAI does and honours max_output_tokens; questions of random
+    length: the team's total never crosses its limit, and it is exactly the sum of every call."""
     calls: list[Usage] = []
+    counter = counter_for("gpt-4o-mini")
 
     class Honest:
-        name = "scripted"
+        name = "gpt-4o-mini"
 
-        def __init__(self, text: str, n_in: int) -> None:
-            self.text, self.n_in = text, n_in
+        def __init__(self, text: str) -> None:
+            self.text = text
 
         async def complete(self, request: ModelRequest) -> ModelReply:
+            n_in = sum(message_tokens(counter, m) for m in request.messages) + 3
+            n_in += tools_tokens(counter, list(request.tools))
             n_out = min(40, request.max_output_tokens or 40)
-            calls.append(Usage(self.n_in, n_out))
-            return ModelReply(self.text, [], Usage(self.n_in, n_out))
+            calls.append(Usage(n_in, n_out))
+            return ModelReply(self.text, [], Usage(n_in, n_out))
 
         async def stream(self, request):  # pragma: no cover
             yield await self.complete(request)
 
-    qs = [f"q{i}" for i in range(n)]
+    qs = [f"q{i} " + "detail " * (pad // (i + 1)) for i in range(n)]
     result = asyncio.run(orchestrate(
-        "Q", planner=Agent(Honest(json.dumps({"questions": qs}), 30)), worker=Agent(Honest("found", worker_in)),
-        synthesizer=Agent(Honest("answer [W1]", 60)), limits=Limits(max_tokens=max_tokens), max_workers=8))
+        "Q", planner=Agent(Honest(json.dumps({"questions": qs}))), worker=Agent(Honest("found")),
+        synthesizer=Agent(Honest("answer [W1]")), limits=Limits(max_tokens=max_tokens), max_workers=8))
     assert result.usage.total_tokens <= max_tokens
     assert result.usage.input_tokens == sum(u.input_tokens for u in calls)
     assert result.usage.output_tokens == sum(u.output_tokens for u in calls)
