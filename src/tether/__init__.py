@@ -14,28 +14,55 @@ if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
 
 from tether import models
 from tether.agent import Agent
+from tether.errors import TetherError
 from tether.limits import Limits
 from tether.loop import CancelToken
+from tether.models.base import Model, ModelError
+from tether.models.fallback import FallbackModel
+from tether.models.scripted import ScriptedModel, call, reply
 from tether.output import JsonSchema, OutputInvalid, structured
+from tether.policy import SafetyPolicy
 from tether.tools.base import Tool, ToolContext, tool
-from tether.types import Effect, Message, ModelReply, RunResult, StopReason, ToolCall, Usage
+from tether.types import (
+    Effect,
+    Message,
+    ModelReply,
+    ModelRequest,
+    RunResult,
+    RunState,
+    StopReason,
+    ToolCall,
+    TraceEvent,
+    Usage,
+)
 
 __all__ = [
     "Agent",
     "CancelToken",
     "Effect",
+    "FallbackModel",
     "JsonSchema",
     "Limits",
     "Message",
+    "Model",
+    "ModelError",
     "ModelReply",
+    "ModelRequest",
     "OutputInvalid",
     "RunResult",
+    "RunState",
+    "SafetyPolicy",
+    "ScriptedModel",
     "StopReason",
+    "TetherError",
     "Tool",
     "ToolCall",
     "ToolContext",
+    "TraceEvent",
     "Usage",
+    "call",
     "models",
+    "reply",
     "structured",
     "tool",
 ]

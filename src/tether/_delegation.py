@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from tether.errors import TetherError
 from tether.limits import Budget, Limits
 from tether.loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
 from tether.tools.base import Tool, ToolContext
@@ -28,7 +29,7 @@ _EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
 MIN_CHILD_TOKENS = 200  # below this a child could not write one tool call and an answer
 
 
-class SubagentError(RuntimeError):
+class SubagentError(TetherError, RuntimeError):
     """A child run that did not complete; the message says why and carries its partial answer."""
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether._admission import Admission
 from tether._json import dumps_fn
+from tether.errors import TetherError
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
 from tether.models.pricing import Pricing
@@ -172,7 +173,7 @@ class CancelToken:
                 self._waiters.remove(entry)
 
 
-class _Cancelled(Exception):
+class _Cancelled(TetherError):
     pass
 
 

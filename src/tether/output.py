@@ -28,6 +28,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from tether.errors import TetherError
 from tether.models.base import Model
 from tether.models.pricing import Pricing
 from tether.tools.schema import ArgumentError, JsonSchemaValidator
@@ -43,7 +44,7 @@ _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 Verdict = Literal["valid", "retry", "invalid", "tools"]
 
 
-class OutputInvalid(ValueError):
+class OutputInvalid(TetherError, ValueError):
     """No reply validated against the output type within the retries (from `structured`)."""
 
     def __init__(self, errors: Sequence[str], text: str, attempts: int) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
+from tether.errors import TetherError
 from tether.limits import Limits
 from tether.loop import ContextBuilder, FullHistory
 from tether.models._retry import DEFAULT_DEADLINE
@@ -29,7 +30,7 @@ DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds
 Pause = Callable[[], AbstractContextManager[None]]
 
 
-class CliError(Exception):
+class CliError(TetherError):
     """A problem with what the user asked for; printed as is, exit code 1."""
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tether.errors import TetherError
 from tether.terminal import clean
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
@@ -30,7 +31,7 @@ RerankOption = Annotated[str | None, typer.Option(
     "a judge; counts against --max-tokens). Off by default.")]
 
 
-class CommandError(Exception):
+class CommandError(TetherError):
     """A failure the user can act on: printed as one wrapped message (or JSON) with an exit code."""
 
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:

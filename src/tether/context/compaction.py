@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tether.context.facts import FactList, message_facts, result_facts
 from tether.context.task_state import TaskBoard, TaskState, task_state_tools
+from tether.errors import TetherError
 from tether.models.base import Model
 from tether.tokens import (
     MessageSizes,
@@ -53,7 +54,7 @@ SUMMARY_HEADER = "[Context compacted: {n} earlier steps were folded into this su
 _HANDLE = re.compile(r"read_result\(handle=\"[^\"]+\"")
 
 
-class ContextOverflow(RuntimeError):
+class ContextOverflow(TetherError, RuntimeError):
     """The context cannot be brought under the run's input-token bound."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.context.task_state import TaskState, parse_steps
+from tether.errors import TetherError
 from tether.loop import run_loop
 from tether.models.base import Model
 from tether.types import Message, ModelReply, ModelRequest, RunResult, StopReason, TraceEvent, Usage
@@ -46,7 +47,7 @@ FINAL_PROMPT = (
 _JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 
-class PlanError(ValueError):
+class PlanError(TetherError, ValueError):
     """The planner's reply was not a usable plan."""
 
 

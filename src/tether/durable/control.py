@@ -13,12 +13,13 @@ from typing import Any, Protocol
 from dbos import DBOSClient, DBOSPortableJSONSerializer
 
 from tether.durable.runner import APPROVAL_TOPIC
+from tether.errors import TetherError
 from tether.store.sql import RunStore, engine_url
 
 FINISHED = ("completed", "stopped", "error", "cancelled")
 
 
-class ControlError(Exception):
+class ControlError(TetherError):
     """A request that cannot be carried out (one line for the user)."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tether.errors import TetherError
 from tether.models.base import ModelError
 from tether.models.scripted import ReplayModel, request_fingerprint, transcript_fingerprint
 from tether.policy.canonical import canonical_json
@@ -26,7 +27,7 @@ from tether.types import ModelReply, ModelRequest, RunState, to_jsonable
 VERSION = 1
 
 
-class Drift(Exception):
+class Drift(TetherError):
     """A replayed run asked for something the cassette does not hold."""
 
 

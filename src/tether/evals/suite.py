@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from tether._refs import load_ref
+from tether.errors import TetherError
 from tether.limits import Limits
 from tether.models.scripted import ScriptItem
 from tether.types import ToolCall
 
 
-class SuiteError(ValueError):
+class SuiteError(TetherError, ValueError):
     """A suite file that cannot be used, with what to change."""
 
 

@@ -39,6 +39,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from tether.errors import TetherError
 from tether.mcp.config import ServerConfig
 from tether.mcp.convert import annotations_of, effect_of, result_text
 from tether.tools.base import Tool
@@ -49,7 +50,7 @@ _MAX_PAGES = 100  # a paginator that never ends cannot hang a listing
 _STDERR_TAIL = 600
 
 
-class MCPToolError(Exception):
+class MCPToolError(TetherError):
     """An MCP tool call that did not produce a result; the text is what the model reads."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.errors import TetherError
 from tether.types import Effect
 
 DEFAULT_CONNECT_TIMEOUT = 20.0
@@ -31,7 +32,7 @@ DEFAULT_CALL_TIMEOUT = 60.0
 _NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class MCPConfigError(ValueError):
+class MCPConfigError(TetherError, ValueError):
     """A configuration problem, described in one line for the user."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.errors import TetherError
 from tether.models._gbnf_numbers import bounds, has_bounds, integer_range, number_range
 from tether.models._regex_gbnf import RegexError, pattern_body
 from tether.tools.base import VALUES_KEY
@@ -55,7 +56,7 @@ TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FINAL_OPEN, FINAL_CLOSE = "<final>", "</final>"
 
 
-class GrammarError(ValueError):
+class GrammarError(TetherError, ValueError):
     """The tool schemas cannot be turned into a grammar (e.g. duplicate or empty tool names)."""
 
 

@@ -18,6 +18,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from tether.errors import TetherError
+
 Ranges = tuple[tuple[int, int], ...]
 
 PRINTABLE: Ranges = ((0x20, 0x7E),)
@@ -28,7 +30,7 @@ _QUOTE, _BACKSLASH = 0x22, 0x5C
 _ESCAPED_LITERALS = set(".^$*+?()[]{}|\\/-\"'#&~!,:;<=>@%`_ ")
 
 
-class RegexError(ValueError):
+class RegexError(TetherError, ValueError):
     """The pattern uses something outside the supported subset."""
 
 

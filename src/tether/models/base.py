@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from tether.errors import TetherError
 from tether.types import ModelReply, ModelRequest, TextDelta
 
 
-class ModelError(RuntimeError):
+class ModelError(TetherError, RuntimeError):
     """A model call failed for good (after the adapter's own retries).
 
     `retryable` says whether the failure was of a kind worth retrying (5xx, 429, timeouts,

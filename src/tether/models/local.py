@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.errors import TetherError
 from tether.models._gbnf import (
     FINAL_CLOSE,
     FINAL_OPEN,
@@ -65,7 +66,7 @@ EMBEDDED_NOTICE = (
 )
 
 
-class LocalModelUnavailable(RuntimeError):
+class LocalModelUnavailable(TetherError, RuntimeError):
     """llama-cpp-python is not installed, or the GGUF file cannot be found or loaded."""
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.errors import TetherError
 from tether.models._retry import DEFAULT_DEADLINE
 from tether.models.base import Model
 
@@ -52,7 +53,7 @@ HOW_TO_CONFIGURE = (
 )
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(TetherError, ValueError):
     """No usable model could be built from the spec, the arguments and the environment."""
 
 

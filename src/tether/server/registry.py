@@ -32,12 +32,13 @@ from typing import Any
 
 from tether._refs import load_ref
 from tether.agent import Agent
+from tether.errors import TetherError
 from tether.limits import Limits
 
 AgentFactory = Callable[[str | None], Agent]
 
 
-class RegistryError(ValueError):
+class RegistryError(TetherError, ValueError):
     """Agent configurations that cannot be used (one line saying what to change)."""
 
 

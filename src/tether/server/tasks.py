@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tether.errors import TetherError
 from tether.server.keys import ServiceTables
 from tether.server.registry import Registry, RegistryError
 
@@ -27,7 +28,7 @@ QUEUE = "tether-tasks"
 ACTIVE = ("pending", "running", "awaiting_approval")
 
 
-class TaskError(Exception):
+class TaskError(TetherError):
     """A request the service refuses: `status` is the HTTP status, the message says what to change."""
 
     def __init__(self, status: int, message: str) -> None:

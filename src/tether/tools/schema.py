@@ -18,8 +18,10 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from tether.errors import TetherError
 
-class ArgumentError(ValueError):
+
+class ArgumentError(TetherError, ValueError):
     """Arguments that do not fit the tool's schema; the message is written for the model."""
 
 

@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.errors import TetherError
 from tether.tools.base import Tool, tool
 from tether.tools.sandbox import Sandbox, Unconfined, default_sandbox, sandbox_environ
 
 DRAIN_GRACE_SECONDS = 0.5  # after bash exits, how long background children may keep the output open
 
 
-class CommandTimeout(RuntimeError):
+class CommandTimeout(TetherError, RuntimeError):
     """The command ran past its timeout and was killed; the message carries the partial output."""
 
 

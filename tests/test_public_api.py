@@ -1,0 +1,35 @@
+"""The public surface: `tether` exports what users need, and every error tether raises on purpose
+derives from one `TetherError` (issue 25, item 4)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import tether
+
+
+def test_every_exported_name_exists() -> None:
+    for name in tether.__all__:
+        assert getattr(tether, name) is not None, name
+
+
+def test_every_error_class_in_tether_derives_from_tether_error() -> None:
+    missing = []
+    for info in pkgutil.walk_packages(tether.__path__, "tether."):
+        if info.name.startswith(("tether.cli.__main__", "tether.__main__")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == info.name
+                    and not name.startswith("_") and not issubclass(obj, tether.TetherError)):
+                missing.append(f"{info.name}.{name}")
+    assert missing == [], missing
+
+
+def test_errors_keep_their_conventional_bases() -> None:
+    from tether.evals import SuiteError
+    from tether.models.base import ModelError
+
+    assert issubclass(SuiteError, ValueError) and issubclass(ModelError, RuntimeError)
