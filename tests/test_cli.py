@@ -112,7 +112,8 @@ def test_json_output_is_a_run_result(tmp_path: Path) -> None:
     assert result.usage.input_tokens == 22  # 11 per scripted completion
     assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert result.messages[3].content == "42"  # the calculator's result
-    assert [e.kind for e in result.trace] == ["model_call", "tool_call", "model_call", "stop"]
+    assert [e.kind for e in result.trace] == ["run_started", "model_call_started", "model_call", "tool_call_started",
+                                              "tool_call", "model_call_started", "model_call", "stop"]
 
 
 def test_trace_file_has_one_line_per_event(tmp_path: Path) -> None:
@@ -127,15 +128,15 @@ def test_trace_file_has_one_line_per_event(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     result = from_json(RunResult, proc.stdout)
     lines = trace.read_text().splitlines()
-    assert len(lines) == len(result.trace) == 4
+    assert len(lines) == len(result.trace) == 8
     records = [json.loads(line) for line in lines]
     assert [r["kind"] for r in records] == [e.kind for e in result.trace]
     assert {r["run_id"] for r in records} == {result.run_id}
-    tool_record = records[1]
+    tool_record = records[4]
     assert tool_record["data"]["name"] == "calculator"
     assert tool_record["data"]["arguments"] == {"expression": "2 + 2"}
-    assert set(records[0]) == {"time", "run_id", "kind", "step", "t", "duration", "data"}
-    assert records[0]["data"]["input_tokens"] == 11
+    assert set(records[2]) == {"time", "run_id", "kind", "step", "t", "duration", "data"}
+    assert records[2]["data"]["input_tokens"] == 11
 
 
 def test_chat_keeps_context_across_turns(tmp_path: Path) -> None:

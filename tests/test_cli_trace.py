@@ -29,14 +29,16 @@ def test_one_line_per_event_flushed_as_written(tmp_path: Path) -> None:
     writer.close()
     records = read_trace(path)
     assert result.answer == "12"
-    assert len(records) == len(result.trace) == writer.lines == 4
-    assert seen_on_disk == [1, 2, 3, 4]
+    assert len(records) == len(result.trace) == writer.lines == 8
+    assert seen_on_disk == [1, 2, 3, 4, 5, 6, 7, 8]
     for record, event in zip(records, result.trace, strict=True):
         assert (record["kind"], record["step"], record["data"]) == (event.kind, event.step, event.data)
         assert record["run_id"] == "run-a"
         assert record["t"] == pytest.approx(event.t, abs=1e-6)
-    assert records[0]["data"]["input_tokens"] == 5
-    assert records[1]["data"]["arguments"] == {"expression": "3 * 4"}
+    assert [r["kind"] for r in records] == ["run_started", "model_call_started", "model_call", "tool_call_started",
+                                            "tool_call", "model_call_started", "model_call", "stop"]
+    assert records[2]["data"]["input_tokens"] == 5
+    assert records[4]["data"]["arguments"] == {"expression": "3 * 4"}
 
 
 def test_deltas_are_skipped_unless_asked_and_odd_values_become_strings(tmp_path: Path) -> None:

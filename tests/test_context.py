@@ -139,7 +139,8 @@ def compactor(window: int = 2000, model: ScriptedModel | None = None, limits: Li
     config = Compaction(window=window, summary_model=model or summary_model(), counter=EstimateCounter(), **kw)
     spec = RunSpec(model=ScriptedModel([], name="main"), executor=Executor([]), limits=limits or Limits())
     events: list[Any] = []
-    run = ContextRun(spec, Budget(spec.limits, MonotonicClock()), lambda kind, data, d=0.0: events.append(data))
+    run = ContextRun(spec, Budget(spec.limits, MonotonicClock()),
+                     lambda event, since=None: events.append(event.data) if event.kind == "model_call" else None)
     return config.start(run), events
 
 

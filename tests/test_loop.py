@@ -51,8 +51,9 @@ def test_completed_with_tool_call_and_answer():
     assert result.messages[3].content == "5"
     assert result.findings == ['add({"a": 2, "b": 3}) -> 5']
     kinds = [e.kind for e in result.trace]
-    assert kinds == ["model_call", "tool_call", "model_call", "stop"]
-    tool_event = result.trace[1]
+    assert kinds == ["run_started", "model_call_started", "model_call", "tool_call_started", "tool_call",
+                     "model_call_started", "model_call", "stop"]
+    tool_event = result.trace[4]
     assert tool_event.data["name"] == "add" and tool_event.data["decision"] == "allowed"
     assert tool_event.data["arguments"] == {"a": 2, "b": 3}
 
@@ -252,7 +253,7 @@ def test_policy_refusal_is_an_error_the_model_sees():
     result = Agent(model, tools=[add], policy=Refuse(), user="bob").run("go")
     assert result.stop_reason is StopReason.COMPLETED
     assert result.messages[2].content == "ERROR: 'add' was not run: user bob may not use add"
-    assert result.trace[1].data["decision"] == "refused:authz"
+    assert next(e for e in result.trace if e.kind == "tool_call").data["decision"] == "refused:authz"
     assert result.findings == []
 
 

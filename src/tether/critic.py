@@ -15,11 +15,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tether.events import CriticReviewed
 from tether.limits import Limits
 from tether.models.base import Model
 from tether.models.pricing import Pricing
 from tether.tokens import counter_for, message_tokens
-from tether.types import Message, ModelRequest, RunResult, TraceEvent, Usage
+from tether.types import Message, ModelRequest, RunResult, Usage
 
 _CLAIM = re.compile(
     r"\b[A-Z][A-Z0-9]*-\d+\b"          # ids: INC-4000
@@ -133,9 +134,9 @@ async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: 
         outputs = [m.content for m in result.messages if m.role == "tool"]
         review = await critic.review(prompt, result.answer, outputs, pricing=agent.pricing, limits=agent.limits,
                                      used=result.usage)
-        result.trace.append(TraceEvent("critic", result.steps, result.trace[-1].t if result.trace else 0.0, 0.0,
-                                       {"ok": review.ok, "reasons": review.reasons,
-                                        "input_tokens": review.usage.input_tokens}))
+        result.trace.append(CriticReviewed(step=result.steps, t=result.trace[-1].t if result.trace else 0.0,
+                                           ok=review.ok, reasons=review.reasons,
+                                           input_tokens=review.usage.input_tokens).envelope())
         if review.ok:
             result.usage.add(review.usage)
             return result

@@ -23,6 +23,20 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from tether._admission import Admission
 from tether._json import dumps_fn
 from tether.errors import TetherError
+from tether.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BaseEvent,
+    Error,
+    ModelCallEnded,
+    ModelCallStarted,
+    Notice,
+    RunStarted,
+    RunStopped,
+    TextStreamed,
+    ToolCallEnded,
+    ToolCallStarted,
+)
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
 from tether.models.pricing import Pricing
@@ -117,14 +131,12 @@ class ContextRun:
     async def complete(self, request: ModelRequest, model: Model | None = None, purpose: str = "context") -> ModelReply:
         use = model or self.spec.model
         started = self._budget.elapsed()
+        self._emit(ModelCallStarted(model=use.name, messages=len(request.messages), purpose=purpose))
         reply = await _with_cancel(self.spec, self.spec.step_runner.model_step(
             self._budget.steps, lambda: use.complete(request)))
         _price(self.spec, reply, use)
         self._budget.record_model_call(reply.usage)
-        self._emit("model_call", {"model": reply.model or use.name, "purpose": purpose,
-                                  "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
-                                  "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
-                   self._budget.elapsed() - started)
+        self._emit(_model_call_ended(reply, use, purpose), started)
         return reply
 
 
@@ -283,12 +295,16 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     error: str | None = None
     answer = ""
 
-    def emit(kind: str, data: dict, duration: float = 0.0, since: float | None = None) -> None:
-        t = budget.elapsed()  # `since`: a start time, the duration ends now (one clock reading for both)
-        event = TraceEvent(kind, budget.steps, t, duration if since is None else t - since, data)
-        trace.append(event)
+    def emit(event: BaseEvent, since: float | None = None) -> None:
+        """Stamp a typed event (`since`: its start; the duration ends now) and send its envelope."""
+        event.step = budget.steps
+        event.t = t = budget.elapsed()  # one clock reading for both
+        if since is not None:
+            event.duration = t - since
+        envelope = event.envelope()
+        trace.append(envelope)
         if spec.on_event is not None:
-            spec.on_event(event)
+            spec.on_event(envelope)
 
     context: ContextBuilder = spec.context
     direct = type(spec.step_runner) is DirectStepRunner
@@ -301,6 +317,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         else None
     counted = 0
 
+    emit(RunStarted(run_id=spec.run_id, user=spec.user, resumed=state.steps > 0 or bool(state.decisions)))
     try:
         _start_policy(policy, state, ctx)
         start = getattr(spec.context, "start", None)  # a builder with per-run state
@@ -327,11 +344,12 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 counted = admission.count(request.messages, request.tools)
                 stop, cap = admission.admit(budget, counted)
                 if stop is not None:
-                    emit("notice", {"not_sent": stop.value, "input_tokens": counted})
+                    emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
                     break
                 if cap is not None:
                     request.max_output_tokens = min(cap, request.max_output_tokens or cap)
             started = budget.elapsed()
+            emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages)))
             deadline.armed = True
             try:
                 if direct:  # DirectStepRunner.model_step only awaits the call
@@ -345,11 +363,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 if not deadline.take():
                     raise
                 stop = StopReason.TIME_BUDGET
-                emit("notice", {"model_call_abandoned": stop.value}, budget.elapsed() - started)
+                emit(Notice(notice={"model_call_abandoned": stop.value}), started)
                 break
             except Exception as exc:
                 stop, error = StopReason.ERROR, f"model call failed: {type(exc).__name__}: {exc}"
-                emit("error", {"error": error})
+                emit(Error(error=error))
                 break
             finally:
                 deadline.armed = False
@@ -361,18 +379,14 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             messages.append(reply.to_message())
             if reply.text:
                 answer = reply.text
-            emit("model_call", {
-                "model": reply.model or spec.model.name, "input_tokens": reply.usage.input_tokens,
-                "output_tokens": reply.usage.output_tokens, "cost_usd": reply.usage.cost_usd,
-                "tool_calls": len(reply.tool_calls), "text_chars": len(reply.text),
-            }, since=started)
+            emit(_model_call_ended(reply, spec.model, "step"), started)
 
             # 3. No tool calls: the model has answered. With an output type the answer must validate
             #    (tether.output): an invalid one goes back to the model with its errors, a bounded
             #    number of times, each retry a model call within the budget.
             if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
                 if verdict == "retry":
-                    emit("notice", {"output_invalid": spec.output.errors})
+                    emit(Notice(notice={"output_invalid": spec.output.errors}))
                     continue
                 stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
                 answer = spec.output.text
@@ -388,7 +402,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             if stop is not None:
                 _answer_turn(messages, calls, pending, f"not run: the run reached its limit ({stop.value})")
                 pending = None
-                emit("notice", {"skipped_calls": len(calls), "reason": stop.value})
+                emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
                 break
 
             # 5. The tools, concurrently, through the executor; results in call order.
@@ -408,10 +422,10 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     except (_Cancelled, asyncio.CancelledError):
         stop = StopReason.CANCELLED
         error = spec.cancel.reason if spec.cancel is not None and spec.cancel.reason else "cancelled"
-        emit("notice", {"cancelled": error})
+        emit(Notice(notice={"cancelled": error}))
     except Exception as exc:  # a failing step runner, context builder, policy or event sink
         stop, error = StopReason.ERROR, f"run failed: {type(exc).__name__}: {exc}"
-        emit("error", {"error": error})
+        emit(Error(error=error))
     finally:
         deadline.close()
     if pending is not None:
@@ -432,7 +446,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     if answer and finish is not None:
         answer, redacted = finish(ctx.policy_state, answer)
         if redacted:
-            emit("notice", {"redacted": [f"{f.kind}: {f.reason}" for f in redacted]})
+            emit(Notice(notice={"redacted": [f"{f.kind}: {f.reason}" for f in redacted]}))
 
     stop = stop or StopReason.ERROR
     output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
@@ -457,7 +471,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
         task_state=state.task_state, output=output, state=state,
     )
-    emit("stop", {"stop_reason": result.stop_reason.value, "steps": result.steps})
+    emit(RunStopped(stop_reason=result.stop_reason.value, steps=result.steps))
     return result
 
 
@@ -471,7 +485,7 @@ async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[...
     final: ModelReply | None = None
     async for item in spec.model.stream(request):
         if isinstance(item, TextDelta):
-            emit("text_delta", {"text": item.text})
+            emit(TextStreamed(text=item.text))
         else:
             final = item
     if final is None:
@@ -536,16 +550,15 @@ async def _run_tools(
     async def one(i: int) -> None:
         call = calls[i]
         started = budget.elapsed()
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments))
         if direct:
             result = await spec.executor.execute(call, ctx, i)
         else:
             result = await spec.executor.execute(call, ctx, i, step_of(i))
         results[i] = result
-        emit("tool_call", {
-            "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
-            "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
-            "truncated": result.handle is not None,
-        }, since=started)
+        emit(_tool_call_ended(call, result), started)
+        if result.decision == "awaiting_approval":
+            emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
 
     runner.begin_turn(ctx.step, to_run)
     if len(to_run) == 1:
@@ -578,8 +591,8 @@ async def _run_tools(
             break
         spec.executor.policy.decide(ctx.policy_state, calls[i].id, bool(decision.get("approved")),  # type: ignore[attr-defined]
                                     str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
-        emit("notice", {"approval": {"call_id": calls[i].id, "approved": bool(decision.get("approved")),
-                                     "by": decision.get("by")}})
+        emit(ApprovalDecided(call_id=calls[i].id, approved=bool(decision.get("approved")),
+                             by=str(decision.get("by") or "")))
         await one(i)
 
     if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
@@ -622,17 +635,15 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
         ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
         started = budget.elapsed()
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments))
         result = await spec.step_runner.tool_step(ctx.step, index, call,
                                                   lambda c=call, i=index: spec.executor.execute(c, ctx, i))
         budget.usage.tool_calls += 1
         slot = next(j for j in range(turn + 1, len(messages))
                     if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
         messages[slot] = result.to_message()
-        emit("notice", {"approval": {"call_id": call_id, "approved": bool(d["approved"]), "by": d.get("by")}})
-        emit("tool_call", {"name": call.name, "call_id": call.id, "arguments": call.arguments,
-                           "decision": result.decision, "is_error": result.is_error,
-                           "result_chars": result.full_chars or len(result.content),
-                           "truncated": result.handle is not None}, since=started)
+        emit(ApprovalDecided(call_id=call_id, approved=bool(d["approved"]), by=str(d.get("by") or "")))
+        emit(_tool_call_ended(call, result), started)
     state.decisions = []
     state.pending = []
 
@@ -673,28 +684,26 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
             if admission is not None:
                 fitted = _fit_final(spec, admission, budget, request, messages, findings, why)
                 if fitted is None:
-                    emit("notice", {"final_answer": "no model call fits what is left of the budget"})
+                    emit(Notice(notice={"final_answer": "no model call fits what is left of the budget"}))
                     return _findings_answer(why, findings)
                 request = fitted
             elif spec.output is not None:
                 request = spec.output.prepare(spec.model, request)
+            emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages), purpose="final"))
             reply = await _with_cancel(spec, spec.step_runner.model_step(
                 budget.steps, lambda: _call_model(spec, request, emit)))
     except _Cancelled:
-        emit("notice", {"cancelled": "final answer call"})
+        emit(Notice(notice={"cancelled": "final answer call"}))
         return ""
     except Exception as exc:
-        emit("error", {"error": f"final answer call failed: {type(exc).__name__}: {exc}"})
+        emit(Error(error=f"final answer call failed: {type(exc).__name__}: {exc}"))
         return ""
     _price(spec, reply)
     budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
                            cached_input_tokens=reply.usage.cached_input_tokens,
                            cache_write_tokens=reply.usage.cache_write_tokens))
     messages.append(Message.assistant(reply.text))
-    emit("model_call", {"model": reply.model or spec.model.name, "final": True,
-                        "input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens,
-                        "cost_usd": reply.usage.cost_usd, "tool_calls": 0, "text_chars": len(reply.text)},
-         budget.elapsed() - started)
+    emit(_model_call_ended(reply, spec.model, "final"), started)
     return reply.text if spec.output is None else spec.output.accept_final(reply)
 
 
@@ -738,6 +747,19 @@ def _findings_answer(why: str, findings: list[str]) -> str:
         return f"The run reached its limit ({why}) before it found anything."
     return f"The run reached its limit ({why}) before it could write an answer. What it found:\n" + "\n".join(
         f"- {f}" for f in findings)
+
+
+def _model_call_ended(reply: ModelReply, model: Model, purpose: str) -> ModelCallEnded:
+    return ModelCallEnded(model=reply.model or model.name, input_tokens=reply.usage.input_tokens,
+                          output_tokens=reply.usage.output_tokens, cost_usd=reply.usage.cost_usd,
+                          tool_calls=len(reply.tool_calls), text_chars=len(reply.text), purpose=purpose,
+                          final=purpose == "final")
+
+
+def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
+    return ToolCallEnded(name=call.name, call_id=call.id, arguments=call.arguments, decision=result.decision,
+                         is_error=result.is_error, result_chars=result.full_chars or len(result.content),
+                         truncated=result.handle is not None)
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:

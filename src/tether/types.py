@@ -13,6 +13,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
+from tether.events import TraceEvent, typed
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
@@ -190,17 +192,6 @@ class TextDelta:
 
 
 @dataclass(slots=True)
-class TraceEvent:
-    """One thing that happened in a run: a model call, a tool call, a guard firing, the stop."""
-
-    kind: str  # model_call | tool_call | notice | stop
-    step: int
-    t: float  # seconds since the run started (run clock)
-    duration: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class RunResult(Generic[OutputT]):
     """What every run returns, however it ended.
 
@@ -224,6 +215,11 @@ class RunResult(Generic[OutputT]):
     @property
     def completed(self) -> bool:
         return self.stop_reason is StopReason.COMPLETED
+
+    @property
+    def events(self) -> list[Any]:
+        """The run's events, typed (`tether.events`): the trace's envelopes parsed."""
+        return [typed(e) for e in self.trace]
 
     @property
     def pending(self) -> list[dict[str, Any]]:

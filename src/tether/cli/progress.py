@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
+from tether.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CriticReviewed,
+    Error,
+    ModelCallEnded,
+    ModelCallStarted,
+    Notice,
+    RunStarted,
+    RunStopped,
+    TextStreamed,
+    ToolCallEnded,
+    ToolCallStarted,
+    TraceEvent,
+    typed,
+)
 from tether.terminal import clean
-from tether.types import RunResult, StopReason, TraceEvent
+from tether.types import RunResult, StopReason
 
 # Exit codes: 2 stays click's usage error, so scripts can tell a typo from a run that ran out of budget.
 EXIT_OK = 0
@@ -119,34 +135,66 @@ class Reporter:
                 self._resume = False
                 self.start()
 
-    def __call__(self, event: TraceEvent) -> None:
-        if not self.enabled:
-            return
-        data = event.data
-        if event.kind == "tool_call":
-            if self._status is not None:
-                self._status.update("thinking...")
-            ok = not data.get("is_error")
-            mark = "[green]●[/]" if ok else "[red]●[/]"
-            note = f"{data.get('result_chars', 0)} chars" + (", capped" if data.get("truncated") else "")
-            if not ok:
-                note = f"{data.get('decision', 'error')}, {note}"
-            self.console.print(f"{mark} {escape(_call_text(str(data.get('name')), data.get('arguments') or {}))} "
-                               f"[dim]{escape(note)}, {event.duration:.2f}s[/]", highlight=False)
-        elif event.kind == "model_call":
-            if self._status is not None:
-                n = data.get("tool_calls", 0)
-                self._status.update(f"step {event.step}: running {_plural(n, 'tool call')}..." if n else "done")
-            if self.verbose:
-                final = " (final answer call)" if data.get("final") else ""
-                self.console.print(
-                    f"[dim]· model {escape(clean(str(data.get('model'))))}{final}: {data.get('input_tokens', 0)} in / "
-                    f"{data.get('output_tokens', 0)} out tokens, ${data.get('cost_usd', 0):.4f}, "
-                    f"{event.duration:.2f}s[/]", highlight=False)
-        elif event.kind == "notice":
-            self.console.print(f"[yellow]! {escape(_short(data, 200))}[/]", highlight=False)
-        elif event.kind == "error":
-            self.console.print(f"[red]! {escape(clean(str(data.get('error', data))))}[/]", highlight=False)
+    def __call__(self, envelope: TraceEvent) -> None:
+        if self.enabled:
+            event = typed(envelope)
+            self.HANDLED[type(event)](self, event)
+
+    def _tool_started(self, event: ToolCallStarted) -> None:
+        if self._status is not None:
+            self._status.update(f"running {clean(event.name)}...")
+
+    def _tool_ended(self, event: ToolCallEnded) -> None:
+        if self._status is not None:
+            self._status.update("thinking...")
+        mark = "[green]●[/]" if event.ran else "[red]●[/]"
+        note = f"{event.result_chars} chars" + (", capped" if event.truncated else "")
+        if not event.ran:
+            note = f"{event.decision or 'error'}, {note}"
+        self.console.print(f"{mark} {escape(_call_text(event.name, event.arguments))} "
+                           f"[dim]{escape(note)}, {event.duration:.2f}s[/]", highlight=False)
+
+    def _model_ended(self, event: ModelCallEnded) -> None:
+        if self._status is not None:
+            n = event.tool_calls
+            self._status.update(f"step {event.step}: running {_plural(n, 'tool call')}..." if n else "done")
+        if self.verbose:
+            final = " (final answer call)" if event.final else ""
+            self.console.print(
+                f"[dim]· model {escape(clean(event.model))}{final}: {event.input_tokens} in / "
+                f"{event.output_tokens} out tokens, ${event.cost_usd:.4f}, {event.duration:.2f}s[/]", highlight=False)
+
+    def _approval_requested(self, event: ApprovalRequested) -> None:
+        self.console.print(f"[yellow]? {escape(_call_text(event.tool, event.arguments))} waits for approval[/]",
+                           highlight=False)
+
+    def _approval_decided(self, event: ApprovalDecided) -> None:
+        verdict = "approved" if event.approved else "denied"
+        self.console.print(f"[yellow]! call {escape(clean(event.call_id))} {verdict} by {escape(clean(event.by))}[/]",
+                           highlight=False)
+
+    def _notice(self, event: Notice) -> None:
+        self.console.print(f"[yellow]! {escape(_short(event.data, 200))}[/]", highlight=False)
+
+    def _error(self, event: Error) -> None:
+        self.console.print(f"[red]! {escape(clean(event.error))}[/]", highlight=False)
+
+    def _critic(self, event: CriticReviewed) -> None:
+        if self.verbose:
+            self.console.print(f"[dim]· critic: {'ok' if event.ok else escape(_short(event.reasons, 200))}[/]",
+                               highlight=False)
+
+    def _nothing(self, event: object) -> None:
+        """Kinds the live view shows through others (a start opens what its end prints; the stop is the
+        summary; streamed text is printed by the runner)."""
+
+    # Every event type, each with its handler: tests/test_events.py checks none is missing.
+    HANDLED: ClassVar[dict[type, Callable[[Reporter, Any], None]]] = {
+        RunStarted: _nothing, ModelCallStarted: _nothing, ModelCallEnded: _model_ended, TextStreamed: _nothing,
+        ToolCallStarted: _tool_started, ToolCallEnded: _tool_ended, ApprovalRequested: _approval_requested,
+        ApprovalDecided: _approval_decided, Notice: _notice, Error: _error, RunStopped: _nothing,
+        CriticReviewed: _critic,
+    }
 
     def summary(self, result: RunResult) -> None:
         """A dim usage line after a run (progress mode only)."""

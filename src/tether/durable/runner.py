@@ -12,6 +12,7 @@ from typing import Any
 from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
+from tether.events import START_KINDS
 from tether.loop import RunCancelled
 from tether.types import ModelReply, ToolCall, ToolResult, TraceEvent, from_jsonable, to_jsonable
 
@@ -135,7 +136,9 @@ class EventBuffer:
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
 
     def __call__(self, event: TraceEvent) -> None:
-        if event.kind != "text_delta":
+        if event.kind in START_KINDS:
+            pass  # live only (the sink gets it): a start is not stored, its end is
+        elif event.kind != "text_delta":
             self.events.append(event)
         elif self.text is not None:
             self.text.add(len(self.events), str(event.data.get("text", "")))

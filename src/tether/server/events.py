@@ -45,8 +45,12 @@ def derive(seq: int, kind: str, data: dict[str, Any], answer: str | None) -> lis
             out.append(("confirm_request", {"call_id": data.get("call_id"), "tool": data.get("name"),
                                             "arguments": data.get("arguments")}))
             out.append(("status", {"status": "awaiting_approval"}))
-    elif kind == "notice" and "approval" in data:
+    elif kind == "approval_decided":
+        out.append(("status", {"status": "running", "approval": data}))
+    elif kind == "notice" and "approval" in data:  # runs stored before approval_decided existed
         out.append(("status", {"status": "running", "approval": data["approval"]}))
+    elif kind == "approval_requested":
+        pass  # confirm_request, derived from the tool_call, announces it
     elif kind == "stop":
         out.append(("answer", {"answer": answer or "", "stop_reason": data.get("stop_reason")}))
         out.append(("stop", data))

@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tether.events import START_KINDS
 from tether.store.migrations import migrate
 from tether.tools.results import new_handle
 from tether.types import RunResult, RunState, TraceEvent, to_json, to_jsonable
@@ -60,8 +61,9 @@ def make_engine(url: str) -> sa.Engine:
 
 
 def _without_text(events: list[TraceEvent]) -> list[TraceEvent]:
-    """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds those)."""
-    return [e for e in events if e.kind != "text_delta"]
+    """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds those)
+    and without start events (live only: each step's end event is stored)."""
+    return [e for e in events if e.kind != "text_delta" and e.kind not in START_KINDS]
 
 
 @dataclass(slots=True)
@@ -154,12 +156,18 @@ class RunStore:
 
     def _events(self, conn: sa.Connection, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
         """`events` (no text deltas among them) as seq `first_seq`.. of the run."""
-        rows = [{"r": run_id, "q": first_seq + i, "k": e.kind, "s": e.step, "t": e.t, "d": e.duration,
-                 "data": json.dumps(to_jsonable(e.data), ensure_ascii=False)} for i, e in enumerate(events)]
-        if rows:
-            conn.execute(sa.text(
-                "INSERT INTO tether_events (run_id, seq, kind, step, t, duration, data)"
-                " VALUES (:r, :q, :k, :s, :t, :d, :data) ON CONFLICT DO NOTHING"), rows)
+        # One multi-row INSERT per 100 events (a turn's events are one statement, however many kinds
+        # it has), bound parameters only.
+        for start in range(0, len(events), 100):
+            chunk = events[start:start + 100]
+            params: dict[str, object] = {"r": run_id}
+            values = []
+            for i, e in enumerate(chunk):
+                values.append(f"(:r, :q{i}, :k{i}, :s{i}, :t{i}, :d{i}, :data{i})")
+                params.update({f"q{i}": first_seq + start + i, f"k{i}": e.kind, f"s{i}": e.step, f"t{i}": e.t,
+                               f"d{i}": e.duration, f"data{i}": json.dumps(to_jsonable(e.data), ensure_ascii=False)})
+            conn.execute(sa.text("INSERT INTO tether_events (run_id, seq, kind, step, t, duration, data) VALUES "
+                                 + ", ".join(values) + " ON CONFLICT DO NOTHING"), params)
 
     # -- streamed text ---------------------------------------------------------------------------
 

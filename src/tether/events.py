@@ -1,0 +1,201 @@
+"""Typed run events: one small dataclass per kind, a discriminated union, JSON both ways.
+
+The loop builds these and emits each as its envelope, a `TraceEvent(kind, step, t, duration, data)`:
+the form that is stored, streamed (the SSE event name is the kind) and kept in `RunResult.trace`.
+`typed(envelope)` gives the event back, `RunResult.events` the whole run's:
+
+    for event in result.events:
+        match event:
+            case ToolCallEnded(name=name, decision=decision) if not event.ran: ...
+            case ModelCallEnded(input_tokens=n): ...
+
+A step's start and end are both events (`model_call_started` / `model_call`, `tool_call_started` /
+`tool_call`), so a trace span or a console row can open when the step begins. The kind names of the
+end events (`model_call`, `tool_call`, `text_delta`, `stop`) are those tether always used, so stored
+runs and stream clients read on unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+
+from pydantic import Field, TypeAdapter
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """An event's envelope: its kind, when, and its payload as a dict. The stored and streamed form
+    (`RunResult.trace`); `typed()` gives the typed event back."""
+
+    kind: str
+    step: int
+    t: float  # seconds since the run started (run clock)
+    duration: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class BaseEvent:
+    """What every event has: when (the run's step and seconds) and how long."""
+
+    kind: ClassVar[str]
+    step: int = 0  # model calls made before it
+    t: float = 0.0  # seconds since the run started
+    duration: float = 0.0
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The payload (every field but step, t and duration), as the envelope carries it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("kind", "step", "t", "duration")}
+
+    def envelope(self) -> TraceEvent:
+        return TraceEvent(self.kind, self.step, self.t, self.duration, self.data)
+
+
+@dataclass(slots=True, kw_only=True)
+class RunStarted(BaseEvent):
+    kind: Literal["run_started"] = "run_started"
+    run_id: str = ""
+    user: str | None = None
+    resumed: bool = False  # continued from a RunState that had run before
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelCallStarted(BaseEvent):
+    kind: Literal["model_call_started"] = "model_call_started"
+    model: str = ""
+    messages: int = 0
+    purpose: str = "step"  # step, final (the partial answer), context (compaction, a critic)
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelCallEnded(BaseEvent):
+    kind: Literal["model_call"] = "model_call"
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    tool_calls: int = 0
+    text_chars: int = 0
+    purpose: str = "step"
+    final: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class TextStreamed(BaseEvent):
+    kind: Literal["text_delta"] = "text_delta"
+    text: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallStarted(BaseEvent):
+    kind: Literal["tool_call_started"] = "tool_call_started"
+    name: str = ""
+    call_id: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallEnded(BaseEvent):
+    kind: Literal["tool_call"] = "tool_call"
+    name: str = ""
+    call_id: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    decision: str = ""  # the policy's: allowed, approved:<by>, refused:<why>, denied:<by>, awaiting_approval, ...
+    is_error: bool = False
+    result_chars: int = 0
+    truncated: bool = False
+
+    @property
+    def ran(self) -> bool:
+        """Whether the tool itself ran and returned (not refused, pending, failed or timed out)."""
+        return not self.is_error
+
+
+@dataclass(slots=True, kw_only=True)
+class ApprovalRequested(BaseEvent):
+    kind: Literal["approval_requested"] = "approval_requested"
+    call_id: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ApprovalDecided(BaseEvent):
+    kind: Literal["approval_decided"] = "approval_decided"
+    call_id: str = ""
+    approved: bool = False
+    by: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class Notice(BaseEvent):
+    """Something the run did that is not a step: a redaction, a budget skip, a suppressed repeat."""
+
+    kind: Literal["notice"] = "notice"
+    notice: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return dict(self.notice)  # the envelope carries the notice's own keys, as it always did
+
+
+@dataclass(slots=True, kw_only=True)
+class Error(BaseEvent):
+    kind: Literal["error"] = "error"
+    error: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class RunStopped(BaseEvent):
+    kind: Literal["stop"] = "stop"
+    stop_reason: str = ""
+    steps: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class CriticReviewed(BaseEvent):
+    kind: Literal["critic"] = "critic"
+    ok: bool = True
+    reasons: list[str] = field(default_factory=list)
+    input_tokens: int = 0
+
+
+Event = Annotated[
+    Union[RunStarted, ModelCallStarted, ModelCallEnded, TextStreamed, ToolCallStarted,  # noqa: UP007
+          ToolCallEnded, ApprovalRequested, ApprovalDecided, Notice, Error, RunStopped, CriticReviewed],
+    Field(discriminator="kind"),
+]
+EVENT_TYPES: dict[str, type[Any]] = {tp.__dataclass_fields__["kind"].default: tp for tp in get_args(get_args(Event)[0])}
+START_KINDS = frozenset({"run_started", "model_call_started", "tool_call_started"})
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+_LIST: TypeAdapter[Any] = TypeAdapter(list[Event])
+
+
+def typed(envelope: TraceEvent) -> Any:
+    """The typed event of an envelope (unknown payload keys are ignored; a kind tether does not know
+    raises ValueError)."""
+    tp = EVENT_TYPES.get(envelope.kind)
+    if tp is None:
+        raise ValueError(f"unknown event kind {envelope.kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
+    base = {"step": envelope.step, "t": envelope.t, "duration": envelope.duration}
+    if tp is Notice:
+        return Notice(notice=dict(envelope.data), **base)
+    names = {f.name for f in dataclasses.fields(tp)} - {"kind", "step", "t", "duration"}
+    return tp(**base, **{k: v for k, v in envelope.data.items() if k in names})
+
+
+def to_json(event: Any) -> str:
+    return _ADAPTER.dump_json(event).decode()
+
+
+def from_json(data: str | bytes) -> Any:
+    return _ADAPTER.validate_json(data)
+
+
+def list_to_json(events: list[Any]) -> str:
+    return _LIST.dump_json(events).decode()
