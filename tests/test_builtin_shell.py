@@ -170,12 +170,13 @@ async def test_huge_output_is_bounded(tmp_path: Path, box: Sandbox) -> None:
 
 
 async def test_parallel_calls_overlap(tmp_path: Path, box: Sandbox) -> None:
+    """Each command waits until all four have started (a barrier of marker files): run one after
+    another, the first would wait for the others forever (here: until its 60 s guard says so)."""
     bash = shell_tool(tmp_path, sandbox=box)
-    started = time.monotonic()
-    outs = await asyncio.gather(*(run(bash, f"sleep 1; echo {i}") for i in range(4)))
-    elapsed = time.monotonic() - started
-    assert outs == [f"{i}\n" for i in range(4)]
-    assert elapsed < 3.5  # run one after another they would need at least 4 s
+    barrier = ("touch started.{i}; n=0; while [ $(ls started.* | wc -l) -lt 4 ]; do n=$((n+1)); "
+               "[ $n -gt 1200 ] && echo alone && exit 1; sleep 0.05; done; echo {i}")
+    outs = await asyncio.gather(*(run(bash, barrier.format(i=i)) for i in range(4)))
+    assert [o.strip() for o in outs] == [str(i) for i in range(4)]
 
 
 async def test_bash_does_not_hand_secrets_to_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -10,9 +10,11 @@ one that constrains decoding (when llama-cpp-python and the embedded GGUF are in
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import random
 import re
+import signal
 from functools import cache
 from typing import Any
 
@@ -193,9 +195,24 @@ def test_pattern_translation_is_sound(pattern: str, seed: int) -> None:
         return
     g = Gbnf(f'root ::= "\\"" {body} "\\""')
     rng = random.Random(seed)
-    for _ in range(10):
-        text = json.loads(g.sample(rng))
-        assert re.search(pattern, text), f"{text!r} does not match {pattern!r}"
+    with _at_most(20, pattern):  # a hang (a sampler loop, a backtracking regex) fails, naming the pattern
+        for _ in range(10):
+            text = json.loads(g.sample(rng))
+            assert re.search(pattern, text), f"{text!r} does not match {pattern!r}"
+
+
+@contextlib.contextmanager
+def _at_most(seconds: float, what: str):
+    def expire(signum, frame):
+        raise AssertionError(f"one example took over {seconds:g} s: {what!r}")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @settings(max_examples=200, deadline=None)

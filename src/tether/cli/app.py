@@ -85,12 +85,18 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     reporter = _reporter(opts, console)
     try:
         text = read_prompt(prompt)
-        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
+        notices: list[str] = []
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
     except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
+    shown = console.is_terminal or opts.verbose or opts.yes
+    if shown:
+        # Up front where it can matter: to a person, or with --yes (unconfined commands then run unasked).
+        for line in notices:
+            reporter.announce(line)
     try:
         result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
     except KeyboardInterrupt:
@@ -105,6 +111,9 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         if agent.executor is not None:
             agent.executor.close()
             close_mcp(agent.executor)
+    if not shown and any(e.kind == "tool_call" and e.data.get("name") == "Bash" for e in result.trace):
+        for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
+            reporter.announce(line)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
 
 
@@ -113,13 +122,16 @@ def execute_chat(opts: o.RunOptions) -> int:
 
     console = err_console()
     reporter = _reporter(opts, console)
+    notices: list[str] = []
     try:
-        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
         trace = open_trace(opts)
     except CliError as exc:
         return _fail(console, str(exc))
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
+    for line in notices:  # a conversation: said once it starts
+        reporter.announce(line)
     try:
         return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
     except KeyboardInterrupt:

@@ -63,7 +63,7 @@ def workspace_of(opts: RunOptions) -> Path:
 
 
 def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, pass_env: Sequence[str] = (),
-                protect: Sequence[str] = ()) -> list[Tool]:
+                protect: Sequence[str] = (), warn: Callable[[str], None] | None = None) -> list[Tool]:
     """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`
     and `protect`: Bash's extra environment variable names and read-only workspace paths."""
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
@@ -80,12 +80,12 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, p
     tools: list[Tool] = []
     for name in names:
         if name == "coding":
-            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect)
+            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect, warn=warn)
         elif name == "files":
             tools += builtin.file_tools(workspace, protect=protect)
         elif name == "bash":
             tools.append(builtin.shell_tool(workspace, allow_net=allow_net, pass_env=pass_env,
-                                            executed_later=protect))
+                                            executed_later=protect, warn=warn))
         elif name == "calculator":
             tools.append(builtin.calculator)
     unique: dict[str, Tool] = {}
@@ -138,12 +138,15 @@ def build_model(opts: RunOptions, announce: Callable[[str], None] | None = None)
         raise CliError(str(exc)) from exc
 
 
-def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None, pause: Pause | None = None) -> Agent:
+def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None, pause: Pause | None = None,
+                notices: list[str] | None = None) -> Agent:
     """The agent the options describe. Raises CliError with a message for the user. `pause` is
-    entered while a person is asked to approve a call (the progress spinner stops meanwhile)."""
+    entered while a person is asked to approve a call (the progress spinner stops meanwhile).
+    `notices` collects what the caller should say once the run starts (Bash not sandboxed), so a
+    bad option is still one line."""
     workspace = workspace_of(opts)
     tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net, pass_env=opts.env or (),
-                        protect=opts.protect or ())
+                        protect=opts.protect or (), warn=None if notices is None else notices.append)
     limits = build_limits(opts)
     model = build_model(opts, announce)
     mcp = None

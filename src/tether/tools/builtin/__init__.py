@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tether.tools.base import Tool
@@ -20,12 +20,13 @@ from tether.tools.builtin.shell import shell_tool
 
 
 def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,
-                 pass_env: Sequence[str] = (), protect: Sequence[str] = ()) -> list[Tool]:
+                 pass_env: Sequence[str] = (), protect: Sequence[str] = (),
+                 warn: Callable[[str], None] | None = None) -> list[Tool]:
     """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
     `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
     paths kept read-only for them besides .git."""
     return [*file_tools(root, protect=protect), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
-                                          executed_later=protect)]
+                                          executed_later=protect, warn=warn)]
 
 
 __all__ = [

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +203,7 @@ def shell_tool(
     allow_net: bool = False,
     pass_env: Sequence[str] = (),
     executed_later: Sequence[str] = (),
+    warn: Callable[[str], None] | None = None,
 ) -> Tool:
     """The `Bash` tool: runs commands in `cwd`, confined by `sandbox`.
 
@@ -211,6 +212,7 @@ def shell_tool(
     call requires approval. `env` defaults to an allowlist of this process's environment (see
     `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
     credentials. `executed_later`: workspace paths kept read-only besides `.git` (see sandbox.py).
+    `warn` takes the "not sandboxed" notice instead of stderr.
     """
     if env is None:
         env = sandbox_environ(pass_env)
@@ -220,7 +222,7 @@ def shell_tool(
     if timeout <= 0:
         raise ValueError("timeout must be positive")
     box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
-                                                              executed_later=executed_later)
+                                                              executed_later=executed_later, warn=warn)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
