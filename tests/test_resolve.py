@@ -125,11 +125,11 @@ def test_no_model_and_no_local_module_gives_one_paragraph(monkeypatch: pytest.Mo
 
 
 def test_no_model_and_no_llama_cpp_gives_one_paragraph(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(resolve, "llama_cpp_installed", lambda: False)
+    monkeypatch.setattr(resolve, "local_runtime_installed", lambda: False)
     with pytest.raises(ModelConfigError) as info:
         resolve_model(env={})
     assert str(info.value).startswith(HOW_TO_CONFIGURE)
-    assert "llama-cpp-python is not installed" in str(info.value)
+    assert "xllamacpp (the embedded model's llama.cpp) is not installed" in str(info.value)
 
 
 class _FakeLocalModel:
@@ -143,7 +143,7 @@ def _fake_local_module(monkeypatch: pytest.MonkeyPatch) -> None:
     module.LocalModel = _FakeLocalModel  # type: ignore[attr-defined]
     module.LocalModelUnavailable = RuntimeError  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tether.models.local", module)
-    monkeypatch.setattr(resolve, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(resolve, "local_runtime_installed", lambda: True)
 
 
 def test_local_fallback_is_announced_once(monkeypatch: pytest.MonkeyPatch) -> None:

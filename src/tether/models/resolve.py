@@ -193,9 +193,9 @@ def _anthropic(
         raise ModelConfigError(f"anthropic:{name}: {exc}") from None
 
 
-def llama_cpp_installed() -> bool:
-    """Whether the embedded model's runtime is importable (checked without importing it)."""
-    return importlib.util.find_spec("llama_cpp") is not None
+def local_runtime_installed() -> bool:
+    """Whether the embedded model's runtime (xllamacpp) is importable (checked without importing it)."""
+    return importlib.util.find_spec("xllamacpp") is not None
 
 
 def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback: bool) -> Model:
@@ -206,8 +206,8 @@ def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback
         reason = f"the embedded model is not part of this install ({exc})"
         raise ModelConfigError(_local_failure(reason, fallback)) from exc
     unavailable: type[BaseException] = getattr(module, "LocalModelUnavailable", ImportError)
-    if not llama_cpp_installed():
-        reason = "llama-cpp-python is not installed"
+    if not local_runtime_installed():
+        reason = "xllamacpp (the embedded model's llama.cpp) is not installed"
         raise ModelConfigError(_local_failure(reason, fallback))
     if path is not None and not Path(path).expanduser().is_file():
         raise ModelConfigError(f"local:{path}: no such GGUF file")
@@ -285,12 +285,12 @@ def local_status() -> LocalStatus:
         module = importlib.import_module("tether.models.local")
     except ImportError as exc:
         return LocalStatus(False, f"tether.models.local is missing ({exc})")
-    if not llama_cpp_installed():
+    if not local_runtime_installed():
         hint = getattr(module, "INSTALL_HINT", "pip install 'tether[local]'")
-        return LocalStatus(False, f"llama-cpp-python is not installed; {hint}")
+        return LocalStatus(False, f"xllamacpp is not installed; {hint}")
     finder = getattr(module, "default_gguf_path", None)
     if finder is None:
-        return LocalStatus(True, "llama-cpp-python installed")
+        return LocalStatus(True, "xllamacpp installed")
     try:
         path = finder()
     except Exception as exc:  # the finder reports a missing model package by raising
