@@ -299,6 +299,16 @@ def models_command(ctx: typer.Context) -> None:
     show_models(Console(soft_wrap=True, emoji=False), opts=_root_options(ctx))
 
 
+@app.command("doctor")
+def doctor_command() -> None:
+    """Check the sandbox, the models and keys configured, the embedded model and the run store; exit 1
+    when a configured part is broken."""
+    from tether.cli.doctor_cmd import doctor
+    from tether.terminal import clean
+
+    raise typer.Exit(doctor(lambda line: typer.echo(clean(line))))
+
+
 def _root_options(ctx: typer.Context) -> o.RunOptions:
     parent = ctx.parent
     obj = parent.obj if parent is not None else None

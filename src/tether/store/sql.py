@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from tether.tools.results import new_handle
 from tether.types import RunResult, RunState, TraceEvent, to_json, to_jsonable
 
 
-def default_database_path() -> Path:
+def default_database_path(env: Mapping[str, str] | None = None) -> Path:
     """`$TETHER_HOME/tether.db`, else the user's data dir (`$XDG_DATA_HOME/tether/tether.db`)."""
-    home = os.environ.get("TETHER_HOME")
-    base = Path(home) if home else Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "tether"
+    env = os.environ if env is None else env
+    home = env.get("TETHER_HOME")
+    base = Path(home) if home else Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "tether"
     return base / "tether.db"
 
 
