@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tether.tools.base import Tool, ToolContext, tool
-from tether.types import from_json, from_jsonable, to_json, to_jsonable
+from tether.types import Effect, from_json, from_jsonable, to_json, to_jsonable
 
 StepStatus = Literal["pending", "running", "done", "failed", "skipped"]
 STATUSES: tuple[str, ...] = ("pending", "running", "done", "failed", "skipped")
@@ -203,7 +203,7 @@ def parse_steps(raw: Any) -> list[PlanStep]:
 def task_state_tools(board: TaskBoard) -> list[Tool]:
     """Tools the model uses to keep its plan and facts (run-local notes: no effect on the world)."""
 
-    @tool
+    @tool(effect=Effect.READ_ONLY)  # changes only the run's own notes, nothing in the world
     def update_plan(steps: list[dict[str, Any]], context: ToolContext, goal: str = "") -> str:
         """Write or replace the plan. Steps done so far keep their results.
 
@@ -218,7 +218,7 @@ def task_state_tools(board: TaskBoard) -> list[Tool]:
             return f"ERROR: plan not changed: {exc}"
         return f"plan has {len(state.steps)} steps; next: {', '.join(s.id for s in state.ready()) or 'none'}"
 
-    @tool
+    @tool(effect=Effect.READ_ONLY)  # changes only the run's own notes, nothing in the world
     def set_step(step_id: str, status: str, context: ToolContext, result: str = "") -> str:
         """Mark a plan step running, done, failed or skipped, with its result.
 
@@ -234,7 +234,7 @@ def task_state_tools(board: TaskBoard) -> list[Tool]:
             return f"ERROR: {exc.args[0]}"
         return f"step {s.id} is {s.status}; next: {', '.join(x.id for x in state.ready()) or 'none'}"
 
-    @tool
+    @tool(effect=Effect.READ_ONLY)  # changes only the run's own notes, nothing in the world
     def record_fact(key: str, value: str, context: ToolContext) -> str:
         """Record an established fact (an id, number, name, timestamp or hypothesis) so it stays in view.
 

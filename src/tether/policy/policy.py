@@ -499,7 +499,7 @@ class SafetyPolicy:
                     # every value is traceable, but only to tool outputs: which action to take with
                     # them was decided after the run read untrusted content
                     ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
-                               "none of the arguments is from the user's request (the action was chosen after)")
+                               "no argument is from the user's request (the action was chosen after)")
                 if risky:
                     why = (f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
                            f"these arguments are not from the user's request: {', '.join(risky)}")
@@ -741,9 +741,11 @@ def _risk_free(tool: Tool, cap: Capability, trace: dict[str, Origin]) -> frozens
 
 
 def _unanchored(trace: dict[str, Origin], exempt: frozenset[str]) -> bool:
-    """No checked argument holds a value from the user's request, and some hold tool output."""
+    """No checked argument holds a value from the user's request. None at all counts: an effect with
+    nothing to check (`wipe_database()`, `purge_all(confirm=True)`) was chosen after the run read
+    untrusted content as much as one whose values came from it."""
     checked = [o for p, o in trace.items() if p.split(".", 1)[0] not in exempt and o is not Origin.NEUTRAL]
-    return bool(checked) and Origin.USER not in checked
+    return Origin.USER not in checked
 
 
 def _risky(trace: dict[str, Origin], exempt: frozenset[str], args: dict[str, Any]) -> list[str]:
