@@ -43,6 +43,7 @@ from tether.models.pricing import Pricing
 from tether.tools.executor import CallContext, Executor, ToolStepFn
 from tether.tools.results import HANDLES_KEY
 from tether.types import (
+    NOTE_NAME,
     Message,
     ModelReply,
     ModelRequest,
@@ -242,7 +243,6 @@ class RunSpec:
     output: OutputRun | None = None  # the run's output type (tether.output), when it has one
 
 
-NOTE_NAME = "tether"  # a user-role message the loop wrote (the policy's label), not the user's words
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
 PARENT_KEY = "tether.parent"
 

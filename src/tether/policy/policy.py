@@ -31,6 +31,7 @@ from tether.policy.authz import Authorizer, check_tool
 from tether.policy.canonical import action_key, canonical_json, leaves
 from tether.policy.capabilities import Capabilities, Capability
 from tether.policy.egress import EgressPolicy, find_urls, host_of, looks_like_url
+from tether.policy.leaks import leaked_in, secrets_in
 from tether.policy.output_filter import Finding, filter_output, scan
 from tether.policy.provenance import SAFE_ORIGINS, Origin, Provenance, is_money, words
 from tether.tools.base import Tool
@@ -95,6 +96,7 @@ def wrap_untrusted(text: str, source: str) -> str:
 
 
 STATE_VERSION = 1
+MAX_SECRETS = 500  # secret-looking values kept per run (each is hunted for in the answer)
 
 
 @dataclass
@@ -132,6 +134,7 @@ class RunState:
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     written_paths: set[str] = field(default_factory=set)  # files written after taint from others' content
     labels: dict[str, str] = field(default_factory=dict)  # call id -> tool, untrusted results of this turn
+    secrets: set[str] = field(default_factory=set)  # secret-looking values the run's tool results held
 
     @property
     def tainted(self) -> bool:
@@ -145,6 +148,7 @@ class RunState:
             "approved": sorted(self.approved), "done": sorted(self.done), "trusted_handles": sorted(self.trusted_handles),
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
+            "secrets": sorted(self.secrets),
         }
 
     @classmethod
@@ -165,6 +169,7 @@ class RunState:
             decisions={str(k): dict(v) for k, v in dict(data.get("decisions", {})).items()},
             written_paths={str(p) for p in data.get("written_paths", ())},
             labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
+            secrets={str(v) for v in data.get("secrets", ())},
         )
 
 
@@ -295,6 +300,14 @@ class SafetyPolicy:
         if state is not None and state.tainted:
             text, more = self._constructed_links(state, text)
             findings = [*findings, *more]
+        if state is not None and (how := leaked_in(text, state.secrets)):
+            # a secret the run read, dressed up (encoded, reversed, split, invisible characters): the
+            # whole answer is withheld, since what else it encodes cannot be known
+            ways = ", ".join(sorted(set(how)))
+            findings = [*findings, Finding("secret", "(answer withheld)",
+                                           f"it holds {len(how)} secret(s) the run read ({ways})")]
+            text = (f"[answer withheld: it contains {len(how)} secret value(s) read during the run, "
+                    f"written {ways}]")
         if findings:
             self.audit.record(AuditRecord(
                 run_id=run_id, tool="(answer)", decision="redacted", user=state.user if state else None,
@@ -637,6 +650,8 @@ class SafetyPolicy:
                 state.written_paths.add(pend.args[path_arg])
         state.prov.add_output(result.content, trusted=not untrusted, source=source,
                               private=bool(tool.metadata.get("private_output")))
+        if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
+            state.secrets.update(sorted(secrets_in(result.content))[:MAX_SECRETS - len(state.secrets)])
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
