@@ -59,7 +59,7 @@ THREADS_ENV = "TETHER_LOCAL_THREADS"
 
 # Measured by `python -m bench.local_model` (temperature 0, default threads, one process per
 # task, working directories with different names); see bench/local_model/results.json.
-MEASURED = "calculator 12/12, read one file 11/12, read two files 11/11, search and answer 10/12"
+MEASURED = "calculator 12/12, read one file 10/12, read two files 10/11, search and answer 11/12"
 EMBEDDED_NOTICE = (
     "tether: the embedded SmolLM2-135M does one-step lookups and answers by quoting the tool result: "
     "arithmetic (--tools calculator), reading the files a request names, searching a collection "
