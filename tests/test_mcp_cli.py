@@ -120,7 +120,9 @@ def test_result_text() -> None:
 
 
 def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "mcp.json", {"ok": flaky("ok", connectTimeout=60)})
+    # pid changes nothing: declared so, it runs in the second turn too, after the first turn's
+    # untrusted MCP output (undeclared, it would be an effect chosen after taint and need approval)
+    config = write_config(tmp_path / "mcp.json", {"ok": flaky("ok", connectTimeout=60, effects={"pid": "read_only"})})
     script = [chat_completion(None, [tool_call("ok__pid", {})]), chat_completion("first"),
               chat_completion(None, [tool_call("ok__pid", {}, id="call_2")]), chat_completion("second")]
     with FakeOpenAIServer(script) as model:
