@@ -108,6 +108,14 @@ def charge_script(request: ModelRequest):
     return f"Done: {request.messages[-1].content}"
 
 
+def charge_twice_script(request: ModelRequest):
+    """Two charges needing approval, in two turns, with the same call id (ids are per reply)."""
+    n = _turn(request)
+    if n < 2:
+        return ToolCall("c1", "charge", {"amount": 99 if n == 0 else 5})
+    return f"Done: {request.messages[-1].content}"
+
+
 def slow_script(request: ModelRequest):
     n = _turn(request)
     return ToolCall(f"w{n}", "wait", {"seconds": 0.5}) if n < 40 else "done"
@@ -150,6 +158,12 @@ def billing(user: str | None) -> Agent:
                  limits=Limits(max_steps=5))
 
 
+def billing_twice(user: str | None) -> Agent:
+    caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
+    return Agent(ScriptedModel(charge_twice_script), tools=[charge], policy=SafetyPolicy(capabilities=caps),
+                 limits=Limits(max_steps=5))
+
+
 def slow(user: str | None) -> Agent:
     return Agent(ScriptedModel(slow_script), tools=[wait], limits=Limits(max_steps=60, max_repeats=100))
 
@@ -162,6 +176,7 @@ def steps(user: str | None) -> Agent:
     return Agent(ScriptedModel(steps_script), tools=[effect], limits=Limits(max_steps=5, max_parallel_tools=1))
 
 
-AGENTS = {"calc": calc, "billing": billing, "slow": slow, "booking": booking, "chatty": chatty}
+AGENTS = {"calc": calc, "billing": billing, "billing_twice": billing_twice, "slow": slow, "booking": booking,
+          "chatty": chatty}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

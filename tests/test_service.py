@@ -326,6 +326,22 @@ def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
     assert names.index("confirm_request") < names.index("answer")
 
 
+def test_a_second_approval_with_the_same_call_id_in_a_later_turn_is_taken(service: Service) -> None:
+    """Issue 24, item 10: call ids are unique only within one reply; decisions are keyed by the exact
+    pending call (run, step, call id), so the second `c1` is not refused as already answered."""
+    alice = service.key("erin2")
+    before = len(service.ledger())
+    task = submit(service, alice, "billing_twice")
+    for _ in range(2):
+        wait_status(service, alice, task, "awaiting_approval")
+        ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True},
+                        headers=alice)
+        assert ok.status_code == 200, ok.text
+    body = wait_status(service, alice, task, "completed")
+    assert service.ledger()[before:] == ["charge 99", "charge 5"]
+    assert body["answer"].startswith("Done")
+
+
 def test_deny_returns_the_refusal_to_the_model(service: Service) -> None:
     alice = service.key("frank")
     before = len(service.ledger())

@@ -68,8 +68,10 @@ def decide(store: RunStore, dbos: Messenger, run_id: str, call_id: str, *, appro
     if row.pending.get("call_id") != call_id:
         raise ControlError(f"run {run_id} awaits call {row.pending.get('call_id')!r}, not {call_id!r}")
     pending = row.pending
-    # "decided" before the message goes out: the run's process may take it, and park again, at once
-    store.set_status(run_id, "decided", pending=pending)
+    # "decided" before the message goes out (the run's process may take it, and park again, at once),
+    # as one conditional write: of two answers to the same call only one gets past here
+    if not store.claim_decision(run_id, pending):
+        raise ControlError(f"call {call_id} of run {run_id} is already decided")
     try:
         dbos.send(run_id, {"call_id": call_id, "step": pending.get("step"), "approved": approved,
                            "by": by or _whoami(), "reason": reason}, APPROVAL_TOPIC)

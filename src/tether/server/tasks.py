@@ -212,13 +212,15 @@ class Tasks:
             raise TaskError(409, f"task {task_id} is {row.status}, not waiting for a confirmation")
         if row.pending.get("call_id") != call_id:
             raise TaskError(409, f"task {task_id} waits on call {row.pending.get('call_id')!r}, not {call_id!r}")
-        if not await self.db(self.tables.record_decision, task_id, call_id, approved, user, reason):
+        # keyed by the exact pending call: call ids are unique only within one model reply
+        key = f"{row.pending.get('step')}:{call_id}"
+        if not await self.db(self.tables.record_decision, task_id, key, approved, user, reason):
             raise TaskError(409, f"call {call_id} of task {task_id} was already answered")
         try:
             return await self.db(decide, self.rt.store, DBOS, task_id, call_id, approved=approved, by=user,
                                            reason=reason)
         except ControlError as exc:
-            await self.db(self.tables.forget_decision, task_id, call_id)
+            await self.db(self.tables.forget_decision, task_id, key)
             raise TaskError(409, str(exc)) from exc
 
     async def cancel(self, user: str, task_id: str) -> str:

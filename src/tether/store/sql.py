@@ -129,6 +129,16 @@ class RunStore:
                     {"s": status, "p": json.dumps(pending) if pending is not None else None, "t": time.time(),
                      "r": run_id})
 
+    def claim_decision(self, run_id: str, pending: dict[str, Any]) -> bool:
+        """Mark the run `decided` only if it still awaits approval: one conditional write, so of two
+        people answering the same call at once exactly one wins (the other gets False)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(sa.text(
+                "UPDATE tether_runs SET status = 'decided', pending = :p, updated_at = :t"
+                " WHERE run_id = :r AND status = 'awaiting_approval'"),
+                {"p": json.dumps(pending), "t": time.time(), "r": run_id})
+            return done.rowcount == 1
+
     def set_running(self, run_id: str) -> None:
         """The run's workflow (re)starts: `running`, unless the run is parked on a person's decision
         (a recovered run replays up to that same wait; meanwhile its pending call stays confirmable)."""
