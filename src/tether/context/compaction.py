@@ -23,10 +23,10 @@ import bisect
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.context.facts import FactList, message_facts, result_facts
-from tether.context.task_state import TaskBoard, TaskState, task_state_tools
+from tether.context.task_state import TASK_TOOLS, TaskBoard, TaskState, apply_task_call, task_state_tools
 from tether.errors import TetherError
 from tether.models.base import Model
 from tether.tokens import (
@@ -131,6 +131,7 @@ class Compactor:
         self.sizes = MessageSizes(self.counter)
         self.static_tokens = config.tools_tokens(self.counter, spec.executor.specs)
         self.state: TaskState = config.board.open(self.run_id)
+        self._replayed = 0  # messages[:_replayed] have had their task-state calls applied
         self.facts = FactList(config.max_facts)
         self.summary = ""
         self.summary_message: Message | None = None
@@ -147,7 +148,21 @@ class Compactor:
 
     # ----- per call -----------------------------------------------------------------------------
 
+    def _replay_task_calls(self, messages: list[Message]) -> None:
+        """Apply the task-state calls that succeeded in the messages added since the last build (each
+        message once): the state follows from the transcript, so a replayed run has it too."""
+        calls: dict[str, tuple[str, dict[str, Any]]] = {}
+        for m in messages[self._replayed:]:
+            for c in m.tool_calls:
+                if c.name in TASK_TOOLS:
+                    calls[c.id] = (c.name, c.arguments)
+            if (m.role == "tool" and m.tool_call_id in calls and not m.content.startswith("ERROR")
+                    and not self.config.board.applied(self.run_id, m.tool_call_id)):
+                apply_task_call(self.state, *calls[m.tool_call_id])
+        self._replayed = len(messages)
+
     async def build(self, messages: list[Message]) -> list[Message]:
+        self._replay_task_calls(messages)
         self._sync(messages)
         state_msg = self._state_message()
         state_tokens = message_tokens(self.counter, state_msg) if state_msg is not None else 0

@@ -8,6 +8,7 @@ find the run's state on a `TaskBoard` by run id, so one Agent serves many runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -162,10 +163,18 @@ def _check_acyclic(steps: list[PlanStep]) -> None:
 class TaskBoard:
     """The task states of the runs in flight, by run id (the tools find theirs here)."""
 
-    __slots__ = ("_states",)
+    __slots__ = ("_live", "_states")
 
     def __init__(self) -> None:
         self._states: dict[str, TaskState] = {}
+        self._live: dict[str, set[str]] = {}  # run id -> calls whose tool function ran in this process
+
+    def ran(self, run_id: str, call_id: str) -> None:
+        """A task-state tool's function ran for this call (so replaying it would apply it twice)."""
+        self._live.setdefault(run_id, set()).add(call_id)
+
+    def applied(self, run_id: str, call_id: str) -> bool:
+        return call_id in self._live.get(run_id, ())
 
     def open(self, run_id: str, state: TaskState | None = None) -> TaskState:
         current = self._states.get(run_id)
@@ -178,6 +187,7 @@ class TaskBoard:
         return self._states.setdefault(run_id, TaskState())
 
     def close(self, run_id: str) -> TaskState | None:
+        self._live.pop(run_id, None)
         return self._states.pop(run_id, None)
 
 
@@ -200,6 +210,23 @@ def parse_steps(raw: Any) -> list[PlanStep]:
     return steps
 
 
+TASK_TOOLS = ("update_plan", "set_step", "record_fact")
+
+
+def apply_task_call(state: TaskState, name: str, args: dict[str, Any]) -> None:
+    """Apply one task-state call, as its tool did, to `state` (the context builder replays them from
+    the transcript: a recovered durable run gets its tool results from the record and never runs the
+    tool functions, so the state must follow from the transcript). Calls whose function ran in this process (`TaskBoard.applied`)
+    are not applied again."""
+    with contextlib.suppress(KeyError, ValueError, TypeError, json.JSONDecodeError):  # the tool said so then
+        if name == "update_plan":
+            state.set_plan(parse_steps(args.get("steps")), args.get("goal") or None)
+        elif name == "set_step":
+            state.update(str(args["step_id"]), str(args["status"]), str(args.get("result", "")))
+        elif name == "record_fact":
+            state.record(str(args["key"]), str(args["value"]))
+
+
 def task_state_tools(board: TaskBoard) -> list[Tool]:
     """Tools the model uses to keep its plan and facts (run-local notes: no effect on the world)."""
 
@@ -212,6 +239,7 @@ def task_state_tools(board: TaskBoard) -> list[Tool]:
             goal: the task's goal in one line (optional).
         """
         state = board.get(context.run_id)
+        board.ran(context.run_id, context.call_id)
         try:
             state.set_plan(parse_steps(steps), goal or None)
         except (ValueError, json.JSONDecodeError) as exc:
@@ -228,6 +256,7 @@ def task_state_tools(board: TaskBoard) -> list[Tool]:
             result: what the step established (ids, numbers, names), or why it failed.
         """
         state = board.get(context.run_id)
+        board.ran(context.run_id, context.call_id)
         try:
             s = state.update(step_id, status, result)
         except (KeyError, ValueError) as exc:
@@ -243,6 +272,7 @@ def task_state_tools(board: TaskBoard) -> list[Tool]:
             value: the fact itself, exactly (keep ids and numbers verbatim).
         """
         state = board.get(context.run_id)
+        board.ran(context.run_id, context.call_id)
         try:
             state.record(key, value)
         except ValueError as exc:
