@@ -207,7 +207,8 @@ def test_one_feed_query_per_tick_for_many_streams(tmp_path, monkeypatch) -> None
 
     statements_idle, ticks, stream_reads = asyncio.run(scenario())
     assert stream_reads == 0  # no stream asked on its own
-    assert ticks <= statements_idle <= ticks + 1, (statements_idle, ticks)  # one query per tick (one in flight)
+    # one query per tick (a tick counted as it starts, its query a moment later: one either way at the edges)
+    assert ticks - 1 <= statements_idle <= ticks + 1, (statements_idle, ticks)
     store.close()
 
 
