@@ -1,7 +1,8 @@
 """A new user's first run, measured: a fresh clone, `scripts/bootstrap` with an empty pip cache,
 then the README's first command. Seconds per phase and the load average while it ran.
 
-    python -m bench.setup            # clones this repository's HEAD; writes bench/setup/results.json
+    python -m bench.setup                  # clones this repository's HEAD; writes bench/setup/results.json
+    python -m bench.setup --label "under load"   # another run beside it (results.json keeps one per label)
 
 Bar (issue 22): at most 2 minutes to the first answer on an idle 2-core machine; the figure under
 load is reported beside it (the load average is sampled every second).
@@ -24,6 +25,7 @@ FIRST = [".venv/bin/tether", "--tools", "calculator", "-p", "What is 17 * 23?"]
 
 
 def main() -> int:
+    label = sys.argv[sys.argv.index("--label") + 1] if "--label" in sys.argv else "idle"
     loads: list[float] = []
     stop = threading.Event()
 
@@ -72,7 +74,12 @@ def main() -> int:
         print(f"{p['seconds']:>8.2f} s  {p['phase']}")
     print(f"{out['total_seconds_to_first_answer']:>8.2f} s  total to the first answer ({out['answer']!r}); "
           f"load {out['load_average']['mean']} (max {out['load_average']['max']}) on {os.cpu_count()} cores")
-    Path(__file__).with_name("results.json").write_text(json.dumps(out, indent=2) + "\n")
+    path = Path(__file__).with_name("results.json")
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    if "phases" in runs:  # the one-run layout of the first version
+        runs = {"idle": runs}
+    runs[label] = out
+    path.write_text(json.dumps(runs, indent=2) + "\n")
     return 0 if out["answer_ok"] else 1
 
 
