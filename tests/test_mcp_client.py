@@ -196,7 +196,7 @@ async def test_name_clashes_never_replace_a_tool() -> None:
 
     with toolset({"a": flaky("ok", connectTimeout=SLOW_START, prefix=""),
                   "b": flaky("ok", connectTimeout=SLOW_START, prefix="")}) as ts:
-        assert sorted(t.name for t in ts.tools) == ["crash", "echo", "grow", "hang", "pid"]
+        assert sorted(t.name for t in ts.tools) == ["crash", "echo", "grow", "hang", "meta", "pid"]
         assert {t.metadata["mcp_server"] for t in ts.tools} == {"a"}
         assert "tool 'echo' of server 'b' is left out: the name is taken by server 'a'" in ts.warnings
         executor = Executor([*ts.tools, builtin_extra], policy=AllowAll())
@@ -256,3 +256,18 @@ async def test_approvals_capping_and_audit_apply_to_mcp_tools() -> None:
     assert [(r.tool, r.decision.split(":")[0], r.user) for r in records] == [
         ("ok__echo", "allowed", "alice"), ("ok__echo", "approved", "alice"), ("ok__echo", "denied", "alice")]
     assert all(r.effect == "irreversible" for r in records)
+
+
+async def test_each_call_carries_its_idempotency_key_in_meta(flaky_set) -> None:
+    """Issue 24, item 12 (part): an MCP tool gets the call's idempotency key (run:step:index, the
+    same when a recovered run replays the call) in the request's _meta, so the server can recognise
+    a call it already carried out."""
+    import json
+
+    from tether.mcp.client import IDEMPOTENCY_META, RUN_META
+
+    _, executor = flaky_set
+    result = await executor.execute(ToolCall("c7", "ok__meta", {}), CallContext("run-9", step=4), 2)
+    assert not result.is_error, result.content
+    meta = json.loads(result.content)
+    assert meta[IDEMPOTENCY_META] == "run-9:4:2" and meta[RUN_META] == "run-9"

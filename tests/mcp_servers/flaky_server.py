@@ -9,6 +9,7 @@ a tool named `extra_N` and announces the change; `pid()` returns the process id.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ TOOLS = [
     mt.Tool(name="crash", description="Kills the server.", input_schema=OBJECT),
     mt.Tool(name="grow", description="Adds a tool.", input_schema=OBJECT),
     mt.Tool(name="pid", description="The server's process id.", input_schema=OBJECT),
+    mt.Tool(name="meta", description="The request's _meta, as JSON.", input_schema=OBJECT),
 ]
 
 
@@ -48,11 +50,14 @@ async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolRe
         print("flaky: crashing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
     if params.name == "grow":
-        n = len(TOOLS) - 4
+        n = len(TOOLS) - 5
         TOOLS.append(mt.Tool(name=f"extra_{n}", description=f"Extra tool {n}.", input_schema=OBJECT))
         await BUS.publish(ToolsListChanged())  # 2026-07-28 clients listen on subscriptions/listen
         await ctx.session.send_tool_list_changed()  # handshake-era clients get the notification
         return mt.CallToolResult(content=[mt.TextContent(text=f"added extra_{n}")])
+    if params.name == "meta":
+        return mt.CallToolResult(content=[mt.TextContent(text=json.dumps(params.meta or {}, sort_keys=True,
+                                                                          default=str))])
     if params.name == "pid":
         return mt.CallToolResult(content=[mt.TextContent(text=str(os.getpid()))])
     if params.name.startswith("extra_"):

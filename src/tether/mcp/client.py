@@ -42,7 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from tether.errors import TetherError
 from tether.mcp.config import ServerConfig
 from tether.mcp.convert import annotations_of, effect_of, result_text
-from tether.tools.base import Tool
+from tether.tools.base import Tool, ToolContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -251,7 +251,7 @@ class _Connection:
             return
         self._on_tools_changed()
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> mt.CallToolResult:
+    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> mt.CallToolResult:
         """One tools/call within the call timeout; a dead session is started again first."""
         if self.client is None:
             before = {t.name: t for t in self.tools}
@@ -264,7 +264,7 @@ class _Connection:
         seconds = self.config.tether.call_timeout
         try:
             async with asyncio.timeout(seconds):
-                return await client.call_tool(name, arguments)
+                return await client.call_tool(name, arguments, meta=meta)  # type: ignore[arg-type]
         except TimeoutError:
             raise MCPUnavailable(f"MCP server '{self.name}' did not answer '{name}' within {seconds:g} s. Try "
                                  "a smaller request or another approach.") from None
@@ -364,8 +364,12 @@ class MCPToolset:
         portal = self._portal
         assert portal is not None
 
-        async def call(**arguments: Any) -> str:
-            result = await portal.arun(conn.call(name, arguments))
+        async def call(_tether_context: ToolContext | None = None, **arguments: Any) -> str:
+            # The call's idempotency key goes to the server in the request's _meta, so a server can
+            # recognise a retried or recovered call (see docs/mcp.md)
+            meta = None if _tether_context is None else {IDEMPOTENCY_META: _tether_context.idempotency_key,
+                                                        RUN_META: _tether_context.run_id}
+            result = await portal.arun(conn.call(name, arguments, meta))
             text = result_text(result)
             if result.is_error:
                 raise MCPToolError(text or f"'{name}' failed without saying why")
@@ -424,6 +428,10 @@ class MCPToolset:
         await asyncio.to_thread(self.close)
 
 
+IDEMPOTENCY_META = "tether/idempotency_key"  # in a tools/call request's _meta: run:step:index, stable on recovery
+RUN_META = "tether/run_id"
+
+
 def mcp_tool(server: ServerConfig, spec: mt.Tool, call: Callable[..., Awaitable[str]]) -> Tool:
     """A tether Tool for one MCP tool: irreversible and untrusted unless the user's config says
     otherwise; the server's hints are kept in metadata either way."""
@@ -438,4 +446,5 @@ def mcp_tool(server: ServerConfig, spec: mt.Tool, call: Callable[..., Awaitable[
         effect=effect_of(server, spec), untrusted_output=not trusted,
         # the connection's own call timeout answers first, with a better message
         timeout=server.tether.call_timeout + server.tether.connect_timeout + 5, metadata=metadata,
+        context_param="_tether_context",
     )
