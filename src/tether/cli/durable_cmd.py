@@ -41,6 +41,16 @@ def _err(message: str) -> int:
     return EXIT_ERROR
 
 
+def error_line(exc: BaseException) -> str:
+    """One line for an error, never a library's dump: a database error is its driver's message
+    (SQLAlchemy's text adds the SQL, its parameters, which hold the prompt and the run's options,
+    and a "Background on this error" link)."""
+    orig = getattr(exc, "orig", None)  # sqlalchemy.exc.DBAPIError: the driver's own exception
+    shown = orig if isinstance(orig, BaseException) else exc
+    first = (str(shown).strip().splitlines() or [""])[0]
+    return clean(f"{type(shown).__name__}: {first}"[:300])
+
+
 def _config(opts: o.RunOptions) -> dict[str, Any]:
     """The options a resumed run needs to rebuild its agent (no API key, no trace file)."""
     out: dict[str, Any] = {}
@@ -136,7 +146,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     except CliError as exc:
         return _err(str(exc))
     except Exception as exc:
-        return _err(f"durable run failed: {type(exc).__name__}: {exc}")
+        return _err(f"durable run failed: {error_line(exc)}")
     finally:
         teardown()
         if opened is not None:
@@ -165,7 +175,7 @@ def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
         else:
             result = asyncio.run(until_parked(run_id, wait_result(run_id)))
     except Exception as exc:
-        return _err(f"cannot resume {run_id}: {type(exc).__name__}: {exc}")
+        return _err(f"cannot resume {run_id}: {error_line(exc)}")
     finally:
         teardown()
     return report(result, Reporter(console, enabled=False), as_json=as_json)
@@ -179,7 +189,7 @@ def approve_cmd(run_id: str, call_id: str, deny: bool, reason: str, db: str | No
     except ControlError as exc:
         return _err(str(exc))
     except Exception as exc:
-        return _err(f"cannot reach the run database: {type(exc).__name__}: {exc}")
+        return _err(f"cannot reach the run database: {error_line(exc)}")
     verb = "denied" if deny else "approved"
     print(clean(f"{verb} {pending.get('tool')}({json.dumps(pending.get('arguments'), ensure_ascii=False)}) "
                 f"in run {run_id}"), file=sys.stderr)
@@ -194,7 +204,7 @@ def cancel_cmd(run_id: str, db: str | None) -> int:
     except ControlError as exc:
         return _err(str(exc))
     except Exception as exc:
-        return _err(f"cannot reach the run database: {type(exc).__name__}: {exc}")
+        return _err(f"cannot reach the run database: {error_line(exc)}")
     print(f"cancelled run {run_id} (was {before})", file=sys.stderr)
     return 0
 
@@ -205,7 +215,7 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
     try:
         store = RunStore(database(db))
     except Exception as exc:
-        return _err(f"cannot open the run database: {type(exc).__name__}: {exc}")
+        return _err(f"cannot open the run database: {error_line(exc)}")
     try:
         if run_id is None:
             rows = store.runs(limit=limit)
