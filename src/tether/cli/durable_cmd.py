@@ -110,7 +110,9 @@ async def until_parked(run_id: str, work: Any) -> Any:
                             f"{json.dumps(p.get('arguments'), ensure_ascii=False)}) awaits approval ({p.get('reason')}). "
                             f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
                             f"{run_id}"), file=sys.stderr)
-                return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=row.steps)
+                # the row's step count is written when the run ends; until then its stored model calls say it
+                steps = sum(1 for e in store.events(run_id) if e.kind == "model_call")
+                return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=max(row.steps, steps))
         return task.result()
     finally:
         if not task.done():
