@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import sqlite3
 import sys
 import textwrap
 import time
@@ -70,6 +71,8 @@ def _exit_codes(cmd: Callable[..., int]) -> Callable[..., int]:
             message, code = str(exc), EXIT_USAGE
         except RuntimeError as exc:  # EmbedderUnavailable, ModelError
             message, code = str(exc), EXIT_ERROR
+        except sqlite3.DatabaseError as exc:  # a damaged or foreign index.sqlite
+            message, code = f"the index database cannot be used ({exc}); rebuild it with tether ingest", EXIT_ERROR
         if as_json:
             print(json.dumps({"error": message, "exit_code": code}))
         else:
@@ -137,16 +140,29 @@ def _open_existing(index: str):
     path = index_path(index)
     if not (path / "index.sqlite").exists():
         raise CommandError(f"no index at {path}; create it with: tether ingest PATH --index {index}")
-    return Index.open(path, progress=EmbedProgress())
+    return Index.open(path, progress=EmbedProgress(), notify=_err)
 
 
 @_exit_codes
 def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int) -> int:
-    from tether.rag.index import Index
+    from tether.rag.index import Index, index_path
+    from tether.rag.loaders import SUPPORTED
 
+    if not path.exists():
+        raise CommandError(f"{path}: no such file or folder")
+    new = not (index_path(index) / "index.sqlite").exists()
+    # an error inside the block discards the index object: a new index is removed, settings are kept
     with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap,
-                    progress=EmbedProgress()) as idx:
+                    progress=EmbedProgress(), notify=_err) as idx:
         report = idx.ingest(path)
+        if not report.files:
+            found = f"{path}: no files to ingest (supported: {', '.join(sorted(SUPPORTED))})"
+            if new:
+                raise CommandError(found + "; no index was created")
+            _err(found)
+        elif new and not report.added:
+            raise CommandError(f"{path}: none of its {report.files} files could be read; no index was created "
+                               f"({report.skipped[0] if report.skipped else 'no text'})")
         total = len(idx)
         where = idx.path
     for line in report.skipped:
@@ -212,13 +228,17 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
         else:
             hits = idx.search(query, k)
         retriever = idx.retriever_name
+        empty = not len(idx)
+        stopped = empty and idx.resumable
+    if stopped:
+        _err(f"the index {index} has no passages yet: an ingest into it was stopped; run it again to finish")
     if as_json:
         print(json.dumps({"query": query, "index": index, "retriever": retriever, "hits": [
             {"rank": i, "id": h.id, "source": h.source, "heading": h.heading, "score": round(h.score, 6),
              "snippet": _snippet(h.text), "text": h.text} for i, h in enumerate(hits, start=1)]}))
         return EXIT_OK
     if not hits:
-        print("no passages (the index is empty)")
+        print("no passages (the index is empty)" if empty else "no passages matched")
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
@@ -271,7 +291,14 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
 @_exit_codes
 def eval_cmd(corpus: Path, queries: Path, qrels: Path, retriever: str, as_json: bool,
              index: str | None = None) -> int:
-    from tether.rag.evaluate import RETRIEVERS, evaluate, evaluate_index, load_collection, make_retriever
+    from tether.rag.evaluate import (
+        RETRIEVERS,
+        evaluate,
+        evaluate_index,
+        load_collection,
+        make_retriever,
+        unjudged_ids,
+    )
 
     if retriever not in RETRIEVERS:
         raise CommandError(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVERS)}")
@@ -279,13 +306,34 @@ def eval_cmd(corpus: Path, queries: Path, qrels: Path, retriever: str, as_json: 
         if not p.is_file():
             raise CommandError(f"{p}: no such file")
     col = load_collection(corpus, queries, qrels)
+    unknown_docs, unknown_queries = unjudged_ids(col)
+    judged_docs = {d for judged in col.qrels.values() for d in judged}
+    if judged_docs and unknown_docs == judged_docs:
+        raise CommandError(f"{qrels}: none of its {len(judged_docs)} document ids is in {corpus} "
+                           f"(e.g. {min(unknown_docs)}); check that the files belong together")
+    if not any(q in col.queries for q in col.qrels):
+        raise CommandError(f"{qrels}: none of its {len(col.qrels)} query ids is in {queries} "
+                           f"(e.g. {min(col.qrels)}); check that the files belong together")
+    if unknown_docs:
+        _err(f"warning: {qrels} names {len(unknown_docs)} document ids not in {corpus} (e.g. {min(unknown_docs)}); "
+             "they count as relevant documents never retrieved")
+    if unknown_queries:
+        _err(f"warning: {qrels} judges {len(unknown_queries)} queries not in {queries} (e.g. {min(unknown_queries)}); "
+             "they are left out")
     if index:
         from tether.rag.index import Index
 
-        with Index.open(index, retriever=retriever, progress=EmbedProgress()) as idx:
+        with Index.open(index, retriever=retriever, progress=EmbedProgress(), notify=_err) as idx:
             result = evaluate_index(idx, col)
     else:
-        result = evaluate(make_retriever(retriever), col)
+        from tether.rag.dense import DenseRetriever
+        from tether.rag.index import retriever_parts
+
+        made = make_retriever(retriever)
+        for part in retriever_parts(made):
+            if isinstance(part, DenseRetriever):
+                part.progress = EmbedProgress()
+        result = evaluate(made, col)
     keys = ("ndcg@10", "recall@10", "recall@100", "map", "index_seconds", "queries_per_second")
     if as_json:
         print(json.dumps({k: round(result[k], 4) for k in keys}))

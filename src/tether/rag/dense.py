@@ -11,7 +11,7 @@ Optional Rocchio feedback moves the query vector towards its top passages.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +109,7 @@ class DenseRetriever:
         self._starts = np.zeros(0, dtype=np.int64)  # first row of each owner's run of windows
         self._ptr = np.zeros(1, dtype=np.int64)  # windows of passage i: rows _ptr[i]:_ptr[i+1]
         self.ivf: IVFIndex | None = None
+        self.progress: Callable[[int, int], None] | None = None  # called while `fit` embeds
 
     @property
     def windows_key(self) -> str:
@@ -122,9 +123,28 @@ class DenseRetriever:
         return self._embedder
 
     def fit(self, texts: Sequence[str]) -> None:
+        """Embed `texts` and their windows; with `progress` set, in batches, reporting
+        progress(done, total) over texts and windows."""
         texts = list(texts)
-        windows, owner = self.embed_windows(texts)
-        self.set_vectors(self.embedder.embed(texts), windows=windows, owner=owner)
+        if self.progress is None:
+            windows, owner = self.embed_windows(texts)
+            self.set_vectors(self.embedder.embed(texts), windows=windows, owner=owner)
+            return
+        pieces: list[str] = []
+        owners: list[int] = []
+        for i, t in enumerate(texts):
+            ws = split_windows(self.embedder, t, self.window, self.stride)
+            pieces += ws
+            owners += [i] * len(ws)
+        todo = texts + pieces
+        out = np.zeros((len(todo), self.embedder.dim), dtype=np.float32)
+        order = np.argsort([len(t) for t in todo], kind="stable")  # similar lengths pad less
+        self.progress(0, len(todo))
+        for start in range(0, len(todo), 256):
+            idx = order[start : start + 256]
+            out[idx] = self.embedder.embed([todo[i] for i in idx])
+            self.progress(start + len(idx), len(todo))
+        self.set_vectors(out[: len(texts)], windows=out[len(texts) :], owner=np.asarray(owners, dtype=np.int64))
 
     def embed_windows(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Window vectors and owners for `texts` under this retriever's window scheme."""

@@ -64,6 +64,14 @@ def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) 
     return Collection(ids, texts, qs, judged)
 
 
+def unjudged_ids(col: Collection) -> tuple[set[str], set[str]]:
+    """The document ids the qrels name that are not in the corpus, and the query ids they name
+    that are not among the queries (they can never be found: a typo or the wrong file)."""
+    docs = set(col.doc_ids)
+    return ({d for judged in col.qrels.values() for d in judged if d not in docs},
+            {q for q in col.qrels if q not in col.queries})
+
+
 def make_retriever(name: str) -> Retriever:
     """A fresh retriever by name: tfidf, bm25, dense, hybrid (RRF of bm25 + dense) or best."""
     from tether.rag.dense import DenseRetriever

@@ -14,15 +14,26 @@ its chunks replaced, and a file gone from an ingested folder has its chunks dele
 chunks are embedded; vectors and windows are compacted (rewritten without deleted rows) after
 each change. Stored vectors are used only for the same store generation, embedder and window
 scheme; otherwise everything is re-embedded once.
+
+Several processes may share an index. Writers (ingest, add, remove, a re-embedding) take
+`write.lock` for their whole run, so they go one at a time and each reads what the last one
+committed; the swap of vector files and rows happens under `swap.lock`, which readers take
+(shared) while they read rows and open vector files, so a reader sees one generation whole.
+Embeddings are checkpointed per batch (`embed_cache`), so a stopped ingest resumes where it was.
+Settings given to the constructor (retriever, chunking, windows) are stored only when the index
+is closed without an error, or with the first change.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+import shutil
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -37,8 +48,10 @@ from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 from tether.rag.settings import BEST
 
-# Called as progress(done, total) while passages are embedded (done counts texts, windows included).
+# Called as progress(done, total) while passages are embedded (done counts passages).
 Progress = Callable[[int, int], None]
+# Called with a line for the user (another process holds the index, say).
+Notify = Callable[[str], None]
 
 RETRIEVER_NAMES = ("tfidf", "bm25", "dense", "hybrid", "best")
 DENSE_RETRIEVERS = frozenset({"dense", "hybrid", "best"})
@@ -52,6 +65,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source);
 CREATE UNIQUE INDEX IF NOT EXISTS chunks_row ON chunks(row);
+CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, vec BLOB NOT NULL);
 """
 
 
@@ -78,6 +92,7 @@ class IngestReport:
     deleted: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # unsupported or unreadable, with reason
+    files: int = 0  # supported files found under the path
     chunks_added: int = 0
     chunks_removed: int = 0
 
@@ -106,38 +121,37 @@ class Index:
         window: int | None = None,
         stride: int | None = None,
         progress: Progress | None = None,
+        notify: Notify | None = None,
     ) -> None:
         """`window` / `stride` (word pieces, default 126 / 63; window 0 = none) set how long chunks
         are split for dense scoring; like `chunk_tokens` they are remembered by the index, and
         changing them re-embeds the windows on the next search."""
-        self.path = Path(path)
-        self.progress = progress
-        self.ann_threshold = ann_threshold
-        self.path.mkdir(parents=True, exist_ok=True)
-        # Tools run on executor threads: one connection shared under a lock.
-        self._db = sqlite3.connect(self.path / "index.sqlite", check_same_thread=False)
-        self._lock = threading.RLock()
-        self._db.executescript(_SCHEMA)
-        stored = self._meta("retriever")
         if retriever is not None and retriever not in RETRIEVER_NAMES:
             raise ValueError(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVER_NAMES)}")
-        self.retriever_name = retriever or stored or "best"
-        if stored != self.retriever_name:
-            self._set_meta("retriever", self.retriever_name)
+        self.path = Path(path)
+        self.progress = progress
+        self.notify = notify
+        self.ann_threshold = ann_threshold
+        # what this object created, removed again when it is closed after an error (nothing half made)
+        self._made_dir = not self.path.exists()
+        self._made_db = not (self.path / "index.sqlite").exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        # Tools run on executor threads: one connection shared under a lock.
+        self._db = sqlite3.connect(self.path / "index.sqlite", check_same_thread=False, timeout=60)
+        self._lock = threading.RLock()
+        self._db.executescript(_SCHEMA)
+        self.retriever_name = retriever or self._meta("retriever") or "best"
         self.chunk_tokens = int(self._meta("chunk_tokens") or chunk_tokens)
         self.overlap = int(self._meta("overlap") or overlap)
-        self._set_meta("chunk_tokens", str(self.chunk_tokens))
-        self._set_meta("overlap", str(self.overlap))
         default_window = str(BEST.window)
         self.window = window if window is not None else int(self._meta("window") or default_window)
         self.stride = stride if stride is not None else int(self._meta("stride") or max(self.window // 2, 1))
         DenseRetriever(window=self.window, stride=self.stride)  # validates them
-        self._set_meta("window", str(self.window))
-        self._set_meta("stride", str(self.stride))
-        self._db.commit()
         self._embedder = embedder
         self._retriever: Retriever | None = None
+        self._built_generation: str | None = None
         self._rows: list[Chunk] = []
+        self._closed = False
 
     @classmethod
     def open(cls, name_or_path: str | Path, **kwargs) -> Index:
@@ -145,14 +159,73 @@ class Index:
         return cls(index_path(name_or_path), **kwargs)
 
     def close(self) -> None:
+        """Store the settings given to the constructor, and close."""
         with self._lock:
+            if self._closed:
+                return
+            with self._db:
+                self._store_settings()
             self._db.close()
+            self._closed = True
+
+    def discard(self) -> None:
+        """Close without storing the constructor's settings; an index this object created is
+        removed again (a failed command leaves nothing behind) unless it holds the checkpoints of
+        a stopped ingest."""
+        with self._lock:
+            if self._closed:
+                return
+            # embeddings checkpointed by a stopped ingest keep a new index: the next ingest resumes
+            resumable = self.resumable
+            self._db.close()
+            self._closed = True
+            if resumable:
+                return
+            if self._made_dir:
+                shutil.rmtree(self.path, ignore_errors=True)
+            elif self._made_db:
+                for name in ("index.sqlite", "index.sqlite-journal", "write.lock", "swap.lock"):
+                    (self.path / name).unlink(missing_ok=True)
 
     def __enter__(self) -> Index:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+    def _store_settings(self) -> None:
+        for key, value in (("retriever", self.retriever_name), ("chunk_tokens", str(self.chunk_tokens)),
+                           ("overlap", str(self.overlap)), ("window", str(self.window)),
+                           ("stride", str(self.stride))):
+            if self._meta(key) != value:
+                self._set_meta(key, value)
+        self._made_dir = self._made_db = False  # stored: the index is the user's now
+
+    # -- locks between processes ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _flock(self, name: str, mode: int, waiting: str | None = None) -> Iterator[None]:
+        """An flock on `self.path/name` (LOCK_EX or LOCK_SH) held for the block; `waiting` is said
+        once when another process holds it."""
+        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting and self.notify is not None:
+                    self.notify(waiting)
+                fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        """The writer's lock, held from reading the store to committing the change."""
+        return self._flock("write.lock", fcntl.LOCK_EX,
+                           f"waiting for another process writing to the index at {self.path}")
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -162,6 +235,12 @@ class Index:
 
     def _set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a stopped ingest left embeddings to resume from."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM embed_cache LIMIT 1").fetchone() is not None
 
     @property
     def uses_vectors(self) -> bool:
@@ -199,19 +278,20 @@ class Index:
 
     def ingest(self, path: str | Path, *, delete_missing: bool = True) -> IngestReport:
         """Add, update or (for files gone from an ingested folder) delete sources under `path`."""
-        with self._lock:
-            return self._ingest(path, delete_missing)
-
-    def _ingest(self, path: str | Path, delete_missing: bool) -> IngestReport:
         root = Path(path).expanduser().resolve()
         if not root.exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
+        with self._lock, self._writing():
+            return self._ingest(root, delete_missing)
+
+    def _ingest(self, root: Path, delete_missing: bool) -> IngestReport:
         report = IngestReport()
         if root.is_dir():
             files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED
                            and not any(part.startswith(".") for part in p.relative_to(root).parts))
         else:
             files = [root]
+        report.files = len(files)
         new_chunks: list[Chunk] = []
         hashes: dict[str, str] = {}
         gone: list[str] = []
@@ -251,8 +331,9 @@ class Index:
 
     def add_texts(self, items: Iterable[tuple[str, str]], *, markdown: bool = True) -> IngestReport:
         """Index many (source name, text) pairs in one update (one embedding pass, one rewrite)."""
-        with self._lock:
-            return self._add_texts(list(items), markdown)
+        items = list(items)
+        with self._lock, self._writing():
+            return self._add_texts(items, markdown)
 
     def _add_texts(self, items: list[tuple[str, str]], markdown: bool) -> IngestReport:
         from tether.rag.loaders import parse_markdown
@@ -279,7 +360,7 @@ class Index:
 
     def remove(self, source: str | Path) -> IngestReport:
         """Delete a source (a path as ingested, or a name given to `add_text`)."""
-        with self._lock:
+        with self._lock, self._writing():
             return self._remove(source)
 
     def _remove(self, source: str | Path) -> IngestReport:
@@ -308,7 +389,8 @@ class Index:
         gen = str(int(self._meta("generation") or 0) + 1)
         if self.uses_vectors:
             stored, new = self._next_vectors(old_rows, new, gone_set)
-        with self._db:
+        with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+            self._store_settings()
             for src in gone_set:
                 self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
                 self._db.execute("DELETE FROM sources WHERE path = ?", (src,))
@@ -326,6 +408,7 @@ class Index:
             if stored is not None:
                 self._save_vectors(stored, gen)
             self._set_meta("generation", gen)
+            self._db.execute("DELETE FROM embed_cache")  # the vectors are stored: the checkpoints served
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
@@ -338,7 +421,8 @@ class Index:
         old = self._load_vectors(len(old_rows))
         if old is None:  # nothing usable on disk: embed the whole store once
             kept = [c for c in old_rows if c.source not in gone]
-            return _embed(dense, [c.indexed_text for c in kept + new], progress=self.progress), new
+            return _embed(dense, [c.indexed_text for c in kept + new], progress=self.progress,
+                          cache=self._cache()), new
         row_of_text = {c.indexed_text: i for i, c in enumerate(old_rows)}
         take = [i for i, c in enumerate(old_rows) if c.source not in gone]
         fresh: list[Chunk] = []
@@ -351,7 +435,8 @@ class Index:
         reused = _select(old, np.asarray(take, dtype=np.int64))
         if not fresh:
             return reused, new
-        more = _embed(dense, [c.indexed_text for c in fresh], offset=len(take), progress=self.progress)
+        more = _embed(dense, [c.indexed_text for c in fresh], offset=len(take), progress=self.progress,
+                      cache=self._cache())
         return _Vectors(*(np.concatenate(x) for x in zip((reused.vectors, reused.windows, reused.owner),
                                                          (more.vectors, more.windows, more.owner), strict=True))), new
 
@@ -387,22 +472,40 @@ class Index:
 
     # -- search ---------------------------------------------------------------------------------
 
+    def _cache(self) -> _EmbedCache:
+        return _EmbedCache(self._db)
+
+    def _snapshot(self) -> tuple[list[Chunk], str, _Vectors | None]:
+        """The rows, their generation and (for a dense retriever) their stored vectors, read under
+        the shared swap lock: all of one generation."""
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            rows = self.chunks()
+            gen = self._meta("generation") or "0"
+            return rows, gen, self._load_vectors(len(rows)) if self.uses_vectors else None
+
     def _build(self) -> Retriever:
         from tether.rag.evaluate import make_retriever
 
-        self._rows = self.chunks()
-        texts = [c.indexed_text for c in self._rows]
+        rows, gen, stored = self._snapshot()
+        if self.uses_vectors and stored is None:  # missing or stale: embed everything once and keep it
+            with self._writing():
+                rows, gen, stored = self._snapshot()  # another process may have just done it
+                if stored is None:
+                    vectors = _embed(self._dense(), [c.indexed_text for c in rows], progress=self.progress,
+                                     cache=self._cache())
+                    with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+                        self._save_vectors(vectors, gen)
+                        self._db.execute("DELETE FROM embed_cache")
+                    rows, gen, stored = self._snapshot()
+                    assert stored is not None
+        self._rows, self._built_generation = rows, gen
+        texts = [c.indexed_text for c in rows]
         retriever = make_retriever(self.retriever_name)
         if not self.uses_vectors:
             retriever.fit(texts)
             return retriever
-        stored = self._load_vectors(len(self._rows))
-        if stored is None:  # missing or stale: embed everything once and keep it
-            with self._db:
-                self._save_vectors(_embed(self._dense(), texts, progress=self.progress))
-            stored = self._load_vectors(len(self._rows))
-            assert stored is not None
-        for part in _parts(retriever):
+        assert stored is not None
+        for part in retriever_parts(retriever):
             if isinstance(part, DenseRetriever):
                 part._embedder = self.embedder
                 part.ann_threshold = self.ann_threshold
@@ -418,22 +521,36 @@ class Index:
     def _vectors_key(self) -> str:
         """What files derived from the vectors (IVF, neighbour graph) are valid for: the store's
         generation and the embedder (another embedder's vectors need their own)."""
-        return f"{self._meta('generation') or '0'}:{self.embedder.name}"
+        return f"{self._built_generation or '0'}:{self.embedder.name}"
+
+    def _save_derived(self, name: str, meta_key: str, write: Callable[[str], None]) -> None:
+        """Write a file derived from the vectors (`write(path)`), if the store is still at the
+        generation it was built from: to a temporary name, renamed into place under the swap lock."""
+        tmp = self.path / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        write(str(tmp))
+        written = next(self.path.glob(tmp.name + "*"))  # numpy appends its suffix
+        try:
+            with self._flock("swap.lock", fcntl.LOCK_EX):
+                if (self._meta("generation") or "0") != self._built_generation:
+                    return  # another process changed the store meanwhile: its readers build their own
+                os.replace(written, self.path / name)
+                with self._db:
+                    self._set_meta(meta_key, self._vectors_key())
+        finally:
+            written.unlink(missing_ok=True)
 
     def _ivf(self, vectors: np.ndarray, threshold: int) -> IVFIndex | None:
         """The IVF partition for a large store: loaded when current, else built and saved."""
         if len(vectors) <= threshold:
             return None
         f = self.path / "ivf.npz"
-        gen = self._vectors_key()
-        if f.exists() and self._meta("ivf_generation") == gen:
-            ivf = IVFIndex.load(str(f))
-            if len(ivf.assign) == len(vectors):
-                return ivf
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            if f.exists() and self._meta("ivf_generation") == self._vectors_key():
+                ivf = IVFIndex.load(str(f))
+                if len(ivf.assign) == len(vectors):
+                    return ivf
         ivf = IVFIndex.build(np.asarray(vectors))
-        ivf.save(str(f))
-        with self._db:
-            self._set_meta("ivf_generation", gen)
+        self._save_derived("ivf.npz", "ivf_generation", ivf.save)
         return ivf
 
     def _knn_graph(self, retriever: Retriever) -> np.ndarray | None:
@@ -441,18 +558,16 @@ class Index:
         if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
             return None
         f = self.path / "knn.npy"
-        gen = self._vectors_key()
-        if f.exists() and self._meta("knn_generation") == gen:
-            graph = np.load(f)
-            if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
-                return graph
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            if f.exists() and self._meta("knn_generation") == self._vectors_key():
+                graph = np.load(f)
+                if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
+                    return graph
         from tether.rag.dense import knn_graph
 
         dense = retriever.dense  # type: ignore[attr-defined]
         graph = knn_graph(np.asarray(dense.vectors), neighbours, ivf=dense.ivf)
-        np.save(f, graph)
-        with self._db:
-            self._set_meta("knn_generation", gen)
+        self._save_derived("knn.npy", "knn_generation", lambda path: np.save(path, graph))
         return graph
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
@@ -460,8 +575,8 @@ class Index:
         if not query.strip():
             raise ValueError("query must not be empty")
         with self._lock:
-            if self._retriever is None:
-                self._retriever = self._build()
+            if self._retriever is None or (self._meta("generation") or "0") != self._built_generation:
+                self._retriever = self._build()  # first search, or another process changed the store
             if not self._rows:
                 return []
             return [
@@ -480,30 +595,63 @@ class _Vectors(NamedTuple):
 
 
 def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0, progress: Progress | None = None,
-           batch: int = 64) -> _Vectors:
+           cache: _EmbedCache | None = None, batch: int = 64) -> _Vectors:
     """Embed `texts` whole and as windows; window owners are numbered from `offset`.
 
-    With `progress`, texts go to the embedder in batches and progress(done, total) is called after
-    each (total counts whole texts plus windows)."""
+    Texts go to the embedder `batch` at a time (with their windows), each batch through `cache`
+    when given (a stopped run resumes from its last batch); progress(done, total) counts texts."""
     dim = dense.embedder.dim
-    pieces: list[str] = []
+    vectors = np.zeros((len(texts), dim), dtype=np.float32)
+    windows: list[np.ndarray] = []
     owner: list[int] = []
-    for i, t in enumerate(texts):
-        ws = split_windows(dense.embedder, t, dense.window, dense.stride)
-        pieces += ws
-        owner += [i] * len(ws)
-    todo = list(texts) + pieces
-    out = np.zeros((len(todo), dim), dtype=np.float32)
-    step = batch if progress is not None else max(len(todo), 1)
     if progress is not None:
-        progress(0, len(todo))
-    order = np.argsort([len(t) for t in todo], kind="stable")  # similar lengths batch with less padding
-    for start in range(0, len(todo), step):
-        idx = order[start : start + step]
-        out[idx] = dense.embedder.embed([todo[i] for i in idx])
+        progress(0, len(texts))
+    for start in range(0, len(texts), batch):
+        part = texts[start : start + batch]
+        pieces: list[str] = []
+        for i, t in enumerate(part, start):
+            ws = split_windows(dense.embedder, t, dense.window, dense.stride)
+            pieces += ws
+            owner += [i] * len(ws)
+        todo = part + pieces
+        out = cache.embed(dense.embedder, todo) if cache is not None else dense.embedder.embed(todo)
+        vectors[start : start + len(part)] = out[: len(part)]
+        windows.append(np.asarray(out[len(part) :], dtype=np.float32))
         if progress is not None:
-            progress(start + len(idx), len(todo))
-    return _Vectors(out[: len(texts)], out[len(texts) :], np.asarray(owner, dtype=np.int64) + offset)
+            progress(start + len(part), len(texts))
+    return _Vectors(vectors, np.concatenate(windows) if windows else np.zeros((0, dim), dtype=np.float32),
+                    np.asarray(owner, dtype=np.int64) + offset)
+
+
+class _EmbedCache:
+    """Embeddings checkpointed in the index database, keyed by embedder and text; committed per
+    batch, cleared when a change is stored."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def embed(self, embedder: Embedder, texts: list[str]) -> np.ndarray:
+        keys = [hashlib.sha256(f"{embedder.name}\0{t}".encode()).digest()[:16] for t in texts]
+        found: dict[bytes, bytes] = {}
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            found.update(self.db.execute(f"SELECT key, vec FROM embed_cache WHERE key IN ({','.join('?' * len(part))})",
+                                         part).fetchall())
+        out = np.zeros((len(texts), embedder.dim), dtype=np.float32)
+        missing: list[int] = []
+        for i, key in enumerate(keys):
+            vec = found.get(key)
+            if vec is not None and len(vec) == embedder.dim * 4:
+                out[i] = np.frombuffer(vec, dtype=np.float32)
+            else:
+                missing.append(i)
+        if missing:
+            new = np.asarray(embedder.embed([texts[i] for i in missing]), dtype=np.float32)
+            out[missing] = new
+            with self.db:
+                self.db.executemany("INSERT OR REPLACE INTO embed_cache(key, vec) VALUES (?, ?)",
+                                    [(keys[i], new[j].tobytes()) for j, i in enumerate(missing)])
+        return out
 
 
 def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
@@ -523,7 +671,8 @@ def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
                     np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64))
 
 
-def _parts(retriever: Retriever) -> Iterable[Retriever]:
+def retriever_parts(retriever: Retriever) -> Iterable[Retriever]:
+    """The retrievers a fused retriever combines (itself when it is not fused)."""
     if hasattr(retriever, "parts"):
         return retriever.parts  # type: ignore[attr-defined]
     if hasattr(retriever, "lexical"):

@@ -114,6 +114,7 @@ class BM25Retriever:
         self._fprob = np.zeros(0, dtype=np.float64)
         self._fptr = np.zeros(1, dtype=np.int64)
         self._common = np.zeros(0, dtype=bool)
+        self._term_rank = np.zeros(0, dtype=np.int64)
 
     def _tokens(self, text: str) -> list[str]:
         return stemmed_tokens(text) if self.stem else word_tokens(text)
@@ -132,6 +133,11 @@ class BM25Retriever:
         model.index(corpus, show_progress=False)
         s = model.scores
         self.vocab = {t: i for t, i in model.vocab_dict.items() if t}
+        # bm25s numbers terms in set order, which changes with PYTHONHASHSEED: ties between
+        # feedback terms are broken by the term itself, so rankings are the same in every process
+        self._term_rank = np.zeros(max(self.vocab.values(), default=-1) + 1, dtype=np.int64)
+        for rank, term in enumerate(sorted(self.vocab)):
+            self._term_rank[self.vocab[term]] = rank
         self._post = _Postings(s["data"], s["indices"].astype(np.int64), s["indptr"].astype(np.int64), n)
         if self.rm3 is not None:
             self._forward(corpus)
@@ -166,7 +172,7 @@ class BM25Retriever:
         doc_w = np.concatenate([np.full(self._fptr[d + 1] - self._fptr[d], s) for d, s in top])
         fb = np.bincount(self._fterms[idx], self._fprob[idx] * doc_w, minlength=len(self._common))
         fb[self._common] = 0.0
-        keep = np.argsort(-fb, kind="stable")[: rm3.terms]
+        keep = np.lexsort((self._term_rank[: len(fb)], -fb))[: rm3.terms]
         keep = keep[fb[keep] > 0]
         total_fb = float(fb[keep].sum())
         total_q = sum(weights.values())

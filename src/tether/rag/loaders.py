@@ -134,6 +134,43 @@ def parse_pdf(path: Path) -> list[Section]:
     return out
 
 
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+         (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+# C0 controls that do not occur in text (tab, newlines, form feed and escape do)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f\ufffd]")
+
+
+def _utf16_without_bom(data: bytes) -> str | None:
+    """UTF-16 text written without a byte order mark: mostly ASCII, so one byte of each pair is 0."""
+    if len(data) < 4 or len(data) % 2:
+        return None
+    even, odd = data[0::2], data[1::2]
+    for zeros, other, codec in ((odd, even, "utf-16-le"), (even, odd, "utf-16-be")):
+        if zeros.count(0) >= 0.9 * len(zeros) and other.count(0) <= 0.01 * len(other):
+            return codec
+    return None
+
+
+def decode_text(data: bytes, name: str = "file") -> str:
+    """The text of a file's bytes: a byte order mark names the encoding (UTF-8/16/32), else UTF-16
+    by its zero bytes, else UTF-8, else Windows-1252. Binary content (an executable, an image,
+    random bytes) raises UnsupportedFile rather than being indexed as text."""
+    codec = next((c for bom, c in _BOMS if data.startswith(bom)), None) or _utf16_without_bom(data)
+    if codec is None and b"\x00" in data:
+        raise UnsupportedFile(f"{name}: binary content (zero bytes), not text")
+    if codec is not None:
+        text = data.decode(codec, errors="replace")
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = data.decode("cp1252", errors="replace")
+    bad = len(_CONTROL.findall(text[:65536]))
+    if bad > 0.01 * min(len(text), 65536) + 2:
+        raise UnsupportedFile(f"{name}: binary content ({bad} control characters), not text")
+    return text.lstrip("\ufeff")
+
+
 def load_file(path: str | Path) -> list[Section]:
     """Sections of one file, by its extension."""
     path = Path(path)
@@ -142,7 +179,7 @@ def load_file(path: str | Path) -> list[Section]:
         return parse_pdf(path)
     if ext not in SUPPORTED:
         raise UnsupportedFile(f"{path}: unsupported file type {ext or '(none)'}; supported: {', '.join(sorted(SUPPORTED))}")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = decode_text(path.read_bytes(), str(path))
     if ext in MARKDOWN:
         return parse_markdown(text)
     if ext in HTML:
