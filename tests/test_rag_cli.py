@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
 from typer.testing import CliRunner
 
 from tether.cli.app import app
@@ -237,3 +237,19 @@ def test_ask_pipeline_with_the_llm_as_judge_reranks_before_answering(cli, docs):
     assert all(j.startswith("Query: Do parcels ship") for j in judged)
     second = "refunds.md" if "Refunds" in judged[1] else "shipping.md"
     assert out["passages"][0]["source"].endswith(second) and out["passages"][0]["score"] == 3.0
+
+
+def test_ask_that_stops_on_a_model_error_names_the_cause(cli, docs):
+    cli("ingest", str(docs), "--index", "support", "--retriever", "bm25")
+    overflow = "This model's maximum context length is 4096 tokens; you requested 4184 tokens"
+    for as_json in (False, True):
+        script = [chat_completion(None, [tool_call("search", {"query": "refund"})]), Reply.error(400, overflow)]
+        with FakeOpenAIServer(script) as server:
+            env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+            r = cli("ask", "Can I get a refund?", "--index", "support", *(["--json"] if as_json else []), env=env)
+        assert r.exit_code == 3, r.output
+        if as_json:
+            out = json.loads(r.stdout)
+            assert out["stop_reason"] == "error" and "maximum context length" in out["error"]
+        else:
+            assert r.stdout == "" and "stopped: error" in flat(r.stderr) and "maximum context length" in flat(r.stderr)

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("bm25s")
 
+from tether.limits import Limits
 from tether.rag.base import Hit
 from tether.rag.index import Index
 from tether.rag.prompt import NO_ANSWER, build_messages, clip, format_passages
@@ -113,3 +114,36 @@ def test_clip_cuts_at_a_word_boundary():
     assert clip("alpha beta gamma delta", 14) == "alpha beta…"
     assert clip("short", 14) == "short"
     assert format_passages([hit(0, "a " * 100)], passage_chars=20).endswith("…")
+
+
+def test_agentic_answering_keeps_every_request_within_the_models_window():
+    """A small window (the embedded model's 4,096 tokens, here 1,500): earlier searches are folded
+    so that no request outgrows it (before: the transcript grew by every search until the model
+    refused it)."""
+    from tether.models.scripted import ScriptedModel
+    from tether.rag.answer import agentic
+    from tether.tokens import EstimateCounter, message_tokens
+    from tether.types import ModelReply, ToolCall
+
+    class Long:
+        def search(self, query, k=5):
+            return [Hit(i, 1.0 - i / 10, f"c{query}{i}", f"doc{i}.md", "", f"{query} passage {i} " + "filler words " * 60)
+                    for i in range(k)]
+
+    searches = iter(range(100))
+
+    def reply(request):
+        if not request.tools:  # the compactor's summary call
+            return ModelReply(text="- searched earlier; found long passages")
+        n = next(searches)
+        if n < 6:
+            return ModelReply(tool_calls=[ToolCall(f"s{n}", "search", {"query": f"topic{n}"})])
+        return ModelReply(text="Done [1].")
+
+    model = ScriptedModel(reply)
+    model.context_window = 1500  # type: ignore[attr-defined]
+    result = agentic("What do the documents say?", Long(), model, k=3, limits=Limits(max_steps=10))
+    assert result.answer == "Done [1].", result
+    counter = EstimateCounter()
+    sizes = [sum(message_tokens(counter, m) for m in r.messages) for r in model.requests if r.tools]
+    assert len(sizes) == 7 and max(sizes) <= 1500, sizes

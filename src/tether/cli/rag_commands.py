@@ -274,16 +274,21 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
             from tether.rag.rerank import RerankedSearch
 
             searchable = RerankedSearch(idx, reranker)
+        error: str | None = None
         if pipeline:
             out = run_pipeline(question, searchable, model, k=k)
             answer, status, hits = out.answer, "completed", out.hits
         else:
             result = agentic(question, searchable, model, k=k)
-            answer, status, hits = result.answer, result.stop_reason.value, []
+            answer, status, hits, error = result.answer, result.stop_reason.value, [], result.error
+    if status != "completed":  # every stop says why, even with --json (on stdout there)
+        why = f"stopped: {status.replace('_', ' ')}" + (f": {error}" if error else "")
+        if not as_json:
+            _err(why + ("" if answer.strip() else " (no answer)"))
     if as_json:
-        print(json.dumps({"answer": answer, "stop_reason": status,
+        print(json.dumps({"answer": answer, "stop_reason": status, **({"error": error} if error else {}),
                           "passages": [{"id": h.id, "source": h.source, "score": h.score} for h in hits]}))
-    else:
+    elif answer.strip():
         print(clean(answer))
     return EXIT_OK if status == "completed" else EXIT_STOPPED
 

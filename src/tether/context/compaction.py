@@ -124,7 +124,9 @@ class Compactor:
         spec = run.spec
         self.run_id = spec.run_id
         self.counter = config.counter or counter_for(spec.model.name)
-        window = config.window or context_window(spec.model.name, config.windows)
+        # a model that knows its window says so (the embedded model's is what it was loaded with)
+        window = config.window or getattr(spec.model, "context_window", None) or context_window(
+            spec.model.name, config.windows)
         bound = spec.limits.max_input_tokens
         self.limit = min(window, bound) if bound else window
         self.trigger = int(self.limit * config.threshold)

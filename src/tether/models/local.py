@@ -42,6 +42,7 @@ from tether.models._gbnf import (
     format_call,
     reply_grammar,
 )
+from tether.models._repetition import RepetitionGuard
 from tether.models._tagged import parse_tagged, render_call, render_result
 from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
@@ -160,6 +161,46 @@ class _Engine:
             message = out["error"].get("message", out["error"]) if isinstance(out["error"], dict) else out["error"]
             raise ValueError(str(message))
         return out
+
+    def chat_until_loop(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`chat`, streamed: generation stops as soon as the text starts repeating itself (cut
+        to its first copy). Returns a reply shaped like `chat`'s."""
+        guard = RepetitionGuard()
+        finish: list[str] = []
+        usage: dict[str, Any] = {}
+        timings: dict[str, Any] = {}
+        pieces: list[int] = []
+        errors: list[Any] = []
+
+        def on_chunk(chunk: Any) -> bool:
+            if not isinstance(chunk, dict):
+                return False
+            if "error" in chunk:
+                errors.append(chunk["error"])
+                return True
+            usage.update(chunk.get("usage") or {})
+            timings.update(chunk.get("timings") or {})
+            for choice in chunk.get("choices") or ():
+                pieces.append(1)
+                if choice.get("finish_reason"):
+                    finish.append(choice["finish_reason"])
+                if guard.feed((choice.get("delta") or {}).get("content") or ""):
+                    return True  # stop generating
+            return False
+
+        out = self.server.handle_chat_completions(
+            {**body, "stream": True, "stream_options": {"include_usage": True}}, on_chunk)
+        if isinstance(out, dict) and "error" in out:
+            errors.append(out["error"])
+        if errors:
+            error = errors[0]
+            raise ValueError(str(error.get("message", error) if isinstance(error, dict) else error))
+        if not usage:  # stopped before the last chunk: a piece is a token; the prompt by its length
+            prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages", ()))
+            usage = {"prompt_tokens": prompt // 4, "completion_tokens": len(pieces)}
+        reason = "stop" if guard.cut is not None else (finish[-1] if finish else "stop")
+        return {"choices": [{"message": {"content": guard.result()}, "finish_reason": reason}], "usage": usage,
+                "timings": timings}
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -368,6 +409,11 @@ class LocalModel:
     def __repr__(self) -> str:
         return f"LocalModel({str(self.path)!r}, n_threads={self.n_threads}, n_ctx={self.n_ctx})"
 
+    @property
+    def context_window(self) -> int:
+        """Tokens the loaded model can hold: prompt and reply together (`n_ctx`)."""
+        return self.n_ctx
+
     def load(self) -> None:
         """Load the GGUF now instead of on the first call (raises LocalModelUnavailable)."""
         _load(self.path, self.n_ctx, self.n_threads)
@@ -446,7 +492,8 @@ class LocalModel:
         with loaded.lock:
             start = time.perf_counter()
             try:
-                out = loaded.chat(body)
+                # free text streams, so a reply that starts looping is cut short
+                out = loaded.chat(body) if grammar is not None else loaded.chat_until_loop(body)
             except ValueError as exc:  # a grammar llama.cpp rejects; a prompt over the context window
                 raise ModelError(f"{self.name}: {exc}") from exc
             elapsed = time.perf_counter() - start

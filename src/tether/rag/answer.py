@@ -35,10 +35,13 @@ def pipeline(question: str, index: Searchable, model: Model, *, k: int = 5) -> P
 
 
 def agentic(question: str, index: Searchable, model: Model, *, k: int = 5, limits=None) -> RunResult:
-    """Run an Agent whose one tool is `search` over `index`."""
+    """Run an Agent whose one tool is `search` over `index`. Earlier searches are folded into a
+    summary when the transcript nears the model's context window (a small embedded model's 4,096
+    tokens hold about three searches)."""
     from tether.agent import Agent
+    from tether.context import Compaction
     from tether.limits import Limits
 
     agent = Agent(model, tools=[search_tool(index, default_k=k)], instructions=AGENT_INSTRUCTIONS,
-                  limits=limits or Limits(max_steps=6))
+                  limits=limits or Limits(max_steps=6), context=Compaction(keep_turns=1))
     return agent.run(question)
