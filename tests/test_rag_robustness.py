@@ -217,3 +217,25 @@ def test_binary_files_are_skipped_and_other_encodings_are_read(tmp_path: Path) -
         found = run(home, "search", query, "--index", "kb", "--json", "-k", "1")
         hit = json.loads(found.stdout)["hits"][0]
         assert hit["source"].endswith(source) and query.split()[0] in hit["text"].lower(), hit
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "tfidf", "best"])
+def test_a_reopened_index_takes_its_stored_lexical_state(tmp_path: Path, monkeypatch, retriever: str) -> None:
+    from tether.rag.lexical import BM25Retriever, TfidfRetriever
+
+    texts = [(f"doc{i}", f"refunds take {i} days in region {i % 5}; shipping zone {i % 3}") for i in range(50)]
+    with Index(tmp_path / "ix", retriever=retriever, embedder=BagEmbedder()) as idx:
+        idx.add_texts(texts)
+        first = [(h.id, round(h.score, 6)) for h in idx.search("refunds region 3", k=10)]
+
+    def refit(self, texts):
+        raise AssertionError("refitted a lexical retriever whose state is stored")
+
+    with monkeypatch.context() as m:
+        m.setattr(BM25Retriever, "fit", refit)
+        m.setattr(TfidfRetriever, "fit", refit)
+        with Index(tmp_path / "ix", embedder=BagEmbedder()) as idx:
+            assert [(h.id, round(h.score, 6)) for h in idx.search("refunds region 3", k=10)] == first
+    with Index(tmp_path / "ix", embedder=BagEmbedder()) as idx:  # a change: the next search fits anew
+        idx.add_text("new", "refunds region 3 special case")
+        assert idx.search("refunds region 3 special", k=1)[0].source == "new"

@@ -502,7 +502,7 @@ class Index:
         texts = [c.indexed_text for c in rows]
         retriever = make_retriever(self.retriever_name)
         if not self.uses_vectors:
-            retriever.fit(texts)
+            self._fit_lexical(retriever, texts)
             return retriever
         assert stored is not None
         for part in retriever_parts(retriever):
@@ -513,7 +513,7 @@ class Index:
                 part.set_vectors(stored.vectors, self._ivf(stored.vectors, self.ann_threshold),
                                  windows=stored.windows, owner=stored.owner)
             else:
-                part.fit(texts)
+                self._fit_lexical(part, texts)
         if hasattr(retriever, "prepare"):
             retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
         return retriever
@@ -523,7 +523,23 @@ class Index:
         generation and the embedder (another embedder's vectors need their own)."""
         return f"{self._built_generation or '0'}:{self.embedder.name}"
 
-    def _save_derived(self, name: str, meta_key: str, write: Callable[[str], None]) -> None:
+    def _fit_lexical(self, part: Retriever, texts: list[str]) -> None:
+        """Fit a lexical retriever, or take its state as stored for this generation (tokenizing and
+        stemming a large store takes seconds; every process searching it did that again)."""
+        if not hasattr(part, "arrays"):
+            part.fit(texts)
+            return
+        name = f"lexical-{part.name}.npz"
+        key = f"{self._built_generation or '0'}:{part.key()}"  # type: ignore[attr-defined]
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            if (self.path / name).exists() and self._meta(name) == key:
+                with np.load(self.path / name, allow_pickle=False) as stored:
+                    part.restore(dict(stored))  # type: ignore[attr-defined]
+                return
+        part.fit(texts)
+        self._save_derived(name, name, lambda path: np.savez(path, **part.arrays()), key)  # type: ignore[attr-defined]
+
+    def _save_derived(self, name: str, meta_key: str, write: Callable[[str], None], key: str | None = None) -> None:
         """Write a file derived from the vectors (`write(path)`), if the store is still at the
         generation it was built from: to a temporary name, renamed into place under the swap lock."""
         tmp = self.path / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -535,7 +551,7 @@ class Index:
                     return  # another process changed the store meanwhile: its readers build their own
                 os.replace(written, self.path / name)
                 with self._db:
-                    self._set_meta(meta_key, self._vectors_key())
+                    self._set_meta(meta_key, key or self._vectors_key())
         finally:
             written.unlink(missing_ok=True)
 

@@ -27,6 +27,14 @@ class _Postings:
         self.indptr = indptr
         self.n_docs = n_docs
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"post_data": self.data, "post_indices": self.indices, "post_indptr": self.indptr,
+                "post_n_docs": np.asarray(self.n_docs)}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> _Postings:
+        return cls(a["post_data"], a["post_indices"], a["post_indptr"], int(a["post_n_docs"]))
+
     def score(self, term_weights: dict[int, float]) -> np.ndarray:
         if not term_weights or self.n_docs == 0:
             return np.zeros(self.n_docs, dtype=np.float32)
@@ -69,6 +77,19 @@ class TfidfRetriever:
         np.cumsum(df, out=indptr[1:])
         self.vocab, self.idf = vocab, idf
         self._post = _Postings(w[order], arr[order, 1], indptr, n)
+
+    def key(self) -> str:
+        """What the fitted state depends on besides the texts (stored states are reused only for it)."""
+        return f"tfidf:{getattr(self.tokenize, '__qualname__', repr(self.tokenize))}"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fitted state as arrays (`restore` takes them back): a stored index reopens without refitting."""
+        return {**_vocab_arrays(self.vocab), "idf": self.idf, **self._post.arrays()}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.vocab = _vocab_from(arrays)
+        self.idf = arrays["idf"]
+        self._post = _Postings.from_arrays(arrays)
 
     def _query_weights(self, query: str) -> dict[int, float]:
         counts = Counter(t for t in self.tokenize(query) if t in self.vocab)
@@ -142,6 +163,21 @@ class BM25Retriever:
         if self.rm3 is not None:
             self._forward(corpus)
 
+    def key(self) -> str:
+        """What the fitted state depends on besides the texts (stored states are reused only for it)."""
+        return f"bm25:{self.k1}:{self.b}:{self.stem}:{self.rm3}"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fitted state as arrays (`restore` takes them back): a stored index reopens without refitting."""
+        return {**_vocab_arrays(self.vocab), **self._post.arrays(), "fterms": self._fterms, "fprob": self._fprob,
+                "fptr": self._fptr, "common": self._common, "term_rank": self._term_rank}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.vocab = _vocab_from(arrays)
+        self._post = _Postings.from_arrays(arrays)
+        self._fterms, self._fprob, self._fptr = arrays["fterms"], arrays["fprob"], arrays["fptr"]
+        self._common, self._term_rank = arrays["common"], arrays["term_rank"]
+
     def _forward(self, corpus: list[list[str]]) -> None:
         terms, probs, ptr = [], [], [0]
         for toks in corpus:
@@ -190,3 +226,13 @@ class BM25Retriever:
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
         return top_k(self.scores(query), k)
+
+
+def _vocab_arrays(vocab: dict[str, int]) -> dict[str, np.ndarray]:
+    terms = list(vocab)
+    return {"vocab_terms": np.asarray(terms, dtype=str) if terms else np.zeros(0, dtype="<U1"),
+            "vocab_ids": np.asarray([vocab[t] for t in terms], dtype=np.int64)}
+
+
+def _vocab_from(arrays: dict[str, np.ndarray]) -> dict[str, int]:
+    return dict(zip(arrays["vocab_terms"].tolist(), arrays["vocab_ids"].tolist(), strict=True))
