@@ -253,3 +253,17 @@ def test_ask_that_stops_on_a_model_error_names_the_cause(cli, docs):
             assert out["stop_reason"] == "error" and "maximum context length" in out["error"]
         else:
             assert r.stdout == "" and "stopped: error" in flat(r.stderr) and "maximum context length" in flat(r.stderr)
+
+
+def test_eval_retrieval_says_when_qrels_name_unknown_ids(cli, tmp_path):
+    corpus, queries, qrels = _toy_collection(tmp_path)
+    Path(qrels).write_text("q1\td1\t1\nq2\tD3\t1\nq9\td2\t1\n")  # D3: a typo; q9: no such query
+    r = cli("eval-retrieval", "--corpus", corpus, "--queries", queries, "--qrels", qrels, "--retriever", "bm25",
+            "--json")
+    assert r.exit_code == 0, r.output
+    said = flat(r.stderr)
+    assert "names 1 document ids not in" in said and "(e.g. D3)" in said
+    assert "judges 1 queries not in" in said and "(e.g. q9)" in said
+    Path(qrels).write_text("q1\tx1\t1\nq2\tx3\t1\n")  # the qrels of another collection
+    r = cli("eval-retrieval", "--corpus", corpus, "--queries", queries, "--qrels", qrels, "--retriever", "bm25")
+    assert r.exit_code == 2 and "none of its 2 document ids is in" in flat(r.stderr)
