@@ -147,3 +147,19 @@ def test_agentic_answering_keeps_every_request_within_the_models_window():
     counter = EstimateCounter()
     sizes = [sum(message_tokens(counter, m) for m in r.messages) for r in model.requests if r.tools]
     assert len(sizes) == 7 and max(sizes) <= 1500, sizes
+
+
+def test_pipeline_leaves_out_passages_that_would_not_fit_the_window():
+    from tether.models.scripted import ScriptedModel
+    from tether.rag.answer import pipeline
+    from tether.tokens import EstimateCounter, message_tokens
+
+    class Long:
+        def search(self, query, k=5):
+            return [Hit(i, 1.0, f"c{i}", f"doc{i}.md", "", f"passage {i} " + "filler words " * 80) for i in range(k)]
+
+    model = ScriptedModel(["From [1]."])
+    model.context_window = 1500  # type: ignore[attr-defined]
+    out = pipeline("What do they say?", Long(), model, k=20)
+    sent = sum(message_tokens(EstimateCounter(), m) for m in model.requests[0].messages)
+    assert out.answer == "From [1]." and 1 <= len(out.hits) < 20 and sent + 512 <= 1500, (len(out.hits), sent)

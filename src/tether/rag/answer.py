@@ -22,9 +22,20 @@ class PipelineAnswer:
 
 async def apipeline(question: str, index: Searchable, model: Model, *, k: int = 5,
                     max_output_tokens: int | None = 512) -> PipelineAnswer:
-    """Retrieve the top `k` passages, then ask the model once, without tools."""
+    """Retrieve the top `k` passages, then ask the model once, without tools. With a model that
+    knows its context window, the last passages are left out until the prompt and the reply fit."""
     hits = index.search(question, k)
-    request = ModelRequest(build_messages(question, hits), max_output_tokens=max_output_tokens, temperature=0.0)
+    messages = build_messages(question, hits)
+    window = getattr(model, "context_window", None)
+    if window:
+        from tether.tokens import counter_for, message_tokens
+
+        counter = counter_for(model.name)
+        room = window - (max_output_tokens or 512)
+        while len(hits) > 1 and sum(message_tokens(counter, m) for m in messages) > room * 0.9:
+            hits = hits[:-1]  # the estimate may be off by a little: keep a tenth in reserve
+            messages = build_messages(question, hits)
+    request = ModelRequest(messages, max_output_tokens=max_output_tokens, temperature=0.0)
     reply = await model.complete(request)
     return PipelineAnswer(reply.text.strip(), hits, reply)
 
