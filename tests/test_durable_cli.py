@@ -70,3 +70,34 @@ def test_a_parked_cli_run_exits_4_and_finishes_after_tether_approve(tmp_path: Pa
         assert resumed.stdout == "done\n"
     assert (tmp_path / "pwned.txt").exists()  # the approved call ran (once: the model was asked 3 times)
     assert len(server.requests) == 3
+
+
+PAYMENTS = '''
+from tether.tools.base import ToolContext, tool
+
+
+@tool(effect="irreversible")
+def pay(amount: int, ctx: ToolContext) -> str:
+    """Pay an amount."""
+    with open("ledger", "a") as f:
+        f.write(f"{amount} {ctx.idempotency_key}\\n")
+    return "paid"
+'''
+
+
+def test_a_durable_run_takes_the_users_python_tools_and_gives_them_the_key(tmp_path: Path) -> None:
+    """`--tools module:name` (before: MCP was the only way to give a durable run a tool of one's own,
+    and MCP calls carried no key)."""
+    (tmp_path / "payments.py").write_text(PAYMENTS)
+    script = [chat_completion(None, [tool_call("pay", {"amount": 5})]), chat_completion("paid 5")]
+    with FakeOpenAIServer(script) as server:
+        env = env_for(server, tmp_path / "home")
+        run = tether(["--tools", "payments:pay,calculator", "--yes", "run", "--durable", "Pay 5."], cwd=tmp_path,
+                     env=env)
+        assert run.returncode == 0 and run.stdout == "paid 5\n", run.stderr
+        assert {t["function"]["name"] for t in server.requests[0].body["tools"]} == {"pay", "calculator"}
+    amount, key = (tmp_path / "ledger").read_text().split()
+    run_id = key.split(":")[0]
+    assert amount == "5" and key == f"{run_id}:1:0" and run_id, key
+    bad = tether(["--tools", "payments:refund", "run", "--durable", "x"], cwd=tmp_path, env=env)
+    assert bad.returncode == 1 and bad.stderr.strip() == "tether: --tools payments:refund: payments has no refund"

@@ -196,7 +196,7 @@ async def test_name_clashes_never_replace_a_tool() -> None:
 
     with toolset({"a": flaky("ok", connectTimeout=SLOW_START, prefix=""),
                   "b": flaky("ok", connectTimeout=SLOW_START, prefix="")}) as ts:
-        assert sorted(t.name for t in ts.tools) == ["crash", "echo", "grow", "hang", "meta", "pid"]
+        assert sorted(t.name for t in ts.tools) == ["crash", "echo", "grow", "hang", "meta", "pay_later", "pid"]
         assert {t.metadata["mcp_server"] for t in ts.tools} == {"a"}
         assert "tool 'echo' of server 'b' is left out: the name is taken by server 'a'" in ts.warnings
         executor = Executor([*ts.tools, builtin_extra], policy=AllowAll())
@@ -271,3 +271,43 @@ async def test_each_call_carries_its_idempotency_key_in_meta(flaky_set) -> None:
     assert not result.is_error, result.content
     meta = json.loads(result.content)
     assert meta[IDEMPOTENCY_META] == "run-9:4:2" and meta[RUN_META] == "run-9"
+
+
+KILLED_MID_CALL = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from mcp_servers.servers import flaky
+from tether.mcp import MCPToolset, parse_config
+from tether.tools.executor import AllowAll, CallContext, Executor
+from tether.types import ToolCall
+
+with MCPToolset(parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=60, callTimeout=600)}})) as ts:
+    executor = Executor(ts.tools, policy=AllowAll())
+    ts.attach(executor)
+    call = ToolCall("c1", "ok__pay_later", {"path": sys.argv[2], "seconds": 3})
+    print("calling", flush=True)
+    asyncio.run(executor.execute(call, CallContext("r1")))
+"""
+
+
+def test_a_server_dies_with_tether_and_its_call_in_flight_with_it(tmp_path: Path) -> None:
+    """SIGKILL tether while an MCP call is in flight: the server goes too, so the call's side effect
+    never happens behind the back of the recovered run (before: the server, in a session of its own,
+    finished the call 3 s later)."""
+    import signal
+    import subprocess
+    import sys
+
+    from mcp_servers.servers import env
+
+    ledger = tmp_path / "ledger"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_CALL, str(Path(__file__).parent), str(ledger)],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "calling\n", proc.stderr
+        time.sleep(1)  # the call is in the server now (it answers after 3 s)
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(5)
+    assert not ledger.exists(), "the MCP server outlived tether and made the payment"

@@ -3,7 +3,8 @@
     python flaky_server.py [ok|crash-at-start|hang-at-start]
 
 Tools: `echo(text)`; `hang()` never answers; `crash()` kills the process mid-call; `grow()` adds
-a tool named `extra_N` and announces the change; `pid()` returns the process id.
+a tool named `extra_N` and announces the change; `pid()` returns the process id; `pay_later(path,
+seconds)` appends to a file after a while.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ TOOLS = [
     mt.Tool(name="grow", description="Adds a tool.", input_schema=OBJECT),
     mt.Tool(name="pid", description="The server's process id.", input_schema=OBJECT),
     mt.Tool(name="meta", description="The request's _meta, as JSON.", input_schema=OBJECT),
+    mt.Tool(name="pay_later", description="After `seconds`, append a line to `path` (a side effect in flight).",
+            input_schema={"type": "object", "properties": {"path": {"type": "string"}, "seconds": {"type": "number"}},
+                          "required": ["path", "seconds"]}),
 ]
 
 
@@ -50,7 +54,7 @@ async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolRe
         print("flaky: crashing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
     if params.name == "grow":
-        n = len(TOOLS) - 5
+        n = len(TOOLS) - 6
         TOOLS.append(mt.Tool(name=f"extra_{n}", description=f"Extra tool {n}.", input_schema=OBJECT))
         await BUS.publish(ToolsListChanged())  # 2026-07-28 clients listen on subscriptions/listen
         await ctx.session.send_tool_list_changed()  # handshake-era clients get the notification
@@ -58,6 +62,11 @@ async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolRe
     if params.name == "meta":
         return mt.CallToolResult(content=[mt.TextContent(text=json.dumps(params.meta or {}, sort_keys=True,
                                                                           default=str))])
+    if params.name == "pay_later":
+        time.sleep(float(args["seconds"]))  # blocking work, as many servers do: no cancellation point
+        with open(args["path"], "a") as f:
+            f.write("paid\n")
+        return mt.CallToolResult(content=[mt.TextContent(text="paid")])
     if params.name == "pid":
         return mt.CallToolResult(content=[mt.TextContent(text=str(os.getpid()))])
     if params.name.startswith("extra_"):

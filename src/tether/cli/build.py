@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.cli.options import TOOL_SETS, RunOptions
+from tether.cli.user_tools import ToolImportError, import_tools, is_reference
 from tether.errors import TetherError
 from tether.limits import Limits
 from tether.loop import ContextBuilder, FullHistory
@@ -69,15 +70,22 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, p
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
     if not names:
         raise CliError(f"--tools is empty; choose from: {', '.join(TOOL_SETS)}")
+    refs = [n for n in (x.strip() for x in (spec or "").split(",")) if is_reference(n)]  # as written: case kept
+    names = [n for n in names if not is_reference(n)]
     unknown = [n for n in names if n not in TOOL_SETS]
     if unknown:
         raise CliError(f"unknown tool set {', '.join(map(repr, unknown))} in --tools; choose from: "
                        f"{', '.join(TOOL_SETS)}")
     if "none" in names:
-        if len(names) > 1:
+        if len(names) > 1 or refs:
             raise CliError("--tools none cannot be combined with other tool sets")
         return []
     tools: list[Tool] = []
+    for ref in refs:
+        try:
+            tools += import_tools(ref)
+        except ToolImportError as exc:
+            raise CliError(str(exc)) from exc
     for name in names:
         if name == "coding":
             tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect, warn=warn)

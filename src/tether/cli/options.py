@@ -37,7 +37,8 @@ MaxCost = Annotated[float | None, typer.Option("--max-cost", min=0.0, help="Cost
                                                show_default=False)]
 Tools = Annotated[str | None, typer.Option(
     "--tools", "-t", help="Comma list from: coding (Read, Write, Edit, Glob, Grep, Bash), calculator, files "
-    "(Read, Write, Edit, Glob, Grep), bash, none. Default: coding.", show_default=False)]
+    "(Read, Write, Edit, Glob, Grep), bash, none, or your own as module:name (a Tool, a typed function or a list "
+    "of them). Default: coding.", show_default=False)]
 Workspace = Annotated[Path | None, typer.Option(
     "--workspace", "-w", help="Directory the file tools and Bash work in. Default: the current directory.",
     show_default=False, file_okay=False)]

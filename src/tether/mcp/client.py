@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -49,6 +50,29 @@ T = TypeVar("T")
 _MAX_PAGES = 100  # a paginator that never ends cannot hang a listing
 _STDERR_TAIL = 600
 
+
+
+# Run in the server's process before it becomes the server: the kernel kills it when tether dies,
+# even by SIGKILL (the SDK starts it in a session of its own, where it would run on, finishing a
+# call whose result nobody records; the recovered run then repeats it).
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # tether died before the line above
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"cannot start {sys.argv[2]}: {exc.strerror}", file=sys.stderr, flush=True)
+    os._exit(127)
+"""
+
+
+def _dying_with_us(command: str, args: list[str]) -> tuple[str, list[str]]:
+    """The command and arguments that start a stdio server bound to this process's life (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return command, args
+    return sys.executable, ["-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), command, *args]
 
 class MCPToolError(TetherError):
     """An MCP tool call that did not produce a result; the text is what the model reads."""
@@ -139,7 +163,8 @@ class _Connection:
         if self._stderr is None:
             self._stderr = _StderrLog()
         assert cfg.command is not None
-        params = StdioServerParameters(command=cfg.command, args=list(cfg.args), env=cfg.env, cwd=cfg.cwd)
+        command, args = _dying_with_us(cfg.command, list(cfg.args))
+        params = StdioServerParameters(command=command, args=args, env=cfg.env, cwd=cfg.cwd)
         return stdio_client(params, errlog=self._stderr.file)
 
     def _why(self) -> str:
