@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -76,9 +77,23 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     return agent
 
 
+def _drop_record(record: logging.LogRecord) -> bool:
+    return False
+
+
+def _quiet_dbos() -> None:
+    """DBOS's log records stay off the terminal (a parking run's cancelled task logs a warning, for
+    one): what a command has to say comes through its own lines. TETHER_DBOS_LOG_LEVEL shows them."""
+    if not os.environ.get("TETHER_DBOS_LOG_LEVEL"):
+        logger = logging.getLogger("dbos")
+        if _drop_record not in logger.filters:
+            logger.addFilter(_drop_record)
+
+
 def _runtime(db: str | None) -> Any:
     from tether.durable import attach, setup
 
+    _quiet_dbos()
     rt = setup(database(db))
 
     def factory(config: dict[str, Any]) -> Any:
@@ -94,7 +109,7 @@ async def until_parked(run_id: str, work: Any) -> Any:
     """Await `work` (the run's RunResult), unless the run parks on an approval first: then the run
     stays parked in the database (no process needed) and a RunResult saying so comes back."""
     from tether.durable import runtime
-    from tether.types import RunResult, StopReason
+    from tether.types import RunResult, StopReason, Usage
 
     task = asyncio.ensure_future(work)
     store = runtime().store
@@ -111,8 +126,13 @@ async def until_parked(run_id: str, work: Any) -> Any:
                             f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
                             f"{run_id}"), file=sys.stderr)
                 # the row's step count is written when the run ends; until then its stored model calls say it
-                steps = sum(1 for e in store.events(run_id) if e.kind == "model_call")
-                return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=max(row.steps, steps))
+                events = store.events(run_id)
+                steps = max(row.steps, sum(1 for e in events if e.kind == "model_call"))
+                # the parked call has its event too (decision awaiting_approval): it has not run
+                ran = sum(1 for e in events if e.kind == "tool_call" and e.data.get("decision") != "awaiting_approval")
+                return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=steps,
+                                 usage=Usage(model_calls=steps, tool_calls=ran),
+                                 error=f"parked: tether approve {run_id} {p.get('call_id')}, then tether resume {run_id}")
         return task.result()
     finally:
         if not task.done():
@@ -141,8 +161,9 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         runs = DurableRuns(rt)
         run_id = uuid.uuid4().hex[:12]
         state = agent.start_state(text, run_id=run_id)
-        console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
         rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
+        # named once it exists (a locked database fails the line above: no id of a run never made)
+        console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
         rt._built[CLI_AGENT + json.dumps(config, sort_keys=True)] = agent
         result = asyncio.run(until_parked(run_id, runs.run(agent, state, on_event=reporter)))
     except CliError as exc:

@@ -74,7 +74,7 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
     elif reason is StopReason.CANCELLED:
         head = f"cancelled ({result.error or 'cancelled'}) {done}"
     elif reason is StopReason.AWAITING_APPROVAL:
-        head = f"stopped {done}: a tool call awaits approval (rerun with --yes to approve)"
+        head = f"stopped {done}: a tool call awaits approval ({result.error or 'rerun with --yes to approve'})"
     elif reason is StopReason.OUTPUT_INVALID:
         head = f"no valid output (output_invalid) {done}: {result.error or 'the answer did not validate'}"
     else:
