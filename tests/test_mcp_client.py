@@ -294,7 +294,6 @@ def test_a_server_dies_with_tether_and_its_call_in_flight_with_it(tmp_path: Path
     """SIGKILL tether while an MCP call is in flight: the server goes too, so the call's side effect
     never happens behind the back of the recovered run (before: the server, in a session of its own,
     finished the call 3 s later)."""
-    import signal
     import subprocess
     import sys
 

@@ -129,3 +129,35 @@ async def test_an_agent_is_one_tool_and_each_call_is_a_bounded_run(workspace: Pa
     assert (answer.is_error, text(answer)) == (False, "42")
     assert stopped.is_error and "max_steps" in text(stopped) and "Partial answer: got to 2 + 2" in text(stopped)
     assert model.requests[0].body["messages"][-1]["content"] == "What is 6 times 7?"
+
+
+async def test_an_agent_tool_over_mcp_is_charged_to_and_bounded_by_the_calling_run(workspace: Path) -> None:
+    """A tether run calling a tether agent served over MCP (another process): the run offers a share of
+    its token budget in the request's _meta, the served agent runs within it, and the usage it reports
+    back is charged to the run (before: the child's tokens were free and unbounded)."""
+    from tether import Agent, Limits
+    from tether.models.scripted import ScriptedModel, call
+
+    script = [chat_completion(None, [tool_call("calculator", {"expression": "6 * 7"})], prompt_tokens=400,
+                              completion_tokens=20),
+              chat_completion("42", prompt_tokens=450, completion_tokens=5)]
+    script += [chat_completion(None, [tool_call("calculator", {"expression": f"{i} + 1"})], prompt_tokens=900,
+                               completion_tokens=20) for i in range(6)]
+    with FakeOpenAIServer(script) as model:
+        servers = {"m": {"command": sys.executable, "args": serve_args("--agent", "mathematician:calculator",
+                                                                       "-w", str(workspace)),
+                         "env": env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url),
+                         "tether": {"connectTimeout": 60}}}
+        with MCPToolset(parse_config({"mcpServers": servers})) as ts:
+            assert ts.failures == {}
+            parent = ScriptedModel([call("m__mathematician", task="What is 6 times 7?"), "It is 42.",
+                                    call("m__mathematician", task="Count up forever."), "Stopped."])
+            agent = Agent(parent, tools=ts.tools, limits=Limits(max_tokens=4000, max_steps=5))
+            first = await agent.arun("Ask the mathematician for 6 * 7.")
+            second = await agent.arun("Have the mathematician count.")
+    assert first.answer == "It is 42." and first.usage.input_tokens == 850 and first.usage.output_tokens == 25
+    assert first.usage.model_calls == 4  # the parent's two calls and the child's two
+    child = [m.content for m in second.messages if m.role == "tool"][0]
+    assert "stopped (token_budget)" in child, child  # stopped within the share it was offered
+    assert second.usage.input_tokens + second.usage.output_tokens <= 4000
+    assert second.usage.input_tokens >= 900  # its spending was charged

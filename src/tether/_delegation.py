@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from tether.agent import Agent
 
 _EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
+# CallContext.extra keys set by tether's MCP server for a call from another process: the budget the
+# caller offered, (max tokens, max cost) with None for no limit, and a Usage the child's usage is
+# added to (reported back to the caller, which charges it)
+BUDGET_OFFER_KEY = "tether/budget_offer"
+USAGE_SINK_KEY = "tether/usage_sink"
 MIN_CHILD_TOKENS = 200  # below this a child could not write one tool call and an answer
 
 
@@ -42,8 +47,13 @@ def agent_as_tool(agent: Agent, name: str, description: str = "", *, share: floa
         if not isinstance(parent, ParentRun):  # called outside a run (an executor driven by hand)
             parent = None
         run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
+        offer = context.extra.get(BUDGET_OFFER_KEY) if parent is None else None
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
-                                  user=context.user, run_id=run_id, tainted=parent is not None and parent.tainted())
+                                  carved=offer, user=context.user, run_id=run_id,
+                                  tainted=parent is not None and parent.tainted())
+        sink = context.extra.get(USAGE_SINK_KEY)
+        if isinstance(sink, Usage):
+            sink.add(result.usage)
         if result.stop_reason is StopReason.COMPLETED:
             return result.answer
         raise SubagentError(stopped(name, result))

@@ -41,9 +41,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether.errors import TetherError
+from tether.loop import PARENT_KEY, ParentRun
 from tether.mcp.config import ServerConfig
 from tether.mcp.convert import annotations_of, effect_of, result_text
 from tether.tools.base import Tool, ToolContext
+from tether.types import Usage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -394,7 +396,20 @@ class MCPToolset:
             # recognise a retried or recovered call (see docs/mcp.md)
             meta = None if _tether_context is None else {IDEMPOTENCY_META: _tether_context.idempotency_key,
                                                         RUN_META: _tether_context.run_id}
-            result = await portal.arun(conn.call(name, arguments, meta))
+            parent = _tether_context.extra.get(PARENT_KEY) if _tether_context is not None else None
+            budget = parent.budget if isinstance(parent, ParentRun) else None
+            # a share of what the run has left is offered (reserved meanwhile); a tether server runs its
+            # agent within it and says what it used, which is charged here (others say nothing: 0)
+            carved = budget.carve(0.5) if budget is not None else (None, None)
+            if meta is not None and budget is not None:
+                meta[BUDGET_META] = {"max_tokens": carved[0], "max_cost_usd": carved[1]}
+            used = Usage()
+            try:
+                result = await portal.arun(conn.call(name, arguments, meta))
+                used = usage_from_meta(result.meta)
+            finally:
+                if budget is not None:
+                    budget.settle(carved[0], carved[1], used)
             text = result_text(result)
             if result.is_error:
                 raise MCPToolError(text or f"'{name}' failed without saying why")
@@ -455,6 +470,22 @@ class MCPToolset:
 
 IDEMPOTENCY_META = "tether/idempotency_key"  # in a tools/call request's _meta: run:step:index, stable on recovery
 RUN_META = "tether/run_id"
+BUDGET_META = "tether/budget"  # in the request: {max_tokens, max_cost_usd} the call may spend (null: no limit)
+USAGE_META = "tether/usage"  # in the result: what the call spent on models (Usage's fields)
+
+
+def usage_from_meta(meta: Any) -> Usage:
+    """The usage a result's _meta reports under USAGE_META (zero when absent or malformed: a server
+    cannot make a call cost less than nothing, nor break the call by reporting badly)."""
+    got = meta.get(USAGE_META) if isinstance(meta, dict) else None
+    if not isinstance(got, dict):
+        return Usage()
+    fields = ("input_tokens", "output_tokens", "cost_usd", "model_calls")
+    values = {f: got.get(f, 0) for f in fields}
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values.values()):
+        return Usage()
+    return Usage(input_tokens=int(values["input_tokens"]), output_tokens=int(values["output_tokens"]),
+                 cost_usd=float(values["cost_usd"]), model_calls=int(values["model_calls"]))
 
 
 def mcp_tool(server: ServerConfig, spec: mt.Tool, call: Callable[..., Awaitable[str]]) -> Tool:

@@ -21,10 +21,12 @@ from typing import Any
 import mcp_types as mt
 from mcp.server.lowlevel import Server
 
+from tether._delegation import BUDGET_OFFER_KEY, USAGE_SINK_KEY
 from tether.agent import Agent
+from tether.mcp.client import BUDGET_META, USAGE_META
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Executor
-from tether.types import Effect, ToolCall
+from tether.types import Effect, ToolCall, Usage
 
 
 def agent_tool(agent: Agent, name: str, description: str = "") -> Tool:
@@ -37,6 +39,21 @@ def _annotations(tool: Tool) -> mt.ToolAnnotations:
     return mt.ToolAnnotations(read_only_hint=tool.effect is Effect.READ_ONLY,
                               destructive_hint=tool.effect is Effect.IRREVERSIBLE,
                               open_world_hint=bool(tool.untrusted_output))
+
+
+def _budget_offer(meta: Any) -> tuple[int | None, float | None] | None:
+    """The (max tokens, max cost) a tether client offered in the request's _meta; None when it
+    offered none. A malformed offer is taken as the smallest one (nothing to spend), not as none."""
+    got = meta.get(BUDGET_META) if isinstance(meta, dict) else None
+    if got is None:
+        return None
+    tokens = got.get("max_tokens") if isinstance(got, dict) else 0
+    cost = got.get("max_cost_usd") if isinstance(got, dict) else 0.0
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
+        tokens = 0
+    if cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool) or not cost >= 0):
+        cost = 0.0
+    return tokens, None if cost is None else float(cost)
 
 
 def build_server(executor: Executor, *, user: str | None = None, name: str = "tether") -> Server[Any]:
@@ -59,8 +76,16 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
 
     async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolResult:
         call = ToolCall(f"mcp{next(counter)}", params.name, dict(params.arguments or {}))
-        result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user))
-        return mt.CallToolResult(content=[mt.TextContent(text=result.content)], is_error=result.is_error)
+        used = Usage()
+        extra: dict[str, Any] = {USAGE_SINK_KEY: used}
+        offer = _budget_offer(params.meta)
+        if offer is not None:
+            extra[BUDGET_OFFER_KEY] = offer
+        result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user, extra=extra))
+        # what an agent tool's run spent, for a tether client to charge to its own run's budget
+        meta = {USAGE_META: {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens,
+                             "cost_usd": used.cost_usd, "model_calls": used.model_calls}} if used.model_calls else None
+        return mt.CallToolResult(content=[mt.TextContent(text=result.content)], is_error=result.is_error, meta=meta)
 
     from tether import __version__
 
