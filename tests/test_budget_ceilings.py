@@ -111,3 +111,17 @@ def test_the_final_call_is_condensed_to_fit_its_reserve() -> None:
     if not final.tools:  # condensed: one system-free user message with the findings
         assert "What the run found so far" in final.messages[-1].content
     assert result.answer
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), max_tokens=st.integers(2_000, 30_000))
+def test_compaction_summaries_are_admitted_too(seed, max_tokens) -> None:
+    """The context builder's own model calls (compaction summaries, asked for up to 800 output tokens)
+    go through the same ceiling: one that would cross it is not sent and the summary falls back to
+    what the run did (before: it was sent and the run went over)."""
+    from tether.context import Compaction
+
+    model = HonestModel(seed)
+    result = Agent(model, tools=[fetch], limits=Limits(max_steps=30, max_tokens=max_tokens, max_repeats=None),
+                   context=Compaction(window=6_000, keep_turns=1), max_result_chars=20_000).run("Collect it all.")
+    assert result.usage.total_tokens <= max_tokens, result.usage

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether._admission import Admission
@@ -118,6 +118,10 @@ class FullHistory:
         return messages
 
 
+class NotAdmitted(TetherError, RuntimeError):
+    """A context builder's model call that could cross the run's token or cost ceiling (not sent)."""
+
+
 class ContextRun:
     """What a context builder may use during one run: the spec, and `complete`, a model call that goes
     through the run's step runner (so durable mode records it), is priced, and counts against the budget."""
@@ -130,7 +134,15 @@ class ContextRun:
         self._emit = emit
 
     async def complete(self, request: ModelRequest, model: Model | None = None, purpose: str = "context") -> ModelReply:
+        """One model call for the context builder; raises NotAdmitted, unsent, when it could cross a
+        token or cost ceiling (its output is capped to what is left otherwise)."""
         use = model or self.spec.model
+        admission = Admission(use, self.spec.pricing)
+        stop, cap = admission.admit(self._budget, admission.count(request.messages, request.tools))
+        if stop is not None:
+            raise NotAdmitted(f"the {purpose} call was not sent: it could cross the run's {stop.value}")
+        if cap is not None and (request.max_output_tokens is None or request.max_output_tokens > cap):
+            request = replace(request, max_output_tokens=cap)
         started = self._budget.elapsed()
         self._emit(ModelCallStarted(model=use.name, messages=len(request.messages), purpose=purpose))
         reply = await _with_cancel(self.spec, self.spec.step_runner.model_step(
