@@ -157,7 +157,7 @@ async def test_an_agent_tool_over_mcp_is_charged_to_and_bounded_by_the_calling_r
             second = await agent.arun("Have the mathematician count.")
     assert first.answer == "It is 42." and first.usage.input_tokens == 850 and first.usage.output_tokens == 25
     assert first.usage.model_calls == 4  # the parent's two calls and the child's two
-    child = [m.content for m in second.messages if m.role == "tool"][0]
+    child = next(m.content for m in second.messages if m.role == "tool")
     assert "stopped (token_budget)" in child, child  # stopped within the share it was offered
     assert second.usage.input_tokens + second.usage.output_tokens <= 4000
     assert second.usage.input_tokens >= 900  # its spending was charged
