@@ -133,6 +133,31 @@ def bench_sequential() -> dict[str, float]:
     }
 
 
+def bench_telemetry() -> dict[str, float]:
+    """us/turn with telemetry off (no observer: the loop does no telemetry work), then on, every span
+    kept by OpenTelemetry's in-memory exporter (tether[otel]); None where the SDK is absent."""
+    steps, reps_in_run = 50, 10
+    turns = (steps + 1) * reps_in_run
+    _, run = tether_runner(steps, [lookup], "lookup")
+    off = cpu_per_turn(lambda: run(reps_in_run), turns)
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    except ImportError:
+        return {"off_us_per_turn": off, "on_us_per_turn": None, "on_extra_us_per_turn": None}
+    import tether.telemetry
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    tether.telemetry.instrument(provider)
+    try:
+        on = cpu_per_turn(lambda: run(reps_in_run), turns)
+    finally:
+        tether.telemetry.uninstrument()
+    return {"off_us_per_turn": off, "on_us_per_turn": on, "on_extra_us_per_turn": on - off}
+
+
 def bench_flatness() -> dict[str, float]:
     out = {}
     for steps in (10, 150):
@@ -261,6 +286,7 @@ def main() -> int:
         "big_outputs": bench_big_outputs(),
         "many_tools": bench_many_tools(),
         "parallel": bench_parallel(),
+        "telemetry": bench_telemetry(),
     }
     seq, flat, big, many, par = (results[k] for k in ("sequential", "flatness", "big_outputs", "many_tools", "parallel"))
     results["bars"] = {
@@ -285,6 +311,8 @@ def main() -> int:
         ("100 tools vs 1 tool, us/turn ratio", many["ratio"]),
         ("8 x 100 ms async tools, turn ms", par["async_turn_ms"]),
         ("8 x 100 ms sync tools, turn ms", par["sync_turn_ms"]),
+        ("telemetry off, CPU us/turn", results["telemetry"]["off_us_per_turn"]),
+        ("telemetry on (in-memory spans), CPU us/turn", results["telemetry"]["on_us_per_turn"] or float("nan")),
     ]
     width = max(len(r[0]) for r in rows)
     for label, value in rows:

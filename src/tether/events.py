@@ -18,10 +18,16 @@ runs and stream clients read on unchanged.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import Field, TypeAdapter
+
+# Process-wide observers of every run's typed events (tether.telemetry registers one): called as
+# observer(run_id, event) right after the event is stamped. An observer that raises is dropped.
+Observer = Callable[[str, "BaseEvent"], None]
+OBSERVERS: list[Observer] = []
 
 
 @dataclass(slots=True)
@@ -96,6 +102,7 @@ class ToolCallStarted(BaseEvent):
     name: str = ""
     call_id: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
+    index: int = 0  # its place in the model's reply (the idempotency key is run:step:index)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from tether._admission import Admission
 from tether._json import dumps_fn
 from tether.errors import TetherError
 from tether.events import (
+    OBSERVERS,
     ApprovalDecided,
     ApprovalRequested,
     BaseEvent,
@@ -317,6 +319,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         trace.append(envelope)
         if spec.on_event is not None:
             spec.on_event(envelope)
+        if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
+            _observe(spec.run_id, event)
 
     context: ContextBuilder = spec.context
     direct = type(spec.step_runner) is DirectStepRunner
@@ -562,7 +566,7 @@ async def _run_tools(
     async def one(i: int) -> None:
         call = calls[i]
         started = budget.elapsed()
-        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments))
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=i))
         if direct:
             result = await spec.executor.execute(call, ctx, i)
         else:
@@ -647,7 +651,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
         ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
         started = budget.elapsed()
-        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments))
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=index))
         result = await spec.step_runner.tool_step(ctx.step, index, call,
                                                   lambda c=call, i=index: spec.executor.execute(c, ctx, i))
         budget.usage.tool_calls += 1
@@ -772,6 +776,16 @@ def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
     return ToolCallEnded(name=call.name, call_id=call.id, arguments=call.arguments, decision=result.decision,
                          is_error=result.is_error, result_chars=result.full_chars or len(result.content),
                          truncated=result.handle is not None)
+
+
+def _observe(run_id: str, event: BaseEvent) -> None:
+    for observer in list(OBSERVERS):
+        try:
+            observer(run_id, event)
+        except Exception:  # telemetry must never break a run: an observer that fails is dropped
+            logging.getLogger(__name__).exception("event observer %r failed; it is removed", observer)
+            with contextlib.suppress(ValueError):
+                OBSERVERS.remove(observer)
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:

@@ -322,9 +322,22 @@ eval_cmd.register(app)  # `eval`
 serve_cmd.register(app)  # `serve`, `worker`, `keys add|list|revoke`
 
 
+def _telemetry_from_env() -> None:
+    """Spans to OTEL_EXPORTER_OTLP_ENDPOINT when it is set (docs/telemetry.md); nothing otherwise."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return  # the common case costs one lookup, and no import
+    from tether.telemetry.otel import TelemetryUnavailable, instrument_from_env
+
+    try:
+        instrument_from_env()
+    except TelemetryUnavailable as exc:
+        _fail(err_console(), f"{exc}; running without telemetry")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `tether` script and of `python -m tether`: every bad input ends in one
     line on stderr and a non-zero exit code, never a traceback."""
+    _telemetry_from_env()
     try:
         code = app(args=argv, prog_name="tether", standalone_mode=False)
     except UsageError as exc:  # exit 2: a typo, not a failed run

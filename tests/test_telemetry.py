@@ -1,0 +1,186 @@
+"""OpenTelemetry spans from the typed events (issue 27, item 3): the SDK's in-memory exporter for
+names, parents and attributes; a real OTLP/HTTP receiver on 127.0.0.1 for the CLI's export."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed (pip install 'tether[otel]')")
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import tether.telemetry
+from tether import Agent, tool
+from tether.events import OBSERVERS
+from tether.models.scripted import ScriptedModel, call
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tether.telemetry.instrument(provider)
+    try:
+        yield exporter
+    finally:
+        tether.telemetry.uninstrument()
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+def test_a_run_is_a_span_with_its_model_and_tool_calls_inside(spans: InMemorySpanExporter) -> None:
+    model = ScriptedModel([call("add", a=2, b=3), "5"], name="gpt-4o-mini")
+    result = Agent(model, tools=[add]).run("What is 2 + 3?")
+    got = spans.get_finished_spans()
+    assert [s.name for s in got] == ["chat gpt-4o-mini", "execute_tool add", "chat gpt-4o-mini", "invoke_agent"]
+    run = by_name(spans)["invoke_agent"]
+    assert run.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert run.attributes["tether.run.id"] == result.run_id and run.attributes["tether.stop_reason"] == "completed"
+    assert all(s.parent is not None and s.parent.span_id == run.context.span_id for s in got if s is not run)
+    assert len({s.context.trace_id for s in got}) == 1
+    tool_span = by_name(spans)["execute_tool add"]
+    assert tool_span.attributes["gen_ai.tool.name"] == "add"
+    assert tool_span.attributes["gen_ai.tool.call.id"] == result.messages[2].tool_call_id
+    assert tool_span.attributes["tether.policy.decision"] == "allowed"
+    assert "gen_ai.tool.call.arguments" not in tool_span.attributes  # content only when enabled
+    chat = got[0]
+    assert chat.attributes["gen_ai.request.model"] == "gpt-4o-mini"
+    first_call = next(e for e in result.trace if e.kind == "model_call")
+    assert chat.attributes["gen_ai.usage.input_tokens"] == first_call.data["input_tokens"]
+
+
+def test_arguments_are_recorded_only_when_content_capture_is_on() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tether.telemetry.instrument(provider, capture_content=True)
+    try:
+        Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add]).run("2 + 3?")
+    finally:
+        tether.telemetry.uninstrument()
+    assert by_name(exporter)["execute_tool add"].attributes["gen_ai.tool.call.arguments"] == '{"a": 2, "b": 3}'
+
+
+def test_a_continued_run_adds_to_the_same_trace(spans: InMemorySpanExporter) -> None:
+    """Two segments of one run (here continued from its state, as a resumed durable run is) share the
+    trace the run id names, with no span of the application around them."""
+    agent = Agent(ScriptedModel(["first", "second"]), tools=[add])
+    first = agent.run("One.")
+    agent.run("Two.", state=first.state, run_id=first.run_id)  # the same run, in a later segment
+    runs = [s for s in spans.get_finished_spans() if s.name == "invoke_agent"]
+    assert len(runs) == 2 and runs[0].context.trace_id == runs[1].context.trace_id
+    assert runs[1].attributes["tether.run.resumed"] is True
+    other = Agent(ScriptedModel(["x"])).run("Other.")
+    assert next(s for s in spans.get_finished_spans() if s.attributes.get("tether.run.id") == other.run_id) \
+        .context.trace_id != runs[0].context.trace_id
+
+
+def test_a_run_inside_an_application_span_is_its_child(spans: InMemorySpanExporter) -> None:
+    tracer = trace.get_tracer("app", tracer_provider=TracerProvider())
+    with tracer.start_as_current_span("POST /ask") as request:
+        Agent(ScriptedModel(["hi"])).run("Hello.")
+    run = by_name(spans)["invoke_agent"]
+    assert run.parent is not None and run.parent.span_id == request.get_span_context().span_id
+    assert run.context.trace_id == request.get_span_context().trace_id
+
+
+def test_a_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans: InMemorySpanExporter) -> None:
+    child = Agent(ScriptedModel([call("add", a=1, b=1), "2"]), tools=[add])
+    parent = Agent(ScriptedModel([call("helper", task="Add 1 and 1."), "It is 2."]), tools=[child.as_tool("helper")])
+    parent.run("Ask the helper.")
+    got = spans.get_finished_spans()
+    runs = [s for s in got if s.name == "invoke_agent"]
+    helper_call = by_name(spans)["execute_tool helper"]
+    inner, outer = runs  # the child ends first
+    assert inner.parent is not None and inner.parent.span_id == helper_call.context.span_id
+    assert helper_call.parent is not None and helper_call.parent.span_id == outer.context.span_id
+    assert {s.context.trace_id for s in got} == {outer.context.trace_id}
+
+
+def test_off_means_no_observer_and_a_failing_observer_never_breaks_a_run() -> None:
+    assert OBSERVERS == []
+
+    def broken(run_id, event):
+        raise RuntimeError("exporter down")
+
+    OBSERVERS.append(broken)
+    try:
+        result = Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add]).run("2 + 3?")
+    finally:
+        if broken in OBSERVERS:
+            OBSERVERS.remove(broken)
+    assert result.answer == "5"
+    assert broken not in OBSERVERS  # dropped after its first failure
+
+
+class _Collector(BaseHTTPRequestHandler):
+    bodies: ClassVar[list[tuple[str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        type(self).bodies.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_cli_exports_to_the_otlp_endpoint_in_the_environment(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="tether[otel] is not installed")
+    from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    _Collector.bodies = []
+    collector = HTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    script = [chat_completion(None, [tool_call("calculator", {"expression": "17 * 23"})]), chat_completion("391")]
+    try:
+        with FakeOpenAIServer(script) as server:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_",
+                                                                                "ANTHROPIC_", "OTEL_"))}
+            env.update(OPENAI_API_KEY="sk-test", OPENAI_BASE_URL=server.base_url, PYTHONPATH=str(REPO / "src"),
+                       TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}",
+                       OTEL_SERVICE_NAME="tether-test")
+            done = subprocess.run([sys.executable, "-m", "tether.cli", "--tools", "calculator", "-p", "17 * 23?"],
+                                  env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        collector.shutdown()
+    assert done.returncode == 0 and done.stdout == "391\n", done.stderr
+    names: list[str] = []
+    services: set[str] = set()
+    for path, body in _Collector.bodies:
+        assert path == "/v1/traces"
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            services |= {a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"}
+            names += [s.name for scope in resource_spans.scope_spans for s in scope.spans]
+    assert sorted(n.split()[0] for n in names) == ["chat", "chat", "execute_tool", "invoke_agent"], names
+    assert "execute_tool calculator" in names and services == {"tether-test"}
