@@ -104,3 +104,36 @@ def test_a_durable_run_takes_the_users_python_tools_and_gives_them_the_key(tmp_p
     assert amount == "5" and key == f"{run_id}:1:0" and run_id, key
     bad = tether(["--tools", "payments:refund", "run", "--durable", "x"], cwd=tmp_path, env=env)
     assert bad.returncode == 1 and bad.stderr.strip() == "tether: --tools payments:refund: payments has no refund"
+
+
+def test_runs_stats_totals_tokens_and_cost_per_model_tool_and_day(tmp_path: Path) -> None:
+    """Two stored runs (one with a tool call), then `tether runs stats` grouped four ways."""
+    import json
+
+    (tmp_path / "notes.txt").write_text("the launch code is 7431\n")
+    script = [chat_completion(None, [tool_call("Read", {"file_path": "notes.txt"})], prompt_tokens=100,
+                              completion_tokens=10),
+              chat_completion("7431", prompt_tokens=150, completion_tokens=5),
+              chat_completion("hello", prompt_tokens=40, completion_tokens=3)]
+    with FakeOpenAIServer(script) as server:
+        env = env_for(server, tmp_path / "home")
+        assert tether(["run", "--durable", "Launch code?"], cwd=tmp_path, env=env).returncode == 0
+        assert tether(["run", "--durable", "Say hello."], cwd=tmp_path, env=env).returncode == 0
+
+        def stats(*args: str) -> list[dict]:
+            done = tether(["runs", "stats", "--json", *args], cwd=tmp_path, env=env)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        (day,) = stats("--by", "day", "--days", "1")
+        assert (day["runs"], day["model_calls"], day["input_tokens"], day["output_tokens"], day["tool_calls"]) == \
+            (2, 3, 290, 18, 1)
+        (model,) = stats("--by", "model")
+        assert (model["model_calls"], model["input_tokens"], model["output_tokens"], model["runs"]) == (3, 290, 18, 2)
+        (read,) = stats("--by", "tool")
+        assert (read["key"], read["tool_calls"], read["tool_errors"], read["runs"]) == ("Read", 1, 0, 1)
+        assert sorted(r["input_tokens"] for r in stats("--by", "run")) == [40, 250]
+        table = tether(["runs", "stats", "--by", "agent"], cwd=tmp_path, env=env)
+        assert table.returncode == 0 and "input tokens" in table.stdout and "290" in table.stdout, table.stdout
+        bad = tether(["runs", "stats", "--by", "week"], cwd=tmp_path, env=env)
+        assert bad.returncode == 1 and "use one of day, agent, model, tool, run" in bad.stderr

@@ -264,6 +264,57 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
         store.close()
 
 
+def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int:
+    """`tether runs stats`: tokens and cost of the stored runs, grouped."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tether.store import RunStore
+    from tether.store.stats import GROUPS, UsageRow, usage_stats
+
+    if by not in GROUPS:
+        return _err(f"--by {by}: use one of {', '.join(GROUPS)}")
+    try:
+        store = RunStore(database(db))
+    except Exception as exc:
+        return _err(f"cannot open the run database: {error_line(exc)}")
+    try:
+        rows = usage_stats(store, by, since=time.time() - days * 86_400 if days else None)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False))
+        return 0
+    table = Table(box=None, pad_edge=False)
+    heads = [by, "runs", "model calls", "input tokens", "cached", "output tokens", "cost USD", "tool calls", "tool errors"]
+    for i, head in enumerate(heads):
+        table.add_column(head, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        table.add_row(*_stat_cells(r))
+    if len(rows) > 1:
+        total = UsageRow("total", runs=sum(r.runs for r in rows) if by in ("day", "agent", "run") else 0)
+        for r in rows:
+            total.model_calls += r.model_calls
+            total.input_tokens += r.input_tokens
+            total.cached_input_tokens += r.cached_input_tokens
+            total.output_tokens += r.output_tokens
+            total.cost_usd += r.cost_usd
+            total.tool_calls += r.tool_calls
+            total.tool_errors += r.tool_errors
+        table.add_row(*_stat_cells(total, runs=by in ("day", "agent", "run")), style="bold")
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=140)
+    console.print(table if rows else "no runs stored" + (f" in the last {days:g} days" if days else ""))
+    return 0
+
+
+def _stat_cells(r: Any, runs: bool = True) -> list[str]:
+    return [clean(r.key), f"{r.runs:,}" if runs else "", f"{r.model_calls:,}", f"{r.input_tokens:,}",
+            f"{r.cached_input_tokens:,}", f"{r.output_tokens:,}", f"{r.cost_usd:.4f}", f"{r.tool_calls:,}",
+            f"{r.tool_errors:,}"]
+
+
 def register(app: typer.Typer) -> None:
     """Add `resume`, `approve`, `cancel` and `runs` to the `tether` command."""
 
@@ -292,6 +343,12 @@ def register(app: typer.Typer) -> None:
              events: Annotated[bool, typer.Option("--events", "-e", help="Print the run's events.")] = False,
              limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs to list.")] = 20,
              json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+             by: Annotated[str, typer.Option("--by", help="With `runs stats`: day, agent, model, tool or run.")] = "day",
+             days: Annotated[float | None, typer.Option("--days", min=0, help="With `runs stats`: the last N days only.",
+                                                        show_default=False)] = None,
              db: Db = None) -> None:
-        """List durable runs, newest first, or show one (with --events, its step events)."""
+        """List durable runs, newest first, or show one (with --events, its step events). `tether runs stats`:
+        tokens and cost per day, agent, model, tool or run (--by)."""
+        if run_id == "stats":
+            raise typer.Exit(stats_cmd(by, days, json_out, db))
         raise typer.Exit(runs_cmd(run_id, events, limit, json_out, db))
