@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -10,6 +11,7 @@ from typing import Any, ClassVar
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
+from rich.text import Text
 
 from tether.events import (
     ApprovalDecided,
@@ -94,6 +96,20 @@ def _call_text(name: str, arguments: dict[str, Any]) -> str:
     return f"{name}({_short(args, 100)})"
 
 
+class _LiveLine:
+    """The spinner's text, rendered afresh on every refresh: what the run is doing, its step, tokens,
+    cost so far and the seconds since it started."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    def __rich__(self) -> Text:
+        r = self.reporter
+        cost = f" · ${r.cost:.4f}" if r.cost else ""
+        return Text(f"{r.doing}... · step {r.steps} · {r.tokens:,} tokens{cost} · "
+                    f"{time.monotonic() - r._since:.0f}s", style="dim")
+
+
 class Reporter:
     """Renders trace events on a rich console (stderr). Silent unless `enabled`. Text from models,
     tools and providers is shown without its terminal control sequences (terminal.clean)."""
@@ -105,6 +121,12 @@ class Reporter:
         self._status: Status | None = None
         self._paused = 0
         self._resume = False
+        # what the live line shows (a terminal only): redrawn by rich's refresh, so the clock ticks
+        self.doing = "thinking"
+        self.steps = 0
+        self.tokens = 0
+        self.cost = 0.0
+        self._since = time.monotonic()
 
     def announce(self, text: str) -> None:
         """Always shown: things the user must know (e.g. which model is used)."""
@@ -112,7 +134,7 @@ class Reporter:
 
     def start(self) -> None:
         if self.enabled and self.console.is_terminal and self._status is None and not self._paused:
-            self._status = self.console.status("thinking...", spinner="dots")
+            self._status = self.console.status(_LiveLine(self), spinner="dots")
             self._status.start()
 
     def stop(self) -> None:
@@ -141,12 +163,10 @@ class Reporter:
             self.HANDLED[type(event)](self, event)
 
     def _tool_started(self, event: ToolCallStarted) -> None:
-        if self._status is not None:
-            self._status.update(f"running {clean(event.name)}...")
+        self.doing = f"running {clean(event.name)}"
 
     def _tool_ended(self, event: ToolCallEnded) -> None:
-        if self._status is not None:
-            self._status.update("thinking...")
+        self.doing = "thinking"
         mark = "[green]●[/]" if event.ran else "[red]●[/]"
         note = f"{event.result_chars} chars" + (", capped" if event.truncated else "")
         if not event.ran:
@@ -155,9 +175,11 @@ class Reporter:
                            f"[dim]{escape(note)}, {event.duration:.2f}s[/]", highlight=False)
 
     def _model_ended(self, event: ModelCallEnded) -> None:
-        if self._status is not None:
-            n = event.tool_calls
-            self._status.update(f"step {event.step}: running {_plural(n, 'tool call')}..." if n else "done")
+        self.steps = event.step
+        self.tokens += event.input_tokens + event.output_tokens
+        self.cost += event.cost_usd
+        n = event.tool_calls
+        self.doing = f"running {_plural(n, 'tool call')}" if n else "done"
         if self.verbose:
             final = " (final answer call)" if event.final else ""
             self.console.print(
