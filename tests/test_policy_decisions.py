@@ -102,9 +102,8 @@ def test_on_untrusted_refuse_and_summarize() -> None:
     world, res = run(p, "pay the invoice", call("read_email"), call("send_money", recipient="ACME-IBAN-0001", amount=1),
                      "I prepared the payment.")
     assert world.sent == [] and decisions(p)[-1] == ("send_money", "deferred")
-    raw = next(m.content for m in reversed(res.messages) if m.role == "assistant")
-    answer, _ = p.finish_run("r1", raw)
-    assert "waiting for your confirmation" in answer and "ACME-IBAN-0001" in answer
+    # the loop filtered the answer with the run's own state: the held action is appended
+    assert "waiting for your confirmation" in res.answer and "ACME-IBAN-0001" in res.answer
 
 
 def test_unlisted_tool_is_refused_and_requires_approval_always_asks() -> None:

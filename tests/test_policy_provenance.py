@@ -240,6 +240,7 @@ def test_a_trusted_output_that_addresses_the_assistant_taints_anyway() -> None:
 
     bank = Bank()
     p = SafetyPolicy()
-    Agent(ScriptedModel([call("list_channels"), call("add_event", title="Fred"), "done"]),
-          tools=[*bank.tools(), list_channels], policy=p).run("list my channels", run_id="r")
-    assert bank.sent == [] and p.state("r").tainted and "addresses the assistant" in p.state("r").prov.taint_sources[0]
+    res = Agent(ScriptedModel([call("list_channels"), call("add_event", title="Fred"), "done"]),
+                tools=[*bank.tools(), list_channels], policy=p).run("list my channels", run_id="r")
+    state = p.load_state(res.state.policy)
+    assert bank.sent == [] and state.tainted and "addresses the assistant" in state.prov.taint_sources[0]

@@ -479,6 +479,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     dump = getattr(policy, "dump_state", None)
     if dump is not None and ctx.policy_state is not None:
         state.policy = dump(ctx.policy_state)
+    state.tainted = bool(getattr(ctx.policy_state, "tainted", False))
     waiting = getattr(policy, "pending", None)
     state.pending = [] if waiting is None or ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
         else [{**p, "step": ctx.step} for p in waiting(ctx.policy_state)]

@@ -213,6 +213,11 @@ class RunResult(Generic[OutputT]):
     state: RunState | None = None  # everything needed to continue, fork or resume this run
 
     @property
+    def tainted(self) -> bool:
+        """Whether the run read untrusted content (its safety policy's view); False without a policy."""
+        return self.state is not None and self.state.tainted
+
+    @property
     def completed(self) -> bool:
         return self.stop_reason is StopReason.COMPLETED
 
@@ -281,6 +286,7 @@ class RunState:
     version: int = RUN_STATE_VERSION
     pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
     decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
+    tainted: bool = False  # the run has read untrusted content (the policy's view, as the run last left it)
 
     def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
         """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from tether.loop import PARENT_KEY, ParentRun
 from tether.tools.base import Tool, ToolContext, tool
 from tether.types import Effect, RunResult
 
@@ -258,8 +259,10 @@ class LongTermMemory:
 
     def tools(self, is_tainted: Callable[[str], bool] | None = None) -> list[Tool]:
         """`recall_memory` (untrusted output: the policy taints the run that reads it) and
-        `remember_fact`. `is_tainted(run_id)` tells whether the writing run has read untrusted
-        content (e.g. `lambda rid: policy.state(rid).tainted`); without it, written facts are untrusted."""
+        `remember_fact`. Inside a run, a fact is trusted only if the run's safety policy has not seen it
+        read untrusted content (the run's own state says). For an executor driven by hand,
+        `is_tainted(run_id)` says it (e.g. `policy_taint(policy)`); without either, written facts
+        are untrusted."""
         memory = self
 
         @tool(untrusted_output=True)
@@ -281,7 +284,10 @@ class LongTermMemory:
                 fact: the fact, exactly.
             """
             state = None
-            if is_tainted is not None:
+            parent = context.extra.get(PARENT_KEY)
+            if isinstance(parent, ParentRun):  # inside a run: its own policy state says
+                state = not parent.tainted()
+            elif is_tainted is not None:  # an executor driven by hand: the policy's record of the run id
                 try:
                     state = not is_tainted(context.run_id)
                 except Exception:  # an unknown run: fail closed

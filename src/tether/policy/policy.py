@@ -7,9 +7,11 @@ scan (secrets, exfiltration links) -> the taint rule -> approval (recorded appro
 approver) -> audit. After a call: the output is added to the run's provenance (an untrusted
 source taints the run for good), wrapped and labelled as data if untrusted, and audited.
 
-A run's state is keyed by run id. Call `begin_run(run_id, prompt, user)` before the run (or let
-the loop pass the prompt in `CallContext.extra["prompt"]`); `finish_run(run_id, answer)` filters
-the final answer and appends actions held for the user.
+A run owns its state: the loop starts it (`start_run`), keeps it on `CallContext.policy_state`
+and dumps it into the run's RunState; the policy keeps no copy. For an executor driven by hand
+(calls without a policy state), states are kept by run id (`begin_run(run_id, prompt, user)`,
+`state(run_id)`), at most `max_runs`. `finish_run(state, answer)` filters the final answer and
+appends actions held for the user.
 """
 
 from __future__ import annotations
@@ -241,10 +243,19 @@ class SafetyPolicy:
 
     def start_run(self, run_id: str, user: str | None, user_texts: Iterable[str] = (),
                   tool_outputs: Iterable[str] = ()) -> RunState:
-        """The per-run state the run owns (the loop puts it on `CallContext.policy_state`). A run id
-        seen before (`begin_run`, or an earlier run continued under its id) continues its state;
-        tool outputs of earlier turns count as untrusted: the policy never saw where they came from."""
-        state = self.begin_run(run_id, list(user_texts), user)
+        """A new run's state, owned by the run alone (the loop keeps it on `CallContext.policy_state`
+        and dumps it into the run's RunState): the policy keeps no copy, so a thousand runs leave
+        nothing behind and a run id used again starts clean. A run continues its state only through
+        its RunState (`state=`). Tool outputs of earlier turns count as untrusted: the policy never
+        saw where they came from. A state prepared with `begin_run` under this id is taken over (and
+        no longer kept by the policy)."""
+        state = self._runs.pop(run_id, None) or RunState(run_id, user)
+        if user is not None:
+            state.user = user
+        for text in user_texts:
+            if text:
+                state.prov.add_user(text)
+                state.has_prompt = True
         for text in tool_outputs:
             state.prov.add_output(str(text), trusted=False, source="(earlier turns)")
         return state
@@ -279,7 +290,9 @@ class SafetyPolicy:
                                          "call_id": call_id}
 
     def state(self, run_id: str) -> RunState | None:
-        """The state of a run this policy started recently (for inspection; the run owns it)."""
+        """The state of a run driven through the executor by hand (`begin_run`, or calls without a
+        policy state on their context). A loop run's state is its own: `result.state.policy`,
+        `result.tainted`."""
         return self._runs.get(run_id)
 
     def end_run(self, run_id: str) -> None:
