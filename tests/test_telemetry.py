@@ -184,3 +184,37 @@ def test_the_cli_exports_to_the_otlp_endpoint_in_the_environment(tmp_path: Path)
             names += [s.name for scope in resource_spans.scope_spans for s in scope.spans]
     assert sorted(n.split()[0] for n in names) == ["chat", "chat", "execute_tool", "invoke_agent"], names
     assert "execute_tool calculator" in names and services == {"tether-test"}
+
+
+def test_an_agent_served_over_mcp_joins_the_callers_trace(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """The MCP client puts the tool call's trace context in the request's _meta; tether's MCP server
+    (another process, exporting over OTLP) runs the served agent under it."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="tether[otel] is not installed")
+    from fake_openai_server import FakeOpenAIServer, chat_completion
+    from mcp_servers.servers import env as child_env
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from tether.mcp import MCPToolset, parse_config
+
+    _Collector.bodies = []
+    collector = HTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        with FakeOpenAIServer([chat_completion("42")]) as model:
+            served = {"command": sys.executable,
+                      "args": ["-m", "tether", "mcp-serve", "--agent", "mathematician:calculator", "-w", str(tmp_path)],
+                      "env": child_env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url,
+                                       OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}"),
+                      "tether": {"connectTimeout": 60}}
+            with MCPToolset(parse_config({"mcpServers": {"m": served}})) as ts:
+                assert ts.failures == {}
+                Agent(ScriptedModel([call("m__mathematician", task="6 * 7?"), "42"]), tools=ts.tools).run("Ask.")
+            # the server exits with the toolset: its batch is flushed at exit
+    finally:
+        collector.shutdown()
+    caller = by_name(spans)["execute_tool m__mathematician"]
+    remote = [s for _, body in _Collector.bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+              for scope in rs.scope_spans for s in scope.spans if s.name == "invoke_agent"]
+    assert len(remote) == 1, _Collector.bodies
+    assert int.from_bytes(remote[0].trace_id, "big") == caller.context.trace_id
+    assert int.from_bytes(remote[0].parent_span_id, "big") == caller.context.span_id

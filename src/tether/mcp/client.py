@@ -41,6 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether.errors import TetherError
+from tether.events import OBSERVERS
 from tether.loop import PARENT_KEY, ParentRun
 from tether.mcp.config import ServerConfig
 from tether.mcp.convert import annotations_of, effect_of, result_text
@@ -403,6 +404,10 @@ class MCPToolset:
             carved = budget.carve(0.5) if budget is not None else (None, None)
             if meta is not None and budget is not None:
                 meta[BUDGET_META] = {"max_tokens": carved[0], "max_cost_usd": carved[1]}
+            if meta is not None and OBSERVERS:  # telemetry on: the server's spans join this call's trace
+                from tether.telemetry.otel import trace_carrier
+
+                meta.update(trace_carrier(_tether_context.run_id, _tether_context.call_id))
             used = Usage()
             try:
                 result = await portal.arun(conn.call(name, arguments, meta))

@@ -23,6 +23,7 @@ from mcp.server.lowlevel import Server
 
 from tether._delegation import BUDGET_OFFER_KEY, USAGE_SINK_KEY
 from tether.agent import Agent
+from tether.events import OBSERVERS
 from tether.mcp.client import BUDGET_META, USAGE_META
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Executor
@@ -81,7 +82,18 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
         offer = _budget_offer(params.meta)
         if offer is not None:
             extra[BUDGET_OFFER_KEY] = offer
-        result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user, extra=extra))
+        token = None
+        if OBSERVERS:  # telemetry on: a caller's trace context in _meta parents this call's spans
+            from tether.telemetry.otel import attached_from
+
+            token = attached_from(params.meta)
+        try:
+            result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user, extra=extra))
+        finally:
+            if token is not None:
+                from tether.telemetry.otel import detach
+
+                detach(token)
         # what an agent tool's run spent, for a tether client to charge to its own run's budget
         meta = {USAGE_META: {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens,
                              "cost_usd": used.cost_usd, "model_calls": used.model_calls}} if used.model_calls else None

@@ -177,6 +177,45 @@ def _run_root(run_id: str) -> Any:
 _active: OtelObserver | None = None
 
 
+def trace_carrier(run_id: str, call_id: str) -> dict[str, str]:
+    """W3C trace context (`traceparent`, `tracestate`) of a tool call's span while it runs, for a
+    request to another process (tether's MCP client puts it in the request's `_meta`); {} when
+    telemetry is off or the call has no span."""
+    observer = _active
+    if observer is None:
+        return {}
+    with observer._lock:
+        run = observer._runs.get(run_id)
+        span = run.tools.get(call_id) if run is not None else None
+    if span is None:
+        return {}
+    from opentelemetry.trace import set_span_in_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
+    return carrier
+
+
+def attached_from(carrier: object) -> object | None:
+    """Make the trace context in `carrier` (a request's `_meta`) current; a token for `detach`, or
+    None when there is none or telemetry is off (then nothing is imported)."""
+    if _active is None or not isinstance(carrier, dict) or "traceparent" not in carrier:
+        return None
+    from opentelemetry import context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    found = TraceContextTextMapPropagator().extract({k: v for k, v in carrier.items() if isinstance(v, str)})
+    return context.attach(found)
+
+
+def detach(token: object | None) -> None:
+    if token is not None:
+        from opentelemetry import context
+
+        context.detach(token)  # type: ignore[arg-type]
+
+
 def instrument(tracer_provider: Any = None, *, capture_content: bool | None = None) -> OtelObserver:
     """Send every run's events to OpenTelemetry as spans (replacing an earlier `instrument`)."""
     global _active
