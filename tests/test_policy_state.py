@@ -190,3 +190,49 @@ def test_thousands_of_runs_through_one_agent_leave_no_state_behind() -> None:
     assert result.tainted and p._runs == {}
     grown = sum(s.size_diff for s in after.compare_to(before, "filename") if "tether" in s.traceback[0].filename)
     assert grown < 1_000_000, grown  # flat: before, the policy's map alone grew by ~26 KB a run
+
+
+CONTINUE_IN_A_FRESH_PROCESS = """
+import json, sys
+from tether import Agent
+from tether.models.scripted import ScriptedModel, call
+from tether.store import RunStore
+from tether.types import RunState
+
+state = RunState.from_json(open(sys.argv[1]).read())
+handle = sys.argv[2]
+model = ScriptedModel([call("read_result", handle=handle, offset=9000), "done"])
+result = Agent(model, results=RunStore(sys.argv[3])).run("What is at the end?", state=state)
+print(json.dumps([m.content for m in result.messages if m.role == "tool"][-1]))
+"""
+
+
+def test_a_run_continued_on_a_fresh_process_pages_its_capped_result(tmp_path) -> None:
+    """Issue 25: capped results lived in one executor's temporary file, so `state=` on a fresh Agent
+    said "no stored result under handle"; with `results=RunStore(...)` any process can page them."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tether import Agent
+    from tether.models.scripted import ScriptedModel, call
+    from tether.store import RunStore
+    from tether.tools.base import tool
+
+    @tool(effect="read_only")
+    def report() -> str:
+        """The quarterly report."""
+        return "row " * 2500 + "THE END: margin 12%"
+
+    db = str(tmp_path / "runs.db")
+    first = Agent(ScriptedModel([call("report"), "read"]), tools=[report], results=RunStore(db)).run("Report?")
+    handle = re.search(r'handle="(r_[0-9a-f]+)"', first.messages[2].content)[1]
+    (tmp_path / "state.json").write_text(first.state.to_json())
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", CONTINUE_IN_A_FRESH_PROCESS, str(tmp_path / "state.json"), handle, db],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "THE END: margin 12%" in json.loads(done.stdout)

@@ -26,7 +26,7 @@ from tether.models.pricing import Pricing
 from tether.output import OutputRun, OutputType
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
-from tether.tools.results import DEFAULT_MAX_RESULT_CHARS
+from tether.tools.results import DEFAULT_MAX_RESULT_CHARS, Results
 from tether.types import Message, RunResult, RunState, TraceEvent, Usage
 
 OutputT = TypeVar("OutputT", default=str)
@@ -58,6 +58,9 @@ class Agent(Generic[OutputT]):
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     tool_timeout: float | None = 120.0
     executor: Executor | None = None
+    # where capped results are kept: a temporary file of this process by default; a RunStore (any
+    # process, any Agent) lets a run continued from its state on another process page them
+    results: Results | None = None
     durable: Any = None  # tether.durable.Durable (or a database path/URL): every step checkpointed
     name: str = "agent"  # identifies this agent's durable runs, so a restarted process can recover them
     output_type: type[OutputT] | None = None
@@ -75,7 +78,7 @@ class Agent(Generic[OutputT]):
             self.policy = SafetyPolicy()
         if self.executor is None:
             self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
-                                     default_timeout=self.tool_timeout,
+                                     default_timeout=self.tool_timeout, results=self.results,
                                      max_workers=max(8, self.limits.max_parallel_tools))
         if self.durable is not None:
             from tether.durable import attach  # only durable agents import DBOS
