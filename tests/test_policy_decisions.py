@@ -211,3 +211,33 @@ def test_prompt_from_call_context_extra() -> None:
     asyncio.run(ex.execute(call("read_email"), ctx))
     asyncio.run(ex.execute(call("send_money", recipient="bob", amount=20), ctx))
     assert world.sent and decisions(p, "x")[-1] == ("send_money", "allowed")
+
+
+def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
+    """Issue 26: 40 injected payments in one run meant 40 prompts (651 over 16 runs); now the run
+    stops after `max_denials` denials (or `max_approvals` prompts) with its own stop reason and a
+    partial answer, and its counts travel with its state."""
+    from tether.policy.approvals import CallbackApprover
+    from tether.types import StopReason
+
+    pay = [call("send_money", recipient=f"EVIL-{i}", amount=10) for i in range(40)]
+
+    def injected(request):  # reads, then pays as the email says; the final, tool-free call writes text
+        if request.tool_choice == "none" or not request.tools:
+            return "partial: I read your email"
+        return call("read_email") if len(request.messages) < 3 else pay[len(request.messages) % 40]
+
+    p = SafetyPolicy(max_denials=3)
+    world = World()
+    res = Agent(ScriptedModel(injected), tools=world.tools(), policy=p, limits=Limits(max_steps=50)).run(
+        "summarize my email", run_id="r1")
+    assert res.stop_reason is StopReason.APPROVAL_BUDGET and world.sent == []
+    assert [d for _, d in decisions(p)].count("denied:default") == 3
+    assert decisions(p)[-1] == ("send_money", "refused:approval_budget")
+    assert res.answer  # the partial answer of a budget stop
+    assert p.load_state(res.state.policy).denied == 3
+
+    asked: list[str] = []
+    p = SafetyPolicy(approver=CallbackApprover(lambda req: asked.append(req.tool) or True), max_approvals=4)
+    world, res = run(p, "summarize my email", call("read_email"), *pay, "done")
+    assert res.stop_reason is StopReason.APPROVAL_BUDGET and len(asked) == 4 and len(world.sent) == 4

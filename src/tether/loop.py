@@ -45,6 +45,7 @@ from tether.models.pricing import Pricing
 from tether.tools.executor import CallContext, Executor, ToolStepFn
 from tether.tools.results import HANDLES_KEY
 from tether.types import (
+    APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
     Message,
     ModelReply,
@@ -614,6 +615,8 @@ async def _run_tools(
 
     if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
         stop = StopReason.AWAITING_APPROVAL
+    if stop is None and any(r is not None and r.decision == APPROVAL_BUDGET_DECISION for r in results):
+        stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
     return stop
 
 

@@ -31,10 +31,15 @@ class StopReason(enum.StrEnum):
     COST_BUDGET = "cost_budget"
     TOOL_CALL_BUDGET = "tool_call_budget"
     LOOP_DETECTED = "loop_detected"
+    APPROVAL_BUDGET = "approval_budget"  # the safety policy asked for approval, or was denied, too often
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
     OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
     ERROR = "error"
+
+
+# A tool call's decision that ends its run with StopReason.APPROVAL_BUDGET (a policy's refusal)
+APPROVAL_BUDGET_DECISION = "refused:approval_budget"
 
 
 class Effect(enum.StrEnum):

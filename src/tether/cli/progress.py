@@ -46,6 +46,7 @@ BUDGET_STOPS = {
     StopReason.COST_BUDGET: "the cost budget",
     StopReason.TOOL_CALL_BUDGET: "the tool-call budget",
     StopReason.LOOP_DETECTED: "a repeated tool call",
+    StopReason.APPROVAL_BUDGET: "the approval budget",
 }
 
 

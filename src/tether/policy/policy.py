@@ -38,7 +38,7 @@ from tether.policy.output_filter import Finding, filter_output, scan
 from tether.policy.provenance import SAFE_ORIGINS, Origin, Provenance, is_money, words
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Verdict
-from tether.types import Effect, ToolCall, ToolResult
+from tether.types import APPROVAL_BUDGET_DECISION, Effect, ToolCall, ToolResult
 
 NOTE_PREFIX = "[tether] "  # how the label note after a turn's results begins
 FREE_TEXT_WORDS = 3  # a risk-free argument's value of fewer words (a date, an id) is checked anyway
@@ -137,6 +137,8 @@ class RunState:
     written_paths: set[str] = field(default_factory=set)  # files written after taint from others' content
     labels: dict[str, str] = field(default_factory=dict)  # call id -> tool, untrusted results of this turn
     secrets: set[str] = field(default_factory=set)  # secret-looking values the run's tool results held
+    asked: int = 0  # approvals asked of a person or an approver in this run
+    denied: int = 0  # of them, denied
 
     @property
     def tainted(self) -> bool:
@@ -150,7 +152,7 @@ class RunState:
             "approved": sorted(self.approved), "done": sorted(self.done), "trusted_handles": sorted(self.trusted_handles),
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
-            "secrets": sorted(self.secrets),
+            "secrets": sorted(self.secrets), "asked": self.asked, "denied": self.denied,
         }
 
     @classmethod
@@ -172,6 +174,7 @@ class RunState:
             written_paths={str(p) for p in data.get("written_paths", ())},
             labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
             secrets={str(v) for v in data.get("secrets", ())},
+            asked=int(data.get("asked", 0)), denied=int(data.get("denied", 0)),
         )
 
 
@@ -199,6 +202,8 @@ class SafetyPolicy:
         user_anchor: bool = True,
         clock: Callable[[], float] = time.monotonic,
         max_runs: int = 10_000,
+        max_approvals: int | None = 20,
+        max_denials: int | None = 5,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -220,6 +225,9 @@ class SafetyPolicy:
         self.user_anchor = user_anchor
         self.clock = clock
         self.max_runs = max_runs
+        # a run that keeps asking (40 injected payments: 651 prompts over 16 runs) ends instead
+        self.max_approvals = max_approvals
+        self.max_denials = max_denials
         self._runs: OrderedDict[str, RunState] = OrderedDict()
         # ids of tainted runs whose state was evicted: if such a run comes back it starts tainted
         self._evicted_tainted: OrderedDict[str, None] = OrderedDict()
@@ -544,8 +552,18 @@ class SafetyPolicy:
             stamp = (stamps, self.clock())
             stamps.append(stamp[1])
         decision, by = "allowed", ""
+        if ask and (spent := self._approval_budget_spent(state)):
+            state.calls[tool.name] -= 1
+            if stamp is not None:
+                with contextlib.suppress(ValueError):
+                    stamp[0].remove(stamp[1])
+            return self._refuse(state, tool, call, args, prov, effect, ctx, APPROVAL_BUDGET_DECISION,
+                                f"{spent}; the run stops here. Needed because {'; '.join(ask)}.")
         if ask:
             answer = await self._ask(state, tool, args, prov, effect, "; ".join(ask), call, ctx)
+            if answer.status != "pending":
+                state.asked += 1
+                state.denied += not answer.approved
             if not answer.approved:
                 state.calls[tool.name] -= 1
                 if stamp is not None:
@@ -569,6 +587,13 @@ class SafetyPolicy:
         state.pending[call.id] = _Pending(args, prov, effect.value, decision, by, "; ".join(ask), ctx.step,
                                           written)
         return Verdict("allow", "", decision)
+
+    def _approval_budget_spent(self, state: RunState) -> str | None:
+        if self.max_denials is not None and state.denied >= self.max_denials:
+            return f"this run was denied approval {state.denied} times (at most {self.max_denials})"
+        if self.max_approvals is not None and state.asked >= self.max_approvals:
+            return f"this run asked for approval {state.asked} times (at most {self.max_approvals})"
+        return None
 
     def _rate_limited(self, state: RunState, cap: Capability, tool: Tool) -> str | None:
         if cap.per_run is not None and state.calls[tool.name] >= cap.per_run:
