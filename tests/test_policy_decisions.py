@@ -241,3 +241,13 @@ def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
     p = SafetyPolicy(approver=CallbackApprover(lambda req: asked.append(req.tool) or True), max_approvals=4)
     world, res = run(p, "summarize my email", call("read_email"), *pay, "done")
     assert res.stop_reason is StopReason.APPROVAL_BUDGET and len(asked) == 4 and len(world.sent) == 4
+
+
+def test_a_host_that_only_casefolds_to_the_users_is_not_the_users() -> None:
+    """Issue 26: `www.straße-news.com` matched the user's `www.strasse-news.com` after casefolding
+    ("ß" -> "ss"), though they are different registrable domains (xn--strae-news-... vs strasse-news)."""
+    p = SafetyPolicy()
+    _, _res = run(p, "fetch https://www.strasse-news.com/today",
+                  call("fetch", url="https://www.strasse-news.com/today"),
+                  call("fetch", url="https://www.straße-news.com/today"), "ok")
+    assert [d for _, d in decisions(p)] == ["allowed", "denied:default"]

@@ -60,8 +60,10 @@ _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_/.@+]{4,}[A-Za-z0-9]")
 def _norm(text: str) -> str:
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
-    # split() breaks on exactly the characters regex \s matches: each whitespace run becomes one space
-    return " ".join(text.casefold().split())
+    # split() breaks on exactly the characters regex \s matches: each whitespace run becomes one space.
+    # lower(), not casefold(): casefold maps "ß" to "ss", making www.straße-news.com the user's
+    # www.strasse-news.com, another domain (matching less is the safe direction)
+    return " ".join(text.lower().split())
 
 
 _SQUASH = re.compile(r"[\W_]+")
