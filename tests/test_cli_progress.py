@@ -17,6 +17,7 @@ EXPECTED = {
     StopReason.COST_BUDGET: 3,
     StopReason.TOOL_CALL_BUDGET: 3,
     StopReason.LOOP_DETECTED: 3,
+    StopReason.APPROVAL_BUDGET: 3,
     StopReason.AWAITING_APPROVAL: 4,
     StopReason.CANCELLED: 130,
 }

@@ -54,8 +54,10 @@ def test_a_swapping_bash_and_parallel_file_calls_in_one_turn(tmp_path: Path) -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_"))}
     with FakeOpenAIServer(script) as server:
         env.update(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url)
+        # --yes: every write after the Bash result (which taints) runs, so all 700 meet the swapping
+        # link (without it they are denied, and the run stops at its approval budget after 5)
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "tidy up", "--workspace", str(ws),
-                               "--max-seconds", "120"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                               "--max-seconds", "120", "--yes"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=180)
         bodies = [r.body for r in server.requests]
     assert proc.returncode == 0, proc.stderr

@@ -242,6 +242,12 @@ def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
     world, res = run(p, "summarize my email", call("read_email"), *pay, "done")
     assert res.stop_reason is StopReason.APPROVAL_BUDGET and len(asked) == 4 and len(world.sent) == 4
 
+    from tether.policy.approvals import AutoApprove  # --yes asks nobody: no budget to spend
+
+    p = SafetyPolicy(approver=AutoApprove(), max_approvals=4)
+    world, res = run(p, "summarize my email", call("read_email"), *pay[:10], "done")
+    assert res.stop_reason is StopReason.COMPLETED and len(world.sent) == 10
+
 
 def test_a_host_that_only_casefolds_to_the_users_is_not_the_users() -> None:
     """Issue 26: `www.straße-news.com` matched the user's `www.strasse-news.com` after casefolding

@@ -63,7 +63,10 @@ class DenyAll:
 
 
 class AutoApprove:
-    """Approves everything (the CLI's `--yes`). Still audited, with `by`."""
+    """Approves everything (the CLI's `--yes`). Still audited, with `by`. Asks no person, so its
+    answers do not count toward a run's approval budget (`SafetyPolicy(max_approvals=)`)."""
+
+    asks_a_person = False
 
     def __init__(self, by: str = "auto(--yes)") -> None:
         self.by = by

@@ -562,7 +562,7 @@ class SafetyPolicy:
         if ask:
             answer = await self._ask(state, tool, args, prov, effect, "; ".join(ask), call, ctx)
             if answer.status != "pending":
-                state.asked += 1
+                state.asked += getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
                 state.denied += not answer.approved
             if not answer.approved:
                 state.calls[tool.name] -= 1
