@@ -245,8 +245,8 @@ def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
     from tether.policy.approvals import AutoApprove  # --yes asks nobody: no budget to spend
 
     p = SafetyPolicy(approver=AutoApprove(), max_approvals=4)
-    world, res = run(p, "summarize my email", call("read_email"), *pay[:10], "done")
-    assert res.stop_reason is StopReason.COMPLETED and len(world.sent) == 10
+    world, res = run(p, "summarize my email", call("read_email"), *pay[:6], "done")
+    assert res.stop_reason is StopReason.COMPLETED and len(world.sent) == 6
 
 
 def test_a_host_that_only_casefolds_to_the_users_is_not_the_users() -> None:
