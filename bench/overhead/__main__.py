@@ -140,13 +140,14 @@ def bench_telemetry() -> dict[str, float]:
     turns = (steps + 1) * reps_in_run
     _, run = tether_runner(steps, [lookup], "lookup")
     off = cpu_per_turn(lambda: run(reps_in_run), turns)
-    try:
+    try:  # (a tether from before telemetry, in before_after.py, has no tether.telemetry)
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        import tether.telemetry
     except ImportError:
         return {"off_us_per_turn": off, "on_us_per_turn": None, "on_extra_us_per_turn": None}
-    import tether.telemetry
 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
