@@ -292,15 +292,9 @@ def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int
     for r in rows:
         table.add_row(*_stat_cells(r))
     if len(rows) > 1:
-        total = UsageRow("total", runs=sum(r.runs for r in rows) if by in ("day", "agent", "run") else 0)
+        total = UsageRow("total")
         for r in rows:
-            total.model_calls += r.model_calls
-            total.input_tokens += r.input_tokens
-            total.cached_input_tokens += r.cached_input_tokens
-            total.output_tokens += r.output_tokens
-            total.cost_usd += r.cost_usd
-            total.tool_calls += r.tool_calls
-            total.tool_errors += r.tool_errors
+            total.add(r)
         table.add_row(*_stat_cells(total, runs=by in ("day", "agent", "run")), style="bold")
     console = Console(highlight=False)
     if not console.is_terminal:

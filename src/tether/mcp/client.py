@@ -479,14 +479,21 @@ BUDGET_META = "tether/budget"  # in the request: {max_tokens, max_cost_usd} the 
 USAGE_META = "tether/usage"  # in the result: what the call spent on models (Usage's fields)
 
 
+_USAGE_FIELDS = ("input_tokens", "output_tokens", "cost_usd", "model_calls")
+
+
+def usage_to_meta(used: Usage) -> dict[str, Any]:
+    """A result's _meta reporting `used` (what `usage_from_meta` reads)."""
+    return {USAGE_META: {f: getattr(used, f) for f in _USAGE_FIELDS}}
+
+
 def usage_from_meta(meta: Any) -> Usage:
     """The usage a result's _meta reports under USAGE_META (zero when absent or malformed: a server
     cannot make a call cost less than nothing, nor break the call by reporting badly)."""
     got = meta.get(USAGE_META) if isinstance(meta, dict) else None
     if not isinstance(got, dict):
         return Usage()
-    fields = ("input_tokens", "output_tokens", "cost_usd", "model_calls")
-    values = {f: got.get(f, 0) for f in fields}
+    values = {f: got.get(f, 0) for f in _USAGE_FIELDS}
     if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values.values()):
         return Usage()
     return Usage(input_tokens=int(values["input_tokens"]), output_tokens=int(values["output_tokens"]),

@@ -24,7 +24,7 @@ from mcp.server.lowlevel import Server
 from tether._delegation import BUDGET_OFFER_KEY, USAGE_SINK_KEY
 from tether.agent import Agent
 from tether.events import OBSERVERS
-from tether.mcp.client import BUDGET_META, USAGE_META
+from tether.mcp.client import BUDGET_META, usage_to_meta
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Executor
 from tether.types import Effect, ToolCall, Usage
@@ -95,8 +95,7 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
 
                 detach(token)
         # what an agent tool's run spent, for a tether client to charge to its own run's budget
-        meta = {USAGE_META: {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens,
-                             "cost_usd": used.cost_usd, "model_calls": used.model_calls}} if used.model_calls else None
+        meta = usage_to_meta(used) if used.model_calls else None
         return mt.CallToolResult(content=[mt.TextContent(text=result.content)], is_error=result.is_error, meta=meta)
 
     from tether import __version__

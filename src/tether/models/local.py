@@ -48,6 +48,7 @@ from tether.models._text_common import id_maker
 from tether.models._world import resolve_values, result_quotes
 from tether.models.base import ModelError, stream_by_completing
 from tether.output import final_tool
+from tether.tokens import EstimateCounter
 from tether.types import NOTE_NAME, Message, ModelReply, ModelRequest, TextDelta, ToolSpec, Usage
 
 INSTALL_HINT = (
@@ -158,8 +159,7 @@ class _Engine:
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         out = self.server.handle_chat_completions(body)
         if isinstance(out, dict) and "error" in out:
-            message = out["error"].get("message", out["error"]) if isinstance(out["error"], dict) else out["error"]
-            raise ValueError(str(message))
+            raise ValueError(_error_text(out["error"]))
         return out
 
     def chat_until_loop(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -169,10 +169,11 @@ class _Engine:
         finish: list[str] = []
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
-        pieces: list[int] = []
+        pieces = 0
         errors: list[Any] = []
 
         def on_chunk(chunk: Any) -> bool:
+            nonlocal pieces
             if not isinstance(chunk, dict):
                 return False
             if "error" in chunk:
@@ -181,7 +182,7 @@ class _Engine:
             usage.update(chunk.get("usage") or {})
             timings.update(chunk.get("timings") or {})
             for choice in chunk.get("choices") or ():
-                pieces.append(1)
+                pieces += 1
                 if choice.get("finish_reason"):
                     finish.append(choice["finish_reason"])
                 if guard.feed((choice.get("delta") or {}).get("content") or ""):
@@ -193,11 +194,11 @@ class _Engine:
         if isinstance(out, dict) and "error" in out:
             errors.append(out["error"])
         if errors:
-            error = errors[0]
-            raise ValueError(str(error.get("message", error) if isinstance(error, dict) else error))
-        if not usage:  # stopped before the last chunk: a piece is a token; the prompt by its length
-            prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages", ()))
-            usage = {"prompt_tokens": prompt // 4, "completion_tokens": len(pieces)}
+            raise ValueError(_error_text(errors[0]))
+        if not usage:  # stopped before the last chunk: a piece is a token; the prompt estimated
+            counter = EstimateCounter()
+            prompt = sum(counter.count(str(m.get("content") or "")) for m in body.get("messages", ()))
+            usage = {"prompt_tokens": prompt, "completion_tokens": pieces}
         reason = "stop" if guard.cut is not None else (finish[-1] if finish else "stop")
         return {"choices": [{"message": {"content": guard.result()}, "finish_reason": reason}], "usage": usage,
                 "timings": timings}
@@ -206,6 +207,11 @@ class _Engine:
         with contextlib.suppress(Exception):
             del self.server
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _error_text(error: Any) -> str:
+    """The message of an error llama.cpp's server returned (a dict with "message", or anything)."""
+    return str(error.get("message", error) if isinstance(error, dict) else error)
 
 
 _LOADED: dict[tuple[str, int, int], _Engine] = {}

@@ -62,17 +62,24 @@ def split_windows(embedder: Embedder, text: str, window: int, stride: int) -> li
         start += stride
 
 
+def window_pieces(embedder: Embedder, texts: Sequence[str], window: int, stride: int,
+                  offset: int = 0) -> tuple[list[str], list[int]]:
+    """The windows of every text (see `split_windows`) and, for each, its text's index plus `offset`."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, t in enumerate(texts, offset):
+        ws = split_windows(embedder, t, window, stride)
+        pieces += ws
+        owner += [i] * len(ws)
+    return pieces, owner
+
+
 def embed_windows(
     embedder: Embedder, texts: Sequence[str], window: int = WINDOW, stride: int = STRIDE
 ) -> tuple[np.ndarray, np.ndarray]:
     """Window vectors of every text longer than `window` pieces, and the text each belongs to
     (`owner`, ascending)."""
-    pieces: list[str] = []
-    owner: list[int] = []
-    for i, t in enumerate(texts):
-        ws = split_windows(embedder, t, window, stride)
-        pieces += ws
-        owner += [i] * len(ws)
+    pieces, owner = window_pieces(embedder, texts, window, stride)
     vectors = embedder.embed(pieces) if pieces else np.zeros((0, embedder.dim), dtype=np.float32)
     return np.asarray(vectors, dtype=np.float32), np.asarray(owner, dtype=np.int64)
 
@@ -130,12 +137,7 @@ class DenseRetriever:
             windows, owner = self.embed_windows(texts)
             self.set_vectors(self.embedder.embed(texts), windows=windows, owner=owner)
             return
-        pieces: list[str] = []
-        owners: list[int] = []
-        for i, t in enumerate(texts):
-            ws = split_windows(self.embedder, t, self.window, self.stride)
-            pieces += ws
-            owners += [i] * len(ws)
+        pieces, owners = window_pieces(self.embedder, texts, self.window, self.stride)
         todo = texts + pieces
         out = np.zeros((len(todo), self.embedder.dim), dtype=np.float32)
         order = np.argsort([len(t) for t in todo], kind="stable")  # similar lengths pad less

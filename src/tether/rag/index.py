@@ -43,7 +43,7 @@ import numpy as np
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, split_windows
+from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, window_pieces
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 from tether.rag.settings import BEST
@@ -624,11 +624,8 @@ def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0, progress: P
         progress(0, len(texts))
     for start in range(0, len(texts), batch):
         part = texts[start : start + batch]
-        pieces: list[str] = []
-        for i, t in enumerate(part, start):
-            ws = split_windows(dense.embedder, t, dense.window, dense.stride)
-            pieces += ws
-            owner += [i] * len(ws)
+        pieces, owners = window_pieces(dense.embedder, part, dense.window, dense.stride, start)
+        owner += owners
         todo = part + pieces
         out = cache.embed(dense.embedder, todo) if cache is not None else dense.embedder.embed(todo)
         vectors[start : start + len(part)] = out[: len(part)]

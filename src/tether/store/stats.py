@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tether.store.sql import RunStore
@@ -27,6 +27,11 @@ class UsageRow:
     tool_calls: int = 0
     tool_errors: int = 0
 
+    def add(self, other: UsageRow) -> None:
+        """Add `other`'s counts (its key aside)."""
+        for f in fields(self)[1:]:
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
 
 def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
                 user: str | None = None) -> list[UsageRow]:
@@ -45,14 +50,10 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
                 f"SELECT run_id, agent, created_at, usage FROM tether_runs WHERE {clause}", params):
             key = {"day": time.strftime("%Y-%m-%d", time.gmtime(created)), "agent": agent, "run": run_id}[by]
             u = _json(usage)
-            row = rows.setdefault(key, UsageRow(key))
-            row.runs += 1
-            row.model_calls += int(u.get("model_calls", 0))
-            row.input_tokens += int(u.get("input_tokens", 0))
-            row.cached_input_tokens += int(u.get("cached_input_tokens", 0))
-            row.output_tokens += int(u.get("output_tokens", 0))
-            row.cost_usd += float(u.get("cost_usd", 0.0))
-            row.tool_calls += int(u.get("tool_calls", 0))
+            rows.setdefault(key, UsageRow(key)).add(UsageRow(
+                key, runs=1, model_calls=int(u.get("model_calls", 0)), input_tokens=int(u.get("input_tokens", 0)),
+                cached_input_tokens=int(u.get("cached_input_tokens", 0)), output_tokens=int(u.get("output_tokens", 0)),
+                cost_usd=float(u.get("cost_usd", 0.0)), tool_calls=int(u.get("tool_calls", 0))))
     else:
         kind = "model_call" if by == "model" else "tool_call"
         seen: dict[str, set[str]] = {}
