@@ -257,3 +257,27 @@ def test_a_host_that_only_casefolds_to_the_users_is_not_the_users() -> None:
                   call("fetch", url="https://www.strasse-news.com/today"),
                   call("fetch", url="https://www.straße-news.com/today"), "ok")
     assert [d for _, d in decisions(p)] == ["allowed", "denied:default"]
+
+
+def test_the_approval_budget_holds_for_the_parallel_calls_of_one_turn() -> None:
+    """Ten payments in one turn, each waiting on an approver that answers after a pause: the budget
+    is reserved before the wait, so three are asked and denied and seven refused (before: all ten
+    were asked, since each passed the check before any answer came back)."""
+    import asyncio
+
+    from tether.policy.approvals import ApprovalDecision
+    from tether.types import ModelReply, StopReason
+
+    class SlowDeny:
+        async def request(self, req):
+            await asyncio.sleep(0.01)
+            return ApprovalDecision("denied", "slow")
+
+    p = SafetyPolicy(approver=SlowDeny(), max_denials=3)
+    turn = ModelReply("", [call("send_money", recipient=f"EVIL-{i}", amount=10) for i in range(10)])
+    world = World()
+    res = Agent(ScriptedModel([call("read_email"), turn, "partial"]), tools=world.tools(), policy=p,
+                limits=Limits(max_steps=10, max_parallel_tools=10)).run("summarize my email", run_id="r1")
+    got = [d for _, d in decisions(p)]
+    assert res.stop_reason is StopReason.APPROVAL_BUDGET and world.sent == []
+    assert got.count("denied:slow") == 3 and got.count("refused:approval_budget") == 7, got

@@ -560,10 +560,14 @@ class SafetyPolicy:
             return self._refuse(state, tool, call, args, prov, effect, ctx, APPROVAL_BUDGET_DECISION,
                                 f"{spent}; the run stops here. Needed because {'; '.join(ask)}.")
         if ask:
+            # reserved as a denied prompt before the await (as the rate limits are), so concurrent
+            # calls of one turn cannot all pass the approval budget; settled by the answer
+            state.asked += 1
+            state.denied += 1
             answer = await self._ask(state, tool, args, prov, effect, "; ".join(ask), call, ctx)
-            if answer.status != "pending":
-                state.asked += getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
-                state.denied += not answer.approved
+            pending = answer.status == "pending"
+            state.asked -= pending or not getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
+            state.denied -= pending or answer.approved
             if not answer.approved:
                 state.calls[tool.name] -= 1
                 if stamp is not None:
