@@ -149,6 +149,19 @@ def test_windows_follow_their_chunks_through_incremental_changes(tmp_path):
         assert np.allclose(windows, expected)
 
 
+def test_a_windowed_text_is_embedded_only_as_its_windows_and_its_vector_is_their_mean():
+    from tether.rag.dense import embed_passages
+
+    emb = TruncatingEmbedder()
+    vectors, windows, owner = embed_passages(emb, [SHORT, LONG, OTHER], window=40, stride=20, offset=7)
+    assert emb.texts == 2 + 5  # SHORT and OTHER whole; LONG (102 words) as windows at 0, 20, 40, 60, 80
+    assert owner.tolist() == [8] * 5
+    mean = windows.mean(axis=0)
+    assert np.allclose(vectors[1], mean / np.linalg.norm(mean))
+    assert np.allclose(vectors[[0, 2]], emb.embed([SHORT, OTHER]))
+    assert vectors[1] @ emb.embed(["zebra stripes"])[0] > 0  # the mean sees the end the truncation hid
+
+
 def test_other_window_scheme_or_damaged_owner_file_re_embeds(tmp_path):
     emb = TruncatingEmbedder()
     with open_index(tmp_path / "ix", emb, window=40, stride=20) as idx:
@@ -157,13 +170,13 @@ def test_other_window_scheme_or_damaged_owner_file_re_embeds(tmp_path):
     with open_index(tmp_path / "ix", emb, window=30, stride=30) as idx:
         before = emb.texts
         idx.search("zebra", 1)
-        assert emb.texts - before == 1 + 1 + 4  # query, whole text, 4 windows of 30 (0, 30, 60, 90)
+        assert emb.texts - before == 1 + 4  # query, 4 windows of 30 (0, 30, 60, 90); no whole-text pass
         assert np.load(tmp_path / "ix" / "window_owner.npy").tolist() == [0] * 4
     np.save(tmp_path / "ix" / "window_owner.npy", np.array([0, 0], dtype=np.int64))  # out of step
     with open_index(tmp_path / "ix", emb) as idx:
         before = emb.texts
         idx.search("zebra", 1)
-        assert emb.texts - before == 1 + 1 + 4
+        assert emb.texts - before == 1 + 4
     with open_index(tmp_path / "ix", emb, window=0) as idx:  # windows off: one vector per chunk
         idx.search("zebra", 1)
         assert len(np.load(tmp_path / "ix" / "windows.npy")) == 0

@@ -2,7 +2,8 @@
 
 Cache: $TETHER_BENCH_CACHE or ~/.cache/tether-bench, one .npz per (collection texts, model,
 window scheme), holding whole-document vectors, window vectors with their owners, query vectors,
-and the seconds each took to embed.
+and the seconds each took to embed. Document vectors are handed out as an index stores them: a
+document with windows has the mean of its windows (dense.pool_windows).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tether.rag.dense import DenseRetriever
+from tether.rag.dense import DenseRetriever, pool_windows
 from tether.rag.evaluate import Collection
 
 
@@ -64,12 +65,13 @@ def collection_vectors(name: str, col: Collection, dense: DenseRetriever, *, use
     fw = cache_dir() / f"{name}-{base}-w{dense.windows_key.replace(':', '-')}.npz"
     if use_cache and fw.exists():
         z = np.load(fw)
-        return Vectors(docs, z["windows"], z["owner"], qv, doc_seconds, float(z["window_seconds"]), cached)
+        return Vectors(pool_windows(docs, z["windows"], z["owner"]), z["windows"], z["owner"], qv, doc_seconds,
+                       float(z["window_seconds"]), cached)
     t = time.perf_counter()
     windows, owner = dense.embed_windows(col.doc_texts)
     window_seconds = time.perf_counter() - t
     _save(fw, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
-    return Vectors(docs, windows, owner, qv, doc_seconds, window_seconds, False)
+    return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, False)
 
 
 def _key(*parts: str) -> str:

@@ -43,7 +43,7 @@ import numpy as np
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, window_pieces
+from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, embed_passages, piece_offsets
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 from tether.rag.settings import BEST
@@ -612,28 +612,23 @@ class _Vectors(NamedTuple):
 
 def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0, progress: Progress | None = None,
            cache: _EmbedCache | None = None, batch: int = 64) -> _Vectors:
-    """Embed `texts` whole and as windows; window owners are numbered from `offset`.
+    """Embed `texts` and their windows (dense.embed_passages); window owners are numbered from `offset`.
 
     Texts go to the embedder `batch` at a time (with their windows), each batch through `cache`
     when given (a stopped run resumes from its last batch); progress(done, total) counts texts."""
-    dim = dense.embedder.dim
-    vectors = np.zeros((len(texts), dim), dtype=np.float32)
-    windows: list[np.ndarray] = []
-    owner: list[int] = []
+    embedder: Embedder = dense.embedder if cache is None else cache.over(dense.embedder)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     if progress is not None:
         progress(0, len(texts))
     for start in range(0, len(texts), batch):
         part = texts[start : start + batch]
-        pieces, owners = window_pieces(dense.embedder, part, dense.window, dense.stride, start)
-        owner += owners
-        todo = part + pieces
-        out = cache.embed(dense.embedder, todo) if cache is not None else dense.embedder.embed(todo)
-        vectors[start : start + len(part)] = out[: len(part)]
-        windows.append(np.asarray(out[len(part) :], dtype=np.float32))
+        parts.append(embed_passages(embedder, part, dense.window, dense.stride, offset + start))
         if progress is not None:
             progress(start + len(part), len(texts))
-    return _Vectors(vectors, np.concatenate(windows) if windows else np.zeros((0, dim), dtype=np.float32),
-                    np.asarray(owner, dtype=np.int64) + offset)
+    if not parts:
+        parts.append(embed_passages(embedder, [], dense.window, dense.stride))
+    vectors, windows, owner = (np.concatenate(x) for x in zip(*parts, strict=True))
+    return _Vectors(vectors, windows, owner)
 
 
 class _EmbedCache:
@@ -642,6 +637,10 @@ class _EmbedCache:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+
+    def over(self, embedder: Embedder) -> _CachedEmbedder:
+        """`embedder` answering from (and writing to) this cache."""
+        return _CachedEmbedder(self, embedder)
 
     def embed(self, embedder: Embedder, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha256(f"{embedder.name}\0{t}".encode()).digest()[:16] for t in texts]
@@ -665,6 +664,20 @@ class _EmbedCache:
                 self.db.executemany("INSERT OR REPLACE INTO embed_cache(key, vec) VALUES (?, ?)",
                                     [(keys[i], new[j].tobytes()) for j, i in enumerate(missing)])
         return out
+
+
+class _CachedEmbedder:
+    """An embedder whose `embed` goes through an `_EmbedCache` (same name, size and word pieces)."""
+
+    def __init__(self, cache: _EmbedCache, embedder: Embedder) -> None:
+        self.cache, self.inner = cache, embedder
+        self.name, self.dim = embedder.name, embedder.dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.cache.embed(self.inner, list(texts))
+
+    def piece_offsets(self, text: str) -> list[tuple[int, int]]:
+        return piece_offsets(self.inner, text)
 
 
 def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
