@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,50 @@ def test_a_stopped_ingest_resumes_from_its_last_batch(tmp_path: Path) -> None:
         assert len(idx) == 300 and idx.search("topic3", k=1)[0].text.endswith("topic3 and more words")
     with sqlite3.connect(tmp_path / "ix" / "index.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM embed_cache").fetchone()[0] == 0  # cleared once stored
+
+
+class Gate(BagEmbedder):
+    """Waits on its `at`-th call until released: an ingest caught while it embeds."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def embed(self, texts):
+        if self.calls + 1 == self.at:
+            self.reached.set()
+            assert self.release.wait(120)
+        return super().embed(texts)
+
+
+def test_an_index_is_searchable_by_its_words_while_its_vectors_are_computed(tmp_path: Path) -> None:
+    texts = [(f"doc{i}", f"passage {i} about topic{i % 7} and more words") for i in range(300)]
+    gate = Gate(3)  # two batches of 64 embedded, then the ingest waits
+    writer = Index(tmp_path / "ix", embedder=gate)  # `best`: BM25 and dense fused
+    ingest = threading.Thread(target=writer.add_texts, args=(texts,))
+    ingest.start()
+    try:
+        assert gate.reached.wait(60)
+        reader = Index(tmp_path / "ix", embedder=BagEmbedder())
+        hits = reader.search("topic3", k=3)
+        assert len(hits) == 3 and all(h.text.endswith("topic3 and more words") for h in hits)
+        assert reader.answered_by == "bm25"
+        assert reader.vectors_pending and "being computed (128 of 300 passages)" in reader.vectors_pending
+        r = run(tmp_path / "home", "search", "topic3", "--index", str(tmp_path / "ix"), "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["retriever"] == "bm25" and "being computed" in out["note"] and len(out["hits"]) == 10
+        assert "answered by bm25 meanwhile" in " ".join(r.stderr.split())
+    finally:
+        gate.release.set()
+        ingest.join(120)
+    assert gate.texts == 300  # each passage embedded once
+    hits = reader.search("topic3", k=3)
+    assert reader.answered_by == "best" and reader.vectors_pending is None
+    assert all(h.text.endswith("topic3 and more words") for h in hits)
+    writer.close()
+    reader.close()
 
 
 def test_an_open_index_sees_what_another_writer_stored(tmp_path: Path) -> None:

@@ -149,17 +149,15 @@ def test_windows_follow_their_chunks_through_incremental_changes(tmp_path):
         assert np.allclose(windows, expected)
 
 
-def test_a_windowed_text_is_embedded_only_as_its_windows_and_its_vector_is_their_mean():
+def test_a_windowed_text_is_embedded_only_as_its_windows_and_its_vector_is_its_first():
     from tether.rag.dense import embed_passages
 
     emb = TruncatingEmbedder()
     vectors, windows, owner = embed_passages(emb, [SHORT, LONG, OTHER], window=40, stride=20, offset=7)
     assert emb.texts == 2 + 5  # SHORT and OTHER whole; LONG (102 words) as windows at 0, 20, 40, 60, 80
     assert owner.tolist() == [8] * 5
-    mean = windows.mean(axis=0)
-    assert np.allclose(vectors[1], mean / np.linalg.norm(mean))
+    assert np.allclose(vectors[1], windows[0]) and np.allclose(windows[0], emb.embed([filler(40)])[0])
     assert np.allclose(vectors[[0, 2]], emb.embed([SHORT, OTHER]))
-    assert vectors[1] @ emb.embed(["zebra stripes"])[0] > 0  # the mean sees the end the truncation hid
 
 
 def test_other_window_scheme_or_damaged_owner_file_re_embeds(tmp_path):
@@ -182,3 +180,13 @@ def test_other_window_scheme_or_damaged_owner_file_re_embeds(tmp_path):
         assert len(np.load(tmp_path / "ix" / "windows.npy")) == 0
         with pytest.raises(ValueError, match="stride"):
             Index(tmp_path / "iy", window=10, stride=11)
+
+
+def test_count_windows_counts_what_split_windows_makes():
+    from tether.rag.dense import count_windows
+
+    emb = TruncatingEmbedder()
+    texts = [filler(n) for n in (0, 1, 39, 40, 41, 59, 60, 61, 100, 333)]
+    for window, stride in ((40, 20), (40, 40), (40, 7), (1, 1), (0, 5)):
+        made = sum(len(split_windows(emb, t, window, stride)) for t in texts)
+        assert count_windows(emb, texts, window, stride) == made, (window, stride)

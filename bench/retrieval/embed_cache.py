@@ -3,7 +3,7 @@
 Cache: $TETHER_BENCH_CACHE or ~/.cache/tether-bench, one .npz per (collection texts, model,
 window scheme), holding whole-document vectors, window vectors with their owners, query vectors,
 and the seconds each took to embed. Document vectors are handed out as an index stores them: a
-document with windows has the mean of its windows (dense.pool_windows).
+document with windows has its first window's vector (dense.pool_windows).
 """
 
 from __future__ import annotations

@@ -85,15 +85,17 @@ def run(src: Path, names: list[str], data: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.retrieval.__main__ import data_dir
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--collections", default=",".join(COLLECTIONS))
     ap.add_argument("--base", help="also measure this commit's code, in the same run")
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    data = args.data or data_dir()
+    if args.data is None:  # (a child gets --data: it must not import the bench's other modules,
+        from bench.retrieval.__main__ import data_dir  # which may need newer code than it runs)
+
+        args.data = data_dir()
+    data = args.data
     if args.one:
         print(json.dumps(one(args.one, data)))
         return 0

@@ -227,13 +227,16 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
             hits = RerankedSearch(idx, reranker).search(query, k)
         else:
             hits = idx.search(query, k)
-        retriever = idx.retriever_name
+        retriever = idx.answered_by or idx.retriever_name
+        pending = idx.vectors_pending
         empty = not len(idx)
         stopped = empty and idx.resumable
     if stopped:
         _err(f"the index {index} has no passages yet: an ingest into it was stopped; run it again to finish")
+    if pending:
+        _err(pending)
     if as_json:
-        print(json.dumps({"query": query, "index": index, "retriever": retriever, "hits": [
+        print(json.dumps({"query": query, "index": index, "retriever": retriever, "note": pending, "hits": [
             {"rank": i, "id": h.id, "source": h.source, "heading": h.heading, "score": round(h.score, 6),
              "snippet": _snippet(h.text), "text": h.text} for i, h in enumerate(hits, start=1)]}))
         return EXIT_OK

@@ -91,7 +91,7 @@ def int8_model(source: Path) -> Path | None:
     from tether.rag import int8
 
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    target = cache_root() / "models" / f"minilm-int8mm-{digest}-ort{ort.__version__}.onnx"
+    target = cache_root() / "models" / f"minilm-{int8.RECIPE}-{digest}-ort{ort.__version__}.onnx"
     if target.is_file():
         return target
     try:

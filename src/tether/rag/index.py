@@ -15,6 +15,11 @@ chunks are embedded; vectors and windows are compacted (rewritten without delete
 each change. Stored vectors are used only for the same store generation, embedder and window
 scheme; otherwise everything is re-embedded once.
 
+A change is committed twice: first the rows (a new generation, searchable by its words at once),
+then, once embedded, its vectors. A search in between, from another process, is answered by the
+lexical part of the retriever and says so (`answered_by`, `vectors_pending`); an ingest stopped in
+between leaves rows without vectors, which the next ingest or search computes.
+
 Several processes may share an index. Writers (ingest, add, remove, a re-embedding) take
 `write.lock` for their whole run, so they go one at a time and each reads what the last one
 committed; the swap of vector files and rows happens under `swap.lock`, which readers take
@@ -43,7 +48,7 @@ import numpy as np
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, embed_passages, piece_offsets
+from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_passages, piece_offsets
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 from tether.rag.settings import BEST
@@ -152,6 +157,8 @@ class Index:
         self._built_generation: str | None = None
         self._rows: list[Chunk] = []
         self._closed = False
+        self.answered_by: str | None = None  # the retriever that ranked the last search's passages
+        self.vectors_pending: str | None = None  # why that was not this index's own retriever
 
     @classmethod
     def open(cls, name_or_path: str | Path, **kwargs) -> Index:
@@ -374,21 +381,22 @@ class Index:
         return report
 
     def _apply(self, gone: Sequence[str], new: list[Chunk], report: IngestReport, hashes: dict[str, str]) -> None:
-        """Delete the chunks of `gone` sources, insert `new` chunks, embed them, compact vectors.
-
-        `hashes` holds the content hash of every added or updated source.
-        """
+        """Delete the chunks of `gone` sources and insert `new` chunks in one commit (searchable by
+        their words from then on), then embed what has no vector yet and store all vectors in a
+        second commit. `hashes` holds the content hash of every added or updated source."""
         if not gone and not hashes:
+            if self.uses_vectors:
+                self._complete_vectors()  # a stopped ingest's passages may still wait for vectors
             return
         old_rows = self.chunks()
         gone_set = set(gone)
         kept = [c for c in old_rows if c.source not in gone_set]
         report.chunks_removed += len(old_rows) - len(kept)
         report.chunks_added += len(new)
-        stored: _Vectors | None = None
+        plan: tuple[_Vectors | None, list[str]] | None = None
+        if self.uses_vectors:  # read the old vectors before the rows they belong to change
+            plan, new = self._plan_vectors(old_rows, new, gone_set)
         gen = str(int(self._meta("generation") or 0) + 1)
-        if self.uses_vectors:
-            stored, new = self._next_vectors(old_rows, new, gone_set)
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
             self._store_settings()
             for src in gone_set:
@@ -405,24 +413,34 @@ class Index:
                 count = sum(1 for c in new if c.source == src)
                 self._db.execute("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  (src, digest, count))
-            if stored is not None:
-                self._save_vectors(stored, gen)
             self._set_meta("generation", gen)
+        self._retriever = None
+        if plan is None:
+            return
+        reused, fresh = plan
+        if self.notify is not None and fresh:
+            windows = count_windows(self.embedder, fresh, self.window, self.stride)
+            self.notify(f"{len(hashes) or 'no'} documents changed: {len(fresh)} passages and {windows} windows to "
+                        f"embed; searches answer from their words meanwhile")
+        more = _embed(self._dense(), fresh, offset=len(reused.vectors) if reused else 0,
+                      progress=self._progress(), cache=self._cache())
+        stored = more if reused is None else _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True)))
+        with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+            self._save_vectors(stored, gen)
             self._db.execute("DELETE FROM embed_cache")  # the vectors are stored: the checkpoints served
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
 
-    def _next_vectors(self, old_rows: list[Chunk], new: list[Chunk], gone: set[str]) -> tuple[_Vectors, list[Chunk]]:
-        """Vectors for the kept chunks followed by the `new` ones, and `new` in the order its
-        vectors are in. Kept rows, and new chunks whose text is already stored (a changed file's
-        untouched passages), reuse their vectors; only the rest is embedded."""
-        dense = self._dense()
+    def _plan_vectors(self, old_rows: list[Chunk], new: list[Chunk],
+                      gone: set[str]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
+        """((vectors reused for the first rows, texts to embed for the rest), `new` in row order).
+        Kept rows, and new chunks whose text is already stored (a changed file's untouched
+        passages), reuse their vectors; with nothing usable on disk every row is embedded."""
         old = self._load_vectors(len(old_rows))
-        if old is None:  # nothing usable on disk: embed the whole store once
+        if old is None:
             kept = [c for c in old_rows if c.source not in gone]
-            return _embed(dense, [c.indexed_text for c in kept + new], progress=self.progress,
-                          cache=self._cache()), new
+            return (None, [c.indexed_text for c in kept + new]), new
         row_of_text = {c.indexed_text: i for i, c in enumerate(old_rows)}
         take = [i for i, c in enumerate(old_rows) if c.source not in gone]
         fresh: list[Chunk] = []
@@ -432,13 +450,40 @@ class Index:
             else:
                 fresh.append(c)
         new = [c for c in new if c.indexed_text in row_of_text] + fresh
-        reused = _select(old, np.asarray(take, dtype=np.int64))
-        if not fresh:
-            return reused, new
-        more = _embed(dense, [c.indexed_text for c in fresh], offset=len(take), progress=self.progress,
-                      cache=self._cache())
-        return _Vectors(*(np.concatenate(x) for x in zip((reused.vectors, reused.windows, reused.owner),
-                                                         (more.vectors, more.windows, more.owner), strict=True))), new
+        return (_select(old, np.asarray(take, dtype=np.int64)), [c.indexed_text for c in fresh]), new
+
+    def _complete_vectors(self) -> None:
+        """Embed and store the vectors of the current rows if they have none (an ingest stopped
+        between its two commits, another embedder or window scheme). The caller holds write.lock."""
+        rows, gen, stored = self._snapshot()
+        if stored is not None:
+            return
+        vectors = _embed(self._dense(), [c.indexed_text for c in rows], progress=self._progress(),
+                         cache=self._cache())
+        with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+            self._save_vectors(vectors, gen)
+            self._db.execute("DELETE FROM embed_cache")
+
+    def _progress(self) -> Progress:
+        """progress(done, total) that also records how far the vectors are, for other processes'
+        searches (`vectors_pending`), then calls the user's `progress`."""
+        def report(done: int, total: int) -> None:
+            with self._db:
+                self._set_meta("vectors_progress", f"{done}/{total}")
+            if self.progress is not None:
+                self.progress(done, total)
+        return report
+
+    def _writer_active(self) -> bool:
+        """Whether a writer (another process, or another Index object) holds write.lock now."""
+        fd = os.open(self.path / "write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
     def _load_vectors(self, expected_rows: int) -> _Vectors | None:
         """The stored vectors and windows (memory-mapped), or None when missing or stale: wrong
@@ -469,6 +514,7 @@ class Index:
         self._set_meta("vectors", str(len(v.vectors)))
         self._set_meta("vectors_windows", self._dense().windows_key)
         self._set_meta("vectors_generation", generation or self._meta("generation") or "0")
+        self._db.execute("DELETE FROM meta WHERE key = 'vectors_progress'")
 
     # -- search ---------------------------------------------------------------------------------
 
@@ -487,18 +533,15 @@ class Index:
         from tether.rag.evaluate import make_retriever
 
         rows, gen, stored = self._snapshot()
-        if self.uses_vectors and stored is None:  # missing or stale: embed everything once and keep it
-            with self._writing():
-                rows, gen, stored = self._snapshot()  # another process may have just done it
-                if stored is None:
-                    vectors = _embed(self._dense(), [c.indexed_text for c in rows], progress=self.progress,
-                                     cache=self._cache())
-                    with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-                        self._save_vectors(vectors, gen)
-                        self._db.execute("DELETE FROM embed_cache")
-                    rows, gen, stored = self._snapshot()
-                    assert stored is not None
+        if self.uses_vectors and stored is None:  # missing or stale
+            if self._writer_active():  # an ingest is computing them: answer from the words meanwhile
+                return self._lexical_meanwhile(rows, gen)
+            with self._writing():  # else compute them once, and keep them
+                self._complete_vectors()
+                rows, gen, stored = self._snapshot()
+            assert stored is not None
         self._rows, self._built_generation = rows, gen
+        self.answered_by, self.vectors_pending = self.retriever_name, None
         texts = [c.indexed_text for c in rows]
         retriever = make_retriever(self.retriever_name)
         if not self.uses_vectors:
@@ -517,6 +560,22 @@ class Index:
         if hasattr(retriever, "prepare"):
             retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
         return retriever
+
+    def _lexical_meanwhile(self, rows: list[Chunk], gen: str) -> Retriever:
+        """The lexical part of this index's retriever (BM25 for `dense`), for a store whose vectors
+        another process is still computing; `vectors_pending` says how far it is."""
+        from tether.rag.evaluate import make_retriever
+
+        lexical = next((p for p in retriever_parts(make_retriever(self.retriever_name))
+                        if not isinstance(p, DenseRetriever)), None) or make_retriever("bm25")
+        self._rows, self._built_generation = rows, gen
+        self._fit_lexical(lexical, [c.indexed_text for c in rows])
+        done, _, total = (self._meta("vectors_progress") or "").partition("/")
+        self.answered_by = lexical.name
+        self.vectors_pending = (f"{self.retriever_name} is not ready: its vectors are being computed"
+                                + (f" ({done} of {total} passages)" if total else "")
+                                + f"; answered by {lexical.name} meanwhile")
+        return lexical
 
     def _vectors_key(self) -> str:
         """What files derived from the vectors (IVF, neighbour graph) are valid for: the store's
@@ -587,12 +646,18 @@ class Index:
         return graph
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
-        """The `k` best passages for `query`, with chunk id, source, heading, text and score."""
+        """The `k` best passages for `query`, with chunk id, source, heading, text and score.
+
+        `answered_by` then names the retriever that ranked them; `vectors_pending` is a note when
+        that was not the index's own (its vectors are still being computed), else None."""
         if not query.strip():
             raise ValueError("query must not be empty")
         with self._lock:
-            if self._retriever is None or (self._meta("generation") or "0") != self._built_generation:
-                self._retriever = self._build()  # first search, or another process changed the store
+            stale = self._retriever is None or (self._meta("generation") or "0") != self._built_generation
+            if not stale and self.vectors_pending:  # the vectors are done, or their writer is gone
+                stale = self._meta("vectors_generation") == self._built_generation or not self._writer_active()
+            if stale:
+                self._retriever = self._build()
             if not self._rows:
                 return []
             return [

@@ -15,10 +15,16 @@ from typing import Any
 
 import numpy as np
 
+RECIPE = "int8mm2"  # names the derived file: a new recipe makes a new file (and new stored vectors)
 
-def rewrite(source: Path, target: Path) -> int:
+
+def rewrite(source: Path, target: Path, *, keep_float: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Write the int8-computing graph of `source` to `target`; the number of products rewritten
-    (0 when the graph does not have the shape described above, and then nothing is written)."""
+    (0 when the graph does not have the shape described above, and then nothing is written).
+    Weight matrices of a shape in `keep_float` (K, N) stay float products.
+
+    Also drops the NaN guard after each softmax (`Where(IsNaN(p), 0, p)`): a row of attention
+    scores is NaN only when every key of it is masked, and tether's inputs always keep [CLS]."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -58,7 +64,8 @@ def rewrite(source: Path, target: Path) -> int:
         scale = numpy_helper.to_array(scale_init).astype(np.float32)
         out = node.output[0]
         if node.op_type == "MatMul":
-            if scale.size != weights.dims[1] or scale.shape[-1] != weights.dims[1]:
+            if (scale.size != weights.dims[1] or scale.shape[-1] != weights.dims[1]
+                    or tuple(weights.dims) in keep_float):
                 nodes.append(node)
                 continue
             added += [numpy_helper.from_array(scale.reshape(-1), f"{out}__scale"),
@@ -86,8 +93,9 @@ def rewrite(source: Path, target: Path) -> int:
                 dead.add(cast.output[0])
     if not rewritten:
         return 0
+    nodes = [n for n in nodes if not (n.op_type in ("Mul", "Cast") and n.output[0] in dead)]
     del graph.node[:]
-    graph.node.extend(n for n in nodes if not (n.op_type in ("Mul", "Cast") and n.output[0] in dead))
+    graph.node.extend(_without_nan_guards(nodes))
     graph.initializer.extend(added)
     used = {name for n in graph.node for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]
@@ -98,3 +106,27 @@ def rewrite(source: Path, target: Path) -> int:
     onnx.checker.check_model(model)
     onnx.save(model, str(target))
     return rewritten
+
+
+def _without_nan_guards(nodes: list[Any]) -> list[Any]:
+    """`nodes` with every `Where(IsNaN(p), c, p)` after a Softmax `p` removed (its users read `p`)."""
+    producer = {out: n for n in nodes for out in n.output}
+    instead: dict[str, str] = {}
+    gone: set[int] = set()
+    for n in nodes:
+        if n.op_type != "Where" or n.input[0] not in producer:
+            continue
+        isnan, probs = producer[n.input[0]], n.input[2]
+        if isnan.op_type == "IsNaN" and isnan.input[0] == probs and getattr(producer.get(probs), "op_type", "") == "Softmax":
+            instead[n.output[0]] = probs
+            gone.add(id(n))
+    if not instead:
+        return nodes
+    kept = [n for n in nodes if id(n) not in gone]
+    used = {name for n in kept for name in n.input}
+    kept = [n for n in kept if not (n.op_type == "IsNaN" and n.output[0] not in used)]
+    for n in kept:
+        for i, name in enumerate(n.input):
+            if name in instead:
+                n.input[i] = instead[name]
+    return kept
