@@ -26,7 +26,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 WRAP = 88  # error lines are wrapped to this width
 
 IndexOption = Annotated[str, typer.Option("--index", "-i", help="Index name (under $TETHER_HOME/indexes or "
-                                          "~/.tether/indexes) or a directory path.")]
+                                          "~/.tether/indexes), a directory path, or postgresql://user@host/db#name "
+                                          "(an index in PostgreSQL).")]
 RerankOption = Annotated[str | None, typer.Option(
     "--rerank", help="Rerank the top 20: a cross-encoder ONNX file or folder, or `llm` (the configured model as "
     "a judge; counts against --max-tokens). Off by default.")]
@@ -66,13 +67,19 @@ def _exit_codes(cmd: Callable[..., int]) -> Callable[..., int]:
         except CommandError as exc:
             message, code = str(exc), exc.code
         except ImportError as exc:
-            message, code = f"retrieval needs the rag extra ({exc.name or exc}): pip install 'tether[rag]'", EXIT_ERROR
+            message = str(exc) if "pip install" in str(exc) else \
+                f"retrieval needs the rag extra ({exc.name or exc}): pip install 'tether[rag]'"
+            code = EXIT_ERROR
         except (FileNotFoundError, ValueError) as exc:
             message, code = str(exc), EXIT_USAGE
         except RuntimeError as exc:  # EmbedderUnavailable, ModelError
             message, code = str(exc), EXIT_ERROR
         except sqlite3.DatabaseError as exc:  # a damaged or foreign index.sqlite
             message, code = f"the index database cannot be used ({exc}); rebuild it with tether ingest", EXIT_ERROR
+        except Exception as exc:
+            if not type(exc).__module__.startswith("psycopg"):
+                raise
+            message, code = f"PostgreSQL: {' '.join(str(exc).split())}", EXIT_ERROR  # e.g. the server is down
         if as_json:
             print(json.dumps({"error": message, "exit_code": code}))
         else:
@@ -135,22 +142,22 @@ def _duration(seconds: float) -> str:
 
 
 def _open_existing(index: str):
-    from tether.rag.index import Index, index_path
+    from tether.rag.index import Index, index_path, is_postgres_url
 
-    path = index_path(index)
-    if not (path / "index.sqlite").exists():
-        raise CommandError(f"no index at {path}; create it with: tether ingest PATH --index {index}")
-    return Index.open(path, progress=EmbedProgress(), notify=_err)
+    if not Index.exists(index):
+        where = index.split("@")[-1] if is_postgres_url(index) else index_path(index)
+        raise CommandError(f"no index at {where}; create it with: tether ingest PATH --index {index}")
+    return Index.open(index, progress=EmbedProgress(), notify=_err)
 
 
 @_exit_codes
 def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int) -> int:
-    from tether.rag.index import Index, index_path
+    from tether.rag.index import Index
     from tether.rag.loaders import SUPPORTED
 
     if not path.exists():
         raise CommandError(f"{path}: no such file or folder")
-    new = not (index_path(index) / "index.sqlite").exists()
+    new = not Index.exists(index)
     # an error inside the block discards the index object: a new index is removed, settings are kept
     with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap,
                     progress=EmbedProgress(), notify=_err) as idx:
@@ -164,7 +171,7 @@ def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int,
             raise CommandError(f"{path}: none of its {report.files} files could be read; no index was created "
                                f"({report.skipped[0] if report.skipped else 'no text'})")
         total = len(idx)
-        where = idx.path
+        where = idx.location
     for line in report.skipped:
         _err(f"skipped {line}")
     print(f"{len(report.added)} added, {len(report.updated)} updated, {len(report.deleted)} deleted, "

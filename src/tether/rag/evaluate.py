@@ -137,7 +137,7 @@ def evaluate_index(index, col: Collection, depth: int = 1000) -> dict[str, float
     ids = set(col.doc_ids)
     other = [s for s in index.sources() if s not in ids]
     if other:
-        raise ValueError(f"index {index.path} holds {len(other)} sources that are not documents of this "
+        raise ValueError(f"index {index.location} holds {len(other)} sources that are not documents of this "
                          f"collection (e.g. {other[0]}); use a separate index for evaluation")
     index.add_texts(zip(col.doc_ids, col.doc_texts, strict=True), markdown=False)
     qids = [q for q in col.queries if q in col.qrels]

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,6 +78,10 @@ def default_root() -> Path:
     """Where named indexes live: $TETHER_HOME/indexes, else ~/.tether/indexes."""
     home = os.environ.get("TETHER_HOME")
     return (Path(home) if home else Path.home() / ".tether") / "indexes"
+
+
+def is_postgres_url(name_or_path: str | Path) -> bool:
+    return isinstance(name_or_path, str) and name_or_path.startswith(("postgresql://", "postgres://"))
 
 
 def index_path(name_or_path: str | Path) -> Path:
@@ -134,15 +138,11 @@ class Index:
         if retriever is not None and retriever not in RETRIEVER_NAMES:
             raise ValueError(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVER_NAMES)}")
         self.path = Path(path)
+        self.location = str(self.path)  # what messages call this index
         self.progress = progress
         self.notify = notify
         self.ann_threshold = ann_threshold
-        # what this object created, removed again when it is closed after an error (nothing half made)
-        self._made_dir = not self.path.exists()
-        self._made_db = not (self.path / "index.sqlite").exists()
-        self.path.mkdir(parents=True, exist_ok=True)
-        # Tools run on executor threads: one connection shared under a lock.
-        self._db = sqlite3.connect(self.path / "index.sqlite", check_same_thread=False, timeout=60)
+        self._db = self._connect()
         self._lock = threading.RLock()
         self._db.executescript(_SCHEMA)
         self.retriever_name = retriever or self._meta("retriever") or "best"
@@ -162,8 +162,51 @@ class Index:
 
     @classmethod
     def open(cls, name_or_path: str | Path, **kwargs) -> Index:
-        """Open (or create) an index by name (under `default_root()`) or by directory path."""
+        """Open (or create) an index by name (under `default_root()`), by directory path, or in
+        PostgreSQL by URL (`postgresql://user@host/db#name`, see tether.rag.pg_index)."""
+        if is_postgres_url(name_or_path):
+            from tether.rag.pg_index import PostgresIndex
+
+            return PostgresIndex(str(name_or_path), **kwargs)
         return cls(index_path(name_or_path), **kwargs)
+
+    @staticmethod
+    def exists(name_or_path: str | Path) -> bool:
+        """Whether an index by that name, path or URL has been created."""
+        if is_postgres_url(name_or_path):
+            from tether.rag.pg_index import PostgresIndex
+
+            return PostgresIndex.exists_at(str(name_or_path))
+        return (index_path(name_or_path) / "index.sqlite").exists()
+
+    # -- storage: a directory with index.sqlite, flock files and array files -----------------------
+    # (tether.rag.pg_index.PostgresIndex overrides these to keep the same in PostgreSQL)
+
+    def _connect(self) -> Any:
+        """The database connection (sqlite3's interface), noting what it had to create."""
+        # what this object created, removed again when it is closed after an error (nothing half made)
+        self._made_dir = not self.path.exists()
+        self._made_db = not (self.path / "index.sqlite").exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        # Tools run on executor threads: one connection shared under a lock.
+        return sqlite3.connect(self.path / "index.sqlite", check_same_thread=False, timeout=60)
+
+    def _remove_created(self) -> None:
+        """Remove what this object created (it is closed after an error)."""
+        if self._made_dir:
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif self._made_db:
+            for name in ("index.sqlite", "index.sqlite-journal", "write.lock", "swap.lock"):
+                (self.path / name).unlink(missing_ok=True)
+
+    def _file(self, name: str) -> Path | None:
+        """A stored file (vectors, lexical state, neighbour graph) as a local path, or None."""
+        f = self.path / name
+        return f if f.exists() else None
+
+    def _put_file(self, name: str, written: Path) -> None:
+        """Store the file `written` (in `self.path`) as `name`, replacing it atomically."""
+        os.replace(written, self.path / name)
 
     def close(self) -> None:
         """Store the settings given to the constructor, and close."""
@@ -186,13 +229,8 @@ class Index:
             resumable = self.resumable
             self._db.close()
             self._closed = True
-            if resumable:
-                return
-            if self._made_dir:
-                shutil.rmtree(self.path, ignore_errors=True)
-            elif self._made_db:
-                for name in ("index.sqlite", "index.sqlite-journal", "write.lock", "swap.lock"):
-                    (self.path / name).unlink(missing_ok=True)
+            if not resumable:
+                self._remove_created()
 
     def __enter__(self) -> Index:
         return self
@@ -232,7 +270,7 @@ class Index:
     def _writing(self) -> contextlib.AbstractContextManager[None]:
         """The writer's lock, held from reading the store to committing the change."""
         return self._flock("write.lock", fcntl.LOCK_EX,
-                           f"waiting for another process writing to the index at {self.path}")
+                           f"waiting for another process writing to the index at {self.location}")
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -489,13 +527,16 @@ class Index:
         """The stored vectors and windows (memory-mapped), or None when missing or stale: wrong
         count, another embedder or window scheme, or saved before a change made while the index
         was open with a retriever that keeps no vectors."""
-        files = [self.path / f for f in ("vectors.npy", "windows.npy", "window_owner.npy")]
-        if not all(f.exists() for f in files) or self._meta("embedder") != self.embedder.name:
+        if self._meta("embedder") != self.embedder.name:
             return None
         if self._meta("vectors_generation") != (self._meta("generation") or "0"):
             return None
         if self._meta("vectors_windows") != self._dense().windows_key:
             return None
+        found = [self._file(f) for f in ("vectors.npy", "windows.npy", "window_owner.npy")]
+        if None in found:
+            return None
+        files = [f for f in found if f is not None]
         vectors, windows = (np.load(f, mmap_mode="r") for f in files[:2])
         owner = np.load(files[2])
         if vectors.shape[0] != expected_rows or len(windows) != len(owner):
@@ -509,7 +550,7 @@ class Index:
         for name, arr in (("vectors", v.vectors), ("windows", v.windows), ("window_owner", v.owner)):
             tmp = self.path / f"{name}.tmp.npy"
             np.save(tmp, np.asarray(arr, dtype=np.int64 if name == "window_owner" else np.float32))
-            os.replace(tmp, self.path / f"{name}.npy")
+            self._put_file(f"{name}.npy", tmp)
         self._set_meta("embedder", self.embedder.name)
         self._set_meta("vectors", str(len(v.vectors)))
         self._set_meta("vectors_windows", self._dense().windows_key)
@@ -591,8 +632,8 @@ class Index:
         name = f"lexical-{part.name}.npz"
         key = f"{self._built_generation or '0'}:{part.key()}"  # type: ignore[attr-defined]
         with self._flock("swap.lock", fcntl.LOCK_SH):
-            if (self.path / name).exists() and self._meta(name) == key:
-                with np.load(self.path / name, allow_pickle=False) as stored:
+            if (f := self._file(name)) is not None and self._meta(name) == key:
+                with np.load(f, allow_pickle=False) as stored:
                     part.restore(dict(stored))  # type: ignore[attr-defined]
                 return
         part.fit(texts)
@@ -608,7 +649,7 @@ class Index:
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != self._built_generation:
                     return  # another process changed the store meanwhile: its readers build their own
-                os.replace(written, self.path / name)
+                self._put_file(name, written)
                 with self._db:
                     self._set_meta(meta_key, key or self._vectors_key())
         finally:
@@ -618,9 +659,9 @@ class Index:
         """The IVF partition for a large store: loaded when current, else built and saved."""
         if len(vectors) <= threshold:
             return None
-        f = self.path / "ivf.npz"
         with self._flock("swap.lock", fcntl.LOCK_SH):
-            if f.exists() and self._meta("ivf_generation") == self._vectors_key():
+            f = self._file("ivf.npz")
+            if f is not None and self._meta("ivf_generation") == self._vectors_key():
                 ivf = IVFIndex.load(str(f))
                 if len(ivf.assign) == len(vectors):
                     return ivf
@@ -632,9 +673,9 @@ class Index:
         neighbours = getattr(retriever, "neighbours", 0)
         if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
             return None
-        f = self.path / "knn.npy"
         with self._flock("swap.lock", fcntl.LOCK_SH):
-            if f.exists() and self._meta("knn_generation") == self._vectors_key():
+            f = self._file("knn.npy")
+            if f is not None and self._meta("knn_generation") == self._vectors_key():
                 graph = np.load(f)
                 if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
                     return graph
