@@ -94,13 +94,13 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], window: int = WINDO
     text cut at `window` pieces instead of at the model's 256). A separate pass would read its first
     256 pieces a third time, a third of all the work on CISI, for a vector that only the neighbour
     graph and IVF use; a passage scores the max over its vector and its windows either way.
-    (The windows' mean instead cost .013 nDCG@10 on CISI through the index; the first window
-    .0097 less, with the int8 encoder, in bench/retrieval/ingest.py.)"""
+    (Through the index on CISI, the windows' mean instead cost .013 nDCG@10 with the shipped
+    graph; the first window with the int8 graph cost .0097 in all: bench/retrieval/ingest.py.)"""
     pieces, owner = window_pieces(embedder, texts, window, stride)
     has_windows = np.zeros(len(texts), dtype=bool)
     has_windows[np.asarray(owner, dtype=np.int64)] = True
     short = np.flatnonzero(~has_windows)
-    out = np.asarray(embedder.embed([texts[i] for i in short] + pieces), dtype=np.float32) if len(short) or pieces \
+    out = np.asarray(embedder.embed([texts[i] for i in short.tolist()] + pieces), dtype=np.float32) if len(short) or pieces \
         else np.zeros((0, embedder.dim), dtype=np.float32)
     vectors = np.zeros((len(texts), embedder.dim), dtype=np.float32)
     vectors[short] = out[: len(short)]
@@ -287,7 +287,7 @@ class DenseRetriever:
         return [(int(rows[i]), s) for i, s in top_k(part, k)]
 
 
-def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 2048, ivf: IVFIndex | None = None) -> np.ndarray:
+def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 256, ivf: IVFIndex | None = None) -> np.ndarray:
     """Each vector's `k` nearest other vectors by cosine, as an (n, k) array of row numbers."""
     n = len(vectors)
     k = min(k, max(n - 1, 0))

@@ -216,7 +216,7 @@ class MiniLMEncoder:
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, feeds)[0]
+        hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
         m = mask[..., None].astype(np.float32)
         vec = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         return (vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)).astype(np.float32)

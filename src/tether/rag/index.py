@@ -697,13 +697,12 @@ class Index:
             stale = self._retriever is None or (self._meta("generation") or "0") != self._built_generation
             if not stale and self.vectors_pending:  # the vectors are done, or their writer is gone
                 stale = self._meta("vectors_generation") == self._built_generation or not self._writer_active()
-            if stale:
-                self._retriever = self._build()
+            retriever = self._retriever = self._build() if stale or self._retriever is None else self._retriever
             if not self._rows:
                 return []
             return [
                 Hit(pos, score, c.id, c.source, c.heading, c.text)
-                for pos, score in self._retriever.search(query, k)
+                for pos, score in retriever.search(query, k)
                 for c in (self._rows[pos],)
             ]
 

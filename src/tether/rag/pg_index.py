@@ -109,6 +109,8 @@ class PostgresIndex(Index):
             import psycopg
         except ImportError as exc:  # the [postgres] extra
             raise ImportError("an index in PostgreSQL needs psycopg: pip install 'tether[postgres]'") from exc
+        from psycopg import sql
+
         conn = psycopg.connect(self._url, autocommit=True)
         self._made_dir = False
         db = _Connection(conn)
@@ -118,8 +120,8 @@ class PostgresIndex(Index):
         try:
             self._made_db = conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
                                          (self._schema,)).fetchone() is None
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
-            conn.execute(f'SET search_path TO "{self._schema}"')
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)))
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema)))
             db.executescript(_SCHEMA)
             db.execute("CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, data BYTEA NOT NULL)")
         finally:
@@ -137,9 +139,10 @@ class PostgresIndex(Index):
     def _remove_created(self) -> None:
         if self._made_db:
             import psycopg
+            from psycopg import sql
 
             with psycopg.connect(self._url, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{self._schema}" CASCADE')
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self._schema)))
 
     def _file(self, name: str) -> Path | None:
         row = self._db.execute("SELECT data FROM files WHERE name = ?", (name,)).fetchone()
