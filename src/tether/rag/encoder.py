@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,10 +99,17 @@ def int8_model(source: Path) -> Path | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".derive-") as tmp:
             made = Path(tmp) / "int8.onnx"
-            if not int8.rewrite(source, made) or not _agrees(source, digest, made):
+            if not int8.rewrite(source, made):
+                return None  # another graph than the packaged one (TETHER_EMBED_MODEL is not rewritten)
+            if not _agrees(source, digest, made):
+                warnings.warn("tether: the int8 embedding graph made here disagrees with the shipped one (this "
+                              "CPU's integer arithmetic?); embedding with the shipped graph, about half as fast",
+                              RuntimeWarning, stacklevel=2)
                 return None
             os.replace(made, target)  # atomic: a racing process finds a whole file or none
-    except (ImportError, OSError):  # no `onnx` package; a read-only cache
+    except (ImportError, OSError) as exc:  # no `onnx` package; a read-only cache
+        warnings.warn(f"tether: embedding with the shipped graph, about half as fast: the int8 graph could not "
+                      f"be made ({exc})", RuntimeWarning, stacklevel=2)
         return None
     return target
 
