@@ -33,3 +33,10 @@ def test_errors_keep_their_conventional_bases() -> None:
     from tether.models.base import ModelError
 
     assert issubclass(SuiteError, ValueError) and issubclass(ModelError, RuntimeError)
+
+
+def test_durable_false_is_not_durable() -> None:
+    # (pyright found it: durable=False went to attach() and failed there with a TypeError)
+    agent = tether.Agent(tether.ScriptedModel([tether.reply("ok")]), durable=False)
+    assert agent.durable is None
+    assert agent.run("hi").answer == "ok"

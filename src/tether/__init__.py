@@ -15,6 +15,7 @@ if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
 from tether import models
 from tether.agent import Agent
 from tether.errors import TetherError
+from tether.events import TraceEvent
 from tether.limits import Limits
 from tether.loop import CancelToken
 from tether.models.base import Model, ModelError
@@ -32,7 +33,6 @@ from tether.types import (
     RunState,
     StopReason,
     ToolCall,
-    TraceEvent,
     Usage,
 )
 

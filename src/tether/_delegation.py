@@ -14,7 +14,7 @@ Each call is one whole run of the child agent on the task the parent's model wro
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import TetherError
 from tether.limits import Budget, Limits
@@ -38,7 +38,7 @@ class SubagentError(TetherError, RuntimeError):
     """A child run that did not complete; the message says why and carries its partial answer."""
 
 
-def agent_as_tool(agent: Agent, name: str, description: str = "", *, share: float = 0.5) -> Tool:
+def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share: float = 0.5) -> Tool:
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share}")
 

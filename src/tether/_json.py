@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from json.encoder import c_make_encoder as _c_make_encoder
+    from json.encoder import c_make_encoder as _c_make_encoder  # pyright: ignore[reportAttributeAccessIssue]
 except ImportError:  # pragma: no cover - CPython always has the C accelerator
     _c_make_encoder = None
 

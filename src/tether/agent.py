@@ -11,6 +11,7 @@ from typing import Any, Generic
 from typing_extensions import TypeVar
 
 from tether._delegation import agent_as_tool
+from tether.events import TraceEvent
 from tether.limits import Clock, Limits, MonotonicClock
 from tether.loop import (
     CancelToken,
@@ -27,7 +28,7 @@ from tether.output import OutputRun, OutputType
 from tether.tools.base import Tool
 from tether.tools.executor import Executor, Policy
 from tether.tools.results import DEFAULT_MAX_RESULT_CHARS, Results
-from tether.types import Message, RunResult, RunState, TraceEvent, Usage
+from tether.types import Message, RunResult, RunState, Usage
 
 OutputT = TypeVar("OutputT", default=str)
 
@@ -80,6 +81,8 @@ class Agent(Generic[OutputT]):
             self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
                                      default_timeout=self.tool_timeout, results=self.results,
                                      max_workers=max(8, self.limits.max_parallel_tools))
+        if self.durable is False:  # durable=False reads as "not durable" (it made a durable agent before)
+            self.durable = None
         if self.durable is not None:
             from tether.durable import attach  # only durable agents import DBOS
 

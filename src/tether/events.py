@@ -46,6 +46,8 @@ class TraceEvent:
 class BaseEvent:
     """What every event has: when (the run's step and seconds) and how long."""
 
+    # Each event type narrows `kind` to its Literal (pydantic's discriminator), which a type checker
+    # reads as overriding a class variable with an instance field: ignored there, on purpose.
     kind: ClassVar[str]
     step: int = 0  # model calls made before it
     t: float = 0.0  # seconds since the run started
@@ -63,7 +65,7 @@ class BaseEvent:
 
 @dataclass(slots=True, kw_only=True)
 class RunStarted(BaseEvent):
-    kind: Literal["run_started"] = "run_started"
+    kind: Literal["run_started"] = "run_started"  # pyright: ignore[reportIncompatibleVariableOverride]
     run_id: str = ""
     user: str | None = None
     resumed: bool = False  # continued from a RunState that had run before
@@ -71,7 +73,7 @@ class RunStarted(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ModelCallStarted(BaseEvent):
-    kind: Literal["model_call_started"] = "model_call_started"
+    kind: Literal["model_call_started"] = "model_call_started"  # pyright: ignore[reportIncompatibleVariableOverride]
     model: str = ""
     messages: int = 0
     purpose: str = "step"  # step, final (the partial answer), context (compaction, a critic)
@@ -79,7 +81,7 @@ class ModelCallStarted(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ModelCallEnded(BaseEvent):
-    kind: Literal["model_call"] = "model_call"
+    kind: Literal["model_call"] = "model_call"  # pyright: ignore[reportIncompatibleVariableOverride]
     model: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
@@ -92,13 +94,13 @@ class ModelCallEnded(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class TextStreamed(BaseEvent):
-    kind: Literal["text_delta"] = "text_delta"
+    kind: Literal["text_delta"] = "text_delta"  # pyright: ignore[reportIncompatibleVariableOverride]
     text: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
 class ToolCallStarted(BaseEvent):
-    kind: Literal["tool_call_started"] = "tool_call_started"
+    kind: Literal["tool_call_started"] = "tool_call_started"  # pyright: ignore[reportIncompatibleVariableOverride]
     name: str = ""
     call_id: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +109,7 @@ class ToolCallStarted(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolCallEnded(BaseEvent):
-    kind: Literal["tool_call"] = "tool_call"
+    kind: Literal["tool_call"] = "tool_call"  # pyright: ignore[reportIncompatibleVariableOverride]
     name: str = ""
     call_id: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +126,7 @@ class ToolCallEnded(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ApprovalRequested(BaseEvent):
-    kind: Literal["approval_requested"] = "approval_requested"
+    kind: Literal["approval_requested"] = "approval_requested"  # pyright: ignore[reportIncompatibleVariableOverride]
     call_id: str = ""
     tool: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
@@ -133,7 +135,7 @@ class ApprovalRequested(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ApprovalDecided(BaseEvent):
-    kind: Literal["approval_decided"] = "approval_decided"
+    kind: Literal["approval_decided"] = "approval_decided"  # pyright: ignore[reportIncompatibleVariableOverride]
     call_id: str = ""
     approved: bool = False
     by: str = ""
@@ -143,7 +145,7 @@ class ApprovalDecided(BaseEvent):
 class Notice(BaseEvent):
     """Something the run did that is not a step: a redaction, a budget skip, a suppressed repeat."""
 
-    kind: Literal["notice"] = "notice"
+    kind: Literal["notice"] = "notice"  # pyright: ignore[reportIncompatibleVariableOverride]
     notice: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -153,20 +155,20 @@ class Notice(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class Error(BaseEvent):
-    kind: Literal["error"] = "error"
+    kind: Literal["error"] = "error"  # pyright: ignore[reportIncompatibleVariableOverride]
     error: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
 class RunStopped(BaseEvent):
-    kind: Literal["stop"] = "stop"
+    kind: Literal["stop"] = "stop"  # pyright: ignore[reportIncompatibleVariableOverride]
     stop_reason: str = ""
     steps: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
 class CriticReviewed(BaseEvent):
-    kind: Literal["critic"] = "critic"
+    kind: Literal["critic"] = "critic"  # pyright: ignore[reportIncompatibleVariableOverride]
     ok: bool = True
     reasons: list[str] = field(default_factory=list)
     input_tokens: int = 0

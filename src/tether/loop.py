@@ -38,6 +38,7 @@ from tether.events import (
     TextStreamed,
     ToolCallEnded,
     ToolCallStarted,
+    TraceEvent,
 )
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
@@ -56,7 +57,6 @@ from tether.types import (
     TextDelta,
     ToolCall,
     ToolResult,
-    TraceEvent,
     Usage,
 )
 
@@ -412,12 +412,13 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 stop = StopReason.COMPLETED
                 break
             calls = reply.tool_calls
-            pending = [None] * len(calls)
+            results: list[ToolResult | None] = [None] * len(calls)
+            pending = results  # (read by the cleanup below if this turn is interrupted)
 
             # 4. Never run a tool whose result no model call would read.
             stop = budget.exceeded()
             if stop is not None:
-                _answer_turn(messages, calls, pending, f"not run: the run reached its limit ({stop.value})")
+                _answer_turn(messages, calls, results, f"not run: the run reached its limit ({stop.value})")
                 pending = None
                 emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
                 break
@@ -425,12 +426,12 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            work = _run_tools(spec, calls, pending, ctx, budget, loops, emit)
+            work = _run_tools(spec, calls, results, ctx, budget, loops, emit)
             stop = await (work if spec.cancel is None else _with_cancel(spec, work))
-            _answer_turn(messages, calls, pending, "not run: the run is stopping")
-            if label is not None and (note := label(ctx.policy_state, [r for r in pending if r is not None])):
+            _answer_turn(messages, calls, results, "not run: the run is stopping")
+            if label is not None and (note := label(ctx.policy_state, [r for r in results if r is not None])):
                 messages.append(Message("user", note, name=NOTE_NAME))
-            for c, r in zip(calls, pending, strict=True):
+            for c, r in zip(calls, results, strict=True):
                 if r is not None and not r.is_error:
                     found.append((c, r))
             pending = None

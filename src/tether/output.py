@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -117,7 +117,7 @@ class OutputType(Generic[T]):
             errors = self._raw.errors(data)
             if errors:
                 raise _Invalid(errors)
-            return data
+            return cast(T, data)  # a raw JSON Schema's type is the JSON itself
         assert self._adapter is not None
         try:
             return self._adapter.validate_python(data)
@@ -315,6 +315,7 @@ class OutputRun:
         final = next((c for c in reply.tool_calls if c.name == self.kind.schema.name), None)
         if final is None and reply.tool_calls and tools_allowed:
             return "tools"
+        text = ""
         try:
             if final is not None:
                 if final.parse_error:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tether.types import TraceEvent
+from tether.events import TraceEvent
 
 
 def event_record(event: TraceEvent, run_id: str | None = None, now: float | None = None) -> dict[str, Any]:

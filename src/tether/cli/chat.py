@@ -45,6 +45,7 @@ def chat(
 ) -> int:
     """Run the conversation; returns the exit code of the last turn (0 when there was none)."""
     stdin = stdin or sys.stdin
+    assert stdin is not None, "no standard input"
     interactive = stdin.isatty() and sys.stdout.isatty()
     if interactive:
         reporter.console.print(f"[dim]tether chat with {escape(clean(agent.model.name))}; {HELP}[/]", highlight=False)

@@ -68,9 +68,10 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     from tether.policy import ApprovalBook, PendingApprover
 
     paths = ("workspace", "output_schema", "mcp")
-    opts = o.RunOptions(**{k: (Path(v) if k in paths and v else v) for k, v in config.items()})
+    fields: dict[str, Any] = {k: (Path(v) if k in paths and v else v) for k, v in config.items()}
+    opts = o.RunOptions(**fields)
     agent = build_agent(opts, announce=announce or (lambda *_: None))
-    policy = agent.policy
+    policy: Any = agent.policy
     if not opts.yes and hasattr(policy, "approver"):
         policy.approver = PendingApprover(ApprovalBook())  # durable: park for `tether approve`, do not deny
     agent.name = CLI_AGENT

@@ -255,9 +255,11 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
     from rich.text import Text
 
     table = Table(show_lines=False, box=None, pad_edge=False)
-    for col, kw in (("#", {"justify": "right"}), ("score", {"justify": "right"}), ("source", {"overflow": "fold"}),
-                    ("heading", {"overflow": "fold"}), ("snippet", {"overflow": "fold", "ratio": 1})):
-        table.add_column(col, **kw)
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("source", overflow="fold")
+    table.add_column("heading", overflow="fold")
+    table.add_column("snippet", overflow="fold", ratio=1)
     for i, h in enumerate(hits, start=1):  # documents' text as Text: no rich markup, no terminal sequences
         table.add_row(str(i), f"{h.score:.3f}", Text(clean(_shown_source(h.source))), Text(clean(h.heading or "-")),
                       Text(clean(_snippet(h.text, 120))))

@@ -14,10 +14,11 @@ from typing import TextIO
 
 from tether.agent import Agent
 from tether.cli.progress import Reporter, exit_code, stop_line
+from tether.events import TraceEvent
 from tether.loop import CancelToken
 from tether.terminal import clean, json_safe
 from tether.trace import JsonlTraceWriter
-from tether.types import Message, RunResult, TraceEvent, to_json
+from tether.types import Message, RunResult, to_json
 
 INTERRUPT_REASON = "interrupted by Ctrl-C"
 
@@ -90,6 +91,7 @@ def report(result: RunResult, reporter: Reporter, *, as_json: bool, as_output: b
     `as_output` (--output-schema): stdout gets only the validated output as JSON, or nothing. The
     answer loses its terminal control sequences unless `raw` (JSON escapes them)."""
     out = out or sys.stdout
+    assert out is not None, "no standard output"
     if as_json:
         out.write(json_safe(to_json(result)) + "\n")
     elif as_output:

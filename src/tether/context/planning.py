@@ -22,9 +22,10 @@ from typing import Any
 from tether.agent import Agent
 from tether.context.task_state import TaskState, parse_steps
 from tether.errors import TetherError
+from tether.events import TraceEvent
 from tether.loop import run_loop
 from tether.models.base import Model
-from tether.types import Message, ModelReply, ModelRequest, RunResult, StopReason, TraceEvent, Usage
+from tether.types import Message, ModelReply, ModelRequest, RunResult, StopReason, Usage
 
 PLAN_SYSTEM = (
     "You are the planner. Break the task into a few concrete steps another agent will carry out one "

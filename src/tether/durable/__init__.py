@@ -20,6 +20,8 @@ def attach(agent: Any, durable: Durable | str | os.PathLike[str] | bool) -> Dura
     """Make `agent` durable: register it under its name, keep its capped results in the run store."""
     from tether.tools.executor import Executor
 
+    if durable is False:
+        raise ValueError("durable=False: nothing to attach")
     rt = setup(None if durable is True else durable)
     if agent.name in rt.agents and rt.agents[agent.name] is not agent:
         raise ValueError(f"a durable agent named {agent.name!r} is already registered; give each a unique name")

@@ -221,7 +221,7 @@ def _statements(sys_db: Any) -> _Statements | None:
     except _NotPreparable as exc:
         log.warning("DBOS step checkpoints take DBOS's own path on this database (bind %s converts)", exc)
         made = None
-    sys_db.__dict__["_tether_statements"] = made
+    setattr(sys_db, "_tether_statements", made)  # noqa: B010 - an attribute DBOS does not declare
     return made
 
 
@@ -360,7 +360,8 @@ async def _run_then(func: Any, next: Any, dbos: Any) -> Any:
         value = await func()
         result = next(lambda: value) if inline else await asyncio.to_thread(next, lambda: value)
     except asyncio.CancelledError:
-        _outcome.dbos_logger.warning(f"Asyncio task cancelled for workflow or step {func}")
+        _outcome.dbos_logger.warning(  # pyright: ignore[reportPrivateImportUsage]
+            f"Asyncio task cancelled for workflow or step {func}")
         raise
     except BaseException as exp:
         saved = exp

@@ -90,11 +90,14 @@ def load(database: str | os.PathLike[str] | None, run_id: str) -> tuple[RunState
         if not found:
             raise LookupError(f"no durable run {run_id!r} in {url}")
         inputs: Any = found[0].input
-        job = (inputs.get("args") if isinstance(inputs, dict) else inputs[0])[0]
-        steps = client.list_workflow_steps(run_id)
+        args = inputs.get("args") if isinstance(inputs, dict) else inputs[0]
+        if not args:
+            raise LookupError(f"durable run {run_id!r} has no recorded input to fork from")
+        job = args[0]
+        steps = [dict(s) for s in client.list_workflow_steps(run_id)]
     finally:
         client.destroy()
-    return from_jsonable(RunState, job["state"]), Recorded(list(steps))
+    return from_jsonable(RunState, job["state"]), Recorded(steps)
 
 
 async def fork(agent: Any, database: str | os.PathLike[str] | None, run_id: str, step: int, *,

@@ -12,9 +12,9 @@ from typing import Any
 from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
-from tether.events import START_KINDS
+from tether.events import START_KINDS, TraceEvent
 from tether.loop import RunCancelled
-from tether.types import ModelReply, ToolCall, ToolResult, TraceEvent, from_jsonable, to_jsonable
+from tether.types import ModelReply, ToolCall, ToolResult, from_jsonable, to_jsonable
 
 APPROVAL_TOPIC = "approval"
 

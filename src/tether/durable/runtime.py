@@ -15,9 +15,10 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 
 from tether.durable.runner import DbosStepRunner, EventBuffer
+from tether.events import TraceEvent
 from tether.loop import CancelToken, run_loop
 from tether.store.sql import RunStore, engine_url, make_engine
-from tether.types import RunResult, RunState, StopReason, TraceEvent, Usage, from_jsonable, to_jsonable
+from tether.types import RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 
 APP_VERSION = "tether-durable-1"  # pinned: bump only when the workflow's step sequence changes
 DAY = 86_400.0

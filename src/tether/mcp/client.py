@@ -395,8 +395,8 @@ class MCPToolset:
         async def call(_tether_context: ToolContext | None = None, **arguments: Any) -> str:
             # The call's idempotency key goes to the server in the request's _meta, so a server can
             # recognise a retried or recovered call (see docs/mcp.md)
-            meta = None if _tether_context is None else {IDEMPOTENCY_META: _tether_context.idempotency_key,
-                                                        RUN_META: _tether_context.run_id}
+            meta: dict[str, Any] | None = None if _tether_context is None else {
+                IDEMPOTENCY_META: _tether_context.idempotency_key, RUN_META: _tether_context.run_id}
             parent = _tether_context.extra.get(PARENT_KEY) if _tether_context is not None else None
             budget = parent.budget if isinstance(parent, ParentRun) else None
             # a share of what the run has left is offered (reserved meanwhile); a tether server runs its
@@ -404,7 +404,7 @@ class MCPToolset:
             carved = budget.carve(0.5) if budget is not None else (None, None)
             if meta is not None and budget is not None:
                 meta[BUDGET_META] = {"max_tokens": carved[0], "max_cost_usd": carved[1]}
-            if meta is not None and OBSERVERS:  # telemetry on: the server's spans join this call's trace
+            if meta is not None and _tether_context is not None and OBSERVERS:  # the server's spans join this trace
                 from tether.telemetry.otel import trace_carrier
 
                 meta.update(trace_carrier(_tether_context.run_id, _tether_context.call_id))

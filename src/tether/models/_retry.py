@@ -145,7 +145,7 @@ async def call_with_retries(
 class StreamAccumulator(Protocol):
     """Accumulates one provider's stream events into text deltas and a final reply."""
 
-    def add(self, event: Any) -> str | None: ...
+    def add(self, event: Any, /) -> str | None: ...
 
     def reply(self) -> ModelReply: ...
 
@@ -255,15 +255,16 @@ def provider_message(body: object) -> str | None:
 def classify_sdk_error(sdk: Any, base_error: type[Exception], exc: Exception, timeout: float | None) -> Failure | None:
     """Sort an exception from a Stainless-generated SDK (openai, anthropic: same exception tree)
     into retryable or not: timeouts, connection errors, 408, 429 and 5xx retry."""
+    err: Any = exc  # the SDK's classes are only known at run time: their attributes too
     if isinstance(exc, sdk.APITimeoutError):
         return Failure(True, f"request timed out after {timeout:g}s" if timeout else "request timed out")
     if isinstance(exc, sdk.APIConnectionError):
-        return Failure(True, one_line(f"connection error: {exc.__cause__ or exc.message}"))
+        return Failure(True, one_line(f"connection error: {exc.__cause__ or err.message}"))
     if isinstance(exc, sdk.APIStatusError):
-        status = exc.status_code
-        message = provider_message(exc.body) or exc.message
+        status = err.status_code
+        message = provider_message(err.body) or err.message
         retryable = status in (408, 429) or status >= 500
-        return Failure(retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(exc.response.headers))
+        return Failure(retryable, one_line(f"HTTP {status}: {message}"), parse_retry_after(err.response.headers))
     if isinstance(exc, base_error):
         return Failure(False, one_line(f"{type(exc).__name__}: {exc}"))
     return None

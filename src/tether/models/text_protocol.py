@@ -87,7 +87,7 @@ def _placeholder(schema: Any) -> Any:
         cast(str, kind), "...")
 
 
-def _example(tool: ToolSpec, protocol: str) -> str:
+def _example(tool: ToolSpec, protocol: TextProtocol) -> str:
     props = tool.parameters.get("properties", {}) if isinstance(tool.parameters, dict) else {}
     props = props if isinstance(props, dict) else {}
     required = tool.parameters.get("required") if isinstance(tool.parameters, dict) else None
@@ -243,6 +243,8 @@ class TextProtocolModel:
             used.update(c.id for c in m.tool_calls)
         messages = render_messages(request.messages, self.protocol, tools)
         usage = Usage()
+        reply: ModelReply | None = None
+        parsed: ParsedReply | None = None
         for attempt in range(self.max_nudges + 1 if tools else 1):
             reply = await self.inner.complete(self._inner_request(request, messages))
             usage.add(reply.usage)
@@ -258,6 +260,7 @@ class TextProtocolModel:
                 messages = [*messages, Message.assistant(reply.text),
                             Message.user(nudge_text(self.protocol, tools, parsed.errors))]
         # nudges used up: the plain text is the answer
+        assert reply is not None and parsed is not None  # the loop runs at least once
         return ModelReply(parsed.text or reply.text.strip(), [], usage, reply.model, reply.finish_reason)
 
     def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:

@@ -15,11 +15,19 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TextIO
+from typing import Any, Literal, Protocol
 
 from tether.policy.canonical import action_key
 
 Status = Literal["approved", "denied", "pending"]
+
+
+class TextSink(Protocol):
+    """Where a terminal approver shows its request: a text stream (or a wrapper of one)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +125,7 @@ class TerminalApprover:
     Only `y` or `yes` approves; anything else, EOF included, denies.
     """
 
-    def __init__(self, *, ask: Callable[[str], str] = input, out: TextIO | None = None, by: str | None = None) -> None:
+    def __init__(self, *, ask: Callable[[str], str] = input, out: TextSink | None = None, by: str | None = None) -> None:
         self.ask = ask
         self.out = out
         self.by = by or _whoami()

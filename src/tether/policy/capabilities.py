@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tether.policy.canonical import get_path
 from tether.tools.base import Tool
@@ -63,7 +63,7 @@ class Capability:
         """The effect class of this call (may depend on its arguments)."""
         spec = self.effect if self.effect is not None else tool.effect
         if type(spec) is Effect:  # the usual case; Effect(spec) would only hand it back
-            return spec
+            return cast(Effect, spec)
         if callable(spec) and not isinstance(spec, str):
             spec = spec(args)
         return Effect(spec)

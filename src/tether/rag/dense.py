@@ -11,7 +11,7 @@ Optional Rocchio feedback moves the query vector towards its top passages.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,7 @@ class Rocchio:
 def piece_offsets(embedder: Embedder, text: str) -> list[tuple[int, int]]:
     """Character spans of the text's word pieces: the embedder's own (`piece_offsets`) when it
     has them, else whitespace-separated words."""
-    own = getattr(embedder, "piece_offsets", None)
+    own: Callable[[str], Iterable[tuple[int, int]]] | None = getattr(embedder, "piece_offsets", None)
     if callable(own):
         return list(own(text))
     return [m.span() for m in _WORD.finditer(text)]

@@ -153,7 +153,7 @@ class MiniLMEncoder:
         int8: bool = True,
     ) -> None:
         import onnxruntime as ort
-        from tokenizers.implementations import BertWordPieceTokenizer
+        from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
         if model_path:
             self.model_path = Path(model_path)
@@ -210,7 +210,7 @@ class MiniLMEncoder:
     def piece_offsets(self, text: str) -> list[tuple[int, int]]:
         """Character spans of the text's word pieces (no truncation, no special tokens)."""
         if self._pieces is None:
-            from tokenizers.implementations import BertWordPieceTokenizer
+            from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
             self._pieces = BertWordPieceTokenizer(str(VOCAB_PATH), lowercase=True)
         return list(self._pieces.encode(text, add_special_tokens=False).offsets)

@@ -61,7 +61,7 @@ class CrossEncoderReranker:
 
     def __init__(self, path: str | Path, *, max_length: int = 512, batch_size: int = 16) -> None:
         import onnxruntime as ort
-        from tokenizers.implementations import BertWordPieceTokenizer
+        from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
         from tether.rag.encoder import VOCAB_PATH
 

@@ -124,7 +124,7 @@ class Cancelled(BaseModel):
 
 class StreamTokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ttl_seconds: int = Field(3600, ge=1, le=86_400, description="How long the token opens the stream.")
+    ttl_seconds: int = Field(default=3600, ge=1, le=86_400, description="How long the token opens the stream.")
 
 
 class StreamTokenOut(BaseModel):
@@ -253,6 +253,8 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def healthz() -> Any:
         """Up, and the database answers (a load balancer's check)."""
         try:
+            if tasks.tables is None:
+                raise RuntimeError("the service has not started")
             await tasks.db(tasks.tables.ping)
         except Exception as exc:
             return JSONResponse({"error": f"the database does not answer: {type(exc).__name__}: {exc}"},

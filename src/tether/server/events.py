@@ -173,7 +173,7 @@ def settle_end(store: RunStore, run_id: str, status: str, stop_reason: str | Non
     parked: DBOS lets no interrupted workflow record its end) gets one stored after its last event;
     keyed by seq like every event, so if the run stored its own event there first this changes nothing,
     and every reader sees the same sequence."""
-    from tether.types import TraceEvent
+    from tether.events import TraceEvent
 
     with store.engine.connect() as conn:
         last, stop = conn.execute(sa.text("SELECT MAX(seq), MAX(CASE WHEN kind = 'stop' THEN seq END) "

@@ -181,7 +181,7 @@ def policy_from_toml(table: Any, tool_names: set[str]) -> Any:
         bad = sorted(set(spec) - CAPABILITY_KEYS)
         if bad:
             raise RegistryError(f"policy.tools.{tool} has unknown keys {bad}; known: {sorted(CAPABILITY_KEYS)}")
-        fields = {k: tuple(v) if k in ("risk_free_args", "url_args") else v for k, v in spec.items()}
+        fields: dict[str, Any] = {k: tuple(v) if k in ("risk_free_args", "url_args") else v for k, v in spec.items()}
         try:
             caps.append(Capability(tool, **fields))
         except (TypeError, ValueError) as exc:

@@ -120,7 +120,7 @@ class Tasks:
         if self.config.workers > 0:
             from tether.server.janitor import heartbeat_and_janitor
 
-            self._janitor = asyncio.ensure_future(heartbeat_and_janitor(self.tables, rt.config.executor_id))
+            self._janitor = asyncio.ensure_future(heartbeat_and_janitor(self.tables, rt.config.executor_id or "local"))  # DBOS's default id
 
     # -- submit ----------------------------------------------------------------------------------
 

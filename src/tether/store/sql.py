@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import event
 
-from tether.events import START_KINDS
+from tether.events import START_KINDS, TraceEvent
 from tether.store.migrations import migrate
 from tether.tools.results import new_handle
-from tether.types import RunResult, RunState, TraceEvent, to_json, to_jsonable
+from tether.types import RunResult, RunState, to_json, to_jsonable
 
 
 def default_database_path(env: Mapping[str, str] | None = None) -> Path:
@@ -50,7 +51,7 @@ def make_engine(url: str) -> sa.Engine:
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"check_same_thread": False})
 
-        @sa.event.listens_for(engine, "connect")
+        @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = "IMMEDIATE"
             dbapi_conn.execute("PRAGMA busy_timeout=30000")

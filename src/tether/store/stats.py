@@ -39,7 +39,8 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
     given; the most expensive group first (then by key)."""
     if by not in GROUPS:
         raise ValueError(f"cannot group by {by!r}; use one of: {', '.join(GROUPS)}")
-    where, params = ["created_at >= :s"], {"s": since if since is not None else 0.0}
+    where = ["created_at >= :s"]
+    params: dict[str, Any] = {"s": since if since is not None else 0.0}
     if user is not None:
         where.append("user_id = :u")
         params["u"] = user

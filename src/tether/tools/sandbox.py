@@ -76,8 +76,13 @@ class Launch:
 class Sandbox(Protocol):
     """Turns `bash -c COMMAND` in a directory into the process that runs it confined."""
 
-    confined: bool  # False: nothing is enforced, so every call should be approved
-    description: str  # one line for tool descriptions and `tether models`
+    @property
+    def confined(self) -> bool:  # False: nothing is enforced, so every call should be approved
+        ...
+
+    @property
+    def description(self) -> str:  # one line for tool descriptions and `tether models`
+        ...
 
     def launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> Launch: ...
 

@@ -57,8 +57,9 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
         if section == "params":
             m = _DOC_PARAM.match(line)
             if m and (line.startswith(" ") or line.startswith("\t") or not current) and not line.startswith("        "):
-                current = m.group(1).lstrip("*")
-                params[current] = m.group(2).strip()
+                name = m.group(1).lstrip("*")
+                params[name] = m.group(2).strip()
+                current = name
             elif current and stripped:
                 params[current] += " " + stripped
             continue

@@ -52,7 +52,7 @@ def _round(x: Number, ndigits: Number | None = None) -> Number:
 
 
 # name -> (function, min args, max args or None for any)
-FUNCTIONS: dict[str, tuple[Callable[..., Number], int, int | None]] = {
+FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None]] = {  # each returns a Number
     "sqrt": (math.sqrt, 1, 1),
     "log": (math.log, 1, 2),
     "sin": (math.sin, 1, 1),
