@@ -149,6 +149,7 @@ def test_search_prints_a_table_of_ranked_passages_without_a_model(cli, docs, mon
     assert lines[0].split() == ["#", "score", "source", "heading", "snippet"]
     assert lines[1].lstrip().startswith("1 ") and "docs/refunds.md" in lines[1] and "Refunds" in lines[1]
     assert "Refunds are issued within 30 days" in r.stdout
+    assert r.stdout.rstrip().endswith("ranked by bm25")  # which retriever answered
 
 
 def test_search_json_has_source_heading_score_and_snippet(cli, docs):

@@ -254,7 +254,8 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(show_lines=False, box=None, pad_edge=False)
+    table = Table(show_lines=False, box=None, pad_edge=False, caption=f"ranked by {retriever}",
+                  caption_justify="left")
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")
     table.add_column("source", overflow="fold")
