@@ -4,9 +4,6 @@ server ($TETHER_TEST_POSTGRES, started by .ci/run), compared with a SQLite index
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,28 +15,15 @@ pytest.importorskip("onnxruntime")
 
 from rag_fakes import BagEmbedder
 from store_fixtures import fresh_postgres_database
+from test_rag_robustness import Gate, run, tether
 
 from tether.rag.index import Index
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     pytest.importorskip("psycopg")
     yield from fresh_postgres_database()
-
-
-def tether(home: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "TETHER_HOME": str(home), "PYTHONPATH": str(REPO / "src")}
-    return subprocess.Popen([sys.executable, "-m", "tether.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def run(home: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = tether(home, *args)
-    out, err = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def folder(root: Path, name: str, files: int) -> Path:
@@ -91,8 +75,6 @@ def test_two_processes_ingest_into_postgres_and_a_third_searches_as_sqlite_would
 
 def test_a_search_during_an_ingest_is_answered_by_bm25_and_says_so(tmp_path: Path, pg_url: str) -> None:
     import threading
-
-    from test_rag_robustness import Gate
 
     texts = [(f"doc{i}", f"passage {i} about topic{i % 7} and more words") for i in range(300)]
     gate = Gate(3)
