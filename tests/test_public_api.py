@@ -40,3 +40,17 @@ def test_durable_false_is_not_durable() -> None:
     agent = tether.Agent(tether.ScriptedModel([tether.reply("ok")]), durable=False)
     assert agent.durable is None
     assert agent.run("hi").answer == "ok"
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    # (there were two RunState and two Endpoint: the policy's per-run state is PolicyState, the
+    # endpoints `tether models` lists are ConfiguredEndpoint)
+    homes: dict[str, list[str]] = {}
+    for info in pkgutil.walk_packages(tether.__path__, "tether."):
+        if info.name.startswith(("tether.cli.__main__", "tether.__main__")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and obj.__module__ == info.name and not name.startswith("_"):
+                homes.setdefault(name, []).append(info.name)
+    assert {n: m for n, m in homes.items() if len(m) > 1} == {}

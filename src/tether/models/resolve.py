@@ -245,7 +245,7 @@ def _wrap_text_protocol(model: Model, protocol: str) -> Model:
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
+class ConfiguredEndpoint:
     """A configured endpoint, as shown by `tether models` (keys are never shown)."""
 
     name: str
@@ -255,20 +255,20 @@ class Endpoint:
     source: str
 
 
-def configured_endpoints(env: Mapping[str, str] | None = None) -> list[Endpoint]:
+def configured_endpoints(env: Mapping[str, str] | None = None) -> list[ConfiguredEndpoint]:
     """Endpoints the environment configures, in precedence order."""
     env = os.environ if env is None else env
-    out: list[Endpoint] = []
+    out: list[ConfiguredEndpoint] = []
     tether_model = (env.get("TETHER_MODEL") or "").strip()
     if _openai_env(env):
-        out.append(Endpoint("openai", env.get("OPENAI_BASE_URL") or OPENAI_URL, bool(env.get("OPENAI_API_KEY")),
+        out.append(ConfiguredEndpoint("openai", env.get("OPENAI_BASE_URL") or OPENAI_URL, bool(env.get("OPENAI_API_KEY")),
                             tether_model or OPENAI_DEFAULT_MODEL, "OPENAI_BASE_URL / OPENAI_API_KEY"))
     if _openrouter_env(env):
-        out.append(Endpoint("openrouter", env.get("OPENROUTER_BASE_URL") or OPENROUTER_URL,
+        out.append(ConfiguredEndpoint("openrouter", env.get("OPENROUTER_BASE_URL") or OPENROUTER_URL,
                             bool(env.get("OPENROUTER_API_KEY")), tether_model or OPENROUTER_DEFAULT_MODEL,
                             "OPENROUTER_BASE_URL / OPENROUTER_API_KEY"))
     if env.get("ANTHROPIC_API_KEY"):
-        out.append(Endpoint("anthropic", env.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com", True,
+        out.append(ConfiguredEndpoint("anthropic", env.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com", True,
                             ANTHROPIC_DEFAULT_MODEL, "ANTHROPIC_API_KEY (use --model anthropic:NAME)"))
     return out
 

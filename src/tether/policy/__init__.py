@@ -21,7 +21,7 @@ from tether.policy.capabilities import Capabilities, Capability
 from tether.policy.egress import EgressPolicy
 from tether.policy.idempotency import IdempotencyCache, MemoryIdempotency, idempotent
 from tether.policy.output_filter import Finding, filter_output
-from tether.policy.policy import RunState, SafetyPolicy, wrap_untrusted
+from tether.policy.policy import PolicyState, SafetyPolicy, wrap_untrusted
 from tether.policy.provenance import Origin, Provenance
 from tether.policy.safety_filter import Rule, RuleResult, SafetyFilter, SafetyVerdict
 
@@ -29,7 +29,7 @@ __all__ = [
     "ApprovalBook", "ApprovalDecision", "ApprovalRequest", "Approver", "AuditLog", "AuditRecord", "Authorizer",
     "AutoApprove", "CallbackApprover", "Capabilities", "Capability", "DenyAll", "EgressPolicy", "Finding",
     "IdempotencyCache", "JsonlSink", "MemoryIdempotency", "OracleApprover", "Origin", "PendingApprover",
-    "Permissions", "Provenance", "Rule", "RuleResult", "RunState", "SafetyFilter", "SafetyPolicy", "SafetyVerdict",
+    "Permissions", "PolicyState", "Provenance", "Rule", "RuleResult", "SafetyFilter", "SafetyPolicy", "SafetyVerdict",
     "SqliteSink", "TerminalApprover", "action_key", "canonical_json", "filter_output", "idempotent",
     "wrap_untrusted",
 ]

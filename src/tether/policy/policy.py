@@ -116,7 +116,7 @@ class _Pending:
 
 
 @dataclass
-class RunState:
+class PolicyState:
     """Everything the policy knows about one run. The run owns it (`CallContext.policy_state`);
     `SafetyPolicy.dump_state`/`load_state` turn it into JSON and back."""
 
@@ -156,7 +156,7 @@ class RunState:
         }
 
     @classmethod
-    def load(cls, data: dict[str, Any]) -> RunState:
+    def load(cls, data: dict[str, Any]) -> PolicyState:
         version = data.get("version") if isinstance(data, dict) else None
         if version != STATE_VERSION:
             raise ValueError(f"policy state version {version!r} is not supported (expected {STATE_VERSION})")
@@ -228,7 +228,7 @@ class SafetyPolicy:
         # a run that keeps asking (40 injected payments: 651 prompts over 16 runs) ends instead
         self.max_approvals = max_approvals
         self.max_denials = max_denials
-        self._runs: OrderedDict[str, RunState] = OrderedDict()
+        self._runs: OrderedDict[str, PolicyState] = OrderedDict()
         # ids of tainted runs whose state was evicted: if such a run comes back it starts tainted
         self._evicted_tainted: OrderedDict[str, None] = OrderedDict()
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
@@ -236,7 +236,7 @@ class SafetyPolicy:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def begin_run(self, run_id: str, prompt: str | Iterable[str] = "", user: str | None = None) -> RunState:
+    def begin_run(self, run_id: str, prompt: str | Iterable[str] = "", user: str | None = None) -> PolicyState:
         """Start (or extend) a run's state with the user's own words."""
         state = self._runs.get(run_id)
         if state is None:
@@ -250,14 +250,14 @@ class SafetyPolicy:
         return state
 
     def start_run(self, run_id: str, user: str | None, user_texts: Iterable[str] = (),
-                  tool_outputs: Iterable[str] = ()) -> RunState:
+                  tool_outputs: Iterable[str] = ()) -> PolicyState:
         """A new run's state, owned by the run alone (the loop keeps it on `CallContext.policy_state`
         and dumps it into the run's RunState): the policy keeps no copy, so a thousand runs leave
         nothing behind and a run id used again starts clean. A run continues its state only through
         its RunState (`state=`). Tool outputs of earlier turns count as untrusted: the policy never
         saw where they came from. A state prepared with `begin_run` under this id is taken over (and
         no longer kept by the policy)."""
-        state = self._runs.pop(run_id, None) or RunState(run_id, user)
+        state = self._runs.pop(run_id, None) or PolicyState(run_id, user)
         if user is not None:
             state.user = user
         for text in user_texts:
@@ -268,26 +268,26 @@ class SafetyPolicy:
             state.prov.add_output(str(text), trusted=False, source="(earlier turns)")
         return state
 
-    def note_user(self, state: RunState, text: str) -> None:
+    def note_user(self, state: PolicyState, text: str) -> None:
         """A new message from the user in a continued run (the loop's own label notes are not)."""
         if text and not text.startswith(NOTE_PREFIX):
             state.prov.add_user(text)
             state.has_prompt = True
 
-    def dump_state(self, state: RunState) -> dict[str, Any]:
+    def dump_state(self, state: PolicyState) -> dict[str, Any]:
         """The run's policy state as JSON-safe data (versioned)."""
         return state.dump()
 
-    def load_state(self, data: dict[str, Any]) -> RunState:
+    def load_state(self, data: dict[str, Any]) -> PolicyState:
         """A state from `dump_state` output; behaves exactly as the dumped one."""
-        return RunState.load(data)
+        return PolicyState.load(data)
 
-    def pending(self, state: RunState) -> list[dict[str, Any]]:
+    def pending(self, state: PolicyState) -> list[dict[str, Any]]:
         """Calls of this run awaiting a person's decision."""
         return [{"call_id": cid, "tool": a["tool"], "arguments": a["arguments"], "reason": a["reason"]}
                 for cid, a in state.awaiting.items()]
 
-    def decide(self, state: RunState, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+    def decide(self, state: PolicyState, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         """Record a decision on one pending call. It binds to that call's tool and canonical
         arguments and is used once, by the next identical call (runs if approved, refused with the
         reason if denied); any other call needs its own approval."""
@@ -297,7 +297,7 @@ class SafetyPolicy:
         state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
                                          "call_id": call_id}
 
-    def state(self, run_id: str) -> RunState | None:
+    def state(self, run_id: str) -> PolicyState | None:
         """The state of a run driven through the executor by hand (`begin_run`, or calls without a
         policy state on their context). A loop run's state is its own: `result.state.policy`,
         `result.tainted`."""
@@ -306,7 +306,7 @@ class SafetyPolicy:
     def end_run(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
 
-    def finish_run(self, state: RunState | str | None, answer: str) -> tuple[str, list[Finding]]:
+    def finish_run(self, state: PolicyState | str | None, answer: str) -> tuple[str, list[Finding]]:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
         append the actions that were held for the user to confirm. `state` is the run's state (a
         run id looks the state up, for callers driving the executor themselves)."""
@@ -336,7 +336,7 @@ class SafetyPolicy:
                 tainted=bool(state and state.tainted)))
         return text, findings
 
-    def _constructed_links(self, state: RunState, text: str) -> tuple[str, list[Finding]]:
+    def _constructed_links(self, state: PolicyState, text: str) -> tuple[str, list[Finding]]:
         """After taint, links in the answer to a host not allowlisted that carry data a click would
         send there: private data, or a query, fragment or path on a link that appears in nothing
         the user wrote or a tool returned (the model built it, e.g. with data it read; a link
@@ -357,8 +357,8 @@ class SafetyPolicy:
                 findings.append(Finding("link", url[:80], f"link to '{host}' carries {why}"))
         return text, findings
 
-    def _new_state(self, run_id: str, user: str | None) -> RunState:
-        state = RunState(run_id, user)
+    def _new_state(self, run_id: str, user: str | None) -> PolicyState:
+        state = PolicyState(run_id, user)
         if self._evicted_tainted.pop(run_id, False) is None:
             # its state was evicted while tainted: taint never goes down within a run
             state.prov.add_output("", trusted=False, source="(evicted run state)")
@@ -371,11 +371,11 @@ class SafetyPolicy:
                     self._evicted_tainted.popitem(last=False)
         return state
 
-    def _state(self, ctx: CallContext) -> RunState:
+    def _state(self, ctx: CallContext) -> PolicyState:
         if ctx.policy_state is not None:
-            if not isinstance(ctx.policy_state, RunState):  # fail closed: someone else's state
+            if not isinstance(ctx.policy_state, PolicyState):  # fail closed: someone else's state
                 raise TypeError(f"CallContext.policy_state is a {type(ctx.policy_state).__name__}, not a "
-                                "SafetyPolicy RunState")
+                                "SafetyPolicy PolicyState")
             return ctx.policy_state
         # no state on the context (a caller driving the executor itself): the run id's state
         state = self._runs.get(ctx.run_id)
@@ -395,7 +395,7 @@ class SafetyPolicy:
             state.user = ctx.user
         return state
 
-    def is_untrusted_source(self, tool: Tool, state: RunState | None = None) -> bool:
+    def is_untrusted_source(self, tool: Tool, state: PolicyState | None = None) -> bool:
         if tool.name in self.trusted_tools:
             return False
         if tool.name in self.untrusted_tools or tool.untrusted_output:
@@ -406,7 +406,7 @@ class SafetyPolicy:
         # read_result pages through earlier outputs: untrusted once any of them was
         return tool.name == "read_result" and state is not None and state.tainted
 
-    def _reads_untrusted_handle(self, tool: Tool, state: RunState, pend: _Pending | None) -> bool:
+    def _reads_untrusted_handle(self, tool: Tool, state: PolicyState, pend: _Pending | None) -> bool:
         """read_result is trusted only for a handle this run got from a trusted output: the store is
         shared by every run of an executor, so a handle from another run (or an unknown one) may hold
         anybody's untrusted text."""
@@ -434,7 +434,7 @@ class SafetyPolicy:
 
     async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
         state = ctx.policy_state
-        if type(state) is not RunState:  # the run's own state is the usual case; else look it up
+        if type(state) is not PolicyState:  # the run's own state is the usual case; else look it up
             state = self._state(ctx)
         # every check reads a JSON-plain view: nested models, URLs and decimals the validator made
         # would otherwise hide from ceilings, egress and provenance (which walk dicts, lists, str)
@@ -592,14 +592,14 @@ class SafetyPolicy:
                                           written)
         return Verdict("allow", "", decision)
 
-    def _approval_budget_spent(self, state: RunState) -> str | None:
+    def _approval_budget_spent(self, state: PolicyState) -> str | None:
         if self.max_denials is not None and state.denied >= self.max_denials:
             return f"this run was denied approval {state.denied} times (at most {self.max_denials})"
         if self.max_approvals is not None and state.asked >= self.max_approvals:
             return f"this run asked for approval {state.asked} times (at most {self.max_approvals})"
         return None
 
-    def _rate_limited(self, state: RunState, cap: Capability, tool: Tool) -> str | None:
+    def _rate_limited(self, state: PolicyState, cap: Capability, tool: Tool) -> str | None:
         if cap.per_run is not None and state.calls[tool.name] >= cap.per_run:
             return f"'{tool.name}' may run at most {cap.per_run} time(s) per run"
         if cap.per_user is not None:
@@ -613,7 +613,7 @@ class SafetyPolicy:
                             f"{cap.per_user_window:g} s for this user")
         return None
 
-    async def _ask(self, state: RunState, tool: Tool, args: dict[str, Any], prov: dict[str, str],
+    async def _ask(self, state: PolicyState, tool: Tool, args: dict[str, Any], prov: dict[str, str],
                    effect: Effect, reason: str, call: ToolCall, ctx: CallContext) -> ApprovalDecision:
         key = action_key(tool.name, args)
         decided = state.decisions.pop(key, None)  # recorded by `decide`: bound to this action, used once
@@ -638,7 +638,7 @@ class SafetyPolicy:
             state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason}
         return answer
 
-    async def _hold(self, state: RunState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
+    async def _hold(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
               effect: Effect, ctx: CallContext, why: str) -> Verdict:
         line = await _describe(tool, args)
         state.held.append(line)
@@ -646,12 +646,12 @@ class SafetyPolicy:
         return Verdict("refuse", f"it was held for the user to confirm, because {why}. Tell the user it is "
                                  f"waiting for their confirmation: {line}", "deferred")
 
-    def _refuse(self, state: RunState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
+    def _refuse(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
                 effect: Effect | str, ctx: CallContext, decision: str, reason: str, by: str = "") -> Verdict:
         self._audit(state, tool, call, args, prov, effect, ctx, decision, by, reason, "not_run")
         return Verdict("refuse", reason, decision)
 
-    def _audit(self, state: RunState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
+    def _audit(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
                effect: Effect | str, ctx: CallContext, decision: str, by: str, reason: str, outcome: str,
                detail: str = "") -> None:
         self.audit.record(AuditRecord(
@@ -676,7 +676,7 @@ class SafetyPolicy:
 
     def _after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         state = ctx.policy_state
-        if type(state) is not RunState:
+        if type(state) is not PolicyState:
             state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
         untrusted = self.is_untrusted_source(tool, state) or (
@@ -705,7 +705,7 @@ class SafetyPolicy:
             state.labels[result.call_id] = tool.name
         return result
 
-    def label_turn(self, state: RunState | None, results: Iterable[ToolResult]) -> str | None:
+    def label_turn(self, state: PolicyState | None, results: Iterable[ToolResult]) -> str | None:
         """One short note for the model after a turn's tool results, naming the results that are
         untrusted data (None when there are none). The tool messages stay exactly what the tools
         returned, so a model asked to show a file shows the file, not a wrapper."""
