@@ -108,6 +108,24 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], window: int = WINDO
     return pool_windows(vectors, windows, owners), windows, owners + offset
 
 
+def embed_in_batches(embedder: Embedder, texts: Sequence[str], window: int, stride: int, *, batch: int,
+                     offset: int = 0, progress: Callable[[int, int], None] | None = None,
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`embed_passages` over `texts`, `batch` texts at a time (each with its windows), calling
+    progress(done, total) over texts before the first batch and after each one."""
+    texts = list(texts)
+    if progress is not None:
+        progress(0, len(texts))
+    parts = [embed_passages(embedder, [], window, stride)]  # the shapes of an empty result
+    for start in range(0, len(texts), batch):
+        part = texts[start : start + batch]
+        parts.append(embed_passages(embedder, part, window, stride, offset + start))
+        if progress is not None:
+            progress(start + len(part), len(texts))
+    vectors, windows, owner = (np.concatenate(x) for x in zip(*parts, strict=True))
+    return vectors, windows, owner
+
+
 def pool_windows(vectors: np.ndarray, windows: np.ndarray, owner: np.ndarray) -> np.ndarray:
     """`vectors` with the row of every text that has windows set to its first window's vector."""
     out = np.array(vectors, dtype=np.float32)
@@ -177,17 +195,9 @@ class DenseRetriever:
         """Embed `texts` and their windows (embed_passages); with `progress` set, in batches of
         256 texts, reporting progress(done, total) over texts."""
         texts = list(texts)
-        step = 256 if self.progress is not None else max(len(texts), 1)
-        if self.progress is not None:
-            self.progress(0, len(texts))
-        parts = []
-        for start in range(0, len(texts), step):
-            parts.append(embed_passages(self.embedder, texts[start : start + step], self.window, self.stride, start))
-            if self.progress is not None:
-                self.progress(min(start + step, len(texts)), len(texts))
-        if not parts:
-            parts.append(embed_passages(self.embedder, [], self.window, self.stride))
-        vectors, windows, owner = (np.concatenate(x) for x in zip(*parts, strict=True))
+        batch = 256 if self.progress is not None else max(len(texts), 1)
+        vectors, windows, owner = embed_in_batches(self.embedder, texts, self.window, self.stride, batch=batch,
+                                                   progress=self.progress)
         self.set_vectors(vectors, windows=windows, owner=owner)
 
     def embed_windows(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ that instead (as is), or TETHER_EMBED_INT8=0 to keep the shipped graph.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -82,6 +83,17 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tether"
 
 
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of the file's sha256, read once per process (per size and mtime)."""
+    st = path.stat()
+    return _digest(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def int8_model(source: Path) -> Path | None:
     """The int8-computing graph derived from `source` (tether.rag.int8): made once, then reused.
 
@@ -91,7 +103,7 @@ def int8_model(source: Path) -> Path | None:
 
     from tether.rag import int8
 
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = file_digest(source)
     target = cache_root() / "models" / f"minilm-{int8.RECIPE}-{digest}-ort{ort.__version__}.onnx"
     if target.is_file():
         return target
@@ -234,5 +246,5 @@ def write_check_vectors(path: Path = CHECK_VECTORS) -> None:
     """Store the packaged graph's vectors of CHECK_TEXTS (after the graph's package changes)."""
     source = find_model_file()
     vectors = MiniLMEncoder(source, threads=1).embed(CHECK_TEXTS)
-    np.savez(path, digest=np.array(hashlib.sha256(source.read_bytes()).hexdigest()[:16]), vectors=vectors)
+    np.savez(path, digest=np.array(file_digest(source)), vectors=vectors)
 

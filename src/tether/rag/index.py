@@ -48,7 +48,7 @@ import numpy as np
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_passages, piece_offsets
+from tether.rag.dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag.encoder import Embedder
 from tether.rag.loaders import SUPPORTED, Section, load_file
 from tether.rag.settings import BEST
@@ -462,10 +462,8 @@ class Index:
                         f"embed; searches answer from their words meanwhile")
         more = _embed(self._dense(), fresh, offset=len(reused.vectors) if reused else 0,
                       progress=self._progress(), cache=self._cache())
-        stored = more if reused is None else _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True)))
-        with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-            self._save_vectors(stored, gen)
-            self._db.execute("DELETE FROM embed_cache")  # the vectors are stored: the checkpoints served
+        self._store_vectors(more if reused is None else
+                            _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True))), gen)
         self._retriever = None
 
     # -- vectors --------------------------------------------------------------------------------
@@ -496,10 +494,13 @@ class Index:
         rows, gen, stored = self._snapshot()
         if stored is not None:
             return
-        vectors = _embed(self._dense(), [c.indexed_text for c in rows], progress=self._progress(),
-                         cache=self._cache())
+        self._store_vectors(_embed(self._dense(), [c.indexed_text for c in rows], progress=self._progress(),
+                                   cache=self._cache()), gen)
+
+    def _store_vectors(self, vectors: _Vectors, generation: str) -> None:
+        """Swap in the vectors of `generation`; the embedding checkpoints have served."""
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-            self._save_vectors(vectors, gen)
+            self._save_vectors(vectors, generation)
             self._db.execute("DELETE FROM embed_cache")
 
     def _progress(self) -> Progress:
@@ -722,18 +723,8 @@ def _embed(dense: DenseRetriever, texts: list[str], offset: int = 0, progress: P
     Texts go to the embedder `batch` at a time (with their windows), each batch through `cache`
     when given (a stopped run resumes from its last batch); progress(done, total) counts texts."""
     embedder: Embedder = dense.embedder if cache is None else cache.over(dense.embedder)
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    if progress is not None:
-        progress(0, len(texts))
-    for start in range(0, len(texts), batch):
-        part = texts[start : start + batch]
-        parts.append(embed_passages(embedder, part, dense.window, dense.stride, offset + start))
-        if progress is not None:
-            progress(start + len(part), len(texts))
-    if not parts:
-        parts.append(embed_passages(embedder, [], dense.window, dense.stride))
-    vectors, windows, owner = (np.concatenate(x) for x in zip(*parts, strict=True))
-    return _Vectors(vectors, windows, owner)
+    return _Vectors(*embed_in_batches(embedder, texts, dense.window, dense.stride, batch=batch, offset=offset,
+                                      progress=progress))
 
 
 class _EmbedCache:
