@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tether import ToolContext, tool
+from tether import BasePolicy, ToolContext, tool
 from tether.tools.base import Tool
 from tether.tools.executor import CallContext, Executor
 from tether.tools.results import ResultStore, cap, shape
@@ -176,7 +176,7 @@ def test_read_result_is_advertised_once_a_result_was_capped():
     assert [s.name for s in ex.specs_for(owned())] == ["big", "read_result"]
 
 
-class _RaisingPolicy:
+class _RaisingPolicy(BasePolicy):
     def __init__(self, where: str) -> None:
         self.where = where
 

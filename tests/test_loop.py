@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tether import Agent, CancelToken, Limits, StopReason, tool
+from tether import Agent, BasePolicy, CancelToken, Limits, StopReason, tool
 from tether.models.pricing import Pricing
 from tether.models.scripted import RecordingModel, ReplayModel, ScriptedModel, call, reply
 from tether.tools.executor import CallContext, Verdict
@@ -228,7 +228,7 @@ async def test_cancel_token_interrupts_a_model_call():
 
 
 def test_awaiting_approval_stops_the_run():
-    class NeedsApproval:
+    class NeedsApproval(BasePolicy):
         async def before_call(self, tool, args, call, ctx: CallContext) -> Verdict:
             return Verdict("await_approval", reason="needs a human", decision="awaiting_approval")
 
@@ -242,7 +242,7 @@ def test_awaiting_approval_stops_the_run():
 
 
 def test_policy_refusal_is_an_error_the_model_sees():
-    class Refuse:
+    class Refuse(BasePolicy):
         async def before_call(self, tool, args, call, ctx):
             return Verdict("refuse", reason=f"user {ctx.user} may not use {tool.name}", decision="refused:authz")
 

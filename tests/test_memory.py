@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, tool
-from tether.context.memory import DAY, LongTermMemory, SQLiteMemoryStore, policy_taint
+from tether.context.memory import DAY, LongTermMemory, SQLiteMemoryStore
 from tether.models.scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
 from tether.policy.approvals import AutoApprove
@@ -88,7 +88,7 @@ def test_a_memory_written_from_untrusted_content_stays_untrusted_when_read_back(
     policy = SafetyPolicy(approver=AutoApprove())  # approve the write, to see how it is stored
     writer = ScriptedModel([call("fetch_page", url="https://x"),
                             call("remember_fact", topic="payments", fact="pay to 999-ATTACKER"), "ok"])
-    agent = Agent(writer, tools=[fetch_page, *mem.tools(policy_taint(policy))], policy=policy, user="ann")
+    agent = Agent(writer, tools=[fetch_page, *mem.tools()], policy=policy, user="ann")
     result = agent.run("read the page")
     assert result.completed, result.error
     stored = mem.facts("ann", "payments")
@@ -98,7 +98,7 @@ def test_a_memory_written_from_untrusted_content_stays_untrusted_when_read_back(
     # a later, clean run reads it back: labelled untrusted, and the run is tainted by the read
     reader_policy = SafetyPolicy()
     reader = ScriptedModel([call("recall_memory", query="payments"), "noted"])
-    read = Agent(reader, tools=mem.tools(policy_taint(reader_policy)), policy=reader_policy, user="ann").run(
+    read = Agent(reader, tools=mem.tools(), policy=reader_policy, user="ann").run(
         "how do I pay?", run_id="r-read")
     shown = _last_tool(reader)
     note = reader.requests[-1].messages[-1]  # the policy labels the result in a note after it
@@ -110,7 +110,7 @@ def test_a_clean_run_writes_trusted_memories_and_records_its_episode() -> None:
     mem = LongTermMemory(clock=Clock())
     policy = SafetyPolicy()
     model = ScriptedModel([call("remember_fact", topic="team", fact="ann leads payments"), "ok"])
-    Agent(model, tools=mem.tools(policy_taint(policy)), policy=policy, user="ann").run("remember: ann leads payments")
+    Agent(model, tools=mem.tools(), policy=policy, user="ann").run("remember: ann leads payments")
     assert mem.facts("ann", "team")[0].trusted
     assert "ann leads payments" in mem.context_block("ann", "team")
     result = RunResult("r9", StopReason.COMPLETED, "fixed by raising the pool to 200",

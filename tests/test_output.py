@@ -17,7 +17,7 @@ from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
-from tether import Agent, Limits, OutputInvalid, StopReason, structured, tool
+from tether import Agent, BasePolicy, Limits, OutputInvalid, StopReason, structured, tool
 from tether.models.openai_compat import OpenAICompatModel
 from tether.models.scripted import ScriptedModel, call, reply
 from tether.output import FINAL_TOOL, JsonSchema, OutputRun, OutputType, parse_json, request_for
@@ -226,15 +226,12 @@ def test_run_result_with_output_round_trips_through_json() -> None:
 
 
 def test_output_filter_redactions_are_validated_again() -> None:
-    class Redacting:  # a policy whose output filter rewrites the answer (as a secret filter would)
-        def authorize(self, *a: Any, **k: Any) -> Any:
-            raise AssertionError("no tools here")
-
-        def finish_run(self, run_id: str, answer: str) -> tuple[str, list[Any]]:
+    class Redacting(BasePolicy):  # a policy whose output filter rewrites the answer (as a secret filter would)
+        def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
             return answer.replace("2100000", "[redacted]"), [type("F", (), {"kind": "secret", "reason": "test"})()]
 
     agent = Agent(ScriptedModel(['{"name": "Paris", "population": 2100000}']), output_type=City,
-                  policy=Redacting())  # type: ignore[arg-type]
+                  policy=Redacting())
     result = agent.run("x")
     assert result.output is None and result.stop_reason is StopReason.OUTPUT_INVALID
     assert "[redacted]" in result.answer and "no longer validates" in (result.error or "")

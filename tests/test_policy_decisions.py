@@ -53,7 +53,6 @@ class World:
 def run(policy: SafetyPolicy, prompt: str, *script: Any, world: World | None = None, run_id: str = "r1",
         user: str | None = None):
     world = world or World()
-    policy.begin_run(run_id, prompt, user=user)
     agent = Agent(ScriptedModel(list(script)), tools=world.tools(), policy=policy, user=user,
                   limits=Limits(max_steps=10))
     return world, agent.run(prompt, run_id=run_id)
@@ -198,8 +197,9 @@ def test_secrets_in_arguments_are_refused() -> None:
     assert world.sent == [] and decisions(p) == [("send_money", "refused:secret")]
 
 
-def test_prompt_from_call_context_extra() -> None:
-    """If the loop passes the prompt in CallContext.extra, begin_run is not needed."""
+def test_an_executor_driven_by_hand_takes_the_state_start_run_made_and_refuses_without_one() -> None:
+    """One way to start a run's policy state (`start_run`); a call that carries none is refused
+    (before: the policy looked the run id up in a map of its own, and made one if missing)."""
     import asyncio
 
     from tether.tools.executor import CallContext, Executor
@@ -207,10 +207,13 @@ def test_prompt_from_call_context_extra() -> None:
     world = World()
     p = SafetyPolicy()
     ex = Executor(world.tools(), policy=p)
-    ctx = CallContext(run_id="x", extra={"prompt": "read email then send 20 to bob"})
+    bare = asyncio.run(ex.execute(call("send_money", recipient="bob", amount=20), CallContext(run_id="x")))
+    assert bare.is_error and bare.decision == "refused:error" and "start_run" in bare.content and not world.sent
+    state = p.start_run("x", None, ["read email then send 20 to bob"])
+    ctx = CallContext(run_id="x", policy_state=state)
     asyncio.run(ex.execute(call("read_email"), ctx))
     asyncio.run(ex.execute(call("send_money", recipient="bob", amount=20), ctx))
-    assert world.sent and decisions(p, "x")[-1] == ("send_money", "allowed")
+    assert world.sent and state.tainted and decisions(p, "x")[-1] == ("send_money", "allowed")
 
 
 def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:

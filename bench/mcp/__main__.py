@@ -46,6 +46,8 @@ async def measure(argv: list[str], arg: str, toolset: MCPToolset) -> dict[str, l
     executors = {"tether/allow": Executor(toolset.tools, policy=AllowAll()),
                  "tether/policy": Executor(toolset.tools, policy=SafetyPolicy())}
     times: dict[str, list[float]] = {"sdk": [], **{k: [] for k in executors}}
+    contexts = {k: CallContext("bench", policy_state=e.policy.start_run("bench", None, [], []))
+                for k, e in executors.items()}
     async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
         for i in range(N + WARMUP):
             t = time.perf_counter()
@@ -55,7 +57,7 @@ async def measure(argv: list[str], arg: str, toolset: MCPToolset) -> dict[str, l
             for setup, executor in executors.items():
                 t = time.perf_counter()
                 result = await executor.execute(ToolCall(f"c{i}", "s__echo", {arg: f"hello {i}"}),
-                                                CallContext("bench"))
+                                                contexts[setup])
                 times[setup].append(time.perf_counter() - t)
                 assert not result.is_error, result.content
     for executor in executors.values():

@@ -24,6 +24,7 @@ from tether.models.scripted import ScriptedModel, call, reply
 from tether.output import JsonSchema, OutputInvalid, structured
 from tether.policy import SafetyPolicy
 from tether.tools.base import Tool, ToolContext, tool
+from tether.tools.executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
 from tether.types import (
     Effect,
     Message,
@@ -38,6 +39,9 @@ from tether.types import (
 
 __all__ = [
     "Agent",
+    "AllowAll",
+    "BasePolicy",
+    "CallContext",
     "CancelToken",
     "Effect",
     "FallbackModel",
@@ -49,6 +53,7 @@ __all__ = [
     "ModelReply",
     "ModelRequest",
     "OutputInvalid",
+    "Policy",
     "RunResult",
     "RunState",
     "SafetyPolicy",
@@ -60,6 +65,7 @@ __all__ = [
     "ToolContext",
     "TraceEvent",
     "Usage",
+    "Verdict",
     "call",
     "models",
     "reply",

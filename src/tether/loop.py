@@ -43,7 +43,7 @@ from tether.events import (
 from tether.limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether.models.base import Model
 from tether.models.pricing import Pricing
-from tether.tools.executor import CallContext, Executor, ToolStepFn
+from tether.tools.executor import CallContext, Executor, Policy, ToolStepFn
 from tether.tools.results import HANDLES_KEY
 from tether.types import (
     APPROVAL_BUDGET_DECISION,
@@ -305,7 +305,6 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
     ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)))
     policy = spec.executor.policy
-    label = getattr(policy, "label_turn", None)  # untrusted results, labelled outside them
     stop: StopReason | None = None
     error: str | None = None
     answer = ""
@@ -429,7 +428,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             work = _run_tools(spec, calls, results, ctx, budget, loops, emit)
             stop = await (work if spec.cancel is None else _with_cancel(spec, work))
             _answer_turn(messages, calls, results, "not run: the run is stopping")
-            if label is not None and (note := label(ctx.policy_state, [r for r in results if r is not None])):
+            if (note := policy.label_turn(ctx.policy_state, [r for r in results if r is not None])):
                 messages.append(Message("user", note, name=NOTE_NAME))
             for c, r in zip(calls, results, strict=True):
                 if r is not None and not r.is_error:
@@ -460,9 +459,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                                      [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
 
     # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
-    finish = getattr(policy, "finish_run", None)  # optional in a Policy
-    if answer and finish is not None:
-        answer, redacted = finish(ctx.policy_state, answer)
+    if answer:
+        answer, redacted = policy.finish_run(ctx.policy_state, answer)
         if redacted:
             emit(Notice(notice={"redacted": [f"{f.kind}: {f.reason}" for f in redacted]}))
 
@@ -478,13 +476,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     state.handles = sorted(handles)
     state.stop_reason = stop
     state.task_state = _task_state(context) or state.task_state  # the context layer's slot
-    dump = getattr(policy, "dump_state", None)
-    if dump is not None and ctx.policy_state is not None:
-        state.policy = dump(ctx.policy_state)
-    state.tainted = bool(getattr(ctx.policy_state, "tainted", False))
-    waiting = getattr(policy, "pending", None)
-    state.pending = [] if waiting is None or ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
-        else [{**p, "step": ctx.step} for p in waiting(ctx.policy_state)]
+    if ctx.policy_state is not None:
+        state.policy = policy.dump_state(ctx.policy_state)
+    state.tainted = bool(getattr(ctx.policy_state, "tainted", False))  # a policy's state may not know taint
+    state.pending = [] if ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
+        else [{**p, "step": ctx.step} for p in policy.pending(ctx.policy_state)]
     result = RunResult(
         run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
         usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
@@ -624,11 +620,9 @@ async def _run_tools(
 async def _wait_approval(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> dict | None:
     """Park until a decision on `call` arrives; None when the runner cannot wait or the policy
     cannot take decisions out of process."""
-    policy = spec.executor.policy
-    pending_of = getattr(policy, "pending", None)
-    if pending_of is None or not hasattr(policy, "decide") or ctx.policy_state is None:
+    if ctx.policy_state is None:
         return None
-    mine = [p for p in pending_of(ctx.policy_state) if p.get("call_id") == call.id]
+    mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
     pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
                                     "reason": result.content}
     return await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
@@ -640,9 +634,8 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
     goes to the policy, bound to its call's tool and arguments, and that exact call runs again
     through the executor (approved: it runs; denied: the denial is its answer), its result replacing
     the "awaiting approval" answer in the transcript, before the model is asked again."""
-    policy = spec.executor.policy
-    decide = getattr(policy, "decide", None)
-    if decide is None or ctx.policy_state is None:
+    decide = spec.executor.policy.decide
+    if ctx.policy_state is None:
         raise ValueError("this run's policy takes no decisions on pending calls")
     messages = state.messages
     turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
@@ -669,20 +662,16 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
     state.pending = []
 
 
-def _start_policy(policy: object, state: RunState, ctx: CallContext) -> None:
+def _start_policy(policy: Policy, state: RunState, ctx: CallContext) -> None:
     """The policy's per-run state on the CallContext: loaded from the RunState when the run has one
     (a resumed, continued or forked run is exactly as tainted as before), else started fresh."""
-    load = getattr(policy, "load_state", None)
-    if state.policy is not None and load is not None:
-        ctx.policy_state = load(state.policy)
-        note = getattr(policy, "note_user", None)  # a continued conversation's new prompt
-        if note is not None and state.messages and state.messages[-1].role == "user":
-            note(ctx.policy_state, state.messages[-1].content)
+    if state.policy is not None:
+        ctx.policy_state = policy.load_state(state.policy)
+        if state.messages and state.messages[-1].role == "user":  # a continued conversation's new prompt
+            policy.note_user(ctx.policy_state, state.messages[-1].content)
         return
-    start = getattr(policy, "start_run", None)
-    if start is not None:
-        ctx.policy_state = start(state.run_id, state.user, ctx.extra["user_messages"],
-                                 ctx.extra["history_tool_outputs"])
+    ctx.policy_state = policy.start_run(state.run_id, state.user, ctx.extra["user_messages"],
+                                        ctx.extra["history_tool_outputs"])
 
 
 async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,

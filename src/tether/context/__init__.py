@@ -12,7 +12,7 @@
 
 from tether.context.compaction import Compaction, Compactor, ContextOverflow, cut_result
 from tether.context.facts import FactList, message_facts
-from tether.context.memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore, policy_taint
+from tether.context.memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore
 from tether.context.planning import Planner, parse_plan
 from tether.context.task_state import PlanStep, TaskBoard, TaskState, task_state_tools
 from tether.tokens import (
@@ -48,6 +48,5 @@ __all__ = [
     "message_facts",
     "message_tokens",
     "parse_plan",
-    "policy_taint",
     "task_state_tools",
 ]

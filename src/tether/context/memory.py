@@ -212,7 +212,7 @@ class LongTermMemory:
     def record_run(self, user: str | None, task: str, result: RunResult, *, tainted: bool,
                    task_type: str | None = None) -> list[Memory]:
         """Remember a finished run: the episode, and (if it completed with a plan) its workflow.
-        `tainted`: whether the run read untrusted content (e.g. `policy.state(run_id).tainted`)."""
+        `tainted`: whether the run read untrusted content (`result.tainted`)."""
         source = f"run {result.run_id}"
         summary = result.answer[:1000] or (result.error or "")
         out = [self.remember_episode(user, task, result.stop_reason.value, summary or "(no answer)", source=source,
@@ -257,12 +257,10 @@ class LongTermMemory:
 
     # ----- as tools -----------------------------------------------------------------------------
 
-    def tools(self, is_tainted: Callable[[str], bool] | None = None) -> list[Tool]:
+    def tools(self) -> list[Tool]:
         """`recall_memory` (untrusted output: the policy taints the run that reads it) and
-        `remember_fact`. Inside a run, a fact is trusted only if the run's safety policy has not seen it
-        read untrusted content (the run's own state says). For an executor driven by hand,
-        `is_tainted(run_id)` says it (e.g. `policy_taint(policy)`); without either, written facts
-        are untrusted."""
+        `remember_fact`. A fact is trusted only if the run writing it has not read untrusted content
+        (the run's own policy state says); a fact written outside a run is untrusted."""
         memory = self
 
         @tool(untrusted_output=True)
@@ -283,27 +281,9 @@ class LongTermMemory:
                 topic: what the fact is about, e.g. "deploy process".
                 fact: the fact, exactly.
             """
-            state = None
             parent = context.extra.get(PARENT_KEY)
-            if isinstance(parent, ParentRun):  # inside a run: its own policy state says
-                state = not parent.tainted()
-            elif is_tainted is not None:  # an executor driven by hand: the policy's record of the run id
-                try:
-                    state = not is_tainted(context.run_id)
-                except Exception:  # an unknown run: fail closed
-                    state = False
-            m = memory.remember_fact(context.user, topic, fact, source=f"run {context.run_id}",
-                                     trusted=bool(state))
+            trusted = isinstance(parent, ParentRun) and not parent.tainted()  # outside a run: untrusted
+            m = memory.remember_fact(context.user, topic, fact, source=f"run {context.run_id}", trusted=trusted)
             return f"remembered under '{m.key}'" + ("" if m.trusted else " (marked untrusted)")
 
         return [recall_memory, remember_fact]
-
-
-def policy_taint(policy: Any) -> Callable[[str], bool]:
-    """`is_tainted` for `LongTermMemory.tools` from a SafetyPolicy (a run it does not know counts as tainted)."""
-
-    def tainted(run_id: str) -> bool:
-        state = policy.state(run_id)
-        return True if state is None else bool(state.tainted)
-
-    return tainted

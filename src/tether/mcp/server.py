@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import mcp_types as mt
@@ -57,10 +58,39 @@ def _budget_offer(meta: Any) -> tuple[int | None, float | None] | None:
     return tokens, None if cost is None else float(cost)
 
 
+MAX_SESSIONS = 10_000  # sessions whose policy state a server keeps (least recently used go first)
+
+
+class SessionStates:
+    """The policy state of each MCP session (the session is the run): at most `limit`, least
+    recently used evicted first. A call in an evicted session is refused rather than started clean,
+    so what it read keeps counting (fail closed)."""
+
+    def __init__(self, executor: Executor, user: str | None, limit: int = MAX_SESSIONS) -> None:
+        self.executor, self.user, self.limit = executor, user, limit
+        self._states: OrderedDict[str, Any] = OrderedDict()
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+
+    def get(self, run_id: str) -> Any:
+        if run_id in self._evicted:
+            raise LookupError("this MCP session was idle too long and its safety state was dropped; "
+                              "open a new session")
+        if run_id in self._states:
+            self._states.move_to_end(run_id)
+            return self._states[run_id]
+        state = self._states[run_id] = self.executor.policy.start_run(run_id, self.user, [], [])
+        while len(self._states) > self.limit:
+            self._evicted[self._states.popitem(last=False)[0]] = None
+            while len(self._evicted) > 10 * self.limit:
+                self._evicted.popitem(last=False)
+        return state
+
+
 def build_server(executor: Executor, *, user: str | None = None, name: str = "tether") -> Server[Any]:
     """An MCP server offering `executor`'s tools (read_result too, for capped outputs)."""
     base = f"mcp-{uuid.uuid4().hex[:12]}"
     counter = itertools.count(1)
+    sessions = SessionStates(executor, user)
 
     def run_id(ctx: Any) -> str:
         # The policy's run is the client's session: over stdio the process serves one client; over
@@ -88,7 +118,14 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
 
             token = attached_from(params.meta)
         try:
-            result = await executor.execute(call, CallContext(run_id=run_id(ctx), user=user, extra=extra))
+            session = run_id(ctx)
+            try:
+                state = sessions.get(session)
+            except LookupError as exc:
+                return mt.CallToolResult(content=[mt.TextContent(text=f"ERROR: '{call.name}' was not run: {exc}")],
+                                         is_error=True)
+            result = await executor.execute(call, CallContext(run_id=session, user=user, extra=extra,
+                                                              policy_state=state))
         finally:
             if token is not None:
                 from tether.telemetry.otel import detach

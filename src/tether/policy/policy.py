@@ -1,17 +1,17 @@
 """`SafetyPolicy`: the executor's Policy seam, composing every guard of tether.policy.
 
-Before a call (in order): capability (is the tool allowed in this run) -> authorization (may this
-user make it) -> effect class (may depend on the arguments) -> value ceilings -> rate limits
-(per run, per user) -> provenance of every argument value -> egress (URL arguments) -> argument
-scan (secrets, exfiltration links) -> the taint rule -> approval (recorded approval, else the
-approver) -> audit. After a call: the output is added to the run's provenance (an untrusted
-source taints the run for good), wrapped and labelled as data if untrusted, and audited.
+Before a call, the guards in order, each a small method that may stop the call with its reason or
+ask for approval: capability (is the tool allowed in this task) -> authorization (may this user make
+it) -> effect class (may depend on the arguments) -> value ceilings -> rate limits (per run, per
+user) -> declarations -> egress (URL arguments) -> argument scan (secrets, exfiltration links) ->
+provenance (links, private data, repeats) -> the taint rule; then approval (a recorded decision,
+else the approver). A stopped call has one path: audited, answered with its reason. After a call:
+the output is added to the run's provenance (an untrusted source taints the run for good),
+labelled as data if untrusted, and audited.
 
-A run owns its state: the loop starts it (`start_run`), keeps it on `CallContext.policy_state`
-and dumps it into the run's RunState; the policy keeps no copy. For an executor driven by hand
-(calls without a policy state), states are kept by run id (`begin_run(run_id, prompt, user)`,
-`state(run_id)`), at most `max_runs`. `finish_run(state, answer)` filters the final answer and
-appends actions held for the user.
+A run owns its state: `start_run` makes it, the loop keeps it on `CallContext.policy_state` and
+dumps it into the run's RunState; the policy keeps no copy. `finish_run(state, answer)` filters
+the final answer and appends actions held for the user.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import inspect
 import re
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +115,17 @@ class _Pending:
     written: list[Any] = field(default_factory=list)  # values to record as untrusted once it ran
 
 
+@dataclass(slots=True)
+class Stop:
+    """A guard's decision to stop a call: its label (`refused:<why>`, `denied:<by>`, `deferred`) and
+    the reason the model is told. `hold`: kept for the user to confirm instead."""
+
+    decision: str
+    reason: str
+    by: str = ""
+    hold: bool = False
+
+
 @dataclass
 class PolicyState:
     """Everything the policy knows about one run. The run owns it (`CallContext.policy_state`);
@@ -178,6 +189,28 @@ class PolicyState:
         )
 
 
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One call as the guards see it; each guard reads what the earlier ones found."""
+
+    tool: Tool
+    call: ToolCall
+    ctx: CallContext
+    state: PolicyState
+    raw_args: dict[str, Any]  # as validated (what the tool and an authorizer get)
+    args: dict[str, Any]  # JSON-plain (what every check reads)
+    cap: Capability = None  # type: ignore[assignment]  # set by the first guard
+    effect: Effect | str = ""
+    trace: dict[str, Origin] = field(default_factory=dict)  # argument path -> where its value came from
+    prov: dict[str, str] = field(default_factory=dict)
+    tainted: bool = False
+    checked_effect: Effect | str = ""
+    guarded: bool = False
+    key: str = ""  # the action key of a guarded call
+    egress_paths: list[str] = field(default_factory=list)
+    ask: list[str] = field(default_factory=list)  # why a person must approve (empty: no need)
+
+
 class SafetyPolicy:
     """The default safety policy. Every argument is optional; the defaults are deny-by-default
     where it matters: unlisted tools inherit their own declared capabilities, guarded calls
@@ -201,7 +234,6 @@ class SafetyPolicy:
         scan_arguments: bool = True,
         user_anchor: bool = True,
         clock: Callable[[], float] = time.monotonic,
-        max_runs: int = 10_000,
         max_approvals: int | None = 20,
         max_denials: int | None = 5,
     ) -> None:
@@ -224,30 +256,17 @@ class SafetyPolicy:
         self.scan_arguments = scan_arguments
         self.user_anchor = user_anchor
         self.clock = clock
-        self.max_runs = max_runs
         # a run that keeps asking (40 injected payments: 651 prompts over 16 runs) ends instead
         self.max_approvals = max_approvals
         self.max_denials = max_denials
-        self._runs: OrderedDict[str, PolicyState] = OrderedDict()
-        # ids of tainted runs whose state was evicted: if such a run comes back it starts tainted
-        self._evicted_tainted: OrderedDict[str, None] = OrderedDict()
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         self._declared: dict[str, tuple[Tool, Capability, str | None]] = {}
+        self._guards: tuple[Callable[[_Call], Stop | None], ...] = (
+            self._guard_capability, self._guard_authorization, self._guard_effect, self._guard_ceilings,
+            self._guard_rate, self._guard_declaration, self._guard_egress, self._guard_argument_scan,
+            self._guard_provenance, self._guard_taint)
 
     # -- runs ---------------------------------------------------------------------------------
-
-    def begin_run(self, run_id: str, prompt: str | Iterable[str] = "", user: str | None = None) -> PolicyState:
-        """Start (or extend) a run's state with the user's own words."""
-        state = self._runs.get(run_id)
-        if state is None:
-            state = self._new_state(run_id, user)
-        if user is not None:
-            state.user = user
-        for text in [prompt] if isinstance(prompt, str) else prompt:
-            if text:
-                state.prov.add_user(text)
-                state.has_prompt = True
-        return state
 
     def start_run(self, run_id: str, user: str | None, user_texts: Iterable[str] = (),
                   tool_outputs: Iterable[str] = ()) -> PolicyState:
@@ -255,11 +274,9 @@ class SafetyPolicy:
         and dumps it into the run's RunState): the policy keeps no copy, so a thousand runs leave
         nothing behind and a run id used again starts clean. A run continues its state only through
         its RunState (`state=`). Tool outputs of earlier turns count as untrusted: the policy never
-        saw where they came from. A state prepared with `begin_run` under this id is taken over (and
-        no longer kept by the policy)."""
-        state = self._runs.pop(run_id, None) or PolicyState(run_id, user)
-        if user is not None:
-            state.user = user
+        saw where they came from. To drive the executor by hand, start a state here and pass it as
+        `CallContext(policy_state=...)`: a call without one is refused."""
+        state = PolicyState(run_id, user)
         for text in user_texts:
             if text:
                 state.prov.add_user(text)
@@ -297,21 +314,9 @@ class SafetyPolicy:
         state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
                                          "call_id": call_id}
 
-    def state(self, run_id: str) -> PolicyState | None:
-        """The state of a run driven through the executor by hand (`begin_run`, or calls without a
-        policy state on their context). A loop run's state is its own: `result.state.policy`,
-        `result.tainted`."""
-        return self._runs.get(run_id)
-
-    def end_run(self, run_id: str) -> None:
-        self._runs.pop(run_id, None)
-
-    def finish_run(self, state: PolicyState | str | None, answer: str) -> tuple[str, list[Finding]]:
+    def finish_run(self, state: PolicyState | None, answer: str) -> tuple[str, list[Finding]]:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
-        append the actions that were held for the user to confirm. `state` is the run's state (a
-        run id looks the state up, for callers driving the executor themselves)."""
-        if isinstance(state, str):
-            state = self._runs.get(state)
+        append the actions that were held for the user to confirm."""
         run_id = state.run_id if state is not None else ""
         if state is not None and state.held:
             # held actions carry the model's arguments: they are filtered with the answer
@@ -357,43 +362,16 @@ class SafetyPolicy:
                 findings.append(Finding("link", url[:80], f"link to '{host}' carries {why}"))
         return text, findings
 
-    def _new_state(self, run_id: str, user: str | None) -> PolicyState:
-        state = PolicyState(run_id, user)
-        if self._evicted_tainted.pop(run_id, False) is None:
-            # its state was evicted while tainted: taint never goes down within a run
-            state.prov.add_output("", trusted=False, source="(evicted run state)")
-        self._runs[run_id] = state
-        while len(self._runs) > self.max_runs:
-            old_id, old = self._runs.popitem(last=False)
-            if old.tainted:
-                self._evicted_tainted[old_id] = None
-                while len(self._evicted_tainted) > 10 * self.max_runs:
-                    self._evicted_tainted.popitem(last=False)
-        return state
-
-    def _state(self, ctx: CallContext) -> PolicyState:
-        if ctx.policy_state is not None:
-            if not isinstance(ctx.policy_state, PolicyState):  # fail closed: someone else's state
-                raise TypeError(f"CallContext.policy_state is a {type(ctx.policy_state).__name__}, not a "
-                                "SafetyPolicy PolicyState")
-            return ctx.policy_state
-        # no state on the context (a caller driving the executor itself): the run id's state
-        state = self._runs.get(ctx.run_id)
+    @staticmethod
+    def _state(ctx: CallContext) -> PolicyState:
+        """The run's own state (fail closed: a call without one, or with another policy's, raises)."""
+        state = ctx.policy_state
+        if type(state) is PolicyState:
+            return state
         if state is None:
-            state = self._new_state(ctx.run_id, ctx.user)
-        else:
-            self._runs.move_to_end(ctx.run_id)  # least recently used runs are evicted first
-        if not state.has_prompt:
-            prompt = ctx.extra.get("prompt") or ctx.extra.get("user_messages")
-            if prompt:
-                self.begin_run(ctx.run_id, prompt, ctx.user)
-            # tool outputs already in the transcript (a conversation continued with `history`): the
-            # policy never saw where they came from, so they count as untrusted (taint carries over)
-            for text in ctx.extra.get("history_tool_outputs") or ():
-                state.prov.add_output(str(text), trusted=False, source="(earlier turns)")
-        if state.user is None and ctx.user is not None:
-            state.user = ctx.user
-        return state
+            raise ValueError("the call carries no policy state: start one with SafetyPolicy.start_run(run_id, user, "
+                             "[prompt]) and pass it as CallContext(policy_state=...)")
+        raise TypeError(f"CallContext.policy_state is a {type(state).__name__}, not a SafetyPolicy PolicyState")
 
     def is_untrusted_source(self, tool: Tool, state: PolicyState | None = None) -> bool:
         if tool.name in self.trusted_tools:
@@ -418,178 +396,217 @@ class SafetyPolicy:
     # -- before --------------------------------------------------------------------------------
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
-        """Decide on one call. Never raises: a failing check refuses the call."""
+        """Decide on one call: the guards in order, then approval. Never raises: a failing check
+        refuses the call."""
         try:
             return await self._before_call(tool, args, call, ctx)
         except Exception as exc:
             reason = f"the safety policy failed on this call ({type(exc).__name__}: {exc}); refused"
-            try:
-                state = self._state(ctx)
-                state.pending.pop(call.id, None)
-                self._audit(state, tool, call, plain_args(args), {}, "", ctx, "refused:error", "", reason,
-                            "not_run")
-            except Exception:
-                pass
+            if isinstance(ctx.policy_state, PolicyState):
+                with contextlib.suppress(Exception):
+                    ctx.policy_state.pending.pop(call.id, None)
+                    self._audit(_Call(tool, call, ctx, ctx.policy_state, args, plain_args(args)), "refused:error", "",
+                                reason)
             return Verdict("refuse", reason, "refused:error")
 
     async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
-        state = ctx.policy_state
-        if type(state) is not PolicyState:  # the run's own state is the usual case; else look it up
-            state = self._state(ctx)
-        # every check reads a JSON-plain view: nested models, URLs and decimals the validator made
-        # would otherwise hide from ceilings, egress and provenance (which walk dicts, lists, str)
-        args = plain_args(raw_args)
-        cap = self.capabilities.get(tool)
+        c = _Call(tool, call, ctx, self._state(ctx), raw_args, plain_args(raw_args))
+        for guard in self._guards:
+            stop = guard(c)
+            if stop is not None:
+                return await self._stop(c, stop)
+        return await self._approve(c)
+
+    # -- the guards, in order: each may stop the call (a Stop with its reason) or add to `c.ask` --
+
+    def _guard_capability(self, c: _Call) -> Stop | None:
+        """Is the tool allowed in this task at all."""
+        cap = self.capabilities.get(c.tool)
         if cap is None:
-            return self._refuse(state, tool, call, args, {}, "", ctx,
-                                "refused:capability", f"'{tool.name}' is not permitted in this task")
-        who = state.user
+            return Stop("refused:capability", f"'{c.tool.name}' is not permitted in this task")
+        c.cap = cap
+        return None
+
+    def _guard_authorization(self, c: _Call) -> Stop | None:
+        """May the acting user make this call (the authorizer, then the capability's own rule)."""
         reason = None
         if self.authorizer is not None:
             try:
-                reason = self.authorizer.authorize(who, tool, raw_args)
+                reason = self.authorizer.authorize(c.state.user, c.tool, c.raw_args)
             except Exception as exc:  # a broken authorizer denies
                 reason = f"authorization failed ({type(exc).__name__}: {exc}); denied"
-        if reason is None and cap.authorize is not None:
-            reason = check_tool(cap.authorize, who, tool, raw_args)
-        if reason is not None:
-            return self._refuse(state, tool, call, args, {}, "", ctx, "refused:unauthorized", reason)
-        try:
-            effect = cap.effect_for(tool, raw_args)
-        except Exception as exc:
-            return self._refuse(state, tool, call, args, {}, "", ctx, "refused:effect",
-                                f"could not classify the call's effect ({type(exc).__name__}: {exc})")
-        over = cap.ceiling_violations(args) if cap.ceilings else None
-        if over:
-            return self._refuse(state, tool, call, args, {}, effect, ctx, "refused:ceiling", "; ".join(over))
-        limited = self._rate_limited(state, cap, tool) if cap.per_run is not None or cap.per_user is not None else None
-        if limited:
-            return self._refuse(state, tool, call, args, {}, effect, ctx, "refused:rate_limit", limited)
-        checked = self._declared.get(tool.name)
-        if checked is None or checked[0] is not tool or checked[1] is not cap:  # declarations are static
-            checked = self._declared[tool.name] = (tool, cap, _declaration_problem(tool, cap))
-        problem = checked[2]
-        if problem:
-            return self._refuse(state, tool, call, args, {}, effect, ctx, "refused:declaration", problem)
-        trace = state.prov.trace(args)
-        prov = {p: o._value_ for p, o in trace.items()}  # _value_: the plain str, without enum's descriptor
-        tainted = state.prov.tainted
-        # a tool that did not declare its effect is checked like a reversible one (fail closed)
-        checked_effect = effect if not tainted or tool.effect_declared or cap.effect is not None else Effect.REVERSIBLE
-        guarded = checked_effect in self.guard_effects
+        if reason is None and c.cap.authorize is not None:
+            reason = check_tool(c.cap.authorize, c.state.user, c.tool, c.raw_args)
+        return None if reason is None else Stop("refused:unauthorized", reason)
 
-        ask: list[str] = []
-        url_args = cap.url_args or tuple(tool.metadata.get("url_args", ()))
-        egress_paths: list[str] = []
-        for path, value in leaves(args) if url_args or tainted else ():
+    def _guard_effect(self, c: _Call) -> Stop | None:
+        """The call's effect class (it may depend on the arguments)."""
+        try:
+            c.effect = c.cap.effect_for(c.tool, c.raw_args)
+        except Exception as exc:
+            return Stop("refused:effect", f"could not classify the call's effect ({type(exc).__name__}: {exc})")
+        return None
+
+    def _guard_ceilings(self, c: _Call) -> Stop | None:
+        over = c.cap.ceiling_violations(c.args) if c.cap.ceilings else None
+        return Stop("refused:ceiling", "; ".join(over)) if over else None
+
+    def _guard_rate(self, c: _Call) -> Stop | None:
+        if c.cap.per_run is None and c.cap.per_user is None:
+            return None
+        limited = self._rate_limited(c.state, c.cap, c.tool)
+        return Stop("refused:rate_limit", limited) if limited else None
+
+    def _guard_declaration(self, c: _Call) -> Stop | None:
+        """Declarations that name arguments the tool lacks, or contradict each other (static: checked
+        once per tool and capability)."""
+        checked = self._declared.get(c.tool.name)
+        if checked is None or checked[0] is not c.tool or checked[1] is not c.cap:
+            checked = self._declared[c.tool.name] = (c.tool, c.cap, _declaration_problem(c.tool, c.cap))
+        if checked[2]:
+            return Stop("refused:declaration", checked[2])
+        # what the remaining guards read: where every argument value came from, and the taint
+        c.trace = c.state.prov.trace(c.args)
+        c.prov = {p: o._value_ for p, o in c.trace.items()}  # _value_: the plain str, without enum's descriptor
+        c.tainted = c.state.prov.tainted
+        # a tool that did not declare its effect is checked like a reversible one (fail closed)
+        c.checked_effect = c.effect if not c.tainted or c.tool.effect_declared or c.cap.effect is not None \
+            else Effect.REVERSIBLE
+        c.guarded = c.checked_effect in self.guard_effects
+        return None
+
+    def _guard_egress(self, c: _Call) -> Stop | None:
+        """URL arguments: declared ones, and after taint any argument that is only a URL or host."""
+        url_args = c.cap.url_args or tuple(c.tool.metadata.get("url_args", ()))
+        for path, value in leaves(c.args) if url_args or c.tainted else ():
             if not isinstance(value, str) or not value:
                 continue
             declared = path.split(".", 1)[0] in url_args
-            # after taint, an argument holding nothing but a URL or host name is egress, declared or not
-            if not declared and not (tainted and trace.get(path) is not Origin.USER and looks_like_url(value)):
+            if not declared and not (c.tainted and c.trace.get(path) is not Origin.USER and looks_like_url(value)):
                 continue
-            egress_paths.append(path)
+            c.egress_paths.append(path)
             verdict, why = self.egress.check(value)
             if verdict == "internal" and declared:
-                return self._refuse(state, tool, call, args, prov, effect, ctx, "refused:egress", why)
-            if verdict != "allow" and trace.get(path) not in (Origin.USER, Origin.TRUSTED):
-                ask.append(f"{why} and the URL is not from the user's request")
-        if self.scan_arguments and (checked_effect is not Effect.READ_ONLY or egress_paths):
-            for path, value in leaves(args):
-                if not isinstance(value, str) or trace.get(path) is Origin.USER:
-                    continue
-                for _, _, f in scan(value, egress=self.egress):
-                    if f.kind == "secret":
-                        return self._refuse(state, tool, call, args, prov, effect, ctx, "refused:secret",
-                                            f"argument '{path}' {f.reason}")
-                    ask.append(f"argument '{path}': {f.reason}")
+                return Stop("refused:egress", why)
+            if verdict != "allow" and c.trace.get(path) not in (Origin.USER, Origin.TRUSTED):
+                c.ask.append(f"{why} and the URL is not from the user's request")
+        return None
 
-        if cap.requires_approval:
-            ask.append(f"'{tool.name}' always needs approval")
-        if guarded and tainted and self.use_provenance:
-            # a payload may derive from what was read, but links in it (phishing, exfiltration by
-            # query string) and private data (passport, card numbers, balances) must be the user's
-            for path, value in leaves(args):
+    def _guard_argument_scan(self, c: _Call) -> Stop | None:
+        """Secrets and exfiltration links in arguments the user did not write."""
+        if not self.scan_arguments or (c.checked_effect is Effect.READ_ONLY and not c.egress_paths):
+            return None
+        for path, value in leaves(c.args):
+            if not isinstance(value, str) or c.trace.get(path) is Origin.USER:
+                continue
+            for _, _, f in scan(value, egress=self.egress):
+                if f.kind == "secret":
+                    return Stop("refused:secret", f"argument '{path}' {f.reason}")
+                c.ask.append(f"argument '{path}': {f.reason}")
+        return None
+
+    def _guard_provenance(self, c: _Call) -> Stop | None:
+        """After taint, a payload may derive from what was read, but links in it (phishing,
+        exfiltration by query string) and private data (passport, card numbers) must be the user's;
+        and an action done once is not repeated without asking."""
+        if c.cap.requires_approval:
+            c.ask.append(f"'{c.tool.name}' always needs approval")
+        state, trace = c.state, c.trace
+        if c.guarded and c.tainted and self.use_provenance:
+            for path, value in leaves(c.args):
                 if isinstance(value, str) and trace.get(path) is not Origin.USER:
                     for url in find_urls(value):
                         if url != value.strip() and state.prov.origin(url) not in (Origin.USER, Origin.TRUSTED):
-                            ask.append(f"argument '{path}' carries a link not from the user's request ({url})")
-            leaked = state.prov.private_in(args, skip={p for p, o in trace.items() if o is Origin.USER})
+                            c.ask.append(f"argument '{path}' carries a link not from the user's request ({url})")
+            leaked = state.prov.private_in(c.args, skip={p for p, o in trace.items() if o is Origin.USER})
             if leaked:
-                ask.append("the arguments carry private data from " + ", ".join(sorted(set(leaked.values()))))
-            if tool.metadata.get("executes") and state.written_paths:
-                ask.append("it runs commands where files were written from content not the user's ("
-                           + ", ".join(sorted(state.written_paths)[:5]) + ")")
-        key = action_key(tool.name, args) if guarded else ""
-        if guarded and (key in state.approved or (tainted and key in state.done)):
-            ask.append("it repeats an action that was already done once in this run")
-        if guarded and tainted:
-            if not self.use_provenance:
-                ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)})")
-            else:
-                exempt = _risk_free(tool, cap, trace)
-                risky = _risky(trace, exempt, args)
-                if not risky and self.user_anchor and _unanchored(trace, exempt):
-                    # every value is traceable, but only to tool outputs: which action to take with
-                    # them was decided after the run read untrusted content
-                    ask.append(f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
-                               "no argument is from the user's request (the action was chosen after)")
-                if risky:
-                    why = (f"the run has read untrusted content ({', '.join(state.prov.taint_sources)}) and "
-                           f"these arguments are not from the user's request: {', '.join(risky)}")
-                    if cap.on_untrusted == "refuse":
-                        return self._refuse(state, tool, call, args, prov, effect, ctx, "refused:taint", why)
-                    if cap.on_untrusted == "summarize":
-                        return await self._hold(state, tool, call, args, prov, effect, ctx, why)
-                    ask.append(why)
+                c.ask.append("the arguments carry private data from " + ", ".join(sorted(set(leaked.values()))))
+            if c.tool.metadata.get("executes") and state.written_paths:
+                c.ask.append("it runs commands where files were written from content not the user's ("
+                             + ", ".join(sorted(state.written_paths)[:5]) + ")")
+        c.key = action_key(c.tool.name, c.args) if c.guarded else ""
+        if c.guarded and (c.key in state.approved or (c.tainted and c.key in state.done)):
+            c.ask.append("it repeats an action that was already done once in this run")
+        return None
 
+    def _guard_taint(self, c: _Call) -> Stop | None:
+        """The taint rule: after the run read untrusted content, an effect's checked arguments must
+        come from the user's request (else: refuse, hold for the user, or ask, as declared)."""
+        if not (c.guarded and c.tainted):
+            return None
+        sources = ", ".join(c.state.prov.taint_sources)
+        if not self.use_provenance:
+            c.ask.append(f"the run has read untrusted content ({sources})")
+            return None
+        exempt = _risk_free(c.tool, c.cap, c.trace)
+        risky = _risky(c.trace, exempt, c.args)
+        if not risky and self.user_anchor and _unanchored(c.trace, exempt):
+            # every value is traceable, but only to tool outputs: which action to take with them was
+            # decided after the run read untrusted content
+            c.ask.append(f"the run has read untrusted content ({sources}) and no argument is from the "
+                         "user's request (the action was chosen after)")
+        if risky:
+            why = (f"the run has read untrusted content ({sources}) and these arguments are not from the "
+                   f"user's request: {', '.join(risky)}")
+            if c.cap.on_untrusted == "refuse":
+                return Stop("refused:taint", why)
+            if c.cap.on_untrusted == "summarize":
+                return Stop("deferred", why, hold=True)
+            c.ask.append(why)
+        return None
+
+    # -- the last step: approval (when any guard asked for one), then the call is let through ----
+
+    async def _approve(self, c: _Call) -> Verdict:
+        state, tool, ask = c.state, c.tool, c.ask
         # reserved now (no await since the rate check), released if not approved, so concurrent
         # calls waiting on the approver cannot all pass the same limit
         state.calls[tool.name] += 1
         stamp: tuple[deque[float], float] | None = None
-        if cap.per_user is not None:
+        if c.cap.per_user is not None:
             stamps = self._per_user.setdefault((state.user, tool.name), deque())
             stamp = (stamps, self.clock())
             stamps.append(stamp[1])
-        decision, by = "allowed", ""
-        if ask and (spent := self._approval_budget_spent(state)):
+
+        def release() -> None:
             state.calls[tool.name] -= 1
             if stamp is not None:
                 with contextlib.suppress(ValueError):
                     stamp[0].remove(stamp[1])
-            return self._refuse(state, tool, call, args, prov, effect, ctx, APPROVAL_BUDGET_DECISION,
-                                f"{spent}; the run stops here. Needed because {'; '.join(ask)}.")
+
+        decision, by = "allowed", ""
+        if ask and (spent := self._approval_budget_spent(state)):
+            release()
+            return await self._stop(c, Stop(APPROVAL_BUDGET_DECISION,
+                                            f"{spent}; the run stops here. Needed because {'; '.join(ask)}."))
         if ask:
             # reserved as a denied prompt before the await (as the rate limits are), so concurrent
             # calls of one turn cannot all pass the approval budget; settled by the answer
             state.asked += 1
             state.denied += 1
-            answer = await self._ask(state, tool, args, prov, effect, "; ".join(ask), call, ctx)
+            answer = await self._ask(state, tool, c.args, c.prov, Effect(c.effect), "; ".join(ask), c.call, c.ctx)
             pending = answer.status == "pending"
             state.asked -= pending or not getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
             state.denied -= pending or answer.approved
             if not answer.approved:
-                state.calls[tool.name] -= 1
-                if stamp is not None:
-                    with contextlib.suppress(ValueError):
-                        stamp[0].remove(stamp[1])
-                if answer.status == "pending":
-                    self._audit(state, tool, call, args, prov, effect, ctx, "awaiting_approval", "",
-                                "; ".join(ask), "not_run")
+                release()
+                if pending:
+                    self._audit(c, "awaiting_approval", "", "; ".join(ask))
                     return Verdict("await_approval", "; ".join(ask), "awaiting_approval")
                 reason = f"approval denied by {answer.by}" + (f" ({answer.reason})" if answer.reason else "")
-                return self._refuse(state, tool, call, args, prov, effect, ctx, f"denied:{answer.by}",
-                                    f"{reason}. Needed because {'; '.join(ask)}.", by=answer.by)
+                return await self._stop(c, Stop(f"denied:{answer.by}", f"{reason}. Needed because {'; '.join(ask)}.",
+                                                by=answer.by))
             decision, by = f"approved:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
-            state.approved.add(key or action_key(tool.name, args))
-        if guarded:
-            state.done.add(key)
+            state.approved.add(c.key or action_key(tool.name, c.args))
+        if c.guarded:
+            state.done.add(c.key)
         # after taint, what the call sends out that is not the user's or trusted counts as untrusted
         # wherever it comes back from (a record written and read back, an echo, a file)
-        written = [v for p, v in leaves(args) if trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] if tainted else []
-        state.pending[call.id] = _Pending(args, prov, effect.value, decision, by, "; ".join(ask), ctx.step,
-                                          written)
+        written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
+            if c.tainted else []
+        state.pending[c.call.id] = _Pending(c.args, c.prov, Effect(c.effect).value, decision, by, "; ".join(ask),
+                                            c.ctx.step, written)
         return Verdict("allow", "", decision)
 
     def _approval_budget_spent(self, state: PolicyState) -> str | None:
@@ -638,26 +655,24 @@ class SafetyPolicy:
             state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason}
         return answer
 
-    async def _hold(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
-              effect: Effect, ctx: CallContext, why: str) -> Verdict:
-        line = await _describe(tool, args)
-        state.held.append(line)
-        self._audit(state, tool, call, args, prov, effect, ctx, "deferred", "", why, "not_run")
-        return Verdict("refuse", f"it was held for the user to confirm, because {why}. Tell the user it is "
-                                 f"waiting for their confirmation: {line}", "deferred")
+    async def _stop(self, c: _Call, stop: Stop) -> Verdict:
+        """The one way a call is stopped before it runs: audited with its decision and reason, and
+        answered with a reason the model can act on. A held call is kept for the user to confirm."""
+        if stop.hold:
+            line = await _describe(c.tool, c.args)
+            c.state.held.append(line)
+            self._audit(c, stop.decision, "", stop.reason)
+            return Verdict("refuse", f"it was held for the user to confirm, because {stop.reason}. Tell the user "
+                                     f"it is waiting for their confirmation: {line}", stop.decision)
+        self._audit(c, stop.decision, stop.by, stop.reason)
+        return Verdict("refuse", stop.reason, stop.decision)
 
-    def _refuse(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
-                effect: Effect | str, ctx: CallContext, decision: str, reason: str, by: str = "") -> Verdict:
-        self._audit(state, tool, call, args, prov, effect, ctx, decision, by, reason, "not_run")
-        return Verdict("refuse", reason, decision)
-
-    def _audit(self, state: PolicyState, tool: Tool, call: ToolCall, args: dict[str, Any], prov: dict[str, str],
-               effect: Effect | str, ctx: CallContext, decision: str, by: str, reason: str, outcome: str,
-               detail: str = "") -> None:
+    def _audit(self, c: _Call, decision: str, by: str, reason: str) -> None:
+        """The audit record of a call that did not run (one that ran is recorded after it)."""
         self.audit.record(AuditRecord(
-            run_id=state.run_id, tool=tool.name, decision=decision, call_id=call.id, user=state.user,
-            step=ctx.step, arguments=args, provenance=prov, effect=str(getattr(effect, "value", effect)),
-            by=by, reason=reason, outcome=outcome, detail=detail, tainted=state.tainted))
+            run_id=c.state.run_id, tool=c.tool.name, decision=decision, call_id=c.call.id, user=c.state.user,
+            step=c.ctx.step, arguments=c.args, provenance=c.prov, effect=str(getattr(c.effect, "value", c.effect)),
+            by=by, reason=reason, outcome="not_run", tainted=c.state.tainted))
 
     # -- after ---------------------------------------------------------------------------------
 
@@ -675,9 +690,7 @@ class SafetyPolicy:
             return result
 
     def _after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
-        state = ctx.policy_state
-        if type(state) is not PolicyState:
-            state = self._state(ctx)
+        state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))

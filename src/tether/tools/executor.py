@@ -67,21 +67,30 @@ ALLOW = Verdict()
 
 
 class Policy(Protocol):
-    """Hooks the safety layer plugs into the executor.
+    """Every hook the executor and the loop call on the safety layer.
 
     Every per-run fact lives in the state `start_run` returns, which the run owns (it rides on
     `CallContext.policy_state`, and `dump_state`/`load_state` turn it into JSON and back), so a
     resumed run is exactly as tainted as before. `after_call` is deterministic given (tool,
-    result, state). `pending`/`decide` let a person answer an approval out of process.
+    result, state). `pending`/`decide` let a person answer an approval out of process. To write
+    one, subclass `BasePolicy` (every hook a no-op that allows) and override what you need.
     """
 
     def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
         """A fresh per-run state: the user's own messages so far, and earlier turns' tool outputs."""
         ...
 
+    def note_user(self, state: Any, text: str) -> None:
+        """A new message from the user in a continued run."""
+        ...
+
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict: ...
 
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
+
+    def label_turn(self, state: Any, results: Iterable[ToolResult]) -> str | None:
+        """A note for the model after a turn's results (e.g. which are untrusted data), or None."""
+        ...
 
     def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
         """Filter the final answer as it leaves the run; returns (answer, findings)."""
@@ -104,9 +113,18 @@ class Policy(Protocol):
         ...
 
 
-class AllowAll:
-    """No policy: every valid call runs. Opt-in only (`Agent(policy=AllowAll())`), for tests and
-    trusted tool sets; the Agent's default is `tether.policy.SafetyPolicy`."""
+POLICY_HOOKS = ("start_run", "note_user", "before_call", "after_call", "label_turn", "finish_run", "dump_state",
+                "load_state", "pending", "decide")
+
+
+class BasePolicy:
+    """Every `Policy` hook, each a no-op that allows: subclass it and override what you need."""
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        return None
+
+    def note_user(self, state: Any, text: str) -> None:
+        return None
 
     async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
         return ALLOW
@@ -114,7 +132,7 @@ class AllowAll:
     def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
         return result
 
-    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> None:
+    def label_turn(self, state: Any, results: Iterable[ToolResult]) -> str | None:
         return None
 
     def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
@@ -123,7 +141,7 @@ class AllowAll:
     def dump_state(self, state: Any) -> dict[str, Any]:
         return {}
 
-    def load_state(self, data: dict[str, Any]) -> None:
+    def load_state(self, data: dict[str, Any]) -> Any:
         return None
 
     def pending(self, state: Any) -> list[dict[str, Any]]:
@@ -131,6 +149,20 @@ class AllowAll:
 
     def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         raise ValueError(f"no call {call_id!r} awaits approval (this policy asks for none)")
+
+
+class AllowAll(BasePolicy):
+    """No policy: every valid call runs. Opt-in only (`Agent(policy=AllowAll())`), for tests and
+    trusted tool sets; the Agent's default is `tether.policy.SafetyPolicy`."""
+
+
+def check_policy(policy: object) -> Policy:
+    """`policy` if it has every hook, else one TypeError naming the missing ones."""
+    missing = [h for h in POLICY_HOOKS if not callable(getattr(policy, h, None))]
+    if missing:
+        raise TypeError(f"{type(policy).__name__} is not a complete Policy: it lacks {', '.join(missing)}. "
+                        "Subclass tether.BasePolicy (every hook allows) and override what you need.")
+    return policy  # type: ignore[return-value]
 
 
 @types.coroutine
@@ -172,7 +204,7 @@ class Executor:
         self.results: Results = results if results is not None else ResultStore()
         self.max_result_chars = max_result_chars
         self.default_timeout = default_timeout
-        self.policy: Policy = policy or AllowAll()
+        self.policy: Policy = AllowAll() if policy is None else check_policy(policy)
         self.tools: dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
