@@ -61,7 +61,11 @@ def test_a_durable_run_checkpoints_each_step_and_keeps_its_results_in_the_store(
     row = store.run("run1")
     assert row is not None and row.status == "completed" and row.answer == "done" and row.agent == "t1"
     kinds = [e.kind for e in store.events("run1")]
-    assert kinds == ["model_call", "tool_call", "tool_call", "model_call", "tool_call", "model_call", "stop"]
+    assert [k for k in kinds if not k.endswith("_started")] == [
+        "model_call", "tool_call", "tool_call", "model_call", "tool_call", "model_call", "stop"]
+    # each step's start is stored before its end, so a reader sees it open
+    assert kinds[:3] == ["run_started", "model_call_started", "model_call"]
+    assert kinds.count("tool_call_started") == 3 and kinds.index("tool_call_started") < kinds.index("tool_call")
     state = store.state("run1")
     assert state is not None and state.handles and state.steps == 3
     # the capped output lives in the run store, readable by this run's user only

@@ -72,6 +72,24 @@ def test_the_cli_progress_handles_every_kind() -> None:
     assert set(Reporter.HANDLED) == set(EVENT_TYPES.values())
 
 
+@pytest.mark.parametrize("kind", sorted(EVENT_TYPES))
+def test_the_service_stream_handles_every_kind(kind: str) -> None:
+    """The task service's SSE stream dispatches on the event types (`derive`): every kind gives its
+    SSE events from the stored row, named by the kind (a kind it does not handle raises here)."""
+    from tether.server.events import HANDLED, derive, stored_event
+
+    assert set(HANDLED) == set(EVENT_TYPES.values())
+    envelope = _sample(EVENT_TYPES[kind]).envelope()
+    event = stored_event(envelope.kind, json.loads(json.dumps(envelope.data)))
+    names = [name for name, _ in derive(event, "the answer")]
+    if kind == "approval_requested":
+        assert names == []
+    elif kind == "approval_decided":
+        assert names == ["status"]
+    else:
+        assert names[-1] == kind and (kind != "stop" or names == ["answer", "stop"])
+
+
 @tool(effect="irreversible")
 def pay(to: str) -> str:
     """Pay someone."""

@@ -135,8 +135,26 @@ def test_submit_stream_get_list(service: Service) -> None:
     task = submit(service, alice, "calc")
     evs = events(service, alice, task)
     names = [e["event"] for e in evs]
-    assert names == ["status", "model_call", "tool_call", "text_delta", "model_call", "answer", "stop"]
-    assert evs[-2]["data"]["answer"] == evs[3]["data"]["text"] == "The sum is 5."
+    assert names == ["status", "run_started", "model_call_started", "model_call", "tool_call_started", "tool_call",
+                     "model_call_started", "text_delta", "model_call", "answer", "stop"]
+    assert evs[-2]["data"]["answer"] == evs[7]["data"]["text"] == "The sum is 5."
+    assert evs[4]["data"]["name"] == evs[5]["data"]["name"] == "add"  # the call opens, then ends
+    # the timeline from the stream alone: every SSE event named by a kind parses as its typed event
+    from tether.events import (
+        EVENT_TYPES,
+        ModelCallEnded,
+        ModelCallStarted,
+        ToolCallEnded,
+        ToolCallStarted,
+        typed,
+    )
+    from tether.events import TraceEvent as Envelope
+
+    timeline = [typed(Envelope(e["event"], 0, 0.0, 0.0, e["data"])) for e in evs if e["event"] in EVENT_TYPES]
+    opened = [(type(e).__name__, e.call_id) for e in timeline if isinstance(e, ToolCallStarted)]
+    closed = [(type(e).__name__, e.call_id, e.decision) for e in timeline if isinstance(e, ToolCallEnded)]
+    assert opened == [("ToolCallStarted", "c1")] and closed == [("ToolCallEnded", "c1", "allowed")]
+    assert sum(isinstance(e, ModelCallStarted) for e in timeline) == sum(isinstance(e, ModelCallEnded) for e in timeline) == 2
     ids = [e["id"] for e in evs]
     assert len(set(ids)) == len(ids)
     body = httpx.get(f"{service.url}/v1/tasks/{task}", headers=alice).json()
@@ -151,10 +169,11 @@ def test_text_streams_live_and_resumes_mid_text(service: Service) -> None:
     alice = service.key("tess")
     task = submit(service, alice, "chatty")
     first = events(service, alice, task, limit=6)  # "status", then text as the model writes it
-    assert [e["event"] for e in first[:2]] == ["status", "text_delta"]
+    assert [e["event"] for e in first[:4]] == ["status", "run_started", "model_call_started", "text_delta"]
     full = events(service, alice, task)
     names = [e["event"] for e in full]
-    assert names[:2] == ["status", "text_delta"] and names[-2:] == ["answer", "stop"]
+    assert names[:4] == ["status", "run_started", "model_call_started", "text_delta"]
+    assert names[-2:] == ["answer", "stop"]
     text_before = [e["data"]["text"] for e in full[:names.index("model_call")] if e["event"] == "text_delta"]
     assert "".join(text_before) == "Let me add them."
     last_call = len(names) - 1 - names[::-1].index("model_call")
@@ -162,9 +181,9 @@ def test_text_streams_live_and_resumes_mid_text(service: Service) -> None:
     final = "".join(e["data"]["text"] for e in full[tool:last_call] if e["event"] == "text_delta")
     assert final == ANSWER == full[-2]["data"]["answer"]
     assert full[:6] == first
-    middle = full[tool + 3]["id"]  # in the middle of the final answer's text
-    assert full[tool + 3]["event"] == "text_delta"
-    assert events(service, alice, task, last=middle) == full[tool + 4:]
+    middle = full[tool + 4]["id"]  # in the middle of the final answer's text
+    assert full[tool + 1]["event"] == "model_call_started" and full[tool + 4]["event"] == "text_delta"
+    assert events(service, alice, task, last=middle) == full[tool + 5:]
 
 
 def test_users_are_isolated_and_keys_required(service: Service) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
-from tether.events import TraceEvent, typed
+from tether.events import ModelCallEnded, TraceEvent, stored
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -229,7 +229,7 @@ class RunResult(Generic[OutputT]):
     @property
     def events(self) -> list[Any]:
         """The run's events, typed (`tether.events`): the trace's envelopes parsed."""
-        return [typed(e) for e in self.trace]
+        return [stored(e) for e in self.trace]
 
     @property
     def pending(self) -> list[dict[str, Any]]:
@@ -253,11 +253,10 @@ class RunResult(Generic[OutputT]):
     def usage_by_model(self) -> dict[str, Usage]:
         """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
         out: dict[str, Usage] = {}
-        for event in self.trace:
-            if event.kind == "model_call":
-                d = event.data
-                u = out.setdefault(str(d.get("model", "")), Usage())
-                u.add(Usage(d.get("input_tokens", 0), d.get("output_tokens", 0), d.get("cost_usd", 0.0), 1))
+        for event in self.events:
+            if isinstance(event, ModelCallEnded):
+                u = out.setdefault(event.model, Usage())
+                u.add(Usage(event.input_tokens, event.output_tokens, event.cost_usd, 1))
         return out
 
 

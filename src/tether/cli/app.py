@@ -21,6 +21,7 @@ from tether.cli.build import CliError, build_agent
 from tether.cli.mcp_cmd import close_mcp
 from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
 from tether.cli.runner import report, run_turn
+from tether.events import ToolCallEnded
 from tether.terminal import clean
 from tether.trace import JsonlTraceWriter
 
@@ -111,7 +112,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         if agent.executor is not None:
             agent.executor.close()
             close_mcp(agent.executor)
-    if not shown and any(e.kind == "tool_call" and e.data.get("name") == "Bash" for e in result.trace):
+    if not shown and any(isinstance(e, ToolCallEnded) and e.name == "Bash" for e in result.events):
         for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
             reporter.announce(line)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)

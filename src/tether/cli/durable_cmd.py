@@ -23,6 +23,7 @@ import typer
 
 from tether.cli import options as o
 from tether.cli.progress import EXIT_ERROR
+from tether.events import ModelCallEnded, ToolCallEnded, stored
 from tether.terminal import clean, json_safe
 
 EXIT_USAGE = 2
@@ -127,10 +128,10 @@ async def until_parked(run_id: str, work: Any) -> Any:
                             f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
                             f"{run_id}"), file=sys.stderr)
                 # the row's step count is written when the run ends; until then its stored model calls say it
-                events = store.events(run_id)
-                steps = max(row.steps, sum(1 for e in events if e.kind == "model_call"))
+                events = [stored(e) for e in store.events(run_id)]
+                steps = max(row.steps, sum(isinstance(e, ModelCallEnded) for e in events))
                 # the parked call has its event too (decision awaiting_approval): it has not run
-                ran = sum(1 for e in events if e.kind == "tool_call" and e.data.get("decision") != "awaiting_approval")
+                ran = sum(isinstance(e, ToolCallEnded) and e.decision != "awaiting_approval" for e in events)
                 return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=steps,
                                  usage=Usage(model_calls=steps, tool_calls=ran),
                                  error=f"parked: tether approve {run_id} {p.get('call_id')}, then tether resume {run_id}")

@@ -12,7 +12,7 @@ from typing import Any
 from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
-from tether.events import START_KINDS, TraceEvent
+from tether.events import ToolCallStarted, TraceEvent
 from tether.loop import RunCancelled
 from tether.types import ModelReply, ToolCall, ToolResult, from_jsonable, to_jsonable
 
@@ -119,6 +119,9 @@ class DbosStepRunner:
             rt.steps_in_flight -= 1
 
 
+TOOL_STARTED = ToolCallStarted.__dataclass_fields__["kind"].default
+
+
 class EventBuffer:
     """The run's events: passed on to the caller's sink (same process) and written to the store
     in one batch per turn (a replay writes the same sequence numbers again, harmlessly). With
@@ -136,10 +139,12 @@ class EventBuffer:
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
 
     def __call__(self, event: TraceEvent) -> None:
-        if event.kind in START_KINDS:
-            pass  # live only (the sink gets it): a start is not stored, its end is
-        elif event.kind != "text_delta":
+        if event.kind != "text_delta":
             self.events.append(event)
+            if event.kind == TOOL_STARTED:
+                # a tool may take minutes: a reader (the task service's stream) sees it open now, not
+                # when the turn is written before the next model call
+                self.flush()
         elif self.text is not None:
             self.text.add(len(self.events), str(event.data.get("text", "")))
         if self.sink is not None:

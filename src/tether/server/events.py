@@ -23,6 +23,23 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tether.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BaseEvent,
+    CriticReviewed,
+    Error,
+    ModelCallEnded,
+    ModelCallStarted,
+    Notice,
+    RunStarted,
+    RunStopped,
+    TextStreamed,
+    ToolCallEnded,
+    ToolCallStarted,
+    TraceEvent,
+    stored,
+)
 from tether.store.sql import RunStore
 
 log = logging.getLogger("tether.server")
@@ -36,29 +53,36 @@ Call = Callable[..., Awaitable[Any]]
 RUN_ROW = "SELECT status, stop_reason, answer FROM tether_runs WHERE run_id = :r"
 
 
-def derive(seq: int, kind: str, data: dict[str, Any], answer: str | None) -> list[SseItem]:
-    """The SSE events (name, data) one stored event stands for (after its streamed text)."""
-    out: list[SseItem] = []
-    if kind == "tool_call":
-        out.append(("tool_call", data))
-        if data.get("decision") == "awaiting_approval":
-            out.append(("confirm_request", {"call_id": data.get("call_id"), "tool": data.get("name"),
-                                            "arguments": data.get("arguments")}))
-            out.append(("status", {"status": "awaiting_approval"}))
-    elif kind == "approval_decided":
-        out.append(("status", {"status": "running", "approval": data}))
-    elif kind == "notice" and "approval" in data:  # runs stored before approval_decided existed
-        out.append(("status", {"status": "running", "approval": data["approval"]}))
-    elif kind == "approval_requested":
-        pass  # confirm_request, derived from the tool_call, announces it
-    elif kind == "stop":
-        out.append(("answer", {"answer": answer or "", "stop_reason": data.get("stop_reason")}))
-        out.append(("stop", data))
-    elif kind in ("model_call", "error"):
-        out.append((kind, data))
-    else:
-        out.append(("notice", data))
-    return out
+def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
+    """The SSE events (name, data) one stored event stands for (after its streamed text). Each is
+    named by its kind (`tool_call_started`, `tool_call`, ...) and carries its typed payload; a
+    pending approval adds `confirm_request` and a status, the stop adds the answer first."""
+    match event:
+        case ToolCallEnded(decision="awaiting_approval"):
+            return [(event.kind, event.data),
+                    ("confirm_request", {"call_id": event.call_id, "tool": event.name, "arguments": event.arguments}),
+                    ("status", {"status": "awaiting_approval"})]
+        case ApprovalDecided():
+            return [("status", {"status": "running", "approval": event.data})]
+        case Notice(notice={"approval": approval}):  # runs stored before approval_decided existed
+            return [("status", {"status": "running", "approval": approval})]
+        case ApprovalRequested():
+            return []  # confirm_request, derived from the tool_call, announces it
+        case RunStopped():
+            return [("answer", {"answer": answer or "", "stop_reason": event.stop_reason}), (event.kind, event.data)]
+        case (RunStarted() | ModelCallStarted() | ModelCallEnded() | ToolCallStarted() | ToolCallEnded() | Notice()
+              | Error() | CriticReviewed() | TextStreamed()):
+            return [(event.kind, event.data)]
+    raise AssertionError(f"an event type the stream does not handle: {type(event).__name__}")  # pragma: no cover
+
+
+HANDLED = (RunStarted, ModelCallStarted, ModelCallEnded, ToolCallStarted, ToolCallEnded, ApprovalRequested,
+           ApprovalDecided, Notice, Error, RunStopped, CriticReviewed, TextStreamed)
+
+
+def stored_event(kind: str, data: dict[str, Any]) -> BaseEvent:
+    """A stored row as its typed event (a kind this version does not know: a notice with its data)."""
+    return stored(TraceEvent(kind, 0, 0.0, 0.0, data))
 
 
 def text_item(text: str, restart: bool) -> SseItem:
@@ -173,16 +197,13 @@ def settle_end(store: RunStore, run_id: str, status: str, stop_reason: str | Non
     parked: DBOS lets no interrupted workflow record its end) gets one stored after its last event;
     keyed by seq like every event, so if the run stored its own event there first this changes nothing,
     and every reader sees the same sequence."""
-    from tether.events import TraceEvent
-
     with store.engine.connect() as conn:
         last, stop = conn.execute(sa.text("SELECT MAX(seq), MAX(CASE WHEN kind = 'stop' THEN seq END) "
                                           "FROM tether_events WHERE run_id = :r"), {"r": run_id}).one()
     if stop is not None:
         return int(stop)
     seq = -1 if last is None else int(last)
-    event = TraceEvent("stop", 0, 0.0, 0.0, {"stop_reason": stop_reason or status, "status": status})
-    store.add_events(run_id, [event], seq + 1)
+    store.add_events(run_id, [RunStopped(stop_reason=stop_reason or status).envelope()], seq + 1)
     return seq + 1
 
 
@@ -205,8 +226,8 @@ async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str |
                 items: list[SseItem] = [("status", {"status": "running"})] if seq == 0 else []
                 items += texts
                 if seq in stored:
-                    kind, data = stored[seq]
-                    items += derive(seq, kind, data, got.answer if kind == "stop" else None)
+                    event = stored_event(*stored[seq])
+                    items += derive(event, got.answer if isinstance(event, RunStopped) else None)
                 for n in range(k, len(items)):
                     yield _sse(seq, n, *items[n])
                 k = max(k, len(items))

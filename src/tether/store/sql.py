@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from tether.events import START_KINDS, TraceEvent
+from tether.events import TraceEvent
 from tether.store.migrations import migrate
 from tether.tools.results import new_handle
 from tether.types import RunResult, RunState, to_json, to_jsonable
@@ -64,9 +64,9 @@ def make_engine(url: str) -> sa.Engine:
 
 
 def _without_text(events: list[TraceEvent]) -> list[TraceEvent]:
-    """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds those)
-    and without start events (live only: each step's end event is stored)."""
-    return [e for e in events if e.kind != "text_delta" and e.kind not in START_KINDS]
+    """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds
+    those). Start events are stored too, so a reader sees a step open before it ends."""
+    return [e for e in events if e.kind != "text_delta"]
 
 
 @dataclass(slots=True)
