@@ -54,3 +54,31 @@ def test_no_two_public_classes_share_a_name() -> None:
             if inspect.isclass(obj) and obj.__module__ == info.name and not name.startswith("_"):
                 homes.setdefault(name, []).append(info.name)
     assert {n: m for n, m in homes.items() if len(m) > 1} == {}
+
+
+def test_tether_raises_no_bare_builtin_error() -> None:
+    """Every `raise X(...)` in tether's source raises a TetherError subclass (each also keeps its
+    conventional base: InvalidInput is a ValueError, MissingFile a FileNotFoundError), so
+    `except tether.TetherError` catches whatever tether raises on purpose. Allowed: the import
+    protocol's AttributeError in a module's `__getattr__`, NotImplementedError, re-raises."""
+    import ast
+    import builtins
+    from pathlib import Path
+
+    bare = []
+    root = Path(tether.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                exc = node.exc if isinstance(node, ast.Raise) else None
+                name = exc.func.id if isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name) else None
+                builtin = getattr(builtins, name, None) if name else None
+                if (isinstance(builtin, type) and issubclass(builtin, BaseException)
+                        and name not in ("NotImplementedError", "StopIteration", "StopAsyncIteration")
+                        and not (fn.name == "__getattr__" and name == "AttributeError")):
+                    bare.append(f"{path.relative_to(root)}:{node.lineno} raise {name}")
+    assert bare == [], bare
+    assert issubclass(tether.InvalidInput, ValueError) and issubclass(tether.MissingFile, FileNotFoundError)

@@ -14,7 +14,15 @@ if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
 
 from tether import models
 from tether.agent import Agent
-from tether.errors import TetherError
+from tether.errors import (
+    InvalidInput,
+    InvalidType,
+    MissingDependency,
+    MissingFile,
+    NotFound,
+    OperationFailed,
+    TetherError,
+)
 from tether.events import TraceEvent
 from tether.limits import Limits
 from tether.loop import CancelToken
@@ -45,13 +53,19 @@ __all__ = [
     "CancelToken",
     "Effect",
     "FallbackModel",
+    "InvalidInput",
+    "InvalidType",
     "JsonSchema",
     "Limits",
     "Message",
+    "MissingDependency",
+    "MissingFile",
     "Model",
     "ModelError",
     "ModelReply",
     "ModelRequest",
+    "NotFound",
+    "OperationFailed",
     "OutputInvalid",
     "Policy",
     "RunResult",

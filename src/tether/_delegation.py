@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.limits import Budget, Limits
 from tether.loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
 from tether.tools.base import Tool, ToolContext
@@ -40,7 +40,7 @@ class SubagentError(TetherError, RuntimeError):
 
 def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share: float = 0.5) -> Tool:
     if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
+        raise InvalidInput(f"share must be in (0, 1], got {share}")
 
     async def run(task: str, context: ToolContext) -> str:
         parent = context.extra.get(PARENT_KEY)

@@ -8,16 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether.errors import NotFound
+
 
 def load_ref(ref: str, base: Path) -> Any:
     """The object `ref` names; a `.py` path is relative to `base`. Raises LookupError saying what is wrong."""
     target, _, attr = ref.partition(":")
     if not attr:
-        raise LookupError(f"{ref!r} must look like 'file.py:NAME' or 'package.module:NAME'")
+        raise NotFound(f"{ref!r} must look like 'file.py:NAME' or 'package.module:NAME'")
     if target.endswith(".py"):
         file = (base / target).resolve()
         if not file.exists():
-            raise LookupError(f"{file} does not exist (named by {ref!r})")
+            raise NotFound(f"{file} does not exist (named by {ref!r})")
         name = f"_tether_ref_{abs(hash(str(file)))}"
         module = sys.modules.get(name)
         if module is None:
@@ -30,7 +32,7 @@ def load_ref(ref: str, base: Path) -> Any:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise LookupError(f"cannot import {target!r} (named by {ref!r}): {exc}") from exc
+            raise NotFound(f"cannot import {target!r} (named by {ref!r}): {exc}") from exc
     if not hasattr(module, attr):
-        raise LookupError(f"{ref!r}: {target} has no {attr!r}")
+        raise NotFound(f"{ref!r}: {target} has no {attr!r}")
     return getattr(module, attr)

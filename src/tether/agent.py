@@ -11,6 +11,7 @@ from typing import Any, Generic
 from typing_extensions import TypeVar
 
 from tether._delegation import agent_as_tool
+from tether.errors import InvalidInput, OperationFailed
 from tether.events import TraceEvent
 from tether.limits import Clock, Limits, MonotonicClock
 from tether.loop import (
@@ -72,7 +73,7 @@ class Agent(Generic[OutputT]):
         if self.output_type is not None:
             self._output = OutputType.of(self.output_type)
         if self.output_retries < 0:
-            raise ValueError(f"output_retries must be >= 0, got {self.output_retries}")
+            raise InvalidInput(f"output_retries must be >= 0, got {self.output_retries}")
         if self.policy is None:
             from tether.policy import SafetyPolicy  # the default: deny-by-default approvals after taint
 
@@ -112,10 +113,10 @@ class Agent(Generic[OutputT]):
         it without a new user turn). `state` is copied, never changed."""
         if state is None:
             if prompt is None:
-                raise ValueError("a run needs a prompt, or a state to continue")
+                raise InvalidInput("a run needs a prompt, or a state to continue")
             return RunState(run_id=run_id, user=self.user, messages=self.start_messages(prompt, history))
         if state.user != self.user:
-            raise ValueError(f"this RunState belongs to user {state.user!r}, not {self.user!r}")
+            raise InvalidInput(f"this RunState belongs to user {state.user!r}, not {self.user!r}")
         messages = list(state.messages)
         if prompt is not None:
             messages.append(Message.user(prompt))
@@ -165,7 +166,7 @@ class Agent(Generic[OutputT]):
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self._run_closing(prompt, **kwargs))
-        raise RuntimeError("Agent.run() was called inside a running event loop (Jupyter, an async server, "
+        raise OperationFailed("Agent.run() was called inside a running event loop (Jupyter, an async server, "
                            "a coroutine): use `await agent.arun(...)` there")
 
     async def _run_closing(self, prompt: str | None, **kwargs: Any) -> RunResult[OutputT]:

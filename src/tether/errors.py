@@ -5,3 +5,35 @@ input, RuntimeError for failures), so existing `except ValueError` code keeps wo
 
 class TetherError(Exception):
     """Base of every error tether raises on purpose."""
+
+
+class InvalidInput(TetherError, ValueError):
+    """A value tether was given is wrong: an argument, a setting, a file's content."""
+
+
+class InvalidType(TetherError, TypeError):
+    """An object of the wrong kind was given (a tool function, a policy, a state)."""
+
+
+class OperationFailed(TetherError, RuntimeError):
+    """Something tether tried could not be done (a stream ended early, a process would not start)."""
+
+
+class NotFound(TetherError, LookupError):
+    """A named thing does not exist: a run, an agent, a reference."""
+
+
+class MissingKey(NotFound, KeyError):
+    """A key of a mapping-like object does not exist (a plan step)."""
+
+
+class MissingDependency(TetherError, ImportError):
+    """An optional package a feature needs is not installed (the message names the extra)."""
+
+
+class PathError(TetherError, OSError):
+    """A path could not be used: it leaves its directory, is a link, a directory, or changed meanwhile."""
+
+
+class MissingFile(PathError, FileNotFoundError):
+    """A file or folder tether was pointed at does not exist."""

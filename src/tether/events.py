@@ -24,6 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import Field, TypeAdapter
 
+from tether.errors import InvalidInput
+
 # Process-wide observers of every run's typed events (tether.telemetry registers one): called as
 # observer(run_id, event) right after the event is stamped. An observer that raises is dropped.
 Observer = Callable[[str, "BaseEvent"], None]
@@ -190,7 +192,7 @@ def typed(envelope: TraceEvent) -> Any:
     raises ValueError)."""
     tp = EVENT_TYPES.get(envelope.kind)
     if tp is None:
-        raise ValueError(f"unknown event kind {envelope.kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
+        raise InvalidInput(f"unknown event kind {envelope.kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
     base = {"step": envelope.step, "t": envelope.t, "duration": envelope.duration}
     if tp is Notice:
         return Notice(notice=dict(envelope.data), **base)

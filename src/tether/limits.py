@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tether._json import dumps_fn
+from tether.errors import InvalidInput
 from tether.types import StopReason, Usage
 
 
@@ -56,11 +57,11 @@ class Limits:
                      "max_input_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"Limits.{name} must be >= 0 or None, got {value}")
+                raise InvalidInput(f"Limits.{name} must be >= 0 or None, got {value}")
         if not 0 <= self.final_reserve < 1:
-            raise ValueError(f"Limits.final_reserve must be in [0, 1), got {self.final_reserve}")
+            raise InvalidInput(f"Limits.final_reserve must be in [0, 1), got {self.final_reserve}")
         if self.max_parallel_tools < 1:
-            raise ValueError("Limits.max_parallel_tools must be >= 1")
+            raise InvalidInput("Limits.max_parallel_tools must be >= 1")
 
 
 class Budget:

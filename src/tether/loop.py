@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tether._admission import Admission
 from tether._json import dumps_fn
-from tether.errors import TetherError
+from tether.errors import InvalidInput, OperationFailed, TetherError
 from tether.events import (
     OBSERVERS,
     ApprovalDecided,
@@ -504,7 +504,7 @@ async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[...
         else:
             final = item
     if final is None:
-        raise RuntimeError(f"model {spec.model.name} ended its stream without a reply")
+        raise OperationFailed(f"model {spec.model.name} ended its stream without a reply")
     return final
 
 
@@ -636,7 +636,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
     the "awaiting approval" answer in the transcript, before the model is asked again."""
     decide = spec.executor.policy.decide
     if ctx.policy_state is None:
-        raise ValueError("this run's policy takes no decisions on pending calls")
+        raise InvalidInput("this run's policy takes no decisions on pending calls")
     messages = state.messages
     turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
     steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
@@ -645,7 +645,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         index, call = next(((k, c) for k, c in enumerate(messages[turn].tool_calls) if c.id == call_id)
                            if turn is not None else iter(()), (None, None))
         if call is None or index is None or turn is None:
-            raise ValueError(f"call {call_id!r} is not in the run's last turn")
+            raise InvalidInput(f"call {call_id!r} is not in the run's last turn")
         decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
         ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
         started = budget.elapsed()

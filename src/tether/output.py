@@ -28,7 +28,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.models.base import Model
 from tether.models.pricing import Pricing
 from tether.tools.schema import ArgumentError, JsonSchemaValidator
@@ -64,10 +64,10 @@ class JsonSchema:
 
     def __init__(self, schema: dict[str, Any], name: str = FINAL_TOOL) -> None:
         if not isinstance(schema, dict):
-            raise ValueError(f"a JSON Schema must be an object, got {type(schema).__name__}")
+            raise InvalidInput(f"a JSON Schema must be an object, got {type(schema).__name__}")
         kind = schema.get("type")
         if kind is not None and not isinstance(kind, str | list):
-            raise ValueError(f"the schema's `type` must be a string or a list, got {kind!r}")
+            raise InvalidInput(f"the schema's `type` must be a string or a list, got {kind!r}")
         self.schema = schema
         self.name = name
         self.request_schema, self.wrapped = _object_root(schema)
@@ -144,7 +144,7 @@ def _compile(tp: Any) -> OutputType[Any]:
         adapter: TypeAdapter[Any] = TypeAdapter(tp)
         schema = adapter.json_schema()
     except Exception as exc:  # pydantic raises several kinds for types it cannot describe
-        raise ValueError(f"output_type {tp!r} has no JSON Schema: {_clip(str(exc), 200)}") from None
+        raise InvalidInput(f"output_type {tp!r} has no JSON Schema: {_clip(str(exc), 200)}") from None
     name = FINAL_TOOL
     wrapped_schema, wrapped = _object_root(schema)
     description = str(schema.get("description") or "")
@@ -293,7 +293,7 @@ class OutputRun:
 
     def __init__(self, kind: OutputType[Any], retries: int = DEFAULT_RETRIES) -> None:
         if retries < 0:
-            raise ValueError(f"output retries must be >= 0, got {retries}")
+            raise InvalidInput(f"output retries must be >= 0, got {retries}")
         self.kind = kind
         self.retries_left = retries
         self.attempts = 0

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from tether.errors import InvalidInput
 from tether.events import TraceEvent
 
 
@@ -49,7 +50,7 @@ class JsonlTraceWriter:
 
     def __call__(self, event: TraceEvent) -> None:
         if self._fh is None:
-            raise ValueError(f"trace file {self.path} is closed")
+            raise InvalidInput(f"trace file {self.path} is closed")
         if event.kind == "text_delta" and not self.deltas:
             return
         line = json.dumps(event_record(event, self.run_id, self._clock()), ensure_ascii=False, default=str)

@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import TypeAdapter
 
+from tether.errors import InvalidInput
 from tether.events import ModelCallEnded, TraceEvent, stored
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -246,7 +247,7 @@ class RunResult(Generic[OutputT]):
 
     def _state(self) -> RunState:
         if self.state is None:
-            raise ValueError(f"run {self.run_id!r} carries no state to continue")
+            raise InvalidInput(f"run {self.run_id!r} carries no state to continue")
         return self.state
 
     @property
@@ -304,9 +305,9 @@ class RunState:
     def _decide(self, call_id: str, approved: bool, by: str, reason: str) -> RunState:
         if not any(p.get("call_id") == call_id for p in self.pending):
             waiting = ", ".join(str(p.get("call_id")) for p in self.pending) or "none"
-            raise ValueError(f"no call {call_id!r} awaits a decision in run {self.run_id!r} (waiting: {waiting})")
+            raise InvalidInput(f"no call {call_id!r} awaits a decision in run {self.run_id!r} (waiting: {waiting})")
         if any(d["call_id"] == call_id for d in self.decisions):
-            raise ValueError(f"call {call_id!r} of run {self.run_id!r} is already decided")
+            raise InvalidInput(f"call {call_id!r} of run {self.run_id!r} is already decided")
         self.decisions.append({"call_id": call_id, "approved": approved, "by": by, "reason": reason})
         return self
 
@@ -318,7 +319,7 @@ class RunState:
         """Parse a dumped state; a state from a newer tether is refused, not misread."""
         state = from_json(cls, data)
         if state.version > RUN_STATE_VERSION:
-            raise ValueError(f"RunState version {state.version} is newer than this tether understands "
+            raise InvalidInput(f"RunState version {state.version} is newer than this tether understands "
                              f"({RUN_STATE_VERSION})")
         return state
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.context.facts import FactList, message_facts, result_facts
 from tether.context.task_state import TASK_TOOLS, TaskBoard, TaskState, apply_task_call, task_state_tools
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.models.base import Model
 from tether.tokens import (
     MessageSizes,
@@ -94,9 +94,9 @@ class Compaction:
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 1:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+            raise InvalidInput(f"threshold must be in (0, 1], got {self.threshold}")
         if self.keep_turns < 1:
-            raise ValueError(f"keep_turns must be >= 1, got {self.keep_turns}")
+            raise InvalidInput(f"keep_turns must be >= 1, got {self.keep_turns}")
 
     def tools(self) -> list[Tool]:
         return task_state_tools(self.board)

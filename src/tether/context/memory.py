@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from tether.errors import InvalidInput
 from tether.loop import PARENT_KEY, ParentRun
 from tether.tools.base import Tool, ToolContext, tool
 from tether.types import Effect, RunResult
@@ -186,7 +187,7 @@ class LongTermMemory:
     def _add(self, kind: str, user: str | None, key: str, text: str, source: str, trusted: bool,
              ttl: float | None = -1.0, outcome: str = "", metadata: dict[str, Any] | None = None) -> Memory:
         if not text.strip():
-            raise ValueError("a memory needs some text")
+            raise InvalidInput("a memory needs some text")
         now = self.clock()
         life = self.ttl[kind] if ttl == -1.0 else ttl
         memory = Memory(kind, user or ANONYMOUS, key.strip(), text.strip(), source, trusted, now,

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tether.errors import InvalidInput, MissingKey
 from tether.tools.base import Tool, ToolContext, tool
 from tether.types import Effect, from_json, from_jsonable, to_json, to_jsonable
 
@@ -49,18 +50,18 @@ class TaskState:
             if s.id == step_id:
                 return s
         known = ", ".join(s.id for s in self.steps) or "none"
-        raise KeyError(f"no plan step '{step_id}' (steps: {known})")
+        raise MissingKey(f"no plan step '{step_id}' (steps: {known})")
 
     def set_plan(self, steps: list[PlanStep], goal: str | None = None) -> None:
         """Replace the plan; steps already done keep their status and result, and every step kept
         by id keeps its attempts."""
         ids = [s.id for s in steps]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"plan step ids must be unique, got {ids}")
+            raise InvalidInput(f"plan step ids must be unique, got {ids}")
         for s in steps:
             missing = [d for d in s.depends_on if d not in ids]
             if missing:
-                raise ValueError(f"step '{s.id}' depends on unknown step(s) {missing}")
+                raise InvalidInput(f"step '{s.id}' depends on unknown step(s) {missing}")
         _check_acyclic(steps)
         old = {s.id: s for s in self.steps}
         for s in steps:
@@ -76,7 +77,7 @@ class TaskState:
 
     def update(self, step_id: str, status: str, result: str = "") -> PlanStep:
         if status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got '{status}'")
+            raise InvalidInput(f"status must be one of {', '.join(STATUSES)}, got '{status}'")
         s = self.step(step_id)
         if status == "running":
             s.attempts += 1
@@ -99,7 +100,7 @@ class TaskState:
     def record(self, key: str, value: str) -> None:
         key = key.strip()
         if not key:
-            raise ValueError("a fact needs a non-empty key")
+            raise InvalidInput("a fact needs a non-empty key")
         self.facts[key] = str(value).strip()
 
     # ----- shown to the model -------------------------------------------------------------------
@@ -150,7 +151,7 @@ def _check_acyclic(steps: list[PlanStep]) -> None:
         if state.get(node) == 2:
             return
         if state.get(node) == 1:
-            raise ValueError(f"plan has a dependency cycle: {' -> '.join([*path, node])}")
+            raise InvalidInput(f"plan has a dependency cycle: {' -> '.join([*path, node])}")
         state[node] = 1
         for d in deps[node]:
             visit(d, [*path, node])
@@ -196,13 +197,13 @@ def parse_steps(raw: Any) -> list[PlanStep]:
     if isinstance(raw, str):
         raw = json.loads(raw)
     if not isinstance(raw, list) or not raw:
-        raise ValueError("steps must be a non-empty list of {id, title, depends_on}")
+        raise InvalidInput("steps must be a non-empty list of {id, title, depends_on}")
     steps = []
     for i, item in enumerate(raw, 1):
         if isinstance(item, str):
             item = {"id": str(i), "title": item}
         if not isinstance(item, dict) or not str(item.get("title", "")).strip():
-            raise ValueError(f"step {i} needs a title")
+            raise InvalidInput(f"step {i} needs a title")
         deps = item.get("depends_on") or []
         if isinstance(deps, str):
             deps = [deps]

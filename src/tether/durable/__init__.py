@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from tether.durable.runtime import Durable, DurableRuns, Runtime, runtime, setup, teardown, wait_result
+from tether.errors import InvalidInput
 
 
 def attach(agent: Any, durable: Durable | str | os.PathLike[str] | bool) -> DurableRuns:
@@ -21,10 +22,10 @@ def attach(agent: Any, durable: Durable | str | os.PathLike[str] | bool) -> Dura
     from tether.tools.executor import Executor
 
     if durable is False:
-        raise ValueError("durable=False: nothing to attach")
+        raise InvalidInput("durable=False: nothing to attach")
     rt = setup(None if durable is True else durable)
     if agent.name in rt.agents and rt.agents[agent.name] is not agent:
-        raise ValueError(f"a durable agent named {agent.name!r} is already registered; give each a unique name")
+        raise InvalidInput(f"a durable agent named {agent.name!r} is already registered; give each a unique name")
     rt.agents[agent.name] = agent
     # capped results must survive a restart: they go to the run store (scoped as in memory)
     old = agent.executor

@@ -13,6 +13,7 @@ from typing import Any
 
 from dbos import DBOSClient, DBOSPortableJSONSerializer
 
+from tether.errors import InvalidInput, NotFound, OperationFailed
 from tether.loop import DirectStepRunner, run_loop
 from tether.store.sql import engine_url
 from tether.types import Message, ModelReply, RunResult, RunState, ToolCall, ToolResult, from_jsonable
@@ -60,7 +61,7 @@ class ReplayStepRunner:
         if step <= self.upto:
             result = self.recorded.tools[step - 1].get(call.id)
             if result is None:
-                raise RuntimeError(f"the recorded run has no result for call {call.id} at step {step}")
+                raise OperationFailed(f"the recorded run has no result for call {call.id} at step {step}")
             return result
         return await self.live.tool_step(step, index, call, run)
 
@@ -88,11 +89,11 @@ def load(database: str | os.PathLike[str] | None, run_id: str) -> tuple[RunState
     try:
         found = client.list_workflows(workflow_ids=[run_id], load_input=True)
         if not found:
-            raise LookupError(f"no durable run {run_id!r} in {url}")
+            raise NotFound(f"no durable run {run_id!r} in {url}")
         inputs: Any = found[0].input
         args = inputs.get("args") if isinstance(inputs, dict) else inputs[0]
         if not args:
-            raise LookupError(f"durable run {run_id!r} has no recorded input to fork from")
+            raise NotFound(f"durable run {run_id!r} has no recorded input to fork from")
         job = args[0]
         steps = [dict(s) for s in client.list_workflow_steps(run_id)]
     finally:
@@ -106,11 +107,11 @@ async def fork(agent: Any, database: str | os.PathLike[str] | None, run_id: str,
     original's, then `message` (if any) and live calls. `result.state` can be continued or stored."""
     start, recorded = load(database, run_id)
     if not 0 <= step <= len(recorded.replies):
-        raise ValueError(f"run {run_id} has {len(recorded.replies)} model steps; fork at 0..{len(recorded.replies)}")
+        raise InvalidInput(f"run {run_id} has {len(recorded.replies)} model steps; fork at 0..{len(recorded.replies)}")
     new_id = new_run_id or uuid.uuid4().hex[:12]
     state = agent.start_state(None, state=start, run_id=new_id) if start.user == agent.user else None
     if state is None:
-        raise ValueError(f"run {run_id} belongs to user {start.user!r}, not {agent.user!r}")
+        raise InvalidInput(f"run {run_id} belongs to user {start.user!r}, not {agent.user!r}")
     spec = agent._spec(new_id, None, None, False)
     spec.step_runner = ReplayStepRunner(recorded, step)
     spec.context = _AddMessage(spec.context, step, message)

@@ -15,6 +15,7 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 
 from tether.durable.runner import DbosStepRunner, EventBuffer
+from tether.errors import InvalidInput, NotFound, OperationFailed
 from tether.events import TraceEvent
 from tether.loop import CancelToken, run_loop
 from tether.store.sql import RunStore, engine_url, make_engine
@@ -82,7 +83,7 @@ class Runtime:
             if key not in self._built:
                 self._built[key] = self.factories[name](config)
             return self._built[key]
-        raise LookupError(f"no durable agent named {name!r} in this process (construct it with "
+        raise NotFound(f"no durable agent named {name!r} in this process (construct it with "
                           f"Agent(..., name={name!r}, durable=...) before launching)")
 
 
@@ -91,7 +92,7 @@ _RUNTIME: Runtime | None = None
 
 def runtime() -> Runtime:
     if _RUNTIME is None:
-        raise RuntimeError("durable mode is not set up in this process (Agent(..., durable=...) or "
+        raise OperationFailed("durable mode is not set up in this process (Agent(..., durable=...) or "
                            "tether.durable.setup())")
     return _RUNTIME
 
@@ -104,7 +105,7 @@ def setup(config: Durable | str | os.PathLike[str] | None = None) -> Runtime:
     url = engine_url(config.database)
     if _RUNTIME is not None:
         if _RUNTIME.url != url:
-            raise ValueError(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
+            raise InvalidInput(f"this process already runs durable runs on {_RUNTIME.url}; one database per process")
         return _RUNTIME
     if os.environ.get("TETHER_DBOS_FASTPATH", "1") != "0":  # 0: DBOS's own step checkpoints
         _install_fastpath()  # before DBOS launches: recovered runs take the same path

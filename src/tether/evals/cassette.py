@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.models.base import ModelError
 from tether.models.scripted import ReplayModel, request_fingerprint, transcript_fingerprint
 from tether.policy.canonical import canonical_json
@@ -41,9 +41,9 @@ class Cassette:
         try:
             data = json.loads(Path(path).read_text("utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read cassette {path}: {exc}") from exc
+            raise InvalidInput(f"cannot read cassette {path}: {exc}") from exc
         if not isinstance(data, dict) or data.get("version") != VERSION:
-            raise ValueError(f"{path} is not a version-{VERSION} tether cassette")
+            raise InvalidInput(f"{path} is not a version-{VERSION} tether cassette")
         return cls(list(data.get("model", [])), list(data.get("tools", [])))
 
     def save(self, path: str | Path) -> None:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tether.errors import InvalidInput
 from tether.terminal import clean
 
 COLUMNS = [("steps", "steps"), ("input_tokens", "in tok"), ("output_tokens", "out tok"), ("cost_usd", "cost $"),
@@ -48,9 +49,9 @@ def load_report(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text("utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read report {path}: {exc}") from exc
+        raise InvalidInput(f"cannot read report {path}: {exc}") from exc
     if not isinstance(data, dict) or "scenarios" not in data:
-        raise ValueError(f"{path} is not a tether eval report (--json output)")
+        raise InvalidInput(f"{path} is not a tether eval report (--json output)")
     return data
 
 

@@ -24,6 +24,7 @@ from mcp.server.lowlevel import Server
 
 from tether._delegation import BUDGET_OFFER_KEY, USAGE_SINK_KEY
 from tether.agent import Agent
+from tether.errors import NotFound
 from tether.events import OBSERVERS
 from tether.mcp.client import BUDGET_META, usage_to_meta
 from tether.tools.base import Tool
@@ -73,7 +74,7 @@ class SessionStates:
 
     def get(self, run_id: str) -> Any:
         if run_id in self._evicted:
-            raise LookupError("this MCP session was idle too long and its safety state was dropped; "
+            raise NotFound("this MCP session was idle too long and its safety state was dropped; "
                               "open a new session")
         if run_id in self._states:
             self._states.move_to_end(run_id)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from tether.errors import InvalidInput
+
 
 def _same_length(lo: str, hi: str) -> list[str]:
     """Sequences matching the decimal strings from lo to hi, both of the same length."""
@@ -41,7 +43,7 @@ def natural_range(lo: int, hi: int) -> list[str]:
 def integer_range(lo: int, hi: int) -> str:
     """GBNF matching exactly the JSON integers lo..hi."""
     if lo > hi:
-        raise ValueError(f"empty integer range {lo}..{hi}")
+        raise InvalidInput(f"empty integer range {lo}..{hi}")
     parts = []
     if hi >= 0:
         parts += natural_range(max(lo, 0), hi)

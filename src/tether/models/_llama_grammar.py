@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from tether.errors import InvalidInput
+
 
 def _vocab(llama: Any) -> Any:
     return llama._model.vocab  # llama-cpp-python 0.3: the model's llama_vocab pointer
@@ -24,7 +26,7 @@ def _vocab(llama: Any) -> Any:
 def _sampler(llama_cpp: Any, llama: Any, grammar: str) -> Iterator[Any]:
     sampler = llama_cpp.llama_sampler_init_grammar(_vocab(llama), grammar.encode("utf-8"), b"root")
     if not sampler:
-        raise ValueError("llama.cpp could not parse the grammar")
+        raise InvalidInput("llama.cpp could not parse the grammar")
     try:
         yield sampler
     finally:
@@ -49,7 +51,7 @@ def accepts(llama_cpp: Any, llama: Any, grammar: str, text: str) -> bool:
     """True when llama.cpp's grammar sampler lets `text` through completely and then lets it end."""
     tokens = llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
     if llama.detokenize(tokens).decode("utf-8", errors="replace") != text:
-        raise ValueError(f"{text!r} does not round-trip through the tokenizer")
+        raise InvalidInput(f"{text!r} does not round-trip through the tokenizer")
     eos = llama_cpp.llama_vocab_eos(_vocab(llama))
     with _sampler(llama_cpp, llama, grammar) as sampler:
         for token in tokens:

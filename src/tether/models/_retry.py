@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from tether.errors import InvalidInput
 from tether.models.base import ModelError
 from tether.types import ModelReply, TextDelta
 
@@ -49,11 +50,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+            raise InvalidInput(f"max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_base < 0 or self.backoff_max < 0:
-            raise ValueError("backoff_base and backoff_max must be >= 0")
+            raise InvalidInput("backoff_base and backoff_max must be >= 0")
         if self.deadline is not None and not self.deadline > 0:
-            raise ValueError(f"deadline must be > 0 seconds (or None), got {self.deadline}")
+            raise InvalidInput(f"deadline must be > 0 seconds (or None), got {self.deadline}")
 
     def delay(self, retry: int, failure: Failure) -> float | None:
         """Seconds to wait before retry number `retry` (0-based), or None to give up."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.errors import InvalidInput
 from tether.types import Message, ToolCall, ToolSpec
 
 IdMaker = Callable[[], str]
@@ -74,7 +75,7 @@ def decode_at(text: str, start: int) -> tuple[Any, int]:
     try:
         return _DECODER.raw_decode(text, start)
     except RecursionError as exc:
-        raise ValueError("JSON nested too deeply") from exc
+        raise InvalidInput("JSON nested too deeply") from exc
 
 
 def repair_json(text: str) -> str:
@@ -132,16 +133,16 @@ def load_object(text: str) -> dict[str, Any]:
     text = strip_fences(text)
     start = text.find("{")
     if start < 0:
-        raise ValueError("expected a JSON object")
+        raise InvalidInput("expected a JSON object")
     try:
         value, _ = decode_at(text, start)
     except ValueError as first:
         try:
             value, _ = decode_at(repair_json(text[start:]), 0)
         except ValueError:
-            raise ValueError(f"not valid JSON ({first})") from None
+            raise InvalidInput(f"not valid JSON ({first})") from None
     if not isinstance(value, dict):
-        raise ValueError("expected a JSON object")
+        raise InvalidInput("expected a JSON object")
     return value
 
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from tether.errors import InvalidInput, MissingDependency
 from tether.models._retry import (
     DEFAULT_DEADLINE,
     Failure,
@@ -36,7 +37,7 @@ def _sdk() -> Any:
     try:
         import anthropic
     except ImportError:
-        raise ImportError("AnthropicModel needs the anthropic SDK: pip install 'tether[anthropic]'") from None
+        raise MissingDependency("AnthropicModel needs the anthropic SDK: pip install 'tether[anthropic]'") from None
     return anthropic
 
 
@@ -70,9 +71,9 @@ class AnthropicModel:
     ) -> None:
         self._anthropic = _sdk()
         if not model:
-            raise ValueError("model name is required, e.g. AnthropicModel('claude-haiku-4-5')")
+            raise InvalidInput("model name is required, e.g. AnthropicModel('claude-haiku-4-5')")
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise InvalidInput(f"max_tokens must be >= 1, got {max_tokens}")
         self.model = model
         self.name = model
         env = os.environ if env is None else env
@@ -81,7 +82,7 @@ class AnthropicModel:
         key = api_key or (env.get("ANTHROPIC_API_KEY") if same_url(self.base_url, configured) else None)
         if not key:
             if same_url(self.base_url, ANTHROPIC_URL):
-                raise ValueError("no API key for api.anthropic.com: set ANTHROPIC_API_KEY or pass --api-key / api_key=")
+                raise InvalidInput("no API key for api.anthropic.com: set ANTHROPIC_API_KEY or pass --api-key / api_key=")
             key = NO_KEY
         # Always explicit, so the SDK never picks a key from the environment for another URL.
         self.api_key = key
@@ -188,7 +189,7 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
                 _append(out, "user", {"type": "text", "text": m.content})
         elif role == "tool":
             if not m.tool_call_id:
-                raise ValueError(
+                raise InvalidInput(
                     f"tool message without tool_call_id (name={m.name!r}); every tool result needs its call id"
                 )
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
@@ -201,7 +202,7 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
             for call in m.tool_calls:
                 _append(out, "assistant", _tool_use(call))
         else:
-            raise ValueError(f"unknown message role {role!r}; expected system, user, assistant or tool")
+            raise InvalidInput(f"unknown message role {role!r}; expected system, user, assistant or tool")
     return "\n\n".join(system), out
 
 

@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from tether.errors import InvalidInput
 from tether.models.base import Model, ModelError
 from tether.output import request_for
 from tether.types import ModelReply, ModelRequest, TextDelta
@@ -63,9 +64,9 @@ class FallbackModel:
     ) -> None:
         self.models = list(models)
         if not self.models:
-            raise ValueError("FallbackModel needs at least one model")
+            raise InvalidInput("FallbackModel needs at least one model")
         if breaker_failures < 1 or breaker_cooldown < 0:
-            raise ValueError("breaker_failures must be >= 1 and breaker_cooldown >= 0")
+            raise InvalidInput("breaker_failures must be >= 1 and breaker_cooldown >= 0")
         self.fall_back_on = fall_back_on
         self.name = "fallback:" + ",".join(m.name for m in self.models)
         self.breaker_failures = breaker_failures

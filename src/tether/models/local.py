@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.models._gbnf import (
     FINAL_CLOSE,
     FINAL_OPEN,
@@ -159,7 +159,7 @@ class _Engine:
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         out = self.server.handle_chat_completions(body)
         if isinstance(out, dict) and "error" in out:
-            raise ValueError(_error_text(out["error"]))
+            raise InvalidInput(_error_text(out["error"]))
         return out
 
     def chat_until_loop(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +194,7 @@ class _Engine:
         if isinstance(out, dict) and "error" in out:
             errors.append(out["error"])
         if errors:
-            raise ValueError(_error_text(errors[0]))
+            raise InvalidInput(_error_text(errors[0]))
         if not usage:  # stopped before the last chunk: a piece is a token; the prompt estimated
             counter = EstimateCounter()
             prompt = sum(counter.count(str(m.get("content") or "")) for m in body.get("messages", ()))
@@ -389,11 +389,11 @@ class LocalModel:
         if not self.path.is_file():
             raise LocalModelUnavailable(f"no GGUF file at {self.path}")
         if n_ctx < 256:
-            raise ValueError(f"n_ctx must be at least 256, got {n_ctx}")
+            raise InvalidInput(f"n_ctx must be at least 256, got {n_ctx}")
         if max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be at least 1, got {max_output_tokens}")
+            raise InvalidInput(f"max_output_tokens must be at least 1, got {max_output_tokens}")
         if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads must be at least 1, got {n_threads}")
+            raise InvalidInput(f"n_threads must be at least 1, got {n_threads}")
         self.n_threads = n_threads or default_threads()
         self.n_ctx = n_ctx
         self.temperature = temperature

@@ -31,6 +31,7 @@ import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from tether.errors import InvalidInput
 from tether.models._retry import (
     DEFAULT_DEADLINE,
     Failure,
@@ -111,7 +112,7 @@ def resolve_endpoint(
     key = api_key or env_key
     if not key:
         if same_url(url, OPENAI_BASE_URL):
-            raise ValueError(
+            raise InvalidInput(
                 "no API key for api.openai.com: pass api_key=, set OPENAI_API_KEY, or set "
                 "OPENROUTER_API_KEY (OpenRouter) or OPENAI_BASE_URL (a local server)"
             )
@@ -151,7 +152,7 @@ class OpenAICompatModel:
         deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
         if not model:
-            raise ValueError("model name is required, e.g. OpenAICompatModel('gpt-4o-mini')")
+            raise InvalidInput("model name is required, e.g. OpenAICompatModel('gpt-4o-mini')")
         self.model = model
         self.name = model
         self.timeout = timeout
@@ -296,13 +297,13 @@ def to_openai_message(m: Message) -> dict[str, Any]:
         return out
     if role == "tool":
         if not m.tool_call_id:
-            raise ValueError(
+            raise InvalidInput(
                 f"tool message without tool_call_id (name={m.name!r}); every tool result needs its call id"
             )
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
     if role == "user" or role == "system":
         return {"role": role, "content": m.content}
-    raise ValueError(f"unknown message role {role!r}; expected system, user, assistant or tool")
+    raise InvalidInput(f"unknown message role {role!r}; expected system, user, assistant or tool")
 
 
 def _tool_call_out(call: ToolCall) -> dict[str, Any]:
@@ -341,7 +342,7 @@ def tool_choice_name(request: ModelRequest) -> str | None:
         return choice
     if not any(t.name == choice for t in request.tools):
         offered = ", ".join(t.name for t in request.tools) or "none"
-        raise ValueError(f"tool_choice {choice!r} is neither auto, none, required nor one of the request's "
+        raise InvalidInput(f"tool_choice {choice!r} is neither auto, none, required nor one of the request's "
                          f"tools ({offered})")
     return choice
 

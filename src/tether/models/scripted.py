@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tether.errors import InvalidInput
 from tether.models.base import ModelError, stream_by_completing
 from tether.types import (
     Message,
@@ -77,7 +78,7 @@ class ScriptedModel:
         stream_delay: float = 0.0,
     ) -> None:
         if stream_chunk is not None and stream_chunk < 1:
-            raise ValueError("stream_chunk must be at least 1")
+            raise InvalidInput("stream_chunk must be at least 1")
         self.stream_chunk = stream_chunk
         self.stream_delay = stream_delay
         self.name = name

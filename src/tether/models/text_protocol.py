@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from types import ModuleType
 from typing import Any, Literal, cast
 
+from tether.errors import InvalidInput
 from tether.models import _react, _tagged
 from tether.models._react import parse_react
 from tether.models._tagged import parse_tagged
@@ -53,7 +54,7 @@ def _module(protocol: str) -> ModuleType:
     try:
         return _MODULES[protocol]
     except KeyError:
-        raise ValueError(f"unknown text protocol {protocol!r}; use 'tagged' or 'react'") from None
+        raise InvalidInput(f"unknown text protocol {protocol!r}; use 'tagged' or 'react'") from None
 
 
 def _strip_titles(node: Any, in_properties: bool = False) -> Any:
@@ -221,7 +222,7 @@ class TextProtocolModel:
     def __init__(self, inner: Model, protocol: TextProtocol = "tagged", *, max_nudges: int = 1) -> None:
         _module(protocol)
         if not isinstance(max_nudges, int) or max_nudges < 0:
-            raise ValueError(f"max_nudges must be an integer >= 0, got {max_nudges!r}")
+            raise InvalidInput(f"max_nudges must be an integer >= 0, got {max_nudges!r}")
         self.inner = inner
         self.protocol: TextProtocol = protocol
         self.max_nudges = max_nudges

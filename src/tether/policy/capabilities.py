@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from tether.errors import InvalidInput
 from tether.policy.canonical import get_path
 from tether.tools.base import Tool
 from tether.types import Effect
@@ -52,12 +53,12 @@ class Capability:
 
     def __post_init__(self) -> None:
         if self.on_untrusted not in ("approve", "refuse", "summarize"):
-            raise ValueError(f"Capability({self.tool!r}).on_untrusted must be approve, refuse or summarize, "
+            raise InvalidInput(f"Capability({self.tool!r}).on_untrusted must be approve, refuse or summarize, "
                              f"got {self.on_untrusted!r}")
         for name in ("per_run", "per_user"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"Capability({self.tool!r}).{name} must be >= 0")
+                raise InvalidInput(f"Capability({self.tool!r}).{name} must be >= 0")
 
     def effect_for(self, tool: Tool, args: dict[str, Any]) -> Effect:
         """The effect class of this call (may depend on its arguments)."""
@@ -131,10 +132,10 @@ class Capabilities:
         self.caps: dict[str, Capability] = {}
         for cap in caps:
             if cap.tool in self.caps:
-                raise ValueError(f"two capabilities for tool {cap.tool!r}")
+                raise InvalidInput(f"two capabilities for tool {cap.tool!r}")
             self.caps[cap.tool] = cap
         if unlisted not in ("deny", "inherit"):
-            raise ValueError(f"unlisted must be 'deny' or 'inherit', got {unlisted!r}")
+            raise InvalidInput(f"unlisted must be 'deny' or 'inherit', got {unlisted!r}")
         self.unlisted = unlisted
         self._derived: dict[str, Capability] = {}
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from tether.errors import InvalidInput, InvalidType
 from tether.policy.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver, DenyAll
 from tether.policy.audit import AuditLog, AuditRecord
 from tether.policy.authz import Authorizer, check_tool
@@ -170,7 +171,7 @@ class PolicyState:
     def load(cls, data: dict[str, Any]) -> PolicyState:
         version = data.get("version") if isinstance(data, dict) else None
         if version != STATE_VERSION:
-            raise ValueError(f"policy state version {version!r} is not supported (expected {STATE_VERSION})")
+            raise InvalidInput(f"policy state version {version!r} is not supported (expected {STATE_VERSION})")
         return cls(
             run_id=str(data["run_id"]), user=data.get("user"), prov=Provenance.load(data.get("prov") or {}),
             calls=Counter({str(k): int(v) for k, v in dict(data.get("calls", {})).items()}),
@@ -310,7 +311,7 @@ class SafetyPolicy:
         reason if denied); any other call needs its own approval."""
         asked = state.awaiting.pop(call_id, None)
         if asked is None:
-            raise ValueError(f"no call {call_id!r} awaits approval in run {state.run_id!r}")
+            raise InvalidInput(f"no call {call_id!r} awaits approval in run {state.run_id!r}")
         state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
                                          "call_id": call_id}
 
@@ -369,9 +370,9 @@ class SafetyPolicy:
         if type(state) is PolicyState:
             return state
         if state is None:
-            raise ValueError("the call carries no policy state: start one with SafetyPolicy.start_run(run_id, user, "
+            raise InvalidInput("the call carries no policy state: start one with SafetyPolicy.start_run(run_id, user, "
                              "[prompt]) and pass it as CallContext(policy_state=...)")
-        raise TypeError(f"CallContext.policy_state is a {type(state).__name__}, not a SafetyPolicy PolicyState")
+        raise InvalidType(f"CallContext.policy_state is a {type(state).__name__}, not a SafetyPolicy PolicyState")
 
     def is_untrusted_source(self, tool: Tool, state: PolicyState | None = None) -> bool:
         if tool.name in self.trusted_tools:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tether.errors import InvalidInput
 from tether.policy.output_filter import scan
 
 Strictness = Literal["lenient", "standard", "strict"]
@@ -41,7 +42,7 @@ class Rule:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
-            raise ValueError(f"rule {self.name!r}: weight must be in [0, 1], got {self.weight}")
+            raise InvalidInput(f"rule {self.name!r}: weight must be in [0, 1], got {self.weight}")
         if isinstance(self.test, str):
             object.__setattr__(self, "_rx", re.compile(self.test, re.IGNORECASE))
 
@@ -98,11 +99,11 @@ class SafetyFilter:
         self.rules = tuple(rules)
         if isinstance(strictness, str):
             if strictness not in THRESHOLDS:
-                raise ValueError(f"strictness must be one of {sorted(THRESHOLDS)} or a number, got {strictness!r}")
+                raise InvalidInput(f"strictness must be one of {sorted(THRESHOLDS)} or a number, got {strictness!r}")
             self.threshold = THRESHOLDS[strictness]
         else:
             if not 0.0 < strictness <= 1.0:
-                raise ValueError(f"threshold must be in (0, 1], got {strictness}")
+                raise InvalidInput(f"threshold must be in (0, 1], got {strictness}")
             self.threshold = float(strictness)
         self.cache_size = cache_size
         self._cache: OrderedDict[str, SafetyVerdict] = OrderedDict()

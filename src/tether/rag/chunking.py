@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tether.errors import InvalidInput
 from tether.rag.loaders import Section
 
 _TOKEN = re.compile(r"\S+")
@@ -40,9 +41,9 @@ def split_tokens(text: str, size: int, overlap: int) -> list[str]:
     Slices of the original text, so line breaks inside a window survive.
     """
     if size <= 0:
-        raise ValueError("chunk size must be positive")
+        raise InvalidInput("chunk size must be positive")
     if not 0 <= overlap < size:
-        raise ValueError("overlap must be at least 0 and smaller than the chunk size")
+        raise InvalidInput("overlap must be at least 0 and smaller than the chunk size")
     spans = [m.span() for m in _TOKEN.finditer(text)]
     if not spans:
         return []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tether.errors import InvalidInput
 from tether.rag.ann import IVFIndex
 from tether.rag.base import top_k
 from tether.rag.encoder import Embedder, MiniLMEncoder
@@ -165,7 +166,7 @@ class DenseRetriever:
         rocchio: Rocchio | None = None,
     ) -> None:
         if window < 0 or (window and not 0 < stride <= window):
-            raise ValueError("window must be >= 0 and stride in 1..window")
+            raise InvalidInput("window must be >= 0 and stride in 1..window")
         self._embedder = embedder
         self.ann_threshold = ann_threshold
         self.window, self.stride = window, stride
@@ -221,9 +222,9 @@ class DenseRetriever:
             owner = np.zeros(0, dtype=np.int64)
         owner = np.asarray(owner, dtype=np.int64)
         if len(owner) != len(windows):
-            raise ValueError(f"{len(windows)} window vectors but {len(owner)} owners")
+            raise InvalidInput(f"{len(windows)} window vectors but {len(owner)} owners")
         if len(owner) and (owner.min() < 0 or owner.max() >= n or np.any(np.diff(owner) < 0)):
-            raise ValueError("window owners must be ascending passage rows")
+            raise InvalidInput("window owners must be ascending passage rows")
         self.vectors = vectors
         self.window_vectors, self.window_owner = windows, owner
         self._ptr = np.searchsorted(owner, np.arange(n + 1)).astype(np.int64)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tether.errors import InvalidInput
 from tether.rag.base import Retriever
 from tether.rag.metrics import summarize
 
@@ -31,7 +32,7 @@ def _jsonl(path: Path) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+                    raise InvalidInput(f"{path}:{n}: not JSON ({e.msg})") from None
     return rows
 
 
@@ -43,7 +44,7 @@ def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) 
     for row in docs:
         did = row.get("id", row.get("_id"))
         if did is None:
-            raise ValueError(f"{corpus}: a document has no id")
+            raise InvalidInput(f"{corpus}: a document has no id")
         ids.append(str(did))
         texts.append(" ".join(p for p in (row.get("title") or "", row.get("text") or "") if p))
     qs = {str(r.get("id", r.get("_id"))): r.get("text", "") for r in _jsonl(Path(queries))}
@@ -53,13 +54,13 @@ def load_collection(corpus: str | Path, queries: str | Path, qrels: str | Path) 
         if not parts:
             continue
         if len(parts) < 3:
-            raise ValueError(f"{qrels}:{n}: expected query-id, doc-id, relevance")
+            raise InvalidInput(f"{qrels}:{n}: expected query-id, doc-id, relevance")
         try:
             rel = int(float(parts[-1]))
         except ValueError:
             if n == 1:
                 continue  # header
-            raise ValueError(f"{qrels}:{n}: relevance {parts[-1]!r} is not a number") from None
+            raise InvalidInput(f"{qrels}:{n}: relevance {parts[-1]!r} is not a number") from None
         # TREC qrels put an unused iteration column between the two ids: `qid 0 docid rel`
         judged.setdefault(parts[0], {})[parts[2] if len(parts) >= 4 else parts[1]] = rel
     return Collection(ids, texts, qs, judged)
@@ -91,7 +92,7 @@ def make_retriever(name: str) -> Retriever:
         "best": lambda: best_retriever(BEST, dense=dense()),
     }
     if name not in makers:
-        raise ValueError(f"unknown retriever {name!r}; use one of: {', '.join(RETRIEVERS)}")
+        raise InvalidInput(f"unknown retriever {name!r}; use one of: {', '.join(RETRIEVERS)}")
     return makers[name]()
 
 
@@ -142,7 +143,7 @@ def evaluate_index(index, col: Collection, depth: int = 1000) -> dict[str, float
     ids = set(col.doc_ids)
     other = [s for s in index.sources() if s not in ids]
     if other:
-        raise ValueError(f"index {index.location} holds {len(other)} sources that are not documents of this "
+        raise InvalidInput(f"index {index.location} holds {len(other)} sources that are not documents of this "
                          f"collection (e.g. {other[0]}); use a separate index for evaluation")
     index.add_texts(zip(col.doc_ids, col.doc_texts, strict=True), markdown=False)
     qids = [q for q in col.queries if q in col.qrels]

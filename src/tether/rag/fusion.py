@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tether.errors import InvalidInput
 from tether.rag.base import Retriever, top_k
 from tether.rag.dense import DenseRetriever, knn_graph
 
@@ -31,7 +32,7 @@ def normalise(s: np.ndarray, how: str = "z") -> np.ndarray:
     if how == "minmax":
         lo, hi = s.min(axis=-1, keepdims=True), s.max(axis=-1, keepdims=True)
         return (s - lo) / np.where(hi > lo, hi - lo, 1.0)
-    raise ValueError(f"unknown normalisation {how!r}; use one of: {', '.join(NORMS)}")
+    raise InvalidInput(f"unknown normalisation {how!r}; use one of: {', '.join(NORMS)}")
 
 
 def smooth(x: np.ndarray, graph: np.ndarray | None, gain: float, how: str = "z") -> np.ndarray:
@@ -62,7 +63,7 @@ def fuse(lexical: np.ndarray, dense: np.ndarray, *, how: str = "sum", weight: fl
         return (weight * lexical + (1.0 - weight) * dense).astype(np.float32)
     if how == "rrf":
         return rrf_scores([lexical, dense], rrf_k)
-    raise ValueError(f"unknown fusion {how!r}; use one of: {', '.join(FUSIONS)}")
+    raise InvalidInput(f"unknown fusion {how!r}; use one of: {', '.join(FUSIONS)}")
 
 
 class HybridRetriever:
@@ -109,7 +110,7 @@ class FusionRetriever:
         min_store: int = 100,
     ) -> None:
         if norm not in NORMS or fusion not in FUSIONS:
-            raise ValueError(f"norm must be one of {NORMS} and fusion one of {FUSIONS}")
+            raise InvalidInput(f"norm must be one of {NORMS} and fusion one of {FUSIONS}")
         self.lexical, self.dense = lexical, dense
         self.weight, self.neighbours, self.gain = weight, neighbours, gain
         self.norm, self.fusion, self.rrf_k = norm, fusion, rrf_k

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tether.errors import InvalidInput, MissingFile
 from tether.rag.ann import IVFIndex
 from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
@@ -88,7 +89,7 @@ def index_path(name_or_path: str | Path) -> Path:
     """A bare name maps into `default_root()`; anything with a path separator is used as is."""
     s = str(name_or_path)
     if not s or s in {".", ".."}:
-        raise ValueError("index name must not be empty")
+        raise InvalidInput("index name must not be empty")
     if os.sep in s or "/" in s:
         return Path(s).expanduser()
     return default_root() / s
@@ -136,7 +137,7 @@ class Index:
         are split for dense scoring; like `chunk_tokens` they are remembered by the index, and
         changing them re-embeds the windows on the next search."""
         if retriever is not None and retriever not in RETRIEVER_NAMES:
-            raise ValueError(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVER_NAMES)}")
+            raise InvalidInput(f"unknown retriever {retriever!r}; use one of: {', '.join(RETRIEVER_NAMES)}")
         self.path = Path(path)
         self.location = str(self.path)  # what messages call this index
         self.progress = progress
@@ -325,7 +326,7 @@ class Index:
         """Add, update or (for files gone from an ingested folder) delete sources under `path`."""
         root = Path(path).expanduser().resolve()
         if not root.exists():
-            raise FileNotFoundError(f"{path}: no such file or folder")
+            raise MissingFile(f"{path}: no such file or folder")
         with self._lock, self._writing():
             return self._ingest(root, delete_missing)
 
@@ -693,7 +694,7 @@ class Index:
         `answered_by` then names the retriever that ranked them; `vectors_pending` is a note when
         that was not the index's own (its vectors are still being computed), else None."""
         if not query.strip():
-            raise ValueError("query must not be empty")
+            raise InvalidInput("query must not be empty")
         with self._lock:
             stale = self._retriever is None or (self._meta("generation") or "0") != self._built_generation
             if not stale and self.vectors_pending:  # the vectors are done, or their writer is gone

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from tether.errors import InvalidInput
+
 
 def ndcg_at_k(ranked: Sequence[str], qrels: Mapping[str, int], k: int = 10) -> float:
     """DCG of the top k (gain = relevance, discount log2(rank + 1)) over the ideal DCG."""
@@ -38,7 +40,7 @@ def summarize(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str
     """Mean nDCG@10, Recall@10, Recall@100 and MAP over the judged queries in `runs`."""
     judged = [q for q in runs if any(r > 0 for r in qrels.get(q, {}).values())]
     if not judged:
-        raise ValueError("no query in the run has a relevance judgment")
+        raise InvalidInput("no query in the run has a relevance judgment")
     n = len(judged)
     return {
         "ndcg@10": sum(ndcg_at_k(runs[q], qrels[q], 10) for q in judged) / n,

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tether.errors import InvalidInput, MissingDependency
 from tether.rag.index import _SCHEMA, Index
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
@@ -34,7 +35,7 @@ def split_url(url: str) -> tuple[str, str]:
     base, _, name = url.partition("#")
     name = name or "default"
     if not _NAME.fullmatch(name):
-        raise ValueError(f"index name {name!r} in {url.split('@')[-1]}: use 1-40 of a-z, 0-9 and _")
+        raise InvalidInput(f"index name {name!r} in {url.split('@')[-1]}: use 1-40 of a-z, 0-9 and _")
     return base, name
 
 
@@ -108,7 +109,7 @@ class PostgresIndex(Index):
         try:
             import psycopg
         except ImportError as exc:  # the [postgres] extra
-            raise ImportError("an index in PostgreSQL needs psycopg: pip install 'tether[postgres]'") from exc
+            raise MissingDependency("an index in PostgreSQL needs psycopg: pip install 'tether[postgres]'") from exc
         from psycopg import sql
 
         conn = psycopg.connect(self._url, autocommit=True)

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tether.errors import MissingFile
 from tether.rag.base import Hit
 from tether.rag.tool import Searchable
 
@@ -68,7 +69,7 @@ class CrossEncoderReranker:
         p = Path(path).expanduser()
         model = p / "model.onnx" if p.is_dir() else p
         if not model.is_file():
-            raise FileNotFoundError(f"{path}: no cross-encoder ONNX file (expected a .onnx file or a folder "
+            raise MissingFile(f"{path}: no cross-encoder ONNX file (expected a .onnx file or a folder "
                                     "with model.onnx)")
         vocab = model.parent / "vocab.txt"
         tok = BertWordPieceTokenizer(str(vocab if vocab.is_file() else VOCAB_PATH), lowercase=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tether.errors import InvalidInput
 from tether.rag.base import Hit
 from tether.rag.prompt import clip
 from tether.tools.base import VALUES_KEY, Tool, request_words_source
@@ -57,7 +58,7 @@ def search_tool(
     """
 
     if default_k < 1:
-        raise ValueError(f"default_k must be at least 1, got {default_k}")
+        raise InvalidInput(f"default_k must be at least 1, got {default_k}")
     max_k = max(max_k, default_k)  # `tether ask -k 20` must not advertise a default above the maximum
 
     def search(query: str, k: int = default_k) -> str:

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.errors import OperationFailed
 from tether.server import stream_tokens
 from tether.server.events import stream
 from tether.server.keys import key_id
@@ -254,7 +255,7 @@ def create_app(tasks: Tasks) -> FastAPI:
         """Up, and the database answers (a load balancer's check)."""
         try:
             if tasks.tables is None:
-                raise RuntimeError("the service has not started")
+                raise OperationFailed("the service has not started")
             await tasks.db(tasks.tables.ping)
         except Exception as exc:
             return JSONResponse({"error": f"the database does not answer: {type(exc).__name__}: {exc}"},

@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tether.errors import InvalidType
 from tether.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -73,7 +74,7 @@ def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
         case (RunStarted() | ModelCallStarted() | ModelCallEnded() | ToolCallStarted() | ToolCallEnded() | Notice()
               | Error() | CriticReviewed() | TextStreamed()):
             return [(event.kind, event.data)]
-    raise AssertionError(f"an event type the stream does not handle: {type(event).__name__}")  # pragma: no cover
+    raise InvalidType(f"an event type the stream does not handle: {type(event).__name__}")
 
 
 HANDLED = (RunStarted, ModelCallStarted, ModelCallEnded, ToolCallStarted, ToolCallEnded, ApprovalRequested,

@@ -11,6 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tether.errors import InvalidInput
+
 MIGRATIONS: list[list[str]] = [
     [  # 1
         """CREATE TABLE IF NOT EXISTS tether_api_keys (
@@ -91,12 +93,12 @@ class ServiceTables:
         elif len(key_or_id) >= 8 and all(c in "0123456789abcdef" for c in key_or_id):
             prefix = key_or_id
         else:
-            raise ValueError(f"{key_or_id!r} is neither a key (tk_...) nor a key id (8 or more hex digits; "
+            raise InvalidInput(f"{key_or_id!r} is neither a key (tk_...) nor a key id (8 or more hex digits; "
                              "`tether keys list` shows them)")
         with self.engine.begin() as conn:
             found = self._keys_from(conn, prefix)
             if len(found) != 1:
-                raise ValueError(f"no key with id {key_or_id!r}" if not found else
+                raise InvalidInput(f"no key with id {key_or_id!r}" if not found else
                                  f"{len(found)} keys start with {key_or_id!r}: give more of the id")
             conn.execute(sa.text("DELETE FROM tether_api_keys WHERE key_hash = :h"), {"h": found[0][0]})
         return found[0][0][:KEY_ID_CHARS], found[0][1]

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tether.errors import InvalidInput
 from tether.store.sql import RunStore
 
 GROUPS = ("day", "agent", "model", "tool", "run")
@@ -38,7 +39,7 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
     """Totals per group of the runs created at `since` or later (all when None), `user`'s only when
     given; the most expensive group first (then by key)."""
     if by not in GROUPS:
-        raise ValueError(f"cannot group by {by!r}; use one of: {', '.join(GROUPS)}")
+        raise InvalidInput(f"cannot group by {by!r}; use one of: {', '.join(GROUPS)}")
     where = ["created_at >= :s"]
     params: dict[str, Any] = {"s": since if since is not None else 0.0}
     if user is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, overload
 
+from tether.errors import InvalidInput
 from tether.tools.schema import (
     JsonSchemaValidator,
     SignatureValidator,
@@ -175,7 +176,7 @@ def values_from(t: Tool, param: str, source: dict[str, Any]) -> Tool:
     """Declare where `param`'s values come from (see `files_source`, `request_words_source`)."""
     props = t.parameters.get("properties") or {}
     if param not in props:
-        raise ValueError(f"tool {t.name!r} has no parameter {param!r}")
+        raise InvalidInput(f"tool {t.name!r} has no parameter {param!r}")
     props[param] = {**props[param], VALUES_KEY: {**source, "param": param}}
     t.spec = ToolSpec(t.name, t.description, t.parameters)
     return t

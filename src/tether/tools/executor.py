@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from tether.errors import InvalidInput, InvalidType
 from tether.tools.base import Tool, ToolContext
 from tether.tools.results import (
     DEFAULT_MAX_RESULT_CHARS,
@@ -148,7 +149,7 @@ class BasePolicy:
         return []
 
     def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
-        raise ValueError(f"no call {call_id!r} awaits approval (this policy asks for none)")
+        raise InvalidInput(f"no call {call_id!r} awaits approval (this policy asks for none)")
 
 
 class AllowAll(BasePolicy):
@@ -160,7 +161,7 @@ def check_policy(policy: object) -> Policy:
     """`policy` if it has every hook, else one TypeError naming the missing ones."""
     missing = [h for h in POLICY_HOOKS if not callable(getattr(policy, h, None))]
     if missing:
-        raise TypeError(f"{type(policy).__name__} is not a complete Policy: it lacks {', '.join(missing)}. "
+        raise InvalidType(f"{type(policy).__name__} is not a complete Policy: it lacks {', '.join(missing)}. "
                         "Subclass tether.BasePolicy (every hook allows) and override what you need.")
     return policy  # type: ignore[return-value]
 
@@ -208,7 +209,7 @@ class Executor:
         self.tools: dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
-                raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
+                raise InvalidInput(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
         self._specs = [t.spec for t in self.tools.values()]
         self._specs_with_reader = self._specs

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import asdict, is_dataclass
 from typing import IO, Any, Protocol
 
+from tether.errors import InvalidInput
 from tether.tools.base import Tool, ToolContext, tool
 
 DEFAULT_MAX_RESULT_CHARS = 4_000
@@ -158,9 +159,9 @@ def read_result_tool(store: Results, max_chars: int = DEFAULT_MAX_RESULT_CHARS) 
         owned = context.extra.get(HANDLES_KEY, ())
         text = store.get(handle, context.user) if handle in owned else None
         if text is None:
-            raise ValueError(f"no stored result under handle {handle!r} (unknown or expired)")
+            raise InvalidInput(f"no stored result under handle {handle!r} (unknown or expired)")
         if offset < 0 or offset >= len(text):
-            raise ValueError(f"offset {offset} is outside the result (0-{len(text) - 1})")
+            raise InvalidInput(f"offset {offset} is outside the result (0-{len(text) - 1})")
         length = max(1, min(length, max_chars))
         end = min(len(text), offset + length)
         more = f" Next: offset={end}." if end < len(text) else " End of result."

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from tether.errors import TetherError
+from tether.errors import InvalidType, TetherError
 
 
 class ArgumentError(TetherError, ValueError):
@@ -120,12 +120,12 @@ def signature_model(fn: Callable[..., Any], param_docs: dict[str, str]) -> tuple
     try:
         hints = get_type_hints(fn, include_extras=True)
     except Exception as exc:  # unresolvable forward refs: fail loudly at decoration time
-        raise TypeError(f"cannot read type hints of {fn.__qualname__}: {exc}") from exc
+        raise InvalidType(f"cannot read type hints of {fn.__qualname__}: {exc}") from exc
     fields: dict[str, Any] = {}
     context_param: str | None = None
     for name, param in sig.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {fn.__qualname__}: *args/**kwargs are not supported in tools")
+            raise InvalidType(f"tool {fn.__qualname__}: *args/**kwargs are not supported in tools")
         annotation = hints.get(name, Any)
         if _is_context_param(annotation):
             context_param = name

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from tether.errors import InvalidInput
 from tether.tools.base import ArgsValidator, request_spans_source, tool, values_from
 from tether.tools.schema import ArgumentError
 
@@ -32,12 +33,12 @@ Number = int | float
 def _factorial(n: Number) -> int:
     if isinstance(n, float):
         if not n.is_integer():
-            raise ValueError(f"factorial needs a whole number, got {n!r}")
+            raise InvalidInput(f"factorial needs a whole number, got {n!r}")
         n = int(n)
     if n < 0:
-        raise ValueError(f"factorial needs a non-negative number, got {n}")
+        raise InvalidInput(f"factorial needs a non-negative number, got {n}")
     if n > MAX_FACTORIAL:
-        raise ValueError(f"factorial({n}) is too large; the limit is factorial({MAX_FACTORIAL})")
+        raise InvalidInput(f"factorial({n}) is too large; the limit is factorial({MAX_FACTORIAL})")
     return math.factorial(n)
 
 
@@ -45,9 +46,9 @@ def _round(x: Number, ndigits: Number | None = None) -> Number:
     if ndigits is None:
         return round(x)
     if not isinstance(ndigits, int):
-        raise ValueError(f"round(x, n) needs a whole number n, got {ndigits!r}")
+        raise InvalidInput(f"round(x, n) needs a whole number n, got {ndigits!r}")
     if abs(ndigits) > MAX_ROUND_DIGITS:
-        raise ValueError(f"round(x, n) accepts n between -{MAX_ROUND_DIGITS} and {MAX_ROUND_DIGITS}")
+        raise InvalidInput(f"round(x, n) accepts n between -{MAX_ROUND_DIGITS} and {MAX_ROUND_DIGITS}")
     return round(x, ndigits)
 
 
@@ -108,17 +109,17 @@ def _short(value: Number) -> str:
 
 def _check_int(value: Number, what: str) -> Number:
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise ValueError(
+        raise InvalidInput(
             f"{what} has more than {MAX_DIGITS} digits; the calculator refuses numbers that large"
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{what} overflowed to {value!r}; the numbers are too large for floating point")
+        raise InvalidInput(f"{what} overflowed to {value!r}; the numbers are too large for floating point")
     return value
 
 
 def _pow(base: Number, exp: Number) -> Number:
     if abs(exp) > MAX_EXPONENT:
-        raise ValueError(f"exponent {exp!r} is too large; the limit is {MAX_EXPONENT}")
+        raise InvalidInput(f"exponent {exp!r} is too large; the limit is {MAX_EXPONENT}")
     # |base| ** exp has at least (bit_length(base) - 1) * exp bits; refuse before computing it.
     if (
         isinstance(base, int)
@@ -126,12 +127,12 @@ def _pow(base: Number, exp: Number) -> Number:
         and exp > 0
         and (base.bit_length() - 1) * exp > MAX_INT_BITS
     ):
-        raise ValueError(
+        raise InvalidInput(
             f"{_short(base)} ** {exp} would have more than {MAX_DIGITS} digits; the calculator refuses it"
         )
     result = base**exp
     if isinstance(result, complex):
-        raise ValueError(
+        raise InvalidInput(
             f"({_short(base)}) ** {_short(exp)} is a complex number; only real results are supported"
         )
     return result
@@ -144,7 +145,7 @@ def _binop(op: str, a: Number, b: Number) -> Number:
         return a - b
     if op == "*":
         if isinstance(a, int) and isinstance(b, int) and a.bit_length() + b.bit_length() > MAX_INT_BITS + 1:
-            raise ValueError(
+            raise InvalidInput(
                 f"the product would have more than {MAX_DIGITS} digits; the calculator refuses it"
             )
         return a * b
@@ -160,7 +161,7 @@ def _binop(op: str, a: Number, b: Number) -> Number:
 class _Evaluator:
     def eval(self, node: ast.AST, depth: int = 0) -> Number:
         if depth > MAX_DEPTH:
-            raise ValueError(
+            raise InvalidInput(
                 f"expression is nested too deeply (over {MAX_DEPTH} levels); split it into smaller steps"
             )
         if isinstance(node, ast.Expression):
@@ -169,7 +170,7 @@ class _Evaluator:
             value = node.value
             if isinstance(value, bool) or not isinstance(value, int | float):
                 kind = "complex numbers" if isinstance(value, complex) else f"{type(value).__name__} values"
-                raise ValueError(f"{kind} are not supported; only real numbers")
+                raise InvalidInput(f"{kind} are not supported; only real numbers")
             return _check_int(value, "a number in the expression")
         if isinstance(node, ast.UnaryOp):
             operand = self.eval(node.operand, depth + 1)
@@ -177,25 +178,25 @@ class _Evaluator:
                 return -operand
             if isinstance(node.op, ast.UAdd):
                 return +operand
-            raise ValueError(f"operator '{_op_text(node.op)}' is not supported; use + - * / // % **")
+            raise InvalidInput(f"operator '{_op_text(node.op)}' is not supported; use + - * / // % **")
         if isinstance(node, ast.BinOp):
             return self._chain(node, depth)
         if isinstance(node, ast.Name):
             if node.id in CONSTANTS:
                 return CONSTANTS[node.id]
             if node.id in FUNCTIONS:
-                raise ValueError(f"'{node.id}' is a function; call it like {node.id}(2)")
-            raise ValueError(f"unknown name '{node.id}'; allowed are {_ALLOWED}")
+                raise InvalidInput(f"'{node.id}' is a function; call it like {node.id}(2)")
+            raise InvalidInput(f"unknown name '{node.id}'; allowed are {_ALLOWED}")
         if isinstance(node, ast.Call):
             return self._call(node, depth)
         if isinstance(node, ast.Attribute):
-            raise ValueError(
+            raise InvalidInput(
                 f"attribute access ('.{node.attr}') is not allowed; call functions by bare name, e.g. sqrt(2)"
             )
         for kind, message in _UNSUPPORTED.items():
             if isinstance(node, kind):
-                raise ValueError(message)
-        raise ValueError(
+                raise InvalidInput(message)
+        raise InvalidInput(
             f"{type(node).__name__} is not supported; use numbers, + - * / // % ** and {_ALLOWED}"
         )
 
@@ -211,7 +212,7 @@ class _Evaluator:
             op = _BINOPS.get(type(binop.op))
             if op is None:
                 hint = " (use ** for powers)" if isinstance(binop.op, ast.BitXor) else ""
-                raise ValueError(
+                raise InvalidInput(
                     f"operator '{_op_text(binop.op)}' is not supported{hint}; use + - * / // % **"
                 )
             right = self.eval(binop.right, depth + 1)
@@ -221,29 +222,29 @@ class _Evaluator:
     def _call(self, node: ast.Call, depth: int) -> Number:
         if not isinstance(node.func, ast.Name):
             if isinstance(node.func, ast.Attribute):
-                raise ValueError(
+                raise InvalidInput(
                     f"attribute access ('.{node.func.attr}') is not allowed; call functions by bare name, e.g. sqrt(2)"
                 )
-            raise ValueError(f"only these functions can be called: {', '.join(FUNCTIONS)}")
+            raise InvalidInput(f"only these functions can be called: {', '.join(FUNCTIONS)}")
         name = node.func.id
         if name not in FUNCTIONS:
-            raise ValueError(f"function '{name}' is not allowed; allowed are {_ALLOWED}")
+            raise InvalidInput(f"function '{name}' is not allowed; allowed are {_ALLOWED}")
         if node.keywords:
-            raise ValueError(f"{name}() takes positional arguments only")
+            raise InvalidInput(f"{name}() takes positional arguments only")
         if any(isinstance(arg, ast.Starred) for arg in node.args):
-            raise ValueError(f"{name}() does not accept *arguments")
+            raise InvalidInput(f"{name}() does not accept *arguments")
         fn, lo, hi = FUNCTIONS[name]
         count = len(node.args)
         if count < lo or (hi is not None and count > hi):
             expected = f"{lo}" if lo == hi else f"{lo} or more" if hi is None else f"{lo} to {hi}"
-            raise ValueError(f"{name}() takes {expected} argument(s), got {count}")
+            raise InvalidInput(f"{name}() takes {expected} argument(s), got {count}")
         args = [self.eval(arg, depth + 1) for arg in node.args]
         try:
             result = fn(*args)
         except ValueError as exc:
             if "math domain error" in str(exc):
                 shown = ", ".join(_short(a) for a in args)
-                raise ValueError(f"{name}({shown}) is undefined (math domain error)") from None
+                raise InvalidInput(f"{name}({shown}) is undefined (math domain error)") from None
             raise
         return _check_int(result, f"the result of {name}()")
 
@@ -269,32 +270,32 @@ def format_number(value: Number) -> str:
 def evaluate(expression: str) -> Number:
     """Evaluate an arithmetic expression; raises ValueError with a message meant for the model."""
     if not isinstance(expression, str):
-        raise ValueError("expression must be a string")
+        raise InvalidInput("expression must be a string")
     text = expression.strip()
     if not text:
-        raise ValueError("expression is empty; pass an arithmetic expression such as (2 + 3) * 4")
+        raise InvalidInput("expression is empty; pass an arithmetic expression such as (2 + 3) * 4")
     if len(text) > MAX_CHARS:
-        raise ValueError(
+        raise InvalidInput(
             f"expression is {len(text)} characters; the limit is {MAX_CHARS}. Split it into smaller steps"
         )
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"not a valid expression: {exc.msg}") from None
+        raise InvalidInput(f"not a valid expression: {exc.msg}") from None
     except (RecursionError, MemoryError):
-        raise ValueError("expression is nested too deeply; split it into smaller steps") from None
+        raise InvalidInput("expression is nested too deeply; split it into smaller steps") from None
     except ValueError as exc:  # e.g. null bytes in the source
-        raise ValueError(f"not a valid expression: {exc}") from None
+        raise InvalidInput(f"not a valid expression: {exc}") from None
     try:
         return _Evaluator().eval(tree)
     except ZeroDivisionError:
-        raise ValueError("division by zero") from None
+        raise InvalidInput("division by zero") from None
     except OverflowError:
-        raise ValueError("numeric overflow: a result is too large for floating point") from None
+        raise InvalidInput("numeric overflow: a result is too large for floating point") from None
     except RecursionError:
-        raise ValueError("expression is nested too deeply; split it into smaller steps") from None
+        raise InvalidInput("expression is nested too deeply; split it into smaller steps") from None
     except TypeError as exc:  # should not happen with the checks above; keep the contract anyway
-        raise ValueError(f"invalid operands: {exc}") from None
+        raise InvalidInput(f"invalid operands: {exc}") from None
 
 
 _NUM = r"(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?"

@@ -32,6 +32,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from tether.errors import InvalidInput
 from tether.tools._beneath import Beneath, Entry, open_entry
 from tether.tools.base import Tool, files_source, tool, values_from
 
@@ -60,7 +61,7 @@ class Workspace:
         given = Path(os.path.abspath(os.fspath(root)))
         real = given.resolve()
         if not real.is_dir():
-            raise ValueError(f"workspace root {given} is not an existing directory")
+            raise InvalidInput(f"workspace root {given} is not an existing directory")
         self.given_root = given
         self.root = real
         self.files = Beneath(real)
@@ -69,15 +70,15 @@ class Workspace:
         """`path` (relative to the root, or absolute inside it) as a normalised relative path ('.' for
         the root); ValueError if it leaves the root. Lexical only: nothing on disk is looked at."""
         if not isinstance(path, str) or not path.strip():
-            raise ValueError(f"{what} is empty; give a path relative to the workspace root {self.root}")
+            raise InvalidInput(f"{what} is empty; give a path relative to the workspace root {self.root}")
         if "\0" in path:
-            raise ValueError(f"{what} contains a NUL character")
+            raise InvalidInput(f"{what} contains a NUL character")
         candidate = Path(path)
         if candidate.is_absolute() and self.given_root != self.root and _inside(candidate, self.given_root):
             candidate = self.root / candidate.relative_to(self.given_root)
         lexical = Path(os.path.normpath(self.root / candidate))
         if not _inside(lexical, self.root):
-            raise ValueError(
+            raise InvalidInput(
                 f"{what} '{path}' is outside the workspace root {self.root}; "
                 "use a path relative to the root or an absolute path inside it"
             )
@@ -126,8 +127,8 @@ class Workspace:
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             if stat.S_ISDIR(info.st_mode):
-                raise ValueError(f"'{path}' is a directory, not a file; use Glob to list its contents")
-            raise ValueError(f"'{path}' is not a regular file")
+                raise InvalidInput(f"'{path}' is a directory, not a file; use Glob to list its contents")
+            raise InvalidInput(f"'{path}' is not a regular file")
         return fd, info, rel
 
     def walk(self, dir_fd: int, prefix: str, *, max_depth: int | None = None) -> Iterator[Entry]:
@@ -148,22 +149,22 @@ def _read_all(fd: int, info: os.stat_result, shown: str, *, max_bytes: int, stri
     """The whole text of the open file `fd` (closed here)."""
     with os.fdopen(fd, "rb") as fh:
         if info.st_size > max_bytes:
-            raise ValueError(
+            raise InvalidInput(
                 f"'{shown}' is {info.st_size:,} bytes, over the {max_bytes:,}-byte limit for reading a whole file; "
                 "read part of it with offset and limit"
             )
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:  # grew since the stat
-        raise ValueError(f"'{shown}' is over the {max_bytes:,}-byte limit for reading a whole file")
+        raise InvalidInput(f"'{shown}' is over the {max_bytes:,}-byte limit for reading a whole file")
     if _is_binary(data[:BINARY_SNIFF_BYTES]):
-        raise ValueError(
+        raise InvalidInput(
             f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
         )
     if strict:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ValueError(f"'{shown}' is not valid UTF-8 text; it cannot be edited safely") from None
+            raise InvalidInput(f"'{shown}' is not valid UTF-8 text; it cannot be edited safely") from None
     return data.decode("utf-8", errors="replace")
 
 
@@ -192,7 +193,7 @@ def expand_braces(pattern: str, limit: int = 64) -> list[str]:
                     for tail in expand_braces(prefix + part + suffix, limit):
                         out.append(tail)
                         if len(out) > limit:
-                            raise ValueError(f"glob pattern expands to more than {limit} alternatives")
+                            raise InvalidInput(f"glob pattern expands to more than {limit} alternatives")
                 return out
         elif ch == "," and depth == 1:
             parts.append(pattern[last:i])
@@ -223,7 +224,7 @@ class GlobPattern:
                 try:
                     segments.append(re.compile(fnmatch.translate(segment)))
                 except re.error as exc:
-                    raise ValueError(f"invalid glob pattern {pattern!r}: {exc}") from None
+                    raise InvalidInput(f"invalid glob pattern {pattern!r}: {exc}") from None
             self.alternatives.append(segments)
 
     @property
@@ -260,13 +261,13 @@ def _match_segments(segments: list[re.Pattern[str] | None], parts: list[str]) ->
 
 def _check_pattern(pattern: str, what: str) -> None:
     if not pattern.strip():
-        raise ValueError(f"{what} is empty; e.g. '**/*.py'")
+        raise InvalidInput(f"{what} is empty; e.g. '**/*.py'")
     if pattern.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", pattern):
-        raise ValueError(
+        raise InvalidInput(
             f"{what} must be relative (e.g. '**/*.py'); use the path parameter to choose a directory"
         )
     if ".." in pattern.split("/"):
-        raise ValueError(f"{what} must not contain '..'; use the path parameter to choose a directory")
+        raise InvalidInput(f"{what} must not contain '..'; use the path parameter to choose a directory")
 
 
 # --- tools ---------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
 def _read_lines(fd: int, shown: str, start: int, count: int, max_bytes: int) -> str:
     with os.fdopen(fd, "rb") as fh:
         if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
-            raise ValueError(
+            raise InvalidInput(
                 f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
             )
         fh.seek(0)
@@ -329,7 +330,7 @@ def _read_lines(fd: int, shown: str, start: int, count: int, max_bytes: int) -> 
     if not lines:
         if number == 0:
             return ""
-        raise ValueError(f"offset {start} is past the end of '{shown}', which has {number} lines")
+        raise InvalidInput(f"offset {start} is past the end of '{shown}', which has {number} lines")
     text = "".join(lines)
     if more:
         next_line = start + len(lines)
@@ -347,7 +348,7 @@ def _check_writable(shown: str, file_path: str, protect: Sequence[str]) -> None:
     hit = ".git" if ".git" in parts else next(
         (p for p in protect if shown == p or shown.startswith(p.rstrip("/") + "/")), None)
     if hit is not None:
-        raise ValueError(f"'{file_path}' is under {hit}, which the file tools do not write: code there runs "
+        raise InvalidInput(f"'{file_path}' is under {hit}, which the file tools do not write: code there runs "
                          "later, outside the sandbox")
 
 
@@ -365,7 +366,7 @@ def write_tool(root: str | Path, *, protect: Sequence[str] = ()) -> Tool:
         """
         shown = ws.relative(file_path, what="file_path")
         if shown == ".":
-            raise ValueError(f"'{file_path}' is a directory; give a file path")
+            raise InvalidInput(f"'{file_path}' is a directory; give a file path")
         _check_writable(shown, file_path, protected)
         try:
             existed = ws.files.replace(shown, content.encode("utf-8"), create_dirs=True)
@@ -401,20 +402,20 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect
             replace_all: replace every occurrence instead of requiring exactly one
         """
         if old_string == "":
-            raise ValueError("old_string is empty; to create or overwrite a file use Write")
+            raise InvalidInput("old_string is empty; to create or overwrite a file use Write")
         if old_string == new_string:
-            raise ValueError("old_string and new_string are identical; nothing to change")
+            raise InvalidInput("old_string and new_string are identical; nothing to change")
         _check_writable(ws.relative(file_path, what="file_path"), file_path, protected)
         fd, info, shown = ws.open_file(file_path)
         text = _read_all(fd, info, shown, max_bytes=max_file_bytes, strict=True)
         count = text.count(old_string)
         if count == 0:
-            raise ValueError(
+            raise InvalidInput(
                 f"old_string was not found in '{shown}' (0 matches); Read the file and copy the text exactly, "
                 "including whitespace and indentation"
             )
         if count > 1 and not replace_all:
-            raise ValueError(
+            raise InvalidInput(
                 f"old_string matches {count} places in '{shown}'; include more surrounding lines to make it "
                 "unique, or set replace_all to true to replace every occurrence"
             )
@@ -443,7 +444,7 @@ def _search_base(ws: Workspace, path: str | None) -> tuple[int, os.stat_result, 
         fd = ws.files.open(rel)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
-            raise ValueError(f"path not found: '{path}' (workspace root {ws.root})") from None
+            raise InvalidInput(f"path not found: '{path}' (workspace root {ws.root})") from None
         raise ws.error(exc, path or ".", "open") from None
     return fd, os.fstat(fd), rel
 
@@ -466,7 +467,7 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
         scanned = 0
         try:
             if not stat.S_ISDIR(info.st_mode):
-                raise ValueError(f"path '{path}' is a file, not a directory")
+                raise InvalidInput(f"path '{path}' is a file, not a directory")
             skip = len(base) + 1 if base != "." else 0
             for entry in ws.walk(base_fd, base, max_depth=matcher.max_depth):
                 scanned += 1
@@ -514,7 +515,7 @@ def grep_tool(
         try:
             regex = re.compile(pattern)
         except re.error as exc:
-            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            raise InvalidInput(f"invalid regular expression {pattern!r}: {exc}") from None
         if glob is not None:
             _check_pattern(glob, "glob")
         glob_filter = GlobPattern(glob) if glob else None

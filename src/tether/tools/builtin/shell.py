@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput, OperationFailed, TetherError
 from tether.tools.base import Tool, tool
 from tether.tools.sandbox import Sandbox, Unconfined, default_sandbox, sandbox_environ
 
@@ -139,7 +139,7 @@ async def run_command(
             launch.cleanup()
         if isinstance(exc, FileNotFoundError):
             missing = launch.argv[0] if exc.filename is None else exc.filename
-            raise RuntimeError(f"cannot start the command: {missing} not found") from None
+            raise OperationFailed(f"cannot start the command: {missing} not found") from None
         raise
     pid = transport.get_pid()
     timed_out = stragglers = False
@@ -218,9 +218,9 @@ def shell_tool(
         env = sandbox_environ(pass_env)
     workdir = Path(cwd).resolve()
     if not workdir.is_dir():
-        raise ValueError(f"working directory {workdir} is not an existing directory")
+        raise InvalidInput(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
-        raise ValueError("timeout must be positive")
+        raise InvalidInput("timeout must be positive")
     box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
                                                               executed_later=executed_later, warn=warn)
 
@@ -231,9 +231,9 @@ def shell_tool(
             command: the bash command line to run, e.g. 'ls -la' or 'pytest -q tests/test_x.py'
         """
         if not command.strip():
-            raise ValueError("command is empty")
+            raise InvalidInput("command is empty")
         if not workdir.is_dir():
-            raise ValueError(f"working directory {workdir} no longer exists")
+            raise InvalidInput(f"working directory {workdir} no longer exists")
         result = await run_command(
             command, cwd=workdir, timeout=timeout, max_output_chars=max_output_chars, env=env, sandbox=box
         )
