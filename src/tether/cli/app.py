@@ -18,8 +18,9 @@ from rich.console import Console
 from tether.cli import durable_cmd, eval_cmd, mcp_cmd, rag_commands, serve_cmd
 from tether.cli import options as o
 from tether.cli.build import CliError, build_agent
-from tether.cli.mcp_cmd import close_mcp
-from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR, Reporter
+from tether.cli.console import err_console, read_prompt, reporter_for
+from tether.cli.mcp_tools import close_mcp
+from tether.cli.progress import EXIT_CANCELLED, EXIT_ERROR
 from tether.cli.runner import report, run_turn
 from tether.events import ToolCallEnded
 from tether.terminal import clean
@@ -42,30 +43,9 @@ PromptOption = Annotated[str | None, typer.Option(
     show_default=False)]
 
 
-def err_console() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
-
-
 def _fail(console: Console, message: str, code: int = EXIT_ERROR) -> int:
     console.print(f"tether: {clean(message)}", style="red", markup=False, highlight=False, soft_wrap=True)
     return code
-
-
-def _reporter(opts: o.RunOptions, console: Console) -> Reporter:
-    enabled = not opts.quiet and (opts.verbose or console.is_terminal)
-    return Reporter(console, enabled=enabled, verbose=opts.verbose)
-
-
-def read_prompt(prompt: str) -> str:
-    if prompt == "-":
-        try:
-            prompt = sys.stdin.read()
-            prompt.encode("utf-8")  # under a C locale undecodable bytes arrive as surrogates instead
-        except (UnicodeDecodeError, UnicodeEncodeError) as exc:
-            raise CliError(f"the prompt on stdin is not UTF-8 text ({exc.reason} at position {exc.start})") from None
-    if not prompt.strip():
-        raise CliError("the prompt is empty")
-    return prompt.strip()
 
 
 def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
@@ -83,7 +63,7 @@ def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
 def execute(opts: o.RunOptions, prompt: str) -> int:
     """One run, start to exit code."""
     console = err_console()
-    reporter = _reporter(opts, console)
+    reporter = reporter_for(opts, console)
     try:
         text = read_prompt(prompt)
         notices: list[str] = []
@@ -122,7 +102,7 @@ def execute_chat(opts: o.RunOptions) -> int:
     from tether.cli.chat import chat
 
     console = err_console()
-    reporter = _reporter(opts, console)
+    reporter = reporter_for(opts, console)
     notices: list[str] = []
     try:
         agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)

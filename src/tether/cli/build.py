@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
+from tether.cli.errors import CliError as CliError  # re-exported: the CLI's commands raise it from here
+from tether.cli.mcp_tools import adopt, open_mcp, usable
 from tether.cli.options import TOOL_SETS, RunOptions
 from tether.cli.user_tools import ToolImportError, import_tools, is_reference
-from tether.errors import TetherError
 from tether.limits import Limits
 from tether.loop import ContextBuilder, FullHistory
 from tether.models._retry import DEFAULT_DEADLINE
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
 Pause = Callable[[], AbstractContextManager[None]]
-
-
-class CliError(TetherError):
-    """A problem with what the user asked for; printed as is, exit code 1."""
 
 
 DEFAULT_INSTRUCTIONS = (
@@ -159,8 +156,6 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     model = build_model(opts, announce)
     mcp = None
     if opts.mcp is not None:  # started after the model resolved, so a bad model leaves no server running
-        from tether.cli.mcp_cmd import open_mcp, usable
-
         mcp = open_mcp(opts.mcp, announce)
         tools += usable(mcp, tools, announce)
     if opts.instructions is not None:
@@ -180,8 +175,6 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
                   output_type=load_output_schema(opts.output_schema), context=context)
     if mcp is not None:
-        from tether.cli.mcp_cmd import adopt
-
         adopt(mcp, agent.executor)
     return agent
 

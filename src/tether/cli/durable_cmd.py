@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from tether.cli import options as o
+from tether.cli.console import err_console, read_prompt, reporter_for
 from tether.cli.progress import EXIT_ERROR
 from tether.events import ModelCallEnded, ToolCallEnded, stored
 from tether.terminal import clean, json_safe
@@ -143,14 +144,13 @@ async def until_parked(run_id: str, work: Any) -> Any:
 
 def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     """`tether run --durable`: one run as a DBOS workflow, every step checkpointed."""
-    from tether.cli.app import _reporter, err_console, read_prompt
     from tether.cli.build import CliError
     from tether.cli.runner import report
     from tether.durable import DurableRuns, attach
     from tether.durable.runtime import teardown
 
     console = err_console()
-    reporter = _reporter(opts, console)
+    reporter = reporter_for(opts, console)
     opened = None
     try:
         text = read_prompt(prompt)
@@ -175,7 +175,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     finally:
         teardown()
         if opened is not None:
-            from tether.cli.mcp_cmd import close_mcp
+            from tether.cli.mcp_tools import close_mcp
 
             close_mcp(opened)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
@@ -183,7 +183,6 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
 
 def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
     """Recover this process's pending runs and wait for RUN_ID."""
-    from tether.cli.app import err_console
     from tether.cli.progress import Reporter
     from tether.cli.runner import report
     from tether.durable.runtime import stored_result, teardown, wait_result

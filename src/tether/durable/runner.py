@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
@@ -15,6 +15,10 @@ from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelled
 from tether.events import ToolCallStarted, TraceEvent
 from tether.loop import RunCancelled
 from tether.types import ModelReply, ToolCall, ToolResult, from_jsonable, to_jsonable
+
+if TYPE_CHECKING:  # the runtime builds these, passing itself in
+    from tether.durable.runtime import Runtime
+    from tether.store.sql import RunStore
 
 APPROVAL_TOPIC = "approval"
 
@@ -35,9 +39,10 @@ class RecordedClock:
 class DbosStepRunner:
     """Runs one durable run's steps through DBOS (from inside its workflow)."""
 
-    def __init__(self, run_id: str, started_at: float, *, approval_timeout: float,
+    def __init__(self, run_id: str, started_at: float, runtime: Runtime, *, approval_timeout: float,
                  flush: Callable[[], None] | None = None, flush_text: Callable[[], None] | None = None) -> None:
         self.run_id = run_id
+        self.runtime = runtime
         self.clock = RecordedClock(started_at)
         self.approval_timeout = approval_timeout
         self.flush = flush  # writes the run's new events to the store, once per turn
@@ -77,9 +82,7 @@ class DbosStepRunner:
 
     async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
         """Park (no thread held: DBOS recv, durable across restarts) until a decision on this call."""
-        from tether.durable.runtime import runtime
-
-        store = runtime().store
+        store = self.runtime.store
         store.set_status(run_id, "awaiting_approval", pending=pending)
         if self.flush is not None:
             self.flush()
@@ -103,9 +106,7 @@ class DbosStepRunner:
         return decision
 
     async def _step(self, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-        from tether.durable.runtime import runtime
-
-        rt = runtime()
+        rt = self.runtime
         if rt.draining:  # the process is stopping: this step runs when the run is recovered, not here
             if asyncio.iscoroutine(work):
                 work.close()
@@ -127,15 +128,15 @@ class EventBuffer:
     in one batch per turn (a replay writes the same sequence numbers again, harmlessly). With
     `store_text`, streamed text is written too (tether.durable.text_deltas), for other processes."""
 
-    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, *, store_text: bool = False) -> None:
-        from tether.durable.runtime import runtime
+    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, store: RunStore, *,
+                 store_text: bool = False) -> None:
         from tether.durable.text_deltas import TextDeltaWriter
 
         self.run_id = run_id
         self.sink = sink
         self.events: list[TraceEvent] = []
         self.flushed = 0
-        self.store = runtime().store
+        self.store = store
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
 
     def __call__(self, event: TraceEvent) -> None:

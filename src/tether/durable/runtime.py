@@ -162,8 +162,8 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     run_id = state.run_id
     agent = rt.agent_for(job["agent"], run_id)
     local = rt.local.get(run_id) or _Local()
-    events = EventBuffer(run_id, local.on_event, store_text=rt.store_text)
-    runner = DbosStepRunner(run_id, float(job["started_at"]), approval_timeout=rt.config.approval_timeout,
+    events = EventBuffer(run_id, local.on_event, rt.store, store_text=rt.store_text)
+    runner = DbosStepRunner(run_id, float(job["started_at"]), rt, approval_timeout=rt.config.approval_timeout,
                             flush=events.flush, flush_text=events.flush_text)
     spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner

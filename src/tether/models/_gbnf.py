@@ -29,7 +29,7 @@ from typing import Any
 
 from tether.errors import TetherError
 from tether.models._gbnf_numbers import bounds, has_bounds, integer_range, number_range
-from tether.models._regex_gbnf import RegexError, pattern_body
+from tether.models._regex_gbnf import RegexError, literal, pattern_body
 from tether.tools.base import VALUES_KEY
 from tether.types import ToolSpec
 
@@ -80,27 +80,6 @@ class GrammarLimits:
     # True: a schema the grammar cannot enforce exactly raises GrammarError; False: that part is
     # left to the tool's validator (its error tells the model what to change).
     strict: bool = False
-
-
-def literal(text: str) -> str:
-    """A GBNF string literal matching `text` exactly."""
-    out = []
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def json_literal(value: Any) -> str:

@@ -334,10 +334,29 @@ class Emitter:
         return parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
 
 
+def literal(text: str) -> str:
+    """A GBNF string literal matching `text` exactly."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def json_text(text: str) -> str:
     """A GBNF literal for `text` as it is written inside a JSON string."""
-    from tether.models._gbnf import literal
-
     return literal(json.dumps(text)[1:-1])
 
 

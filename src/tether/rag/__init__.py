@@ -14,6 +14,7 @@ from tether.rag.base import Hit, Retriever
 from tether.rag.chunking import Chunk, chunk_sections
 from tether.rag.evaluate import evaluate, load_collection, make_retriever
 from tether.rag.index import Index, IngestReport
+from tether.rag.pg_index import PostgresIndex
 from tether.rag.prompt import AGENT_INSTRUCTIONS, NO_ANSWER, build_messages, build_prompt
 from tether.rag.tool import search_tool
 
@@ -25,6 +26,7 @@ __all__ = [
     "Index",
     "IngestReport",
     "PipelineAnswer",
+    "PostgresIndex",
     "Retriever",
     "agentic",
     "apipeline",

@@ -85,6 +85,23 @@ def is_postgres_url(name_or_path: str | Path) -> bool:
     return isinstance(name_or_path, str) and name_or_path.startswith(("postgresql://", "postgres://"))
 
 
+# Index classes that live elsewhere than a directory, by how their URL starts: the module of each
+# registers it (tether.rag.pg_index, imported by tether.rag, adds PostgreSQL's). `Index.open` and
+# `Index.exists` look a URL up here, so this module imports none of them.
+BACKENDS: dict[str, type[Index]] = {}
+
+
+def _backend(name_or_path: str | Path) -> type[Index] | None:
+    if isinstance(name_or_path, str) and "://" in name_or_path:
+        scheme = name_or_path.split("://", 1)[0]
+        found = BACKENDS.get(scheme)
+        if found is None:
+            raise InvalidInput(f"no index backend for {scheme}:// URLs (known: "
+                               f"{', '.join(sorted(BACKENDS)) or 'none'}); a local index is a name or a path")
+        return found
+    return None
+
+
 def index_path(name_or_path: str | Path) -> Path:
     """A bare name maps into `default_root()`; anything with a path separator is used as is."""
     s = str(name_or_path)
@@ -165,20 +182,28 @@ class Index:
     def open(cls, name_or_path: str | Path, **kwargs) -> Index:
         """Open (or create) an index by name (under `default_root()`), by directory path, or in
         PostgreSQL by URL (`postgresql://user@host/db#name`, see tether.rag.pg_index)."""
-        if is_postgres_url(name_or_path):
-            from tether.rag.pg_index import PostgresIndex
-
-            return PostgresIndex(str(name_or_path), **kwargs)
+        backend = _backend(name_or_path)
+        if backend is not None:
+            return backend.at_url(str(name_or_path), **kwargs)
         return cls(index_path(name_or_path), **kwargs)
 
     @staticmethod
     def exists(name_or_path: str | Path) -> bool:
         """Whether an index by that name, path or URL has been created."""
-        if is_postgres_url(name_or_path):
-            from tether.rag.pg_index import PostgresIndex
-
-            return PostgresIndex.exists_at(str(name_or_path))
+        backend = _backend(name_or_path)
+        if backend is not None:
+            return backend.exists_at(str(name_or_path))
         return (index_path(name_or_path) / "index.sqlite").exists()
+
+    @classmethod
+    def at_url(cls, url: str, **kwargs) -> Index:
+        """An index a backend keeps at `url` (see BACKENDS); a directory index has no URL."""
+        raise InvalidInput(f"{cls.__name__} is kept in a directory, not at a URL ({url!r})")
+
+    @classmethod
+    def exists_at(cls, url: str) -> bool:
+        """Whether a backend's index at `url` has been created."""
+        raise InvalidInput(f"{cls.__name__} is kept in a directory, not at a URL ({url!r})")
 
     # -- storage: a directory with index.sqlite, flock files and array files -----------------------
     # (tether.rag.pg_index.PostgresIndex overrides these to keep the same in PostgreSQL)

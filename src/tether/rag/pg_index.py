@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import InvalidInput, MissingDependency
-from tether.rag.index import _SCHEMA, Index
+from tether.rag.index import _SCHEMA, BACKENDS, Index
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's `INSERT OR REPLACE` as PostgreSQL upserts: the conflict key of each table.
@@ -95,6 +95,10 @@ class PostgresIndex(Index):
         # arrays read from the database, and files written before they are stored, live here
         super().__init__(tempfile.mkdtemp(prefix="tether-pg-index-"), **kwargs)
         self.location = f"{self._url.rpartition('@')[2]}#{self.name}"  # no password in messages
+
+    @classmethod
+    def at_url(cls, url: str, **kwargs: Any) -> Index:
+        return cls(url, **kwargs)
 
     @classmethod
     def exists_at(cls, url: str) -> bool:
@@ -184,3 +188,6 @@ class PostgresIndex(Index):
             self._db.execute("SELECT pg_advisory_unlock(hashtext(?))", (key,))
             return False
         return True
+
+
+BACKENDS["postgresql"] = BACKENDS["postgres"] = PostgresIndex

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 from tether.errors import InvalidInput
+from tether.tools.context import ToolContext as ToolContext  # re-exported: its public home
 from tether.tools.schema import (
     JsonSchemaValidator,
     SignatureValidator,
@@ -28,17 +29,6 @@ from tether.types import Effect, ToolSpec
 
 class ArgsValidator(Protocol):
     def validate(self, args: dict[str, Any]) -> dict[str, Any]: ...
-
-
-@dataclass(slots=True)
-class ToolContext:
-    """Per-call facts a tool may ask for by annotating a parameter with this type."""
-
-    run_id: str
-    call_id: str
-    user: str | None = None
-    idempotency_key: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

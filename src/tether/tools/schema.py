@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tether.errors import InvalidType, TetherError
+from tether.tools.context import ToolContext
 
 
 class ArgumentError(TetherError, ValueError):
@@ -109,8 +110,6 @@ def _clean(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_context_param(annotation: Any) -> bool:
-    from tether.tools.base import ToolContext
-
     return annotation is ToolContext
 
 

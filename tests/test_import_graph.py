@@ -1,0 +1,138 @@
+"""No import cycles among tether's modules (issue 25, item 5), counting imports inside functions
+(the usual way a cycle is hidden), and every module imports on its own in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import tether
+
+ROOT = Path(tether.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the tether modules it imports anywhere in its body (not under TYPE_CHECKING)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        def walk(node: ast.AST, module: str = module) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                    continue
+                targets: list[str] = []
+                if isinstance(child, ast.Import):
+                    targets = [a.name for a in child.names]
+                elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                    targets = [f"{child.module}.{a.name}" if f"{child.module}.{a.name}" in modules else child.module
+                               for a in child.names]
+                for target in targets:
+                    found = resolve(target)
+                    if found is not None and found != module:
+                        graph[module].add(found)
+                walk(child, module)
+
+        walk(ast.parse(path.read_text(encoding="utf-8")))
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_module_graph_has_no_cycle_even_through_imports_inside_functions() -> None:
+    graph = _graph(_modules())
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_hidden_cycle() -> None:
+    """The check can fail: a function-local import back into a module's importer is a cycle."""
+    graph = _graph(_modules())
+    graph["tether.tools.schema"].add("tether.tools.base")  # what schema.py did before (a local import)
+    assert ["tether.tools.base", "tether.tools.schema"] in _cycles(graph)
+
+
+ISOLATED = """
+import importlib, json, os, sys
+results, running, todo = {}, {}, list(sys.argv[1:])
+while todo or running:
+    if not todo or len(running) >= (os.cpu_count() or 1) * 2:
+        pid, status = os.wait()
+        results[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+        continue
+    name = todo.pop()
+    pid = os.fork()
+    if pid == 0:  # a child that has imported nothing of tether: import this one module alone
+        code = 0
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            # a missing optional extra is not this test's business; a tether module that cannot be
+            # imported (a cycle: "partially initialized module") is
+            code = 2 if (exc.name or "").startswith("tether") or "partially initialized" in str(exc) else 3
+        except Exception:
+            code = 1
+        os._exit(code)
+    running[pid] = name
+print(json.dumps(results))
+"""
+
+
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter() -> None:
+    names = sorted(m for m in _modules() if not m.endswith("__main__"))
+    out = subprocess.run([sys.executable, "-c", ISOLATED, *names], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT.parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads(out.stdout)
+    assert {n: c for n, c in results.items() if c in (1, 2)} == {}
+    assert sum(c == 0 for c in results.values()) > len(names) // 2  # most import here (extras installed or not)
