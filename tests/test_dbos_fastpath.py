@@ -33,9 +33,10 @@ from tether.types import ModelReply, ModelRequest, ToolCall
 def durable_db(tmp_path):
     from tether.durable import teardown
 
+    dbos_fastpath.install()  # opt-in (Durable(fastpath=True)): on for these tests
     yield str(tmp_path / "runs.db")
     teardown()
-    dbos_fastpath.install()
+    dbos_fastpath.uninstall()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -43,6 +44,7 @@ def any_db(request, tmp_path):
     """A SQLite file, then a fresh PostgreSQL database: the fast path covers both."""
     from tether.durable import teardown
 
+    dbos_fastpath.install()
     if request.param == "sqlite":
         yield str(tmp_path / "runs.db")
     else:
@@ -52,7 +54,7 @@ def any_db(request, tmp_path):
             yield url
             teardown()  # before the database is dropped
     teardown()
-    dbos_fastpath.install()
+    dbos_fastpath.uninstall()
 
 
 def test_the_installed_dbos_is_the_reviewed_one():
@@ -60,6 +62,7 @@ def test_the_installed_dbos_is_the_reviewed_one():
     # tether/durable/dbos_fastpath.py, then update PINNED (the fast path is off until then).
     assert dbos_fastpath.mismatches() == []
     assert dbos_fastpath.install() is True
+    dbos_fastpath.uninstall()  # opt-in: off unless asked for
 
 
 @tool
@@ -210,11 +213,12 @@ def test_each_step_costs_a_fixed_number_of_statements_and_thread_hops(durable_db
     assert agent.run("go 1", run_id="fp_warm").completed  # DBOS launched
     counts = _Counts(runtime().store.engine, monkeypatch)
     # per turn: 2 steps x (1 lookup + BEGIN, owner check, insert of the output, COMMIT) + the turn's
-    # events (BEGIN, one multi-row insert of its 2 stored events, COMMIT); no thread hop: on SQLite the lookup and
+    # events in two writes (BEGIN, one multi-row insert, COMMIT): up to the tool call's start, written as
+    # the tool starts so a reader sees it open, then the rest; no thread hop: on SQLite the lookup and
     # record run on the loop
-    assert _per_turn(agent, counts, "fast") == (13, 0)
+    assert _per_turn(agent, counts, "fast") == (16, 0)
     dbos_fastpath.uninstall()  # DBOS's own: two SELECTs per lookup, a hop that only fetches a function
-    assert _per_turn(agent, counts, "stock") == (15, 6)
+    assert _per_turn(agent, counts, "stock") == (18, 6)
 
 
 @pytest.fixture
@@ -223,10 +227,11 @@ def durable_pg():
 
     from tether.durable import teardown
 
+    dbos_fastpath.install()
     for url in fresh_postgres_database():
         yield url
         teardown()  # before the database is dropped
-    dbos_fastpath.install()
+    dbos_fastpath.uninstall()
 
 
 def test_on_postgres_a_step_keeps_its_thread_hops(durable_pg, monkeypatch):

@@ -102,16 +102,14 @@ def time_memory() -> tuple[float, float]:
 
 def time_durable(database: str, *, fastpath: bool = True) -> tuple[float, float]:
     """Median (wall, CPU) seconds of the batch as durable runs; `fastpath=False`: stock DBOS."""
-    from tether.durable import dbos_fastpath, teardown
+    from tether.durable import Durable, dbos_fastpath, teardown
 
     try:
-        agent = _agent("bench", durable=database)
-        if not fastpath:
-            dbos_fastpath.uninstall()
+        agent = _agent("bench", durable=Durable(database, fastpath=fastpath))
         return _medians(agent)
     finally:
         teardown()
-        dbos_fastpath.install()
+        dbos_fastpath.uninstall()
 
 
 @DBOS.workflow(name="bench.noop_steps")
@@ -127,7 +125,7 @@ async def _noop_steps(n: int) -> int:
 def bare_dbos_step_ms(database: str, *, fastpath: bool = True, steps: int = 200) -> float:
     """ms per step of a DBOS workflow of `steps` no-op async steps, median of repetitions: DBOS's own
     step cost with nothing of tether in it (a second figure, not a difference of two timings)."""
-    from tether.durable import dbos_fastpath, runtime, setup, teardown
+    from tether.durable import Durable, dbos_fastpath, runtime, setup, teardown
 
     async def once() -> float:
         runtime().launch()
@@ -137,13 +135,11 @@ def bare_dbos_step_ms(database: str, *, fastpath: bool = True, steps: int = 200)
         return time.perf_counter() - started
 
     try:
-        setup(database)  # installs the fast path
-        if not fastpath:
-            dbos_fastpath.uninstall()
+        setup(Durable(database, fastpath=fastpath))
         samples = [asyncio.run(once()) for _ in range(REPEATS + 1)][1:]  # the first launches DBOS
     finally:
         teardown()
-        dbos_fastpath.install()
+        dbos_fastpath.uninstall()
     return statistics.median(samples) * 1000 / steps
 
 

@@ -29,9 +29,9 @@ DEAD_AFTER = 10.0
 
 
 def _recover(executor_id: str) -> list[Any]:
-    from dbos import DBOS
+    from tether.durable.dbos_private import recover_pending
 
-    return DBOS._recover_pending_workflows([executor_id])
+    return recover_pending([executor_id])
 
 
 async def heartbeat_and_janitor(tables: ServiceTables, executor_id: str, *, beat: float = BEAT_SECONDS,

@@ -246,10 +246,9 @@ class Tasks:
         if self.rt is None:
             return
         self.rt.draining = True
-        dbos = _dbos_instance()
-        if dbos is not None:  # what DBOS.destroy sets first: the queue (and scheduler) threads end
-            for event in dbos.background_thread_stop_events:
-                event.set()
+        from tether.durable.dbos_private import stop_background_threads
+
+        stop_background_threads()
 
     async def stop_taking_work(self) -> None:
         """`begin_drain`, then wait for the queue threads to end (a dequeue under way dispatches its
@@ -293,12 +292,6 @@ class Drained:
     interrupted: int = 0
 
 
-def _dbos_instance() -> Any:
-    from dbos import _dbos
-
-    return _dbos._dbos_global_instance  # None before setup and after destroy
-
-
 def _join_queue_threads(timeout: float) -> None:
     """Wait for DBOS's queue worker threads (named queue-worker-QUEUE) to see their stop event."""
     import threading
@@ -312,9 +305,9 @@ def _join_queue_threads(timeout: float) -> None:
 async def _end_workflow_tasks() -> int:
     """Cancel the workflows running on this loop; each ends without recording an outcome (run_workflow
     re-raises the cancellation), so DBOS keeps it PENDING. How many there were."""
-    dbos = _dbos_instance()
-    loop = asyncio.get_running_loop()
-    running = [t for t in (dbos._workflow_tasks if dbos is not None else ()) if not t.done() and t.get_loop() is loop]
+    from tether.durable.dbos_private import workflow_tasks
+
+    running = workflow_tasks(asyncio.get_running_loop())
     dbos_log = logging.getLogger("dbos")
     level = dbos_log.level
     dbos_log.setLevel(logging.ERROR)  # not DBOS's warning per task ("Asyncio task cancelled"): expected here
