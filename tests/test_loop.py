@@ -311,7 +311,7 @@ def test_conversation_continues_from_history():
     model = ScriptedModel(["Hello Ada", "Your name is Ada"])
     agent = Agent(model, instructions="sys")
     first = agent.run("My name is Ada")
-    second = agent.run("What is my name?", history=first.messages)
+    second = agent.run("What is my name?", state=agent.state_from(first.messages))
     assert [m.role for m in second.messages] == ["system", "user", "assistant", "user", "assistant"]
     assert model.requests[1].messages[2].content == "Hello Ada"
 

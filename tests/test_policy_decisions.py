@@ -160,7 +160,7 @@ def test_pending_approval_stops_the_run_and_a_recorded_approval_resumes_it() -> 
                                  call("send_money", recipient="ACME-IBAN-0001", amount=20),
                                  call("send_money", recipient="ACME-IBAN-0001", amount=21), "paid"]),
                   tools=world.tools(), policy=p)
-    res2 = agent.run("continue", run_id="r1", history=res.messages)
+    res2 = agent.run("continue", run_id="r1", state=agent.state_from(res.messages))
     # the approval was used once; the repeat and the changed amount each need a new one
     assert res2.stop_reason is StopReason.AWAITING_APPROVAL
     assert world.sent == [{"recipient": "ACME-IBAN-0001", "amount": 20, "note": ""}]

@@ -335,7 +335,7 @@ def test_continuing_a_conversation_keeps_the_taint_of_earlier_turns():
     ])
     agent = Agent(model, tools=[fetch_page, send_money])
     first = agent.run("Summarise https://shop.example/deals")
-    second = agent.run("thanks", history=first.messages)
+    second = agent.run("thanks", state=agent.state_from(first.messages))
     assert sent == []
     refused = [e for e in second.trace if e.kind == "tool_call"]
     assert refused and refused[0].data["decision"] != "allowed"

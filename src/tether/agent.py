@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
@@ -96,25 +96,29 @@ class Agent(Generic[OutputT]):
         parent is. See docs/agents.md."""
         return agent_as_tool(self, name, description, share=share)
 
-    def start_messages(self, prompt: str, history: Iterable[Message] = ()) -> list[Message]:
-        """The transcript a new run starts from: instructions, earlier turns, the prompt."""
-        messages: list[Message] = []
-        history = list(history)
-        if self.instructions and not (history and history[0].role == "system"):
-            messages.append(Message.system(self.instructions))
-        messages.extend(history)
-        messages.append(Message.user(prompt))
-        return messages
+    def start_messages(self, prompt: str) -> list[Message]:
+        """The transcript a new run starts from: the instructions, then the prompt."""
+        head = [Message.system(self.instructions)] if self.instructions else []
+        return [*head, Message.user(prompt)]
 
-    def start_state(self, prompt: str | None, *, state: RunState | None = None, history: Iterable[Message] = (),
-                    run_id: str) -> RunState:
+    def state_from(self, messages: Iterable[Message], *, run_id: str = "") -> RunState:
+        """A RunState holding only a bare transcript (earlier turns kept elsewhere, a chat's lines):
+        continue it with `run(prompt, state=...)`. Unlike a run's own `result.state`, it knows no
+        usage, loop counts or policy state: the budget starts afresh and the earlier tool outputs in
+        it count as untrusted (the policy never saw where they came from)."""
+        messages = list(messages)
+        if self.instructions and not (messages and messages[0].role == "system"):
+            messages.insert(0, Message.system(self.instructions))
+        return RunState(run_id=run_id, user=self.user, messages=messages)
+
+    def start_state(self, prompt: str | None, *, state: RunState | None = None, run_id: str) -> RunState:
         """The RunState a run starts from: a fresh one, or `state` carried forward (a continued
         conversation keeps its usage, steps, loop counts, taint and handles; `prompt` None resumes
         it without a new user turn). `state` is copied, never changed."""
         if state is None:
             if prompt is None:
                 raise InvalidInput("a run needs a prompt, or a state to continue")
-            return RunState(run_id=run_id, user=self.user, messages=self.start_messages(prompt, history))
+            return RunState(run_id=run_id, user=self.user, messages=self.start_messages(prompt))
         if state.user != self.user:
             raise InvalidInput(f"this RunState belongs to user {state.user!r}, not {self.user!r}")
         messages = list(state.messages)
@@ -144,34 +148,44 @@ class Agent(Generic[OutputT]):
         prompt: str | None,
         *,
         state: RunState | None = None,
-        history: Iterable[Message] = (),
         run_id: str | None = None,
         cancel: CancelToken | None = None,
-        on_event=None,
+        on_event: Callable[[TraceEvent], None] | None = None,
         stream_text: bool = False,
     ) -> RunResult[OutputT]:
         """Run to a stop reason. `state=result.state` continues a conversation with everything the
-        run knew (budget, loop counts, taint, handles); `history` (a bare transcript) is kept for
-        old callers and counts earlier tool outputs as untrusted."""
+        run knew (budget, loop counts, taint, handles); a bare transcript continues through
+        `state=agent.state_from(messages)`. `on_event` gets every event's envelope as it happens
+        (`tether.events.typed` gives the typed event); `stream_text` adds the model's text deltas."""
         run_id = run_id or uuid.uuid4().hex[:12]
-        start = self.start_state(prompt, state=state, history=history, run_id=run_id)
+        start = self.start_state(prompt, state=state, run_id=run_id)
         if self.durable is not None:
             return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
         return await run_loop(self._spec(run_id, cancel, on_event, stream_text), start)
 
-    def run(self, prompt: str | None, **kwargs: Any) -> RunResult[OutputT]:
+    def run(
+        self,
+        prompt: str | None,
+        *,
+        state: RunState | None = None,
+        run_id: str | None = None,
+        cancel: CancelToken | None = None,
+        on_event: Callable[[TraceEvent], None] | None = None,
+        stream_text: bool = False,
+    ) -> RunResult[OutputT]:
         """Synchronous `arun`: runs on its own event loop, and closes the model's connections before
         that loop ends. Inside a running event loop, `await agent.arun(...)` instead."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._run_closing(prompt, **kwargs))
+            return asyncio.run(self._run_closing(self.arun(prompt, state=state, run_id=run_id, cancel=cancel,
+                                                           on_event=on_event, stream_text=stream_text)))
         raise OperationFailed("Agent.run() was called inside a running event loop (Jupyter, an async server, "
                            "a coroutine): use `await agent.arun(...)` there")
 
-    async def _run_closing(self, prompt: str | None, **kwargs: Any) -> RunResult[OutputT]:
+    async def _run_closing(self, run: Awaitable[RunResult[OutputT]]) -> RunResult[OutputT]:
         try:
-            return await self.arun(prompt, **kwargs)
+            return await run
         finally:
             close = getattr(self.model, "aclose", None)  # clients tied to this loop, which ends here
             if close is not None:
@@ -182,14 +196,13 @@ class Agent(Generic[OutputT]):
         prompt: str | None,
         *,
         state: RunState | None = None,
-        history: Iterable[Message] = (),
         run_id: str | None = None,
         cancel: CancelToken | None = None,
         stream_text: bool = True,
     ) -> AsyncIterator[TraceEvent | RunResult[OutputT]]:
         """Yield each TraceEvent as it happens (text deltas too), then the RunResult."""
         queue: asyncio.Queue[TraceEvent | None] = asyncio.Queue()
-        task = asyncio.ensure_future(self.arun(prompt, state=state, history=history, run_id=run_id, cancel=cancel,
+        task = asyncio.ensure_future(self.arun(prompt, state=state, run_id=run_id, cancel=cancel,
                                                on_event=queue.put_nowait, stream_text=stream_text))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:

@@ -31,9 +31,5 @@ class MissingDependency(TetherError, ImportError):
     """An optional package a feature needs is not installed (the message names the extra)."""
 
 
-class PathError(TetherError, OSError):
-    """A path could not be used: it leaves its directory, is a link, a directory, or changed meanwhile."""
-
-
-class MissingFile(PathError, FileNotFoundError):
+class MissingFile(TetherError, FileNotFoundError):
     """A file or folder tether was pointed at does not exist."""

@@ -79,7 +79,8 @@ async def run_turn(
     reporter.start()
     try:
         with sigint_cancels(cancel, first_interrupt):
-            return await agent.arun(prompt, history=history, run_id=run_id, cancel=cancel, on_event=on_event)
+            state = agent.state_from(history, run_id=run_id) if history else None  # a chat's earlier turns
+            return await agent.arun(prompt, state=state, run_id=run_id, cancel=cancel, on_event=on_event)
     finally:
         reporter.stop()
 

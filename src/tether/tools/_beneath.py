@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.errors import PathError
-
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture (added after the syscall tables merged)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
@@ -73,7 +71,7 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:
         err = ctypes.get_errno()
-        raise PathError(err, os.strerror(err), path)
+        raise OSError(err, os.strerror(err), path)
     return int(fd)
 
 
@@ -96,7 +94,7 @@ def _walk_open(dir_fd: int, path: str, flags: int, mode: int) -> int:
     """openat one component at a time from `dir_fd`, never following a symbolic link."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if path.startswith("/") or any(p == ".." for p in parts):
-        raise PathError(errno.EXDEV, "path leaves the directory", path)
+        raise OSError(errno.EXDEV, "path leaves the directory", path)
     if not parts:
         return os.open(".", flags | _CLOEXEC, mode, dir_fd=dir_fd)
     cur = dir_fd
@@ -118,7 +116,7 @@ def open_beneath(dir_fd: int, path: str, flags: int, mode: int = 0o666) -> int:
     Raises OSError: ELOOP for a symbolic link on the way, EXDEV for an escape, as `open` otherwise.
     """
     if "\0" in path:
-        raise PathError(errno.EINVAL, "NUL in path", path)
+        raise OSError(errno.EINVAL, "NUL in path", path)
     if openat2_available(dir_fd):
         for _ in range(8):
             try:
@@ -126,7 +124,7 @@ def open_beneath(dir_fd: int, path: str, flags: int, mode: int = 0o666) -> int:
             except OSError as exc:  # EAGAIN: a concurrent rename made the kernel unsure; ask again
                 if exc.errno != errno.EAGAIN:
                     raise
-        raise PathError(errno.EAGAIN, "the path kept changing while it was resolved", path)
+        raise OSError(errno.EAGAIN, "the path kept changing while it was resolved", path)
     return _walk_open(dir_fd, path, flags, mode)
 
 
@@ -188,7 +186,7 @@ class Beneath:
         """
         parent, _, name = path.rpartition("/")
         if name in ("", ".", ".."):
-            raise PathError(errno.EISDIR, "is a directory", path)
+            raise OSError(errno.EISDIR, "is a directory", path)
         dir_fd = self.open_dir(parent, create=create_dirs)
         try:
             try:
@@ -199,11 +197,11 @@ class Beneath:
                 old = None
             if old is not None:
                 if stat.S_ISLNK(old.st_mode):
-                    raise PathError(errno.ELOOP, "is a symbolic link", path)
+                    raise OSError(errno.ELOOP, "is a symbolic link", path)
                 if stat.S_ISDIR(old.st_mode):
-                    raise PathError(errno.EISDIR, "is a directory", path)
+                    raise OSError(errno.EISDIR, "is a directory", path)
                 if not stat.S_ISREG(old.st_mode):
-                    raise PathError(errno.EINVAL, "is not a regular file", path)
+                    raise OSError(errno.EINVAL, "is not a regular file", path)
             tmp = f".{secrets.token_hex(6)}.tether-write"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
             # A new file gets 0o666 less the umask, as `open` would give it; a replaced one its old bits.

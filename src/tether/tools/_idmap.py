@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tether.errors import PathError
-
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same on every architecture
 _OPEN_TREE_CLONE = 1
 _AT_RECURSIVE = 0x8000
@@ -47,7 +45,7 @@ _broken: list[str] = []  # why id-mapped views do not work here (once known)
 def _check(result: int, what: str) -> int:
     if result < 0:
         err = ctypes.get_errno()
-        raise PathError(err, f"{what}: {os.strerror(err)}")
+        raise OSError(err, f"{what}: {os.strerror(err)}")
     return result
 
 
@@ -66,7 +64,7 @@ def _user_namespace(uid: int, gid: int) -> int:
             except OSError:
                 pass
             if child.poll() is not None:
-                raise PathError(f"unshare --user exited with {child.returncode}")
+                raise OSError(f"unshare --user exited with {child.returncode}")
             time.sleep(0.002)
         Path(f"/proc/{child.pid}/uid_map").write_text(f"0 {uid} 1\n")
         Path(f"/proc/{child.pid}/gid_map").write_text(f"0 {gid} 1\n")
