@@ -85,3 +85,43 @@ def test_tether_raises_no_bare_builtin_error() -> None:
                     bare.append(f"{path.relative_to(root)}:{node.lineno} raise {name}")
     assert bare == [], bare
     assert issubclass(tether.InvalidInput, ValueError) and issubclass(tether.MissingFile, FileNotFoundError)
+
+
+# The public surface: these modules, and the names in their __all__. Everything else is implementation.
+PUBLIC_MODULES = ("tether", "tether.context", "tether.durable", "tether.evals", "tether.events", "tether.mcp",
+                  "tether.models", "tether.policy", "tether.rag", "tether.server", "tether.store", "tether.team",
+                  "tether.telemetry", "tether.tools", "tether.tools.builtin")
+
+
+def test_the_docs_and_examples_import_only_public_names() -> None:
+    """Every `from tether... import NAME` in the README, the docs and the examples names a public
+    module and a name in its __all__ (or a module's own public function where it has no __all__)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "examples").rglob("*.py"))]
+    wrong = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"^\s*from (tether[\w.]*) import \(?([\w, \n]+?)\)?\s*$", text, re.MULTILINE):
+            module, names = m.group(1), [n.strip() for n in m.group(2).replace("\n", ",").split(",") if n.strip()]
+            if module not in PUBLIC_MODULES:
+                wrong.append(f"{path.name}: from {module} import {', '.join(names)}")
+                continue
+            exported = getattr(importlib.import_module(module), "__all__", None)
+            for name in names:
+                name = name.split(" as ")[0].strip()
+                if exported is not None and name not in exported:
+                    wrong.append(f"{path.name}: {module}.{name} is not in its __all__")
+        for m in re.finditer(r"^\s*import (tether[\w.]*)", text, re.MULTILINE):
+            if m.group(1) not in PUBLIC_MODULES:
+                wrong.append(f"{path.name}: import {m.group(1)}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_every_public_modules_all_names_exist() -> None:
+    for module in PUBLIC_MODULES:
+        mod = importlib.import_module(module)
+        for name in getattr(mod, "__all__", ()):
+            assert getattr(mod, name, None) is not None, f"{module}.{name}"

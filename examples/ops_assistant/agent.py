@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tether import Agent, Limits
-from tether.models.base import Model
+from tether.models import Model
 from tether.policy import Approver, Capabilities, SafetyPolicy
-from tether.tools.base import Tool
+from tether.tools import Tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ops_tools import Ops, build_tools, capabilities

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from tether import tool
 from tether.policy import Capability
-from tether.tools.base import Tool, ToolContext
+from tether.tools import Tool, ToolContext
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 Metric = Literal["latency_p99_ms", "error_rate", "cpu", "rps"]

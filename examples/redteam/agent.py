@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from tether import Agent, Limits, tool
 from tether.policy import Approver, Capabilities, Capability, EgressPolicy, SafetyPolicy
-from tether.tools.base import Tool
+from tether.tools import Tool
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 CONTENT = {

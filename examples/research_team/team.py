@@ -14,15 +14,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tether import Agent, Limits
-from tether.models.base import Model
-from tether.models.resolve import resolve_model
-from tether.models.scripted import ScriptedModel, call
-from tether.rag.index import Index
-from tether.rag.tool import search_tool
+from tether import Agent, Limits, ModelReply, ModelRequest, ScriptedModel, Usage, call
+from tether.context import counter_for, message_tokens, tools_tokens
+from tether.models import Model, resolve_model
+from tether.rag import Index, search_tool
 from tether.team import TeamResult, orchestrate
-from tether.tokens import counter_for, message_tokens, tools_tokens
-from tether.types import ModelReply, ModelRequest, Usage
 
 DOCS = Path(__file__).with_name("docs")
 QUESTIONS = Path(__file__).with_name("questions.json")

@@ -16,10 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tether.models.resolve import resolve_model
-from tether.rag.answer import agentic, pipeline
-from tether.rag.index import Index
-from tether.rag.prompt import format_passages
+from tether.models import resolve_model
+from tether.rag import Index, agentic, format_passages, pipeline
 
 DOCS = Path(__file__).with_name("docs")
 QUESTIONS = ["Can I get a refund after 30 days?", "What is the warranty on laptops?"]

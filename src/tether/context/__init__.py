@@ -23,6 +23,7 @@ from tether.tokens import (
     context_window,
     counter_for,
     message_tokens,
+    tools_tokens,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "message_tokens",
     "parse_plan",
     "task_state_tools",
+    "tools_tokens",
 ]

@@ -15,7 +15,7 @@ from tether.rag.chunking import Chunk, chunk_sections
 from tether.rag.evaluate import evaluate, load_collection, make_retriever
 from tether.rag.index import Index, IngestReport
 from tether.rag.pg_index import PostgresIndex
-from tether.rag.prompt import AGENT_INSTRUCTIONS, NO_ANSWER, build_messages, build_prompt
+from tether.rag.prompt import AGENT_INSTRUCTIONS, NO_ANSWER, build_messages, build_prompt, format_passages
 from tether.rag.tool import search_tool
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "build_prompt",
     "chunk_sections",
     "evaluate",
+    "format_passages",
     "load_collection",
     "make_retriever",
     "pipeline",

@@ -1,0 +1,13 @@
+"""Tools: a Python callable plus what the model and the executor need to know about it.
+
+    from tether.tools import Tool, ToolContext, tool, Executor, CallContext
+    from tether.tools.builtin import calculator, read_tool
+
+The executor (`Executor`) runs every call: validate, the policy's checks, a timeout, a capped result.
+"""
+
+from tether.tools.base import Tool, tool
+from tether.tools.context import ToolContext
+from tether.tools.executor import AllowAll, BasePolicy, CallContext, Executor, Policy, Verdict
+
+__all__ = ["AllowAll", "BasePolicy", "CallContext", "Executor", "Policy", "Tool", "ToolContext", "Verdict", "tool"]
