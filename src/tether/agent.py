@@ -134,7 +134,8 @@ class Agent(Generic[OutputT]):
             decisions=[dict(d) for d in state.decisions] if prompt is None else [],
         )
 
-    def _spec(self, run_id: str, cancel: CancelToken | None, on_event, stream_text: bool) -> RunSpec:
+    def _spec(self, run_id: str, cancel: CancelToken | None, on_event: Callable[[TraceEvent], None] | None,
+              stream_text: bool) -> RunSpec:
         assert self.executor is not None
         return RunSpec(
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,

@@ -193,11 +193,11 @@ def typed(envelope: TraceEvent) -> Any:
     tp = EVENT_TYPES.get(envelope.kind)
     if tp is None:
         raise InvalidInput(f"unknown event kind {envelope.kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
-    base = {"step": envelope.step, "t": envelope.t, "duration": envelope.duration}
     if tp is Notice:
-        return Notice(notice=dict(envelope.data), **base)
+        return Notice(notice=dict(envelope.data), step=envelope.step, t=envelope.t, duration=envelope.duration)
     names = {f.name for f in dataclasses.fields(tp)} - {"kind", "step", "t", "duration"}
-    return tp(**base, **{k: v for k, v in envelope.data.items() if k in names})
+    return tp(step=envelope.step, t=envelope.t, duration=envelope.duration,
+              **{k: v for k, v in envelope.data.items() if k in names})
 
 
 def stored(envelope: TraceEvent) -> Any:

@@ -19,7 +19,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether._admission import Admission
 from tether._json import dumps_fn
@@ -281,7 +281,7 @@ def new_state(spec: RunSpec, messages: list[Message]) -> RunState:
 
 
 async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usage | None = None,
-                   steps: int = 0) -> RunResult:
+                   steps: int = 0) -> RunResult[Any]:
     """Run the agent loop over `state` (a RunState, or a transcript to start one from) and return how
     it ended. The state's transcript is appended to in place; `result.state` carries it on."""
     if not isinstance(state, RunState):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import TypeAdapter
 
@@ -331,12 +331,14 @@ def _adapter(tp: type) -> TypeAdapter[Any]:
 
 def to_json(obj: Any) -> str:
     """Serialise any tether type (or list of them) to a JSON string."""
-    return _adapter(type(obj)).dump_json(obj).decode()
+    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
+    return _adapter(tp).dump_json(obj).decode()
 
 
 def to_jsonable(obj: Any) -> Any:
     """Serialise to plain Python (dicts, lists, str, numbers)."""
-    return _adapter(type(obj)).dump_python(obj, mode="json")
+    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
+    return _adapter(tp).dump_python(obj, mode="json")
 
 
 def from_json(tp: type[T], data: str | bytes) -> T:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
+from tether.limits import Limits
 from tether.models.base import Model
 from tether.rag.base import Hit
 from tether.rag.prompt import AGENT_INSTRUCTIONS, build_messages
@@ -45,13 +47,12 @@ def pipeline(question: str, index: Searchable, model: Model, *, k: int = 5) -> P
     return asyncio.run(apipeline(question, index, model, k=k))
 
 
-def agentic(question: str, index: Searchable, model: Model, *, k: int = 5, limits=None) -> RunResult:
+def agentic(question: str, index: Searchable, model: Model, *, k: int = 5, limits: Limits | None = None) -> RunResult[Any]:
     """Run an Agent whose one tool is `search` over `index`. Earlier searches are folded into a
     summary when the transcript nears the model's context window (a small embedded model's 4,096
     tokens hold about three searches)."""
     from tether.agent import Agent
     from tether.context import Compaction
-    from tether.limits import Limits
 
     agent = Agent(model, tools=[search_tool(index, default_k=k)], instructions=AGENT_INSTRUCTIONS,
                   limits=limits or Limits(max_steps=6), context=Compaction(keep_turns=1))

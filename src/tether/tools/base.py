@@ -164,7 +164,7 @@ def request_spans_source(pattern: str) -> dict[str, Any]:
 
 def values_from(t: Tool, param: str, source: dict[str, Any]) -> Tool:
     """Declare where `param`'s values come from (see `files_source`, `request_words_source`)."""
-    props = t.parameters.get("properties") or {}
+    props: dict[str, Any] = t.parameters.get("properties") or {}
     if param not in props:
         raise InvalidInput(f"tool {t.name!r} has no parameter {param!r}")
     props[param] = {**props[param], VALUES_KEY: {**source, "param": param}}
