@@ -53,7 +53,7 @@ def pytest_collectreport(report):  # type: ignore[no-untyped-def]
 
 def need_bubblewrap() -> None:
     """Skip (fail under CI=true) where bubblewrap cannot run a sandbox."""
-    from tether.tools.sandbox import probe_bubblewrap
+    from tether.tools._sandbox import probe_bubblewrap
 
     if (problem := probe_bubblewrap()) is not None:
         pytest.skip(f"bubblewrap cannot run here ({problem})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tether.rag.text import simple_tokens
+from tether.rag._text import simple_tokens
 
 
 class BagEmbedder:
@@ -38,7 +38,7 @@ def tiny_cross_encoder(path):
     from onnx import TensorProto, helper
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from tether.rag.encoder import VOCAB_PATH
+    from tether.rag._encoder import VOCAB_PATH
 
     vocab = BertWordPieceTokenizer(str(VOCAB_PATH)).get_vocab()
     table = np.zeros((len(vocab), 1), dtype=np.float32)

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from tether import Agent, Limits, tool
-from tether.models.scripted import ScriptedModel
+from tether._types import ModelReply, ModelRequest, ToolCall
+from tether.models._scripted import ScriptedModel
 from tether.policy import Capabilities, Capability, SafetyPolicy
-from tether.tools.base import ToolContext
-from tether.types import ModelReply, ModelRequest, ToolCall
+from tether.tools._base import ToolContext
 
 LEDGER = Path(os.environ.get("TETHER_TEST_LEDGER", "/tmp/tether-ledger.txt"))
 

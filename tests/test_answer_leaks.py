@@ -9,9 +9,9 @@ import base64
 import pytest
 
 from tether import Agent, tool
-from tether.models.scripted import ScriptedModel, call
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
-from tether.policy.leaks import leaked_in, secrets_in
+from tether.policy._leaks import leaked_in, secrets_in
 
 KEY = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e"
 PASSWORD = "Tr0ub4dor&3x!"

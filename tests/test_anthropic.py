@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from fake_openai_server import FakeOpenAIServer, Reply
 
-from tether.models.anthropic import AnthropicModel, to_anthropic_messages, to_anthropic_tools
-from tether.models.base import Model, ModelError
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
+from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
+from tether.models._anthropic import AnthropicModel, to_anthropic_messages, to_anthropic_tools
+from tether.models._base import Model, ModelError
 
 pytest.importorskip("anthropic", reason="the anthropic extra is not installed")
 

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import Agent, Limits, StopReason, tool
-from tether.models.pricing import Pricing
-from tether.models.scripted import call
-from tether.tokens import counter_for, message_tokens, tools_tokens
-from tether.types import ModelReply, ModelRequest, Usage
+from tether._tokens import counter_for, message_tokens, tools_tokens
+from tether._types import ModelReply, ModelRequest, Usage
+from tether.models._pricing import Pricing
+from tether.models._scripted import call
 
 BUDGET_STOPS = {StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET, StopReason.MAX_STEPS}
 

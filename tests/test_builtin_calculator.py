@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tether._types import Effect
 from tether.tools.builtin import calculator
-from tether.tools.builtin.calculator import FUNCTIONS, MAX_CHARS, evaluate
-from tether.types import Effect
+from tether.tools.builtin._calculator import FUNCTIONS, MAX_CHARS, evaluate
 
 
 def calc(expression: str) -> str:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tether.tools.base import Tool
+from tether._types import Effect
+from tether.tools._base import Tool
 from tether.tools.builtin import file_tools
-from tether.tools.builtin.files import GlobPattern, Workspace, read_tool
-from tether.types import Effect
+from tether.tools.builtin._files import GlobPattern, Workspace, read_tool
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_glob(ws: Path, tools: dict[str, Tool]) -> None:
 
 
 def test_glob_caps_results(ws: Path) -> None:
-    from tether.tools.builtin.files import glob_tool
+    from tether.tools.builtin._files import glob_tool
 
     for i in range(30):
         (ws / f"f{i:02}.txt").write_text("x")
@@ -257,7 +257,7 @@ def test_grep(ws: Path, tools: dict[str, Tool]) -> None:
 
 
 def test_grep_caps_and_truncates(ws: Path) -> None:
-    from tether.tools.builtin.files import grep_tool
+    from tether.tools.builtin._files import grep_tool
 
     (ws / "many.txt").write_text("hit\n" * 50 + "hit " + "z" * 1000 + "\n")
     lines = run(grep_tool(ws, max_matches=5), pattern="hit", path="many.txt").splitlines()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tether.tools.base import Tool
+from tether._types import Effect
+from tether.tools._base import Tool
+from tether.tools._sandbox import Bubblewrap, Sandbox, Unconfined, default_sandbox, probe_bubblewrap
 from tether.tools.builtin import coding_tools, shell_tool
-from tether.tools.builtin.shell import CommandTimeout
-from tether.tools.sandbox import Bubblewrap, Sandbox, Unconfined, default_sandbox, probe_bubblewrap
-from tether.types import Effect
+from tether.tools.builtin._shell import CommandTimeout
 
 BWRAP_PROBLEM = probe_bubblewrap()
 needs_bwrap = pytest.mark.skipif(
@@ -376,7 +376,7 @@ def test_fallback_when_bubblewrap_is_missing(tmp_path: Path) -> None:
 async def test_fallback_calls_need_approval_and_are_refused_without_it(tmp_path: Path) -> None:
     """Through the real policy: with nobody to approve, an unconfined Bash call does not run."""
     from tether import Agent
-    from tether.models.scripted import ScriptedModel, call
+    from tether.models._scripted import ScriptedModel, call
     from tether.policy import DenyAll, SafetyPolicy
 
     bash = shell_tool(tmp_path, sandbox=Unconfined())

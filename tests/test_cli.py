@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_completion, tool_call
 
-from tether.types import RunResult, StopReason, from_json
+from tether._types import RunResult, StopReason, from_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = REPO / "your_program.sh"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tether.cli.progress import exit_code, stop_line
-from tether.types import RunResult, StopReason, Usage
+from tether._types import RunResult, StopReason, Usage
+from tether.cli._progress import exit_code, stop_line
 
 EXPECTED = {
     StopReason.COMPLETED: 0,

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tether import Agent, Limits
-from tether.models.scripted import ScriptedModel, call, reply
+from tether._trace import JsonlTraceWriter, read_trace
+from tether._types import TraceEvent
+from tether.models._scripted import ScriptedModel, call, reply
 from tether.tools.builtin import calculator
-from tether.trace import JsonlTraceWriter, read_trace
-from tether.types import TraceEvent
 
 
 def test_one_line_per_event_flushed_as_written(tmp_path: Path) -> None:

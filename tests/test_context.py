@@ -10,6 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import Agent, Limits, tool
+from tether._limits import Budget, MonotonicClock
+from tether._loop import ContextRun, DirectStepRunner, RunSpec
+from tether._tokens import message_tokens, size_bound, tiktoken_encoding
+from tether._types import Message, ModelReply, ModelRequest, RunResult, ToolCall, Usage, from_json, to_json
 from tether.context import (
     Compaction,
     ContextOverflow,
@@ -21,15 +25,11 @@ from tether.context import (
     counter_for,
     cut_result,
 )
-from tether.limits import Budget, MonotonicClock
-from tether.loop import ContextRun, DirectStepRunner, RunSpec
-from tether.models.anthropic import AnthropicModel
-from tether.models.openai_compat import to_openai_messages, to_openai_tools
-from tether.models.pricing import Pricing
-from tether.models.scripted import ScriptedModel, call
-from tether.tokens import message_tokens, size_bound, tiktoken_encoding
-from tether.tools.executor import Executor
-from tether.types import Message, ModelReply, ModelRequest, RunResult, ToolCall, Usage, from_json, to_json
+from tether.models._anthropic import AnthropicModel
+from tether.models._openai_compat import to_openai_messages, to_openai_tools
+from tether.models._pricing import Pricing
+from tether.models._scripted import ScriptedModel, call
+from tether.tools._executor import Executor
 
 # ----- token accounting ----------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ def test_cached_tokens_are_priced_at_the_cache_rate() -> None:
     assert written == pytest.approx(3.75)
     from types import SimpleNamespace
 
-    from tether.models.openai_compat import _usage
+    from tether.models._openai_compat import _usage
 
     parsed = _usage(SimpleNamespace(prompt_tokens=120, completion_tokens=7,
                                     prompt_tokens_details=SimpleNamespace(cached_tokens=100)))
@@ -431,7 +431,7 @@ def test_a_builder_that_fails_to_start_ends_the_run_with_one_error() -> None:
 
 
 def test_unusable_ranks_fall_back_to_the_estimate(monkeypatch) -> None:
-    import tether.tokens as tokens
+    import tether._tokens as tokens
 
     monkeypatch.setattr(tokens, "tiktoken_encoding", lambda name: None)  # e.g. a hash mismatch
     counter = tokens.TiktokenCounter("o200k_base")

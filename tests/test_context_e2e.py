@@ -10,8 +10,8 @@ from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 
 from tether import Agent, Limits, tool
 from tether.context import Compaction
-from tether.models.openai_compat import OpenAICompatModel
-from tether.models.pricing import Pricing
+from tether.models._openai_compat import OpenAICompatModel
+from tether.models._pricing import Pricing
 
 
 @tool(max_result_chars=50_000)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from tether import Agent, Limits, tool
+from tether._types import ModelReply, ModelRequest, StopReason, ToolCall
 from tether.context import Planner, TaskState, parse_plan
-from tether.models.scripted import ScriptedModel
-from tether.types import ModelReply, ModelRequest, StopReason, ToolCall
+from tether.models._scripted import ScriptedModel
 
 
 @tool
@@ -81,7 +81,7 @@ def test_a_failed_step_triggers_a_replan_that_keeps_done_steps() -> None:
 
 
 def test_each_step_gets_a_budget_carved_from_the_run(monkeypatch) -> None:
-    import tether.context.planning as planning
+    import tether.context._planning as planning
 
     seen: list[int | None] = []
     real = planning.run_loop

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from tether import Agent, Limits, tool
-from tether.critic import Critic, run_with_critic, unsupported_claims
-from tether.models.scripted import ScriptedModel, call
-from tether.types import Usage
+from tether._critic import Critic, run_with_critic, unsupported_claims
+from tether._types import Usage
+from tether.models._scripted import ScriptedModel, call
 
 
 @tool
@@ -75,7 +75,7 @@ def test_citations_required() -> None:
 
 def test_the_reviewer_is_priced_with_the_agents_price_table() -> None:
     """Issue 24, item 7: the reviewer's call (100k input tokens on gpt-4o) added tokens but $0."""
-    from tether.models.pricing import Pricing
+    from tether.models._pricing import Pricing
 
     reviewer = ScriptedModel(["OK"], name="gpt-4o", usage=Usage(100_000, 20))
     model = ScriptedModel([call("lookup", topic="checkout"), "p99 is 1,465 ms."], usage=Usage(100, 10))

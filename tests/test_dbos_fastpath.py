@@ -1,4 +1,4 @@
-"""tether.durable.dbos_fastpath: DBOS's step checkpoints with less Python, the same rows and errors.
+"""tether.durable._dbos_fastpath: DBOS's step checkpoints with less Python, the same rows and errors.
 
 The pinned-source test fails when DBOS changes (then the fast path stays off until re-reviewed);
 the others compare the fast path with DBOS's own methods on the same database, and count the
@@ -23,10 +23,10 @@ from dbos._error import (
 )
 
 from tether import Agent, Limits, tool
-from tether.durable import dbos_fastpath
-from tether.models.scripted import ScriptedModel
-from tether.tools.executor import AllowAll
-from tether.types import ModelReply, ModelRequest, ToolCall
+from tether._types import ModelReply, ModelRequest, ToolCall
+from tether.durable import _dbos_fastpath as dbos_fastpath
+from tether.models._scripted import ScriptedModel
+from tether.tools._executor import AllowAll
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def any_db(request, tmp_path):
 
 def test_the_installed_dbos_is_the_reviewed_one():
     # A DBOS upgrade lands here: re-read the functions named in the message against
-    # tether/durable/dbos_fastpath.py, then update PINNED (the fast path is off until then).
+    # tether/durable/_dbos_fastpath.py, then update PINNED (the fast path is off until then).
     assert dbos_fastpath.mismatches() == []
     assert dbos_fastpath.install() is True
     dbos_fastpath.uninstall()  # opt-in: off unless asked for

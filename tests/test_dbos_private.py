@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
 
-from tether.durable import dbos_private
-from tether.errors import OperationFailed
+from tether._errors import OperationFailed
+from tether.durable import _dbos_private as dbos_private
 
 
 def test_every_private_name_is_on_the_installed_dbos(tmp_path) -> None:
@@ -25,7 +25,7 @@ def test_every_private_name_is_on_the_installed_dbos(tmp_path) -> None:
         for name in dbos_private.NAMES:
             owner, _, attr = name.rpartition(".")
             target = live if owner == "DBOS" else _dbos  # the instance has the class's names and its own
-            assert hasattr(target, attr), f"dbos {_dbos.__name__} has no {name}: re-review tether.durable.dbos_private"
+            assert hasattr(target, attr), f"dbos {_dbos.__name__} has no {name}: re-review tether.durable._dbos_private"
     finally:
         teardown()
 

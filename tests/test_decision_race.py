@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tether.durable.control import ControlError, decide
-from tether.store.sql import RunStore
+from tether.durable._control import ControlError, decide
+from tether.store._sql import RunStore
 
 
 class Inbox:

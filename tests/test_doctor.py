@@ -10,8 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tether.cli.app import app
-from tether.cli.doctor_cmd import run_checks
+from tether.cli._app import app
+from tether.cli._doctor_cmd import run_checks
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -18,11 +18,11 @@ import pytest
 pytest.importorskip("dbos")
 
 from tether import Agent, Limits, tool
-from tether.models.scripted import ScriptedModel, call
+from tether._types import RunState, StopReason
+from tether.models._scripted import ScriptedModel, call
 from tether.store import RunStore
-from tether.tools.base import ToolContext
-from tether.tools.executor import AllowAll
-from tether.types import RunState, StopReason
+from tether.tools._base import ToolContext
+from tether.tools._executor import AllowAll
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the crash worker and driver live in bench/durable (the bench uses them too)
@@ -190,7 +190,7 @@ def test_crash_test_every_run_finishes_once(tmp_path):
 
 
 def test_stopping_a_durable_run_in_process_cancels_it(durable_db):
-    from tether.loop import CancelToken
+    from tether._loop import CancelToken
 
     started = asyncio.Event()
 
@@ -246,7 +246,7 @@ def test_a_durable_run_on_postgres(postgres_db):
 
 
 def test_fork_from_step_n_reuses_the_first_n_steps_and_keeps_their_taint(durable_db):
-    from tether.durable.fork import fork
+    from tether.durable._fork import fork
     from tether.policy import SafetyPolicy
 
     ran: list[str] = []

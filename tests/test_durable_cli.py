@@ -77,7 +77,7 @@ def test_a_parked_cli_run_exits_4_and_finishes_after_tether_approve(tmp_path: Pa
 
 
 PAYMENTS = '''
-from tether.tools.base import ToolContext, tool
+from tether.tools._base import ToolContext, tool
 
 
 @tool(effect="irreversible")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sqlalchemy.exc
 
-from tether.cli.durable_cmd import error_line
+from tether.cli._durable_cmd import error_line
 
 
 def test_a_database_error_is_its_drivers_message_without_the_sql_or_the_prompt() -> None:

@@ -8,7 +8,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
 
 from tether import Agent, Limits, StopReason, tool
-from tether.models.openai_compat import OpenAICompatModel
+from tether.models._openai_compat import OpenAICompatModel
 from tether.tools.builtin import calculator
 
 
@@ -113,7 +113,7 @@ def test_repeated_sync_runs_leave_nothing_to_close_on_a_closed_loop(tmp_path) ->
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from fake_openai_server import FakeOpenAIServer, chat_completion\n"
         "from tether import Agent\n"
-        "from tether.models.openai_compat import OpenAICompatModel\n"
+        "from tether.models._openai_compat import OpenAICompatModel\n"
         "with FakeOpenAIServer([], responder=lambda r: chat_completion('hi')) as s:\n"
         "    agent = Agent(OpenAICompatModel('gpt-4o-mini', base_url=s.base_url, api_key='k'))\n"
         "    print([agent.run('x').answer for _ in range(3)])\n"
@@ -126,7 +126,7 @@ def test_repeated_sync_runs_leave_nothing_to_close_on_a_closed_loop(tmp_path) ->
 
 async def test_run_inside_a_running_loop_names_arun() -> None:
     from tether import Agent
-    from tether.models.scripted import ScriptedModel
+    from tether.models._scripted import ScriptedModel
 
     with pytest.raises(RuntimeError, match=r"await agent\.arun"):
         Agent(ScriptedModel(["x"])).run("hi")

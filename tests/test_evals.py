@@ -14,7 +14,7 @@ import pytest
 
 from tether import Agent, tool
 from tether.evals import Cassette, SuiteError, load_suite, run_suite
-from tether.evals.report import compare, write_html
+from tether.evals._report import compare, write_html
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "examples" / "ops_assistant" / "suite.toml"
@@ -154,7 +154,7 @@ def test_replay_detects_and_names_drift(tmp_path: Path) -> None:
 
 def test_recorded_tool_failure_replays_as_the_same_failure(tmp_path: Path) -> None:
     from tether.evals import CassettePlayer, CassetteRecorder
-    from tether.models.scripted import ScriptedModel, call
+    from tether.models._scripted import ScriptedModel, call
 
     @tool
     def boom(x: int) -> str:
@@ -226,8 +226,8 @@ def test_compare_and_html_on_a_report(tmp_path: Path) -> None:
 
 def test_a_stored_run_exports_as_a_cassette_that_replays(tmp_path: Path) -> None:
     from tether.evals import CassettePlayer
-    from tether.models.scripted import ScriptedModel, call
-    from tether.store.sql import RunStore
+    from tether.models._scripted import ScriptedModel, call
+    from tether.store._sql import RunStore
 
     @tool
     def lookup(key: str) -> str:
@@ -274,7 +274,7 @@ def test_every_shipped_scenario_fails_when_its_required_tools_are_refused(monkey
     """Issue 24, item 8: the flagship scenario passed while 3 of its 5 read-only calls were denied.
     Flip the policy to refuse each scenario's required tools: every scenario that requires a tool
     must then fail (a check that cannot fail is no check)."""
-    from tether.tools.executor import Verdict
+    from tether.tools._executor import Verdict
 
     suite = load_suite(OPS)
     build = suite.factory
@@ -311,8 +311,8 @@ def test_an_exported_cassette_detects_a_changed_agent(tmp_path: Path) -> None:
     """Issue 24, item 8: a cassette exported from a stored run carried `request: null`, so a changed
     agent (other instructions) still passed on it. Each reply now carries the fingerprint of the
     messages it answered."""
-    from tether.evals.cassette import CassettePlayer, cassette_from_state
-    from tether.models.scripted import ScriptedModel, call
+    from tether.evals._cassette import CassettePlayer, cassette_from_state
+    from tether.models._scripted import ScriptedModel, call
 
     @tool
     def lookup(key: str) -> str:

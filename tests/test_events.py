@@ -12,7 +12,7 @@ import typing
 import pytest
 
 from tether import Agent, Limits, StopReason, tool
-from tether.cli.progress import Reporter
+from tether.cli._progress import Reporter
 from tether.events import (
     EVENT_TYPES,
     ApprovalDecided,
@@ -29,7 +29,7 @@ from tether.events import (
     to_json,
     typed,
 )
-from tether.models.scripted import ScriptedModel, call
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
 
 
@@ -76,7 +76,7 @@ def test_the_cli_progress_handles_every_kind() -> None:
 def test_the_service_stream_handles_every_kind(kind: str) -> None:
     """The task service's SSE stream dispatches on the event types (`derive`): every kind gives its
     SSE events from the stored row, named by the kind (a kind it does not handle raises here)."""
-    from tether.server.events import HANDLED, derive, stored_event
+    from tether.server._events import HANDLED, derive, stored_event
 
     assert set(HANDLED) == set(EVENT_TYPES.values())
     envelope = _sample(EVENT_TYPES[kind]).envelope()

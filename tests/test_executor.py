@@ -9,10 +9,10 @@ import time
 import pytest
 
 from tether import BasePolicy, ToolContext, tool
-from tether.tools.base import Tool
-from tether.tools.executor import CallContext, Executor
-from tether.tools.results import ResultStore, cap, shape
-from tether.types import Effect, ToolCall
+from tether._types import Effect, ToolCall
+from tether.tools._base import Tool
+from tether.tools._executor import CallContext, Executor
+from tether.tools._results import ResultStore, cap, shape
 
 CTX = CallContext(run_id="run1", user="alice")
 
@@ -183,7 +183,7 @@ class _RaisingPolicy(BasePolicy):
     async def before_call(self, tool, args, call, ctx):
         if self.where == "before":
             raise RuntimeError("policy store is down")
-        from tether.tools.executor import ALLOW
+        from tether.tools._executor import ALLOW
 
         return ALLOW
 

@@ -10,16 +10,16 @@ from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_ca
 from pydantic import BaseModel
 
 from tether import Agent, StopReason, tool
-from tether.models.base import ModelError
-from tether.models.fallback import FallbackModel, is_context_length_error, should_fall_back
-from tether.models.openai_compat import OpenAICompatModel
-from tether.models.scripted import ScriptedModel, call
-from tether.output import FINAL_TOOL
-from tether.types import Message, ModelReply, ModelRequest, TextDelta
+from tether._output import FINAL_TOOL
+from tether._types import Message, ModelReply, ModelRequest, TextDelta
+from tether.models._base import ModelError
+from tether.models._fallback import FallbackModel, is_context_length_error, should_fall_back
+from tether.models._openai_compat import OpenAICompatModel
+from tether.models._scripted import ScriptedModel, call
 
 pytest.importorskip("anthropic", reason="the anthropic extra is not installed")
 
-from tether.models.anthropic import AnthropicModel
+from tether.models._anthropic import AnthropicModel
 
 PRIMARY, SECONDARY = "gpt-4o-mini", "claude-haiku-4-5"  # both in the default price table
 

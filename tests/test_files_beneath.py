@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tether.tools import _beneath
-from tether.tools.base import Tool
+from tether.tools._base import Tool
 from tether.tools.builtin import file_tools
 
 

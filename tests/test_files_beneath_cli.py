@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 
-from tether.tools.sandbox import probe_bubblewrap
+from tether.tools._sandbox import probe_bubblewrap
 
 BWRAP_PROBLEM = probe_bubblewrap()
 SWAPPER = r"""python3 - <<'PY'

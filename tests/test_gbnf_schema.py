@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from regex_oracle import nested_repeat
 from regex_oracle import search as oracle_search
 
+from tether._types import ToolSpec
 from tether.models._gbnf import TOOL_CLOSE, GrammarError, GrammarLimits, Offered, format_call, reply_grammar
 from tether.models._gbnf_numbers import integer_range
 from tether.models._regex_gbnf import RegexError, pattern_body
-from tether.tools.builtin.calculator import EXPRESSION_PATTERN, calculator
-from tether.tools.schema import JsonSchemaValidator
-from tether.types import ToolSpec
+from tether.tools._schema import JsonSchemaValidator
+from tether.tools.builtin._calculator import EXPRESSION_PATTERN, calculator
 
 PREFIX = '<tool_call>{"name":"t","arguments":'
 
@@ -39,7 +39,7 @@ def _llama() -> tuple[Any, Any] | None:
     try:
         import llama_cpp
 
-        from tether.models.local import default_gguf_path
+        from tether.models._local import default_gguf_path
     except ImportError:
         return None
     path = default_gguf_path()

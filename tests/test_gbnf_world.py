@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from gbnf_tools import Gbnf
 
-from tether.cli.build import DEFAULT_INSTRUCTIONS, SMALL_MODEL_INSTRUCTIONS, default_instructions
+from tether._types import Message, ModelRequest, ToolCall
+from tether.cli._build import DEFAULT_INSTRUCTIONS, SMALL_MODEL_INSTRUCTIONS, default_instructions
 from tether.models._gbnf import format_call
+from tether.models._local import LocalModel, render_chat
 from tether.models._world import request_words, resolve_values, result_quotes, workspace_files
-from tether.models.local import LocalModel, render_chat
 from tether.policy import wrap_untrusted
-from tether.rag.tool import search_tool
-from tether.tools.builtin.calculator import calculator
-from tether.tools.builtin.files import read_tool
-from tether.types import Message, ModelRequest, ToolCall
+from tether.rag._tool import search_tool
+from tether.tools.builtin._calculator import calculator
+from tether.tools.builtin._files import read_tool
 
 
 @pytest.fixture
@@ -125,8 +125,8 @@ def test_the_loops_note_is_not_the_request_and_does_not_hide_the_results() -> No
     """After an untrusted result the loop adds a note (a user-role message named 'tether'); the
     embedded model must still see the user's request and the results before the note (before: no
     quote could be offered, so it could not answer and read on until max_steps)."""
+    from tether._types import NOTE_NAME, Message, ToolCall
     from tether.models._world import latest_request, result_quotes
-    from tether.types import NOTE_NAME, Message, ToolCall
 
     msgs = [Message.user("How many minutes does the soup simmer?"),
             Message.assistant("", [ToolCall("c1", "Read", {"file_path": "soup.txt"})]),

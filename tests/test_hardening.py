@@ -22,7 +22,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_completion, tool_call
 from trickle_server import Trickler
 
-from tether.tools.sandbox import probe_bubblewrap
+from tether.tools._sandbox import probe_bubblewrap
 
 REPO = Path(__file__).resolve().parents[1]
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
@@ -325,8 +325,8 @@ def test_the_spinner_stops_while_an_approval_is_asked() -> None:
 
     from rich.console import Console
 
-    from tether.cli.build import PausingApprover
-    from tether.cli.progress import Reporter
+    from tether.cli._build import PausingApprover
+    from tether.cli._progress import Reporter
     from tether.policy import ApprovalDecision, ApprovalRequest
 
     reporter = Reporter(Console(file=StringIO(), force_terminal=True), enabled=True)

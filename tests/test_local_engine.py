@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tether.models.local import LocalModel, _load, default_gguf_path
+from tether.models._local import LocalModel, _load, default_gguf_path
 
 try:
     import xllamacpp  # noqa: F401

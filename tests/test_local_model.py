@@ -21,8 +21,9 @@ from gbnf_tools import Gbnf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tether._types import Message, ModelRequest, ToolCall, ToolSpec
 from tether.models._gbnf import GrammarError, GrammarLimits, final_grammar, literal, reply_grammar
-from tether.models.local import (
+from tether.models._local import (
     EXAMPLE_TURNS,
     INSTALL_HINT,
     LocalModel,
@@ -32,8 +33,7 @@ from tether.models.local import (
     render_chat,
     render_tool_list,
 )
-from tether.tools.schema import ArgumentError, JsonSchemaValidator
-from tether.types import Message, ModelRequest, ToolCall, ToolSpec
+from tether.tools._schema import ArgumentError, JsonSchemaValidator
 
 # -- tool specs used below -------------------------------------------------------------------------
 
@@ -354,7 +354,7 @@ def test_missing_extra_gives_the_install_line(monkeypatch: pytest.MonkeyPatch, f
 
 
 def test_default_model_missing_gives_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tether.models.local.default_gguf_path", lambda: None)
+    monkeypatch.setattr("tether.models._local.default_gguf_path", lambda: None)
     with pytest.raises(LocalModelUnavailable, match=re.escape(INSTALL_HINT)):
         LocalModel()
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
 from tether.models._gbnf import reply_grammar
+from tether.models._local import default_gguf_path
+from tether.models._openai_compat import OpenAICompatModel
 from tether.models._tagged import parse_tagged
-from tether.models.local import default_gguf_path
-from tether.models.openai_compat import OpenAICompatModel
-from tether.tools.schema import JsonSchemaValidator
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
+from tether.tools._schema import JsonSchemaValidator
 
 _SERVER_DEPS = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 _missing = [m for m in _SERVER_DEPS if importlib.util.find_spec(m) is None]

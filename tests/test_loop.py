@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from tether import Agent, BasePolicy, CancelToken, Limits, StopReason, tool
-from tether.models.pricing import Pricing
-from tether.models.scripted import RecordingModel, ReplayModel, ScriptedModel, call, reply
-from tether.tools.executor import CallContext, Verdict
-from tether.types import ModelReply, ModelRequest, RunResult, Usage, from_json, to_json
+from tether._types import ModelReply, ModelRequest, RunResult, Usage, from_json, to_json
+from tether.models._pricing import Pricing
+from tether.models._scripted import RecordingModel, ReplayModel, ScriptedModel, call, reply
+from tether.tools._executor import CallContext, Verdict
 
 
 class FakeClock:
@@ -167,7 +167,7 @@ def test_loop_detection_warns_then_stops():
 
 
 def test_loop_detection_uses_canonical_arguments():
-    from tether.limits import LoopDetector
+    from tether._limits import LoopDetector
 
     d = LoopDetector(1)
     assert d.check("t", {"a": 1, "b": [1, 2]}) == "run"
@@ -422,7 +422,7 @@ async def test_cancelling_the_run_task_also_cancels_the_model_call():
 
 
 def test_a_failing_tool_step_runner_ends_with_error_and_a_valid_transcript():
-    from tether.loop import DirectStepRunner
+    from tether._loop import DirectStepRunner
 
     class BrokenStore(DirectStepRunner):
         async def tool_step(self, step, index, call, run):

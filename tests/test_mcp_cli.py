@@ -12,10 +12,10 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from mcp_servers.servers import env, flaky, npm_server
 
+from tether._types import Effect
 from tether.mcp import MCPConfigError, load_config, parse_config
-from tether.mcp.config import DEFAULT_CALL_TIMEOUT
-from tether.mcp.convert import effect_of, result_text
-from tether.types import Effect
+from tether.mcp._config import DEFAULT_CALL_TIMEOUT
+from tether.mcp._convert import effect_of, result_text
 
 
 def tether(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:

@@ -14,10 +14,10 @@ import pytest
 from mcp_servers.servers import flaky, npm_server
 
 from tether import Agent
+from tether._types import Effect, StopReason, ToolCall
 from tether.mcp import MCPToolset, parse_config
-from tether.models.scripted import ScriptedModel, call
-from tether.tools.executor import AllowAll, CallContext, Executor
-from tether.types import Effect, StopReason, ToolCall
+from tether.models._scripted import ScriptedModel, call
+from tether.tools._executor import AllowAll, CallContext, Executor
 
 SLOW_START = 60  # seconds a server may take to start on a loaded machine
 
@@ -167,7 +167,7 @@ async def test_closing_stops_the_servers() -> None:
 
 
 def test_executor_update_tools_swaps_the_set_and_keeps_the_late_reader() -> None:
-    from tether.tools.base import tool
+    from tether.tools._base import tool
 
     @tool
     def one() -> str:
@@ -187,7 +187,7 @@ def test_executor_update_tools_swaps_the_set_and_keeps_the_late_reader() -> None
 
 
 async def test_name_clashes_never_replace_a_tool() -> None:
-    from tether.tools.base import tool
+    from tether.tools._base import tool
 
     @tool(name="extra_1")
     def builtin_extra() -> str:
@@ -213,7 +213,7 @@ async def test_name_clashes_never_replace_a_tool() -> None:
 def test_handshake_era_list_changed_notification_is_followed(monkeypatch: pytest.MonkeyPatch) -> None:
     """server-everything speaks 2025-11-25 and announces notifications/tools/list_changed right after
     initialize (it registers the tools that depend on the client's capabilities then)."""
-    from tether.mcp.client import _Connection
+    from tether.mcp._client import _Connection
 
     listings: list[int] = []
     original = _Connection._list
@@ -264,7 +264,7 @@ async def test_each_call_carries_its_idempotency_key_in_meta(flaky_set) -> None:
     a call it already carried out."""
     import json
 
-    from tether.mcp.client import IDEMPOTENCY_META, RUN_META
+    from tether.mcp._client import IDEMPOTENCY_META, RUN_META
 
     _, executor = flaky_set
     result = await executor.execute(ToolCall("c7", "ok__meta", {}), CallContext("run-9", step=4), 2)
@@ -278,8 +278,8 @@ import asyncio, sys
 sys.path.insert(0, sys.argv[1])
 from mcp_servers.servers import flaky
 from tether.mcp import MCPToolset, parse_config
-from tether.tools.executor import AllowAll, CallContext, Executor
-from tether.types import ToolCall
+from tether.tools._executor import AllowAll, CallContext, Executor
+from tether._types import ToolCall
 
 with MCPToolset(parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=60, callTimeout=600)}})) as ts:
     executor = Executor(ts.tools, policy=AllowAll())

@@ -16,9 +16,9 @@ from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from mcp import Client, StdioServerParameters
 from mcp_servers.servers import env
 
+from tether._types import ToolCall
 from tether.mcp import MCPToolset, parse_config
-from tether.tools.executor import AllowAll, CallContext, Executor
-from tether.types import ToolCall
+from tether.tools._executor import AllowAll, CallContext, Executor
 
 
 def serve_args(*args: str) -> list[str]:
@@ -136,7 +136,7 @@ async def test_an_agent_tool_over_mcp_is_charged_to_and_bounded_by_the_calling_r
     its token budget in the request's _meta, the served agent runs within it, and the usage it reports
     back is charged to the run (before: the child's tokens were free and unbounded)."""
     from tether import Agent, Limits
-    from tether.models.scripted import ScriptedModel, call
+    from tether.models._scripted import ScriptedModel, call
 
     script = [chat_completion(None, [tool_call("calculator", {"expression": "6 * 7"})], prompt_tokens=400,
                               completion_tokens=20),

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from tether import Agent, tool
-from tether.context.memory import DAY, LongTermMemory, SQLiteMemoryStore
-from tether.models.scripted import ScriptedModel, call
+from tether._types import RunResult, StopReason
+from tether.context._memory import DAY, LongTermMemory, SQLiteMemoryStore
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
-from tether.policy.approvals import AutoApprove
-from tether.types import RunResult, StopReason
+from tether.policy._approvals import AutoApprove
 
 
 class Clock:

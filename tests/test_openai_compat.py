@@ -11,8 +11,9 @@ import openai
 import pytest
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, completion_chunks, tool_call
 
-from tether.models.base import Model, ModelError
-from tether.models.openai_compat import (
+from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
+from tether.models._base import Model, ModelError
+from tether.models._openai_compat import (
     NO_KEY,
     OPENAI_BASE_URL,
     OPENROUTER_BASE_URL,
@@ -21,7 +22,6 @@ from tether.models.openai_compat import (
     resolve_endpoint,
     to_openai_message,
 )
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
 
 ADD = ToolSpec(
     "add",

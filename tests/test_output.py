@@ -18,10 +18,10 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from tether import Agent, BasePolicy, Limits, OutputInvalid, StopReason, structured, tool
-from tether.models.openai_compat import OpenAICompatModel
-from tether.models.scripted import ScriptedModel, call, reply
-from tether.output import FINAL_TOOL, JsonSchema, OutputRun, OutputType, parse_json, request_for
-from tether.types import Message, ModelRequest, RunResult, Usage, from_json, to_json
+from tether._output import FINAL_TOOL, JsonSchema, OutputRun, OutputType, parse_json, request_for
+from tether._types import Message, ModelRequest, RunResult, Usage, from_json, to_json
+from tether.models._openai_compat import OpenAICompatModel
+from tether.models._scripted import ScriptedModel, call, reply
 
 
 class City(BaseModel):
@@ -407,7 +407,7 @@ def test_strict_mode_is_on_for_plain_classes_whose_schema_allows_it() -> None:
     from pydantic import BaseModel
     from typing_extensions import TypedDict
 
-    from tether.output import OutputType
+    from tether._output import OutputType
 
     @dataclasses.dataclass
     class Point:

@@ -10,13 +10,13 @@ from fake_openai_server import FakeOpenAIServer, Reply
 from pydantic import BaseModel
 
 from tether import Agent, StopReason, structured, tool
-from tether.output import FINAL_TOOL
+from tether._output import FINAL_TOOL
 
 pytest.importorskip("anthropic", reason="the anthropic extra is not installed")
 
-from tether.models.anthropic import AnthropicModel, force_output_tool
-from tether.output import OutputType
-from tether.types import Message, ModelRequest, ToolSpec
+from tether._output import OutputType
+from tether._types import Message, ModelRequest, ToolSpec
+from tether.models._anthropic import AnthropicModel, force_output_tool
 
 
 class City(BaseModel):

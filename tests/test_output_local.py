@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel
 
 from tether import Agent, Limits, structured, tool
-from tether.models.local import LocalModel, _output_request, default_gguf_path
-from tether.output import FINAL_TOOL, OutputType
-from tether.types import Message, ModelRequest, ToolCall, ToolSpec
+from tether._output import FINAL_TOOL, OutputType
+from tether._types import Message, ModelRequest, ToolCall, ToolSpec
+from tether.models._local import LocalModel, _output_request, default_gguf_path
 
 
 class Person(BaseModel):

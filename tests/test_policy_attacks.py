@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, HttpUrl
 
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.scripted import ScriptedModel, call
+from tether._agent import Agent
+from tether._limits import Limits
+from tether._types import StopReason, ToolCall, ToolResult
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import (
     AutoApprove,
     CallbackApprover,
@@ -24,10 +25,9 @@ from tether.policy import (
     SafetyPolicy,
     filter_output,
 )
-from tether.policy.egress import is_internal
-from tether.tools.base import Tool, tool
-from tether.tools.executor import CallContext, Executor
-from tether.types import StopReason, ToolCall, ToolResult
+from tether.policy._egress import is_internal
+from tether.tools._base import Tool, tool
+from tether.tools._executor import CallContext, Executor
 
 ATTACKER = "attacker@evil.test"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.scripted import ScriptedModel, call
+from tether._agent import Agent
+from tether._limits import Limits
+from tether._types import StopReason
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import (
     ApprovalBook,
     AutoApprove,
@@ -16,8 +17,7 @@ from tether.policy import (
     PendingApprover,
     SafetyPolicy,
 )
-from tether.tools.base import Tool, tool
-from tether.types import StopReason
+from tether.tools._base import Tool, tool
 
 
 class World:
@@ -202,7 +202,7 @@ def test_an_executor_driven_by_hand_takes_the_state_start_run_made_and_refuses_w
     (before: the policy looked the run id up in a map of its own, and made one if missing)."""
     import asyncio
 
-    from tether.tools.executor import CallContext, Executor
+    from tether.tools._executor import CallContext, Executor
 
     world = World()
     p = SafetyPolicy()
@@ -220,8 +220,8 @@ def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
     """Issue 26: 40 injected payments in one run meant 40 prompts (651 over 16 runs); now the run
     stops after `max_denials` denials (or `max_approvals` prompts) with its own stop reason and a
     partial answer, and its counts travel with its state."""
-    from tether.policy.approvals import CallbackApprover
-    from tether.types import StopReason
+    from tether._types import StopReason
+    from tether.policy._approvals import CallbackApprover
 
     pay = [call("send_money", recipient=f"EVIL-{i}", amount=10) for i in range(40)]
 
@@ -245,7 +245,7 @@ def test_a_run_that_keeps_asking_stops_at_its_approval_budget() -> None:
     world, res = run(p, "summarize my email", call("read_email"), *pay, "done")
     assert res.stop_reason is StopReason.APPROVAL_BUDGET and len(asked) == 4 and len(world.sent) == 4
 
-    from tether.policy.approvals import AutoApprove  # --yes asks nobody: no budget to spend
+    from tether.policy._approvals import AutoApprove  # --yes asks nobody: no budget to spend
 
     p = SafetyPolicy(approver=AutoApprove(), max_approvals=4)
     world, res = run(p, "summarize my email", call("read_email"), *pay[:6], "done")
@@ -268,8 +268,8 @@ def test_the_approval_budget_holds_for_the_parallel_calls_of_one_turn() -> None:
     were asked, since each passed the check before any answer came back)."""
     import asyncio
 
-    from tether.policy.approvals import ApprovalDecision
-    from tether.types import ModelReply, StopReason
+    from tether._types import ModelReply, StopReason
+    from tether.policy._approvals import ApprovalDecision
 
     class SlowDeny:
         async def request(self, req):

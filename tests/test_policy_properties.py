@@ -11,11 +11,11 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tether._types import ToolCall
 from tether.policy import CallbackApprover, SafetyPolicy
-from tether.policy.provenance import squash
-from tether.tools.base import Tool, tool
-from tether.tools.executor import CallContext, Executor
-from tether.types import ToolCall
+from tether.policy._provenance import squash
+from tether.tools._base import Tool, tool
+from tether.tools._executor import CallContext, Executor
 
 PROMPT = "Read my messages, keep my records tidy and pay the 10 I owe to ACME-0001."
 

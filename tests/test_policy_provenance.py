@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.scripted import ScriptedModel, call
+from tether._agent import Agent
+from tether._limits import Limits
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import CallbackApprover, SafetyPolicy
-from tether.policy.egress import find_urls, looks_like_url
-from tether.policy.provenance import Origin, Provenance
-from tether.tools.base import Tool, tool
+from tether.policy._egress import find_urls, looks_like_url
+from tether.policy._provenance import Origin, Provenance
+from tether.tools._base import Tool, tool
 
 ATTACKER = "GB29NWBK60161331926819"
 

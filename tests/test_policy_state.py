@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.scripted import ScriptedModel, call
+from tether._agent import Agent
+from tether._limits import Limits
+from tether._types import ToolResult
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
-from tether.tools.base import Tool, tool
-from tether.tools.executor import AllowAll, CallContext, Executor
-from tether.types import ToolResult
+from tether.tools._base import Tool, tool
+from tether.tools._executor import AllowAll, CallContext, Executor
 
 ATTACKER = "GB29NWBK60161331926819"
 
@@ -158,10 +158,10 @@ def test_thousands_of_runs_through_one_agent_leave_no_state_behind() -> None:
     import tracemalloc
 
     from tether import Agent
-    from tether.models.scripted import call
+    from tether.models._scripted import call
     from tether.policy import SafetyPolicy
-    from tether.policy.audit import AuditLog
-    from tether.tools.base import tool
+    from tether.policy._audit import AuditLog
+    from tether.tools._base import tool
 
     @tool(metadata={"source": "web"})
     def fetch(url: str) -> str:
@@ -172,7 +172,7 @@ def test_thousands_of_runs_through_one_agent_leave_no_state_behind() -> None:
         name = "m"
 
         async def complete(self, request):
-            from tether.types import ModelReply
+            from tether._types import ModelReply
 
             return ModelReply("", [call("fetch", url="https://x.example")]) if len(request.messages) < 3 \
                 else ModelReply("done")
@@ -200,9 +200,9 @@ def test_thousands_of_runs_through_one_agent_leave_no_state_behind() -> None:
 CONTINUE_IN_A_FRESH_PROCESS = """
 import json, sys
 from tether import Agent
-from tether.models.scripted import ScriptedModel, call
+from tether.models._scripted import ScriptedModel, call
 from tether.store import RunStore
-from tether.types import RunState
+from tether._types import RunState
 
 state = RunState.from_json(open(sys.argv[1]).read())
 handle = sys.argv[2]
@@ -223,9 +223,9 @@ def test_a_run_continued_on_a_fresh_process_pages_its_capped_result(tmp_path) ->
     from pathlib import Path
 
     from tether import Agent
-    from tether.models.scripted import ScriptedModel, call
+    from tether.models._scripted import ScriptedModel, call
     from tether.store import RunStore
-    from tether.tools.base import tool
+    from tether.tools._base import tool
 
     @tool(effect="read_only")
     def report() -> str:
@@ -245,7 +245,7 @@ def test_a_run_continued_on_a_fresh_process_pages_its_capped_result(tmp_path) ->
 
 def test_an_incomplete_policy_is_one_clear_error_and_base_policy_completes_it() -> None:
     from tether import BasePolicy, Verdict
-    from tether.tools.executor import Executor
+    from tether.tools._executor import Executor
 
     class OnlyBefore:  # the two hooks the executor itself calls, none of the loop's
         async def before_call(self, tool: Tool, args: dict[str, Any], call: Any, ctx: CallContext) -> Verdict:
@@ -264,8 +264,8 @@ def test_an_incomplete_policy_is_one_clear_error_and_base_policy_completes_it() 
 
 
 def test_an_mcp_session_keeps_its_state_and_a_dropped_session_is_refused_not_restarted() -> None:
-    from tether.mcp.server import SessionStates
-    from tether.tools.executor import Executor
+    from tether.mcp._server import SessionStates
+    from tether.tools._executor import Executor
 
     p = SafetyPolicy()
     sessions = SessionStates(Executor([], policy=p), "alice", limit=2)

@@ -7,7 +7,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from tether.cli.progress import Reporter, _LiveLine
+from tether.cli._progress import Reporter, _LiveLine
 from tether.events import ModelCallEnded, ToolCallEnded, ToolCallStarted
 
 

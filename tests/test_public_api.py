@@ -30,7 +30,7 @@ def test_every_error_class_in_tether_derives_from_tether_error() -> None:
 
 def test_errors_keep_their_conventional_bases() -> None:
     from tether.evals import SuiteError
-    from tether.models.base import ModelError
+    from tether.models._base import ModelError
 
     assert issubclass(SuiteError, ValueError) and issubclass(ModelError, RuntimeError)
 

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("bm25s")
 
-from tether.rag.chunking import chunk_id, chunk_sections, split_tokens
-from tether.rag.loaders import Section, UnsupportedFile, load_file, parse_html, parse_markdown
+from tether.rag._chunking import chunk_id, chunk_sections, split_tokens
+from tether.rag._loaders import Section, UnsupportedFile, load_file, parse_html, parse_markdown
 
 
 def words(n: int, prefix: str = "w") -> str:

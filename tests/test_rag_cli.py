@@ -15,7 +15,7 @@ pytest.importorskip("Stemmer")
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
 from typer.testing import CliRunner
 
-from tether.cli.app import app
+from tether.cli._app import app
 
 REPO = Path(__file__).resolve().parents[1]
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
@@ -179,7 +179,7 @@ def test_json_errors_are_json_and_plain_errors_are_short_lines(cli, docs):
 
 
 def test_format_error_wraps_long_messages():
-    from tether.cli.rag_commands import format_error
+    from tether.cli._rag_commands import format_error
 
     text = format_error("word " * 60)
     assert text.startswith("tether: word") and all(len(x) <= 88 for x in text.splitlines())

@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from tether.rag.ann import IVFIndex
-from tether.rag.base import Hit
-from tether.rag.dense import knn_graph
-from tether.rag.evaluate import load_collection
-from tether.rag.index import Index
-from tether.rag.text import simple_tokens
-from tether.rag.tool import shape_hits
+from tether.rag._ann import IVFIndex
+from tether.rag._base import Hit
+from tether.rag._dense import knn_graph
+from tether.rag._evaluate import load_collection
+from tether.rag._index import Index
+from tether.rag._text import simple_tokens
+from tether.rag._tool import shape_hits
 
 
 class HashEmbedder:
@@ -106,9 +106,9 @@ def test_trec_qrels_with_an_iteration_column(tmp_path):
 def test_search_tool_accepts_the_k_it_advertises_as_default(tmp_path):
     import asyncio
 
-    from tether.models.scripted import call
-    from tether.rag.tool import search_tool
-    from tether.tools.executor import CallContext, Executor
+    from tether.models._scripted import call
+    from tether.rag._tool import search_tool
+    from tether.tools._executor import CallContext, Executor
 
     with Index(tmp_path / "ix", retriever="bm25") as idx:
         for i in range(20):

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from tether.rag import encoder as enc_mod
-from tether.rag import int8
-from tether.rag.encoder import EmbedderUnavailable, MiniLMEncoder, find_model_file
+from tether.rag import _encoder as enc_mod
+from tether.rag import _int8 as int8
+from tether.rag._encoder import EmbedderUnavailable, MiniLMEncoder, find_model_file
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cisi" / "corpus.jsonl"
 TEXTS = [

@@ -12,12 +12,12 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from tether.models.base import stream_by_completing
-from tether.models.scripted import ScriptedModel, call
-from tether.rag.answer import agentic, pipeline
-from tether.rag.prompt import NO_ANSWER
-from tether.rag.text import stemmed_tokens, word_tokens
-from tether.types import ModelReply, ModelRequest
+from tether._types import ModelReply, ModelRequest
+from tether.models._base import stream_by_completing
+from tether.models._scripted import ScriptedModel, call
+from tether.rag._answer import agentic, pipeline
+from tether.rag._prompt import NO_ANSWER
+from tether.rag._text import stemmed_tokens, word_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "support_rag"
 REFUND_Q = "Can I get a refund after 30 days?"
@@ -80,7 +80,7 @@ class ExtractiveModel:
 def index(request, tmp_path_factory):
     embedder = None
     if request.param == "best":
-        from tether.rag.encoder import EmbedderUnavailable, MiniLMEncoder
+        from tether.rag._encoder import EmbedderUnavailable, MiniLMEncoder
 
         try:
             embedder = MiniLMEncoder()

@@ -13,10 +13,10 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder
 
-from tether.rag.dense import DenseRetriever, Rocchio
-from tether.rag.fusion import FusionRetriever, fuse, normalise, rrf_scores, smooth
-from tether.rag.lexical import RM3, BM25Retriever
-from tether.rag.settings import BEST, best_retriever
+from tether.rag._dense import DenseRetriever, Rocchio
+from tether.rag._fusion import FusionRetriever, fuse, normalise, rrf_scores, smooth
+from tether.rag._lexical import RM3, BM25Retriever
+from tether.rag._settings import BEST, best_retriever
 
 DOCS = [
     "refund policy: a refund is paid to the card within 30 days",

@@ -12,7 +12,7 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder
 
-from tether.rag.index import Index, default_root, index_path
+from tether.rag._index import Index, default_root, index_path
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ def test_index_names_live_under_tether_home(tmp_path, monkeypatch):
 
 def test_real_minilm_on_a_handful_of_passages(tmp_path, docs):
     pytest.importorskip("onnxruntime")
-    from tether.rag.encoder import EmbedderUnavailable, MiniLMEncoder
+    from tether.rag._encoder import EmbedderUnavailable, MiniLMEncoder
 
     try:
         enc = MiniLMEncoder()

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from tether.rag.evaluate import load_collection
-from tether.rag.metrics import average_precision, ndcg_at_k, recall_at_k, summarize
+from tether.rag._evaluate import load_collection
+from tether.rag._metrics import average_precision, ndcg_at_k, recall_at_k, summarize
 
 RANKED = ["d1", "d2", "d3", "d4", "d5"]
 QRELS = {"d1": 1, "d3": 1, "d6": 1}  # d6 is relevant but never retrieved

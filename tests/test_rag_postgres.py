@@ -1,4 +1,4 @@
-"""An index in PostgreSQL (tether.rag.pg_index): real processes through the CLI against a real
+"""An index in PostgreSQL (tether.rag._pg_index): real processes through the CLI against a real
 server ($TETHER_TEST_POSTGRES, started by .ci/run), compared with a SQLite index of the same files."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rag_fakes import BagEmbedder
 from store_fixtures import fresh_postgres_database
 from test_rag_robustness import Gate, run, tether
 
-from tether.rag.index import Index
+from tether.rag._index import Index
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder, tiny_cross_encoder
 
-from tether.limits import Budget, Limits, MonotonicClock
-from tether.models.scripted import ScriptedModel
-from tether.rag.index import Index
-from tether.rag.rerank import CrossEncoderReranker, LLMJudgeReranker, RerankedSearch
-from tether.types import Usage
+from tether._limits import Budget, Limits, MonotonicClock
+from tether._types import Usage
+from tether.models._scripted import ScriptedModel
+from tether.rag._index import Index
+from tether.rag._rerank import CrossEncoderReranker, LLMJudgeReranker, RerankedSearch
 
 TEXTS = {"a.md": "# Alpha\nalpha passage about refunds", "b.md": "# Beta\nbeta passage about refunds",
          "c.md": "# Gamma\ngamma passage about refunds"}

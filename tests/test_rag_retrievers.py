@@ -10,12 +10,12 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder
 
-from tether.rag.ann import IVFIndex
-from tether.rag.base import top_k
-from tether.rag.dense import DenseRetriever, knn_graph
-from tether.rag.fusion import FusionRetriever, HybridRetriever, rrf_scores, zscore
-from tether.rag.lexical import BM25Retriever, TfidfRetriever
-from tether.rag.text import simple_tokens
+from tether.rag._ann import IVFIndex
+from tether.rag._base import top_k
+from tether.rag._dense import DenseRetriever, knn_graph
+from tether.rag._fusion import FusionRetriever, HybridRetriever, rrf_scores, zscore
+from tether.rag._lexical import BM25Retriever, TfidfRetriever
+from tether.rag._text import simple_tokens
 
 
 def test_tfidf_matches_the_textbook_by_hand():

@@ -19,7 +19,7 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder
 
-from tether.rag.index import Index
+from tether.rag._index import Index
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,9 +217,9 @@ def test_an_open_index_sees_what_another_writer_stored(tmp_path: Path) -> None:
 
 RANK_UNDER_SEED = """
 import random
-from tether.rag.evaluate import Collection, evaluate
-from tether.rag.settings import BEST
-from tether.rag.lexical import BM25Retriever
+from tether.rag._evaluate import Collection, evaluate
+from tether.rag._settings import BEST
+from tether.rag._lexical import BM25Retriever
 rng = random.Random(0)
 vocab = [f"w{i}x" for i in range(80)]  # a small vocabulary: many feedback terms tie
 docs = [" ".join(rng.sample(vocab, 8)) for _ in range(300)]
@@ -266,7 +266,7 @@ def test_binary_files_are_skipped_and_other_encodings_are_read(tmp_path: Path) -
 
 @pytest.mark.parametrize("retriever", ["bm25", "tfidf", "best"])
 def test_a_reopened_index_takes_its_stored_lexical_state(tmp_path: Path, monkeypatch, retriever: str) -> None:
-    from tether.rag.lexical import BM25Retriever, TfidfRetriever
+    from tether.rag._lexical import BM25Retriever, TfidfRetriever
 
     texts = [(f"doc{i}", f"refunds take {i} days in region {i % 5}; shipping zone {i % 3}") for i in range(50)]
     with Index(tmp_path / "ix", retriever=retriever, embedder=BagEmbedder()) as idx:

@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("bm25s")
 
-from tether.limits import Limits
-from tether.rag.base import Hit
-from tether.rag.index import Index
-from tether.rag.prompt import NO_ANSWER, build_messages, clip, format_passages
-from tether.rag.tool import search_tool, shape_hits
-from tether.types import Effect
+from tether._limits import Limits
+from tether._types import Effect
+from tether.rag._base import Hit
+from tether.rag._index import Index
+from tether.rag._prompt import NO_ANSWER, build_messages, clip, format_passages
+from tether.rag._tool import search_tool, shape_hits
 
 
 class FixedHits:
@@ -84,8 +84,8 @@ def test_the_tool_validates_arguments_and_passes_k():
 
 
 def test_tool_runs_through_the_executor_on_a_real_index(tmp_path):
-    from tether.tools.executor import CallContext, Executor
-    from tether.types import ToolCall
+    from tether._types import ToolCall
+    from tether.tools._executor import CallContext, Executor
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.md").write_text("# Refunds\nRefunds are issued within 30 days.\n")
@@ -120,10 +120,10 @@ def test_agentic_answering_keeps_every_request_within_the_models_window():
     """A small window (the embedded model's 4,096 tokens, here 1,500): earlier searches are folded
     so that no request outgrows it (before: the transcript grew by every search until the model
     refused it)."""
-    from tether.models.scripted import ScriptedModel
-    from tether.rag.answer import agentic
-    from tether.tokens import EstimateCounter, message_tokens
-    from tether.types import ModelReply, ToolCall
+    from tether._tokens import EstimateCounter, message_tokens
+    from tether._types import ModelReply, ToolCall
+    from tether.models._scripted import ScriptedModel
+    from tether.rag._answer import agentic
 
     class Long:
         def search(self, query, k=5):
@@ -150,9 +150,9 @@ def test_agentic_answering_keeps_every_request_within_the_models_window():
 
 
 def test_pipeline_leaves_out_passages_that_would_not_fit_the_window():
-    from tether.models.scripted import ScriptedModel
-    from tether.rag.answer import pipeline
-    from tether.tokens import EstimateCounter, message_tokens
+    from tether._tokens import EstimateCounter, message_tokens
+    from tether.models._scripted import ScriptedModel
+    from tether.rag._answer import pipeline
 
     class Long:
         def search(self, query, k=5):

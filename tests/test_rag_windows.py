@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from tether.rag.dense import DenseRetriever, split_windows
-from tether.rag.index import Index
+from tether.rag._dense import DenseRetriever, split_windows
+from tether.rag._index import Index
 
 
 class TruncatingEmbedder:
@@ -150,7 +150,7 @@ def test_windows_follow_their_chunks_through_incremental_changes(tmp_path):
 
 
 def test_a_windowed_text_is_embedded_only_as_its_windows_and_its_vector_is_its_first():
-    from tether.rag.dense import embed_passages
+    from tether.rag._dense import embed_passages
 
     emb = TruncatingEmbedder()
     vectors, windows, owner = embed_passages(emb, [SHORT, LONG, OTHER], window=40, stride=20, offset=7)
@@ -183,7 +183,7 @@ def test_other_window_scheme_or_damaged_owner_file_re_embeds(tmp_path):
 
 
 def test_count_windows_counts_what_split_windows_makes():
-    from tether.rag.dense import count_windows
+    from tether.rag._dense import count_windows
 
     emb = TruncatingEmbedder()
     texts = [filler(n) for n in (0, 1, 39, 40, 41, 59, 60, 61, 100, 333)]

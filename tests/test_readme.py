@@ -44,7 +44,7 @@ _KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENROUTER_API_KEY", "ANTHROPIC_A
 def _embedded_model_installed() -> bool:
     import importlib.util
 
-    from tether.models.local import default_gguf_path
+    from tether.models._local import default_gguf_path
 
     return importlib.util.find_spec("xllamacpp") is not None and default_gguf_path() is not None
 

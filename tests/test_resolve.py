@@ -13,9 +13,10 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion
 from typer.testing import CliRunner
 
-from tether.models import resolve
-from tether.models.openai_compat import OpenAICompatModel
-from tether.models.resolve import (
+from tether._types import Message, ModelReply, ModelRequest
+from tether.models import _resolve as resolve
+from tether.models._openai_compat import OpenAICompatModel
+from tether.models._resolve import (
     HOW_TO_CONFIGURE,
     ModelConfigError,
     ModelSpec,
@@ -24,7 +25,6 @@ from tether.models.resolve import (
     parse_spec,
     resolve_model,
 )
-from tether.types import Message, ModelReply, ModelRequest
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
@@ -114,7 +114,7 @@ def test_bare_name_with_nothing_configured_explains_how() -> None:
 
 
 def test_no_model_and_no_local_module_gives_one_paragraph(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tether.models.local", None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, "tether.models._local", None)  # import now raises ImportError
     with pytest.raises(ModelConfigError) as info:
         resolve_model(env={})
     message = str(info.value)
@@ -139,10 +139,10 @@ class _FakeLocalModel:
 
 
 def _fake_local_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("tether.models.local")
+    module = types.ModuleType("tether.models._local")
     module.LocalModel = _FakeLocalModel  # type: ignore[attr-defined]
     module.LocalModelUnavailable = RuntimeError  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tether.models.local", module)
+    monkeypatch.setitem(sys.modules, "tether.models._local", module)
     monkeypatch.setattr(resolve, "local_runtime_installed", lambda: True)
 
 
@@ -165,7 +165,7 @@ def test_local_path_spec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 
 def test_text_protocol_wraps_the_model() -> None:
-    from tether.models.text_protocol import TextProtocolModel
+    from tether.models._text_protocol import TextProtocolModel
 
     model = resolve_model("openai:gpt-x", api_key="k", text_protocol="react", env={})
     assert isinstance(model, TextProtocolModel) and model.protocol == "react"
@@ -176,7 +176,7 @@ def test_text_protocol_wraps_the_model() -> None:
 
 def test_anthropic_spec() -> None:
     pytest.importorskip("anthropic")
-    from tether.models.anthropic import AnthropicModel
+    from tether.models._anthropic import AnthropicModel
 
     model = resolve_model("anthropic:claude-haiku-4-5", api_key="k", env={})
     assert isinstance(model, AnthropicModel) and model.name == "claude-haiku-4-5"
@@ -192,11 +192,11 @@ def test_endpoints_listing_never_holds_keys() -> None:
 
 
 def test_cli_without_any_model_explains_in_one_paragraph(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tether.cli.app import app
+    from tether.cli._app import app
 
     for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "TETHER_MODEL"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setitem(sys.modules, "tether.models.local", None)
+    monkeypatch.setitem(sys.modules, "tether.models._local", None)
     result = CliRunner().invoke(app, ["-p", "hello", "--workspace", str(tmp_path)], prog_name="tether")
     assert result.exit_code == 1
     assert result.stdout == ""

@@ -10,9 +10,9 @@ import pytest
 from test_policy_decisions import World
 
 from tether import Agent, StopReason
-from tether.models.scripted import ScriptedModel, call
+from tether._types import RunState
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
-from tether.types import RunState
 
 
 def _agent(world: World, script: list) -> tuple[Agent, ScriptedModel]:

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import Agent, Limits, tool
-from tether.loop import CancelToken
-from tether.models.scripted import ScriptedModel
+from tether._loop import CancelToken
+from tether._types import ModelReply, ModelRequest, RunState, StopReason, ToolCall, Usage
+from tether.models._scripted import ScriptedModel
 from tether.policy import SafetyPolicy
-from tether.types import ModelReply, ModelRequest, RunState, StopReason, ToolCall, Usage
 
 ATTACKER = "attacker-iban-666"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tether.tools.base import Tool
+from tether.tools._base import Tool
+from tether.tools._sandbox import ENV_ALLOWLIST, Bubblewrap, probe_bubblewrap, sandbox_environ
 from tether.tools.builtin import shell_tool
-from tether.tools.sandbox import ENV_ALLOWLIST, Bubblewrap, probe_bubblewrap, sandbox_environ
 
 BWRAP_PROBLEM = probe_bubblewrap()
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from tether import tool
-from tether.tools.schema import ArgumentError, JsonSchemaValidator, parse_docstring
+from tether.tools._schema import ArgumentError, JsonSchemaValidator, parse_docstring
 
 
 class Address(BaseModel):

@@ -14,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 from store_fixtures import fresh_postgres_database
 
-from tether.durable.text_deltas import TextDeltaWriter
-from tether.server.events import Feed, stream
-from tether.server.keys import ServiceTables
+from tether._types import TraceEvent
+from tether.durable._text_deltas import TextDeltaWriter
+from tether.server._events import Feed, stream
+from tether.server._keys import ServiceTables
 from tether.store import RunStore
-from tether.types import TraceEvent
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -157,7 +157,7 @@ def test_one_feed_query_per_tick_for_many_streams(tmp_path, monkeypatch) -> None
     moments waited for as events (every stream has read once; ten ticks have passed), so a slow
     machine changes how long it takes, never what is counted (it once failed under load: 64 > 25
     statements in a wall-clock second that also held first reads)."""
-    import tether.server.events as events_mod
+    import tether.server._events as events_mod
 
     monkeypatch.setattr(events_mod, "IDLE_RECHECK_SECONDS", 3600.0)  # no belt-and-braces re-read in the window
     store = RunStore(str(tmp_path / "runs.db"))
@@ -240,7 +240,7 @@ def test_refused_and_stale_idempotency_claims_free_the_key(store: RunStore) -> N
 
 
 def test_heartbeats_are_judged_by_the_database_clock(store: RunStore, monkeypatch) -> None:
-    import tether.server.keys as keys
+    import tether.server._keys as keys
 
     tables = ServiceTables(store.engine)
     tables.beat("a")
@@ -278,7 +278,7 @@ class _Beats:
 
 
 def _janitor(beats: _Beats) -> list[int]:
-    from tether.server.janitor import heartbeat_and_janitor
+    from tether.server._janitor import heartbeat_and_janitor
 
     def recover(executor_id: str) -> list:
         beats.adopted_at.append(beats.n)

@@ -11,7 +11,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 
 from tether.policy import Capabilities
-from tether.server.registry import RegistryError, load_registry
+from tether.server._registry import RegistryError, load_registry
 
 httpx = pytest.importorskip("httpx")
 

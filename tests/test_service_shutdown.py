@@ -63,8 +63,8 @@ class Worker:
 
 def api_key(svc: Service, user: str) -> dict[str, str]:
     """Service.key without a process start (a `tether keys add` costs ~1.5 s of CPU)."""
-    from tether.server.keys import ServiceTables
-    from tether.store.sql import engine_url, make_engine
+    from tether.server._keys import ServiceTables
+    from tether.store._sql import engine_url, make_engine
 
     engine = make_engine(engine_url(svc.env["TETHER_DB"]))
     try:
@@ -90,7 +90,7 @@ def listening(svc: Service) -> bool:
 def dbos_status(db: str, task_id: str) -> str:
     from dbos import DBOSClient
 
-    from tether.store.sql import engine_url
+    from tether.store._sql import engine_url
 
     client = DBOSClient(system_database_url=engine_url(db).replace("postgresql+psycopg://", "postgresql://"))
     try:

@@ -8,9 +8,9 @@ import sqlite3
 import pytest
 from store_fixtures import fresh_postgres_database
 
+from tether._types import RunResult, RunState, StopReason, TraceEvent, Usage
 from tether.store import RunStore
-from tether.store.migrations import MIGRATIONS
-from tether.types import RunResult, RunState, StopReason, TraceEvent, Usage
+from tether.store._migrations import MIGRATIONS
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -115,9 +115,9 @@ def test_idempotent_tool_acts_once_per_key_through_the_store(tmp_path):
     import asyncio
 
     from tether import tool
-    from tether.policy.idempotency import idempotent
-    from tether.tools.executor import CallContext, Executor
-    from tether.types import ToolCall
+    from tether._types import ToolCall
+    from tether.policy._idempotency import idempotent
+    from tether.tools._executor import CallContext, Executor
 
     charges: list[int] = []
 

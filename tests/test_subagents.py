@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import Agent, Limits, StopReason, tool
-from tether.models.scripted import ScriptedModel, call
+from tether._tokens import counter_for, message_tokens, tools_tokens
+from tether._types import ModelReply, ModelRequest, Usage
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
-from tether.tokens import counter_for, message_tokens, tools_tokens
-from tether.tools.base import ToolContext
-from tether.types import ModelReply, ModelRequest, Usage
+from tether.tools._base import ToolContext
 
 
 class Ledger:

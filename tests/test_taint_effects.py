@@ -8,7 +8,7 @@ from typing import Any
 
 from tether import Agent, tool
 from tether.context import Compaction
-from tether.models.scripted import ScriptedModel, call
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
 
 

@@ -5,10 +5,10 @@ runner that replays recorded results, as DBOS does, shows it."""
 from __future__ import annotations
 
 from tether import Agent, Limits
+from tether._loop import DirectStepRunner
+from tether._types import ToolResult
 from tether.context import Compaction
-from tether.loop import DirectStepRunner
-from tether.models.scripted import ScriptedModel, call
-from tether.types import ToolResult
+from tether.models._scripted import ScriptedModel, call
 
 
 class Replaying(DirectStepRunner):

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from tether import Agent, Limits, StopReason
-from tether.models.base import ModelError
-from tether.models.scripted import ScriptedModel
+from tether._tokens import counter_for, message_tokens, tools_tokens
+from tether._types import ModelReply, ModelRequest, Usage
+from tether.models._base import ModelError
+from tether.models._scripted import ScriptedModel
 from tether.team import Stage, orchestrate, pipeline
-from tether.tokens import counter_for, message_tokens, tools_tokens
-from tether.types import ModelReply, ModelRequest, Usage
 
 
 def planner(questions: list[str], usage: Usage | None = None) -> Agent:

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import tether.telemetry
 from tether import Agent, tool
 from tether.events import OBSERVERS
-from tether.models.scripted import ScriptedModel, call
+from tether.models._scripted import ScriptedModel, call
 
 REPO = Path(__file__).resolve().parents[1]
 

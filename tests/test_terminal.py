@@ -1,4 +1,4 @@
-"""One terminal sanitiser (`tether.terminal`) and an approval prompt that cannot be forged: checked on
+"""One terminal sanitiser (`tether._terminal`) and an approval prompt that cannot be forged: checked on
 the functions, and through the real CLI in a pseudo-terminal with a scripted model over HTTP."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tether.terminal import INVISIBLE_RANGES, clean, show_call, show_value
+from tether._terminal import INVISIBLE_RANGES, clean, show_call, show_value
 
 HOSTILE = ("\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;owned\x07\x1b[2J\x1b[1A\r\x08\x9b31m"
            "\u202e\u2066\u200b\u200d\ufeff\u00ad\U000e0041\U000e0042\u2028")

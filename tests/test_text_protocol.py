@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import Agent, Limits, StopReason, tool
-from tether.models.base import Model, stream_by_completing
-from tether.models.text_protocol import (
+from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
+from tether.models._base import Model, stream_by_completing
+from tether.models._text_protocol import (
     TextProtocolModel,
     parse_react,
     parse_reply,
@@ -22,7 +23,6 @@ from tether.models.text_protocol import (
     render_messages,
     render_tools_prompt,
 )
-from tether.types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
 
 ADD = ToolSpec("add", "Add two integers.", {
     "title": "AddArgs", "type": "object",

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from tether import Agent, Limits, tool
+from tether._loop import FullHistory
+from tether._tokens import message_tokens, tools_tokens
+from tether._types import ModelReply, ModelRequest, ToolCall, Usage, to_jsonable
 from tether.context import Compaction, counter_for
-from tether.loop import FullHistory
-from tether.models.scripted import ScriptedModel
-from tether.tokens import message_tokens, tools_tokens
-from tether.types import ModelReply, ModelRequest, ToolCall, Usage, to_jsonable
+from tether.models._scripted import ScriptedModel
 
 OUT = Path(__file__).with_name("results.json")
 STEPS = 15

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from tether import Agent, Limits, tool
-from tether.critic import Critic, run_with_critic
-from tether.evals.runner import EstimatedUsage
-from tether.models.scripted import ScriptedModel, call
+from tether._critic import Critic, run_with_critic
+from tether.evals._runner import EstimatedUsage
+from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
 
 FACTS = {

@@ -7,7 +7,7 @@ Cost: sequential runs of a scripted model calling one async no-op tool per turn 
 two DBOS steps, a model step and a tool step); `checkpoint_ms_per_step` = (durable wall time -
 in-memory wall time) / DBOS steps, median of repetitions; `checkpoint_cpu_ms_per_step` the same
 in process CPU time (steadier on a shared machine); `..._stock_dbos` the same with
-tether.durable.dbos_fastpath uninstalled (DBOS's own step checkpoints). Two independent figures:
+tether.durable._dbos_fastpath uninstalled (DBOS's own step checkpoints). Two independent figures:
 `noop_dbos_step_ms`, ms per step of a bare DBOS workflow of 200 no-op async steps (DBOS alone, with
 and without the fast path, no subtraction); and the same number of bare `INSERT ... COMMIT`s of a
 step-sized row through sqlite3 in WAL/NORMAL and in the default rollback journal (what a checkpoint
@@ -36,9 +36,9 @@ from typing import Any
 from dbos import DBOS
 
 from tether import Agent, Limits, tool
-from tether.models.scripted import ScriptedModel
-from tether.tools.executor import AllowAll
-from tether.types import ModelReply, ModelRequest, ToolCall
+from tether._types import ModelReply, ModelRequest, ToolCall
+from tether.models._scripted import ScriptedModel
+from tether.tools._executor import AllowAll
 
 OUT = Path(__file__).with_name("results.json")
 TURNS = 20  # tool turns per run (+1 final answer): 41 DBOS steps
@@ -102,7 +102,8 @@ def time_memory() -> tuple[float, float]:
 
 def time_durable(database: str, *, fastpath: bool = True) -> tuple[float, float]:
     """Median (wall, CPU) seconds of the batch as durable runs; `fastpath=False`: stock DBOS."""
-    from tether.durable import Durable, dbos_fastpath, teardown
+    from tether.durable import Durable, teardown
+    from tether.durable import _dbos_fastpath as dbos_fastpath
 
     try:
         agent = _agent("bench", durable=Durable(database, fastpath=fastpath))
@@ -125,7 +126,8 @@ async def _noop_steps(n: int) -> int:
 def bare_dbos_step_ms(database: str, *, fastpath: bool = True, steps: int = 200) -> float:
     """ms per step of a DBOS workflow of `steps` no-op async steps, median of repetitions: DBOS's own
     step cost with nothing of tether in it (a second figure, not a difference of two timings)."""
-    from tether.durable import Durable, dbos_fastpath, runtime, setup, teardown
+    from tether.durable import Durable, runtime, setup, teardown
+    from tether.durable import _dbos_fastpath as dbos_fastpath
 
     async def once() -> float:
         runtime().launch()

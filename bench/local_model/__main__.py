@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
     args = parser.parse_args(argv)
 
-    from tether.models.local import LocalModel, LocalModelUnavailable
+    from tether.models._local import LocalModel, LocalModelUnavailable
 
     try:
         LocalModel(args.gguf, n_threads=args.threads)

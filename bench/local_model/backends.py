@@ -67,9 +67,9 @@ print(json.dumps({"import_s": import_s, "load_s": load_s, "reply_s": sorted(runs
 
 
 def _job(threads: int, repeats: int) -> dict[str, Any]:
-    from tether.models.local import LocalModel, render_chat
-    from tether.tools.builtin.calculator import calculator
-    from tether.types import Message, ModelRequest
+    from tether._types import Message, ModelRequest
+    from tether.models._local import LocalModel, render_chat
+    from tether.tools.builtin._calculator import calculator
 
     model = LocalModel(n_threads=threads)
     request = ModelRequest([Message.user("What is 17 * 23?")], [calculator.spec])

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.local_model.tasks import Task, _h, _v
-from tether.tools.base import Tool
+from tether.tools._base import Tool
 
 DOCS = Path(__file__).resolve().parents[2] / "examples" / "support_rag" / "docs"
 
@@ -44,8 +44,8 @@ def rag_task() -> tuple[Task, Callable[[], list[Tool]]] | None:
     if not DOCS.is_dir() or importlib.util.find_spec("tether.rag") is None:
         return None
     try:
-        from tether.rag.index import Index
-        from tether.rag.tool import search_tool
+        from tether.rag._index import Index
+        from tether.rag._tool import search_tool
     except ImportError:
         return None
 

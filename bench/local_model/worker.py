@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.local_model.tasks import TASKS, Task, check, make_workspace
-from tether.agent import Agent
-from tether.cli.build import default_instructions
-from tether.limits import Limits
-from tether.models.local import LocalModel
+from tether._agent import Agent
+from tether._limits import Limits
+from tether._types import StopReason
+from tether.cli._build import default_instructions
+from tether.models._local import LocalModel
 from tether.policy import DenyAll, SafetyPolicy
-from tether.tools.base import Tool
-from tether.tools.builtin.calculator import calculator
-from tether.tools.builtin.files import read_tool
-from tether.tools.executor import Executor
-from tether.types import StopReason
+from tether.tools._base import Tool
+from tether.tools._executor import Executor
+from tether.tools.builtin._calculator import calculator
+from tether.tools.builtin._files import read_tool
 
 LIMITS = Limits(max_steps=6, max_repeats=2)
 

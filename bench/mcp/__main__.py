@@ -27,10 +27,10 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
+from tether._types import ToolCall
 from tether.mcp import MCPToolset, parse_config
 from tether.policy import SafetyPolicy
-from tether.tools.executor import AllowAll, CallContext, Executor
-from tether.types import ToolCall
+from tether.tools._executor import AllowAll, CallContext, Executor
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("results.json")
@@ -67,7 +67,7 @@ async def measure(argv: list[str], arg: str, toolset: MCPToolset) -> dict[str, l
 
 async def portal_hop() -> list[float]:
     """The toolset's thread hop alone: an empty coroutine run on its background loop and awaited."""
-    from tether.mcp.client import _Portal
+    from tether.mcp._client import _Portal
 
     async def nothing() -> None:
         return None

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from tether import Agent, Limits, tool
-from tether.models.scripted import ScriptedModel
-from tether.tools.base import Tool
-from tether.types import ModelReply, ModelRequest, ToolCall, Usage
+from tether._types import ModelReply, ModelRequest, ToolCall, Usage
+from tether.models._scripted import ScriptedModel
+from tether.tools._base import Tool
 
 OUT = Path(__file__).with_name("results.json")
 GUARDS = dict(max_tokens=10**12, max_seconds=10**6, max_cost_usd=10**6, max_tool_calls=10**6, max_repeats=3)

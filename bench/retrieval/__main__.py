@@ -29,13 +29,13 @@ import numpy as np
 
 from bench.retrieval import tuning
 from bench.retrieval.embed_cache import Vectors, cache_dir, collection_vectors, judged_ids
-from tether.rag.dense import DenseRetriever, knn_graph
-from tether.rag.encoder import MiniLMEncoder
-from tether.rag.evaluate import Collection, load_collection, queries_per_second, run_queries
-from tether.rag.fusion import HybridRetriever
-from tether.rag.lexical import BM25Retriever, TfidfRetriever
-from tether.rag.metrics import summarize
-from tether.rag.settings import BEST, BestSettings, best_retriever
+from tether.rag._dense import DenseRetriever, knn_graph
+from tether.rag._encoder import MiniLMEncoder
+from tether.rag._evaluate import Collection, load_collection, queries_per_second, run_queries
+from tether.rag._fusion import HybridRetriever
+from tether.rag._lexical import BM25Retriever, TfidfRetriever
+from tether.rag._metrics import summarize
+from tether.rag._settings import BEST, BestSettings, best_retriever
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -70,16 +70,16 @@ def grid_key(name: str, col: Collection, model: str, settings: list[BestSettings
     code that scores them (the retrievers' and the tuning module's sources)."""
     import hashlib
 
-    import tether.rag.dense
-    import tether.rag.fusion
-    import tether.rag.lexical
-    import tether.rag.text
+    import tether.rag._dense
+    import tether.rag._fusion
+    import tether.rag._lexical
+    import tether.rag._text
 
     h = hashlib.sha256()
     for part in (name, model, repr(settings), json.dumps(col.qrels, sort_keys=True), *col.doc_texts,
                  *(col.queries[q] for q in judged_ids(col))):
         h.update(part.encode() + b"\x1f")
-    for mod in (tether.rag.dense, tether.rag.fusion, tether.rag.lexical, tether.rag.text, tuning):
+    for mod in (tether.rag._dense, tether.rag._fusion, tether.rag._lexical, tether.rag._text, tuning):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings_args(d: dict) -> dict:
-    from tether.rag.dense import Rocchio
-    from tether.rag.lexical import RM3
+    from tether.rag._dense import Rocchio
+    from tether.rag._lexical import RM3
 
     out = dict(d)
     out["rm3"] = RM3(**d["rm3"]) if d["rm3"] else None

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from tether.rag.ann import IVFIndex
+from tether.rag._ann import IVFIndex
 
 
 def best_of(repeats: int, fn) -> float:
@@ -58,9 +58,9 @@ def ann_check(vectors: np.ndarray, queries: np.ndarray, n: int = 100_000, seed: 
 def main() -> int:
     from bench.retrieval.__main__ import data_dir
     from bench.retrieval.embed_cache import collection_vectors
-    from tether.rag.dense import DenseRetriever
-    from tether.rag.encoder import MiniLMEncoder
-    from tether.rag.evaluate import load_collection
+    from tether.rag._dense import DenseRetriever
+    from tether.rag._encoder import MiniLMEncoder
+    from tether.rag._evaluate import load_collection
 
     d = data_dir() / "cisi"
     col = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")

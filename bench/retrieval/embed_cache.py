@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tether.rag.dense import DenseRetriever, pool_windows
-from tether.rag.evaluate import Collection
+from tether.rag._dense import DenseRetriever, pool_windows
+from tether.rag._evaluate import Collection
 
 
 def cache_dir() -> Path:

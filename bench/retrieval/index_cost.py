@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.retrieval.embed_cache import collection_vectors
-from tether.rag.dense import DenseRetriever, split_windows
-from tether.rag.encoder import MiniLMEncoder
-from tether.rag.evaluate import load_collection
-from tether.rag.index import Index
-from tether.rag.settings import BEST
+from tether.rag._dense import DenseRetriever, split_windows
+from tether.rag._encoder import MiniLMEncoder
+from tether.rag._evaluate import load_collection
+from tether.rag._index import Index
+from tether.rag._settings import BEST
 
 
 class CachedTexts:

@@ -42,8 +42,8 @@ def _peak_rss_mb() -> float:
 
 def one(name: str, data: Path) -> dict:
     """Measure the first ingest of collection `name` in this process (see the module docstring)."""
-    from tether.rag.evaluate import evaluate_index, load_collection
-    from tether.rag.index import Index
+    from tether.rag._evaluate import evaluate_index, load_collection
+    from tether.rag._index import Index
 
     d = data / name
     col = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tether.rag.dense import DenseRetriever, Rocchio, knn_graph
-from tether.rag.evaluate import Collection
-from tether.rag.fusion import rrf_scores, smooth
-from tether.rag.lexical import RM3, BM25Retriever
-from tether.rag.settings import BestSettings
+from tether.rag._dense import DenseRetriever, Rocchio, knn_graph
+from tether.rag._evaluate import Collection
+from tether.rag._fusion import rrf_scores, smooth
+from tether.rag._lexical import RM3, BM25Retriever
+from tether.rag._settings import BestSettings
 
 K1B = ((0.9, 0.4), (1.2, 0.4), (1.2, 0.75), (1.5, 0.75))
 RM3S: tuple[RM3 | None, ...] = (None, RM3(docs=10, terms=20, original=0.5), RM3(docs=10, terms=20, original=0.7))

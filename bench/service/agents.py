@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 from tether import Agent, Limits, tool
-from tether.models.scripted import ScriptedModel
+from tether._types import ModelReply, ModelRequest, TextDelta, ToolCall
+from tether.models._scripted import ScriptedModel
 from tether.policy import Capabilities, Capability, SafetyPolicy
-from tether.tools.base import ToolContext
-from tether.types import ModelReply, ModelRequest, TextDelta, ToolCall
+from tether.tools._base import ToolContext
 
 LEDGER = Path(os.environ.get("TETHER_BENCH_LEDGER", "/tmp/tether-bench-ledger.txt"))
 

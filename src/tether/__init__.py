@@ -13,8 +13,8 @@ if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
     _sys.path[:] = [p for p in _sys.path if _os.path.isabs(p) and _os.path.abspath(p) != _here]
 
 from tether import models
-from tether.agent import Agent
-from tether.errors import (
+from tether._agent import Agent
+from tether._errors import (
     InvalidInput,
     InvalidType,
     MissingDependency,
@@ -23,17 +23,10 @@ from tether.errors import (
     OperationFailed,
     TetherError,
 )
-from tether.events import TraceEvent
-from tether.limits import Limits
-from tether.loop import CancelToken
-from tether.models.base import Model, ModelError
-from tether.models.fallback import FallbackModel
-from tether.models.scripted import ScriptedModel, call, reply
-from tether.output import JsonSchema, OutputInvalid, structured
-from tether.policy import SafetyPolicy
-from tether.tools.base import Tool, ToolContext, tool
-from tether.tools.executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
-from tether.types import (
+from tether._limits import Limits
+from tether._loop import CancelToken
+from tether._output import JsonSchema, OutputInvalid, structured
+from tether._types import (
     Effect,
     Message,
     ModelReply,
@@ -44,6 +37,13 @@ from tether.types import (
     ToolCall,
     Usage,
 )
+from tether.events import TraceEvent
+from tether.models._base import Model, ModelError
+from tether.models._fallback import FallbackModel
+from tether.models._scripted import ScriptedModel, call, reply
+from tether.policy import SafetyPolicy
+from tether.tools._base import Tool, ToolContext, tool
+from tether.tools._executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
 
 __all__ = [
     "Agent",

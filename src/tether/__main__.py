@@ -1,6 +1,6 @@
 """`python -m tether`: the `tether` command."""
 
-from tether.cli.app import main
+from tether.cli._app import main
 
 if __name__ == "__main__":
     main()

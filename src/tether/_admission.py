@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tether.limits import Budget
-from tether.models.base import Model
-from tether.models.pricing import Pricing
-from tether.tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
-from tether.types import Message, StopReason, ToolSpec
+from tether._limits import Budget
+from tether._tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
+from tether._types import Message, StopReason, ToolSpec
+from tether.models._base import Model
+from tether.models._pricing import Pricing
 
 ESTIMATE_MARGIN = 1.25  # the calibrated estimate's error on prose, logs, JSON and code stays well under this
 REPLY_PRIMING = 3  # tokens a provider adds to prime the reply

@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tether.errors import InvalidInput, TetherError
-from tether.limits import Budget, Limits
-from tether.loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
-from tether.tools.base import Tool, ToolContext
-from tether.types import Effect, Message, RunResult, RunState, StopReason, Usage
+from tether._errors import InvalidInput, TetherError
+from tether._limits import Budget, Limits
+from tether._loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
+from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage
+from tether.tools._base import Tool, ToolContext
 
 if TYPE_CHECKING:
-    from tether.agent import Agent
+    from tether._agent import Agent
 
 _EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
 # CallContext.extra keys set by tether's MCP server for a call from another process: the budget the

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.errors import NotFound
+from tether._errors import NotFound
 
 
 def load_ref(ref: str, base: Path) -> Any:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import Field, TypeAdapter
 
-from tether.errors import InvalidInput
+from tether._errors import InvalidInput
 
 # Process-wide observers of every run's typed events (tether.telemetry registers one): called as
 # observer(run_id, event) right after the event is stamped. An observer that raises is dropped.

@@ -25,10 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from tether._agent import Agent
 from tether._delegation import SubagentError, run_carved, stopped
-from tether.agent import Agent
-from tether.limits import Budget, Limits, MonotonicClock
-from tether.types import RunResult, StopReason, Usage
+from tether._limits import Budget, Limits, MonotonicClock
+from tether._types import RunResult, StopReason, Usage
 
 
 class SubQuestions(BaseModel):

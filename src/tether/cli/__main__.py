@@ -1,6 +1,6 @@
 """`python -m tether.cli`: the `tether` command without an installed script."""
 
-from tether.cli.app import main
+from tether.cli._app import main
 
 if __name__ == "__main__":
     main()

@@ -10,12 +10,7 @@
     memory = LongTermMemory.open("memory.db")                   # episodic, semantic, procedural
 """
 
-from tether.context.compaction import Compaction, Compactor, ContextOverflow, cut_result
-from tether.context.facts import FactList, message_facts
-from tether.context.memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore
-from tether.context.planning import Planner, parse_plan
-from tether.context.task_state import PlanStep, TaskBoard, TaskState, task_state_tools
-from tether.tokens import (
+from tether._tokens import (
     EstimateCounter,
     MessageSizes,
     TiktokenCounter,
@@ -25,6 +20,11 @@ from tether.tokens import (
     message_tokens,
     tools_tokens,
 )
+from tether.context._compaction import Compaction, Compactor, ContextOverflow, cut_result
+from tether.context._facts import FactList, message_facts
+from tether.context._memory import LongTermMemory, Memory, MemoryStore, SQLiteMemoryStore
+from tether.context._planning import Planner, parse_plan
+from tether.context._task_state import PlanStep, TaskBoard, TaskState, task_state_tools
 
 __all__ = [
     "Compaction",

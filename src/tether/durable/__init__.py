@@ -5,7 +5,7 @@
 
 A process that starts again recovers its pending runs when DBOS launches (the first durable run,
 or `launch()`); `tether resume/approve/cancel/runs` act on them from another process
-(tether.durable.control).
+(tether.durable._control).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tether.durable.runtime import Durable, DurableRuns, Runtime, runtime, setup, teardown, wait_result
-from tether.errors import InvalidInput
+from tether._errors import InvalidInput
+from tether.durable._runtime import Durable, DurableRuns, Runtime, runtime, setup, teardown, wait_result
 
 
 def attach(agent: Any, durable: Durable | str | os.PathLike[str] | bool) -> DurableRuns:
     """Make `agent` durable: register it under its name, keep its capped results in the run store."""
-    from tether.tools.executor import Executor
+    from tether.tools._executor import Executor
 
     if durable is False:
         raise InvalidInput("durable=False: nothing to attach")

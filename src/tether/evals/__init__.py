@@ -4,9 +4,9 @@
     report = await run_suite(suite)                 # replays the cassettes, no network
 """
 
-from tether.evals.cassette import Cassette, CassettePlayer, CassetteRecorder, Drift, cassette_from_state
-from tether.evals.runner import run_scenario, run_suite
-from tether.evals.suite import Expect, Scenario, Suite, SuiteError, load_suite
+from tether.evals._cassette import Cassette, CassettePlayer, CassetteRecorder, Drift, cassette_from_state
+from tether.evals._runner import run_scenario, run_suite
+from tether.evals._suite import Expect, Scenario, Suite, SuiteError, load_suite
 
 __all__ = [
            "Cassette",

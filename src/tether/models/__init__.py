@@ -9,18 +9,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "Model": "tether.models.base",
-    "ModelError": "tether.models.base",
-    "OpenAICompatModel": "tether.models.openai_compat",
-    "FallbackModel": "tether.models.fallback",
-    "AnthropicModel": "tether.models.anthropic",
-    "LocalModel": "tether.models.local",
-    "TextProtocolModel": "tether.models.text_protocol",
-    "ScriptedModel": "tether.models.scripted",
-    "ReplayModel": "tether.models.scripted",
-    "RecordingModel": "tether.models.scripted",
-    "Pricing": "tether.models.pricing",
-    "resolve_model": "tether.models.resolve",
+    "Model": "tether.models._base",
+    "ModelError": "tether.models._base",
+    "OpenAICompatModel": "tether.models._openai_compat",
+    "FallbackModel": "tether.models._fallback",
+    "AnthropicModel": "tether.models._anthropic",
+    "LocalModel": "tether.models._local",
+    "TextProtocolModel": "tether.models._text_protocol",
+    "ScriptedModel": "tether.models._scripted",
+    "ReplayModel": "tether.models._scripted",
+    "RecordingModel": "tether.models._scripted",
+    "Pricing": "tether.models._pricing",
+    "resolve_model": "tether.models._resolve",
 }
 
 __all__ = [
@@ -39,15 +39,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from tether.models.anthropic import AnthropicModel
-    from tether.models.base import Model, ModelError
-    from tether.models.fallback import FallbackModel
-    from tether.models.local import LocalModel
-    from tether.models.openai_compat import OpenAICompatModel
-    from tether.models.pricing import Pricing
-    from tether.models.resolve import resolve_model
-    from tether.models.scripted import RecordingModel, ReplayModel, ScriptedModel
-    from tether.models.text_protocol import TextProtocolModel
+    from tether.models._anthropic import AnthropicModel
+    from tether.models._base import Model, ModelError
+    from tether.models._fallback import FallbackModel
+    from tether.models._local import LocalModel
+    from tether.models._openai_compat import OpenAICompatModel
+    from tether.models._pricing import Pricing
+    from tether.models._resolve import resolve_model
+    from tether.models._scripted import RecordingModel, ReplayModel, ScriptedModel
+    from tether.models._text_protocol import TextProtocolModel
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ call the grammar allows validates: objects carry their required keys (optional o
 out, unknown ones cannot appear), strings keep their minLength/maxLength (under a cap) and their
 `pattern` (translated by `_regex_gbnf`, the subset tools use), integers and numbers stay within
 minimum/maximum (`_gbnf_numbers`), enums and consts are their literal values. A string parameter
-may also declare where its values come from (`VALUES_KEY`, see `tether.tools.base.values_from`):
+may also declare where its values come from (`VALUES_KEY`, see `tether.tools._base.values_from`):
 the caller resolves that to a list (the workspace's files, words of the request) and the
 grammar offers exactly those. `final_quotes` limits the final answer to text copied from the
 tool results.
@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import TetherError
+from tether._errors import TetherError
+from tether._types import ToolSpec
 from tether.models._gbnf_numbers import bounds, has_bounds, integer_range, number_range
 from tether.models._regex_gbnf import RegexError, literal, pattern_body
-from tether.tools.base import VALUES_KEY
-from tether.types import ToolSpec
+from tether.tools._base import VALUES_KEY
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tether.errors import InvalidInput
+from tether._errors import InvalidInput
 
 
 def _same_length(lo: str, hi: str) -> list[str]:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from tether.errors import InvalidInput
+from tether._errors import InvalidInput
 
 
 def _vocab(llama: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from tether._types import Message, ToolCall, ToolSpec
 from tether.models._text_common import (
     IdMaker,
     ParsedReply,
@@ -17,7 +18,6 @@ from tether.models._text_common import (
     single_string_param,
     strip_fences,
 )
-from tether.types import Message, ToolCall, ToolSpec
 
 # A header at the start of a line, tolerating Markdown emphasis (`**Action:**`) and numbering.
 _HEADER = re.compile(

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from tether.errors import TetherError
+from tether._errors import TetherError
 
 Ranges = tuple[tuple[int, int], ...]
 

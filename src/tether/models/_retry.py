@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from tether.errors import InvalidInput
-from tether.models.base import ModelError
-from tether.types import ModelReply, TextDelta
+from tether._errors import InvalidInput
+from tether._types import ModelReply, TextDelta
+from tether.models._base import ModelError
 
 T = TypeVar("T")
 DEFAULT_DEADLINE = 120.0  # seconds for one model call, retries included

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from tether._types import Message, ToolCall, ToolSpec
 from tether.models._text_common import (
     IdMaker,
     ParsedReply,
@@ -25,7 +26,6 @@ from tether.models._text_common import (
     single_string_param,
     strip_fences,
 )
-from tether.types import Message, ToolCall, ToolSpec
 
 _OPEN = re.compile(r"<\s*tool_call\s*>", re.I)
 _CLOSE = re.compile(r"<\s*/\s*tool_call\s*>", re.I)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import InvalidInput
-from tether.types import Message, ToolCall, ToolSpec
+from tether._errors import InvalidInput
+from tether._types import Message, ToolCall, ToolSpec
 
 IdMaker = Callable[[], str]
 

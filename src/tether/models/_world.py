@@ -1,6 +1,6 @@
 """What a small model may choose from, taken from the world instead of its imagination.
 
-`resolve_values` turns a parameter's value-source declaration (`tether.tools.base.files_source`,
+`resolve_values` turns a parameter's value-source declaration (`tether.tools._base.files_source`,
 `request_words_source`) into the exact values the grammar offers; `result_quotes` cuts the tool
 results of a conversation into the lines and sentences a final answer may copy.
 """
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tether._types import NOTE_NAME, Message
 from tether.models._gbnf import Offered
 from tether.tools._beneath import Beneath
-from tether.types import NOTE_NAME, Message
 
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                         ".pytest_cache", ".ruff_cache", ".tox", "dist", "build"})

@@ -2,7 +2,7 @@
 egress and output filtering, audit, and a response safety filter. Everything is enforced inside
 the executor through `SafetyPolicy` (the executor's Policy seam)."""
 
-from tether.policy.approvals import (
+from tether.policy._approvals import (
     ApprovalBook,
     ApprovalDecision,
     ApprovalRequest,
@@ -14,16 +14,16 @@ from tether.policy.approvals import (
     PendingApprover,
     TerminalApprover,
 )
-from tether.policy.audit import AuditLog, AuditRecord, JsonlSink, SqliteSink
-from tether.policy.authz import Authorizer, Permissions
-from tether.policy.canonical import action_key, canonical_json
-from tether.policy.capabilities import Capabilities, Capability
-from tether.policy.egress import EgressPolicy
-from tether.policy.idempotency import IdempotencyCache, MemoryIdempotency, idempotent
-from tether.policy.output_filter import Finding, filter_output
-from tether.policy.policy import PolicyState, SafetyPolicy, wrap_untrusted
-from tether.policy.provenance import Origin, Provenance
-from tether.policy.safety_filter import Rule, RuleResult, SafetyFilter, SafetyVerdict
+from tether.policy._audit import AuditLog, AuditRecord, JsonlSink, SqliteSink
+from tether.policy._authz import Authorizer, Permissions
+from tether.policy._canonical import action_key, canonical_json
+from tether.policy._capabilities import Capabilities, Capability
+from tether.policy._egress import EgressPolicy
+from tether.policy._idempotency import IdempotencyCache, MemoryIdempotency, idempotent
+from tether.policy._output_filter import Finding, filter_output
+from tether.policy._policy import PolicyState, SafetyPolicy, wrap_untrusted
+from tether.policy._provenance import Origin, Provenance
+from tether.policy._safety_filter import Rule, RuleResult, SafetyFilter, SafetyVerdict
 
 __all__ = [
     "ApprovalBook", "ApprovalDecision", "ApprovalRequest", "Approver", "AuditLog", "AuditRecord", "Authorizer",

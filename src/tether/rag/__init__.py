@@ -9,14 +9,14 @@ densely (all-MiniLM-L6-v2 on onnxruntime) or both, and answer with numbered cita
 Needs the `rag` extra. Heavy dependencies (bm25s, onnxruntime) load on first use.
 """
 
-from tether.rag.answer import PipelineAnswer, agentic, apipeline, pipeline
-from tether.rag.base import Hit, Retriever
-from tether.rag.chunking import Chunk, chunk_sections
-from tether.rag.evaluate import evaluate, load_collection, make_retriever
-from tether.rag.index import Index, IngestReport
-from tether.rag.pg_index import PostgresIndex
-from tether.rag.prompt import AGENT_INSTRUCTIONS, NO_ANSWER, build_messages, build_prompt, format_passages
-from tether.rag.tool import search_tool
+from tether.rag._answer import PipelineAnswer, agentic, apipeline, pipeline
+from tether.rag._base import Hit, Retriever
+from tether.rag._chunking import Chunk, chunk_sections
+from tether.rag._evaluate import evaluate, load_collection, make_retriever
+from tether.rag._index import Index, IngestReport
+from tether.rag._pg_index import PostgresIndex
+from tether.rag._prompt import AGENT_INSTRUCTIONS, NO_ANSWER, build_messages, build_prompt, format_passages
+from tether.rag._tool import search_tool
 
 __all__ = [
     "AGENT_INSTRUCTIONS",

@@ -2,6 +2,6 @@
 SQLite (default) or PostgreSQL database, with schema migrations. Used by durable runs only: the
 in-memory path keeps no database on its hot path."""
 
-from tether.store.sql import RunRow, RunStore, default_database_path, engine_url
+from tether.store._sql import RunRow, RunStore, default_database_path, engine_url
 
 __all__ = ["RunRow", "RunStore", "default_database_path", "engine_url"]

@@ -8,6 +8,6 @@ export to it without any code. Off by default: with nothing instrumented, the lo
 telemetry work at all.
 """
 
-from tether.telemetry.otel import OtelObserver, instrument, instrument_from_env, uninstrument
+from tether.telemetry._otel import OtelObserver, instrument, instrument_from_env, uninstrument
 
 __all__ = ["OtelObserver", "instrument", "instrument_from_env", "uninstrument"]

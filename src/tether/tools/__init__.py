@@ -6,8 +6,8 @@
 The executor (`Executor`) runs every call: validate, the policy's checks, a timeout, a capped result.
 """
 
-from tether.tools.base import Tool, tool
-from tether.tools.context import ToolContext
-from tether.tools.executor import AllowAll, BasePolicy, CallContext, Executor, Policy, Verdict
+from tether.tools._base import Tool, tool
+from tether.tools._context import ToolContext
+from tether.tools._executor import AllowAll, BasePolicy, CallContext, Executor, Policy, Verdict
 
 __all__ = ["AllowAll", "BasePolicy", "CallContext", "Executor", "Policy", "Tool", "ToolContext", "Verdict", "tool"]

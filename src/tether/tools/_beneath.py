@@ -16,7 +16,7 @@ renamed over the target, so a target that is a hard link to a file outside leave
 Walks hold a descriptor per directory level and open each entry relative to it with `O_NOFOLLOW`.
 
 Paths given here are already lexically relative ("a/b/c" or "."), without ".." (the caller's job:
-`tether.tools.builtin.files.Workspace.relative`); the root itself is opened by its real path,
+`tether.tools.builtin._files.Workspace.relative`); the root itself is opened by its real path,
 chosen by the user, whose ancestors the sandbox keeps read-only.
 """
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tether.tools.base import Tool
-from tether.tools.builtin.calculator import calculator
-from tether.tools.builtin.files import (
+from tether.tools._base import Tool
+from tether.tools.builtin._calculator import calculator
+from tether.tools.builtin._files import (
     Workspace,
     edit_tool,
     file_tools,
@@ -16,7 +16,7 @@ from tether.tools.builtin.files import (
     read_tool,
     write_tool,
 )
-from tether.tools.builtin.shell import shell_tool
+from tether.tools.builtin._shell import shell_tool
 
 
 def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,

@@ -1,0 +1,816 @@
+"""The loop: model, tool calls, executor, results, repeat, until an explicit stop reason.
+
+Read `run_loop` top to bottom; everything else here is a small helper or a seam:
+- `StepRunner` runs each model call and each tool call (durable mode swaps it for checkpointed steps);
+- `ContextBuilder` decides what the model sees each turn (compaction slots in there).
+Per-turn work is O(1) in the length of the history: the transcript is appended to, never re-walked.
+
+Everything a run knows lives in its `RunState` (types.py); the loop is deterministic given the
+outputs of its steps (clock readings come from the spec's clock, which the durable runner records),
+so replaying the recorded steps takes the same branches, and the policy's checks and after-call
+updates run here, in the workflow, from the recorded results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from tether._admission import Admission
+from tether._errors import InvalidInput, OperationFailed, TetherError
+from tether._json import dumps_fn
+from tether._limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
+from tether._types import (
+    APPROVAL_BUDGET_DECISION,
+    NOTE_NAME,
+    Message,
+    ModelReply,
+    ModelRequest,
+    RunResult,
+    RunState,
+    StopReason,
+    TextDelta,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from tether.events import (
+    OBSERVERS,
+    ApprovalDecided,
+    ApprovalRequested,
+    BaseEvent,
+    Error,
+    ModelCallEnded,
+    ModelCallStarted,
+    Notice,
+    RunStarted,
+    RunStopped,
+    TextStreamed,
+    ToolCallEnded,
+    ToolCallStarted,
+    TraceEvent,
+)
+from tether.models._base import Model
+from tether.models._pricing import Pricing
+from tether.tools._executor import CallContext, Executor, Policy, ToolStepFn
+from tether.tools._results import HANDLES_KEY
+
+if TYPE_CHECKING:
+    from tether._output import OutputRun
+
+EventSink = Callable[[TraceEvent], None]
+T = TypeVar("T")
+
+
+class StepRunner(Protocol):
+    """Runs the side-effecting steps of a run; the durable runner checkpoints each one.
+
+    `begin_turn` is told, in call order and before any of them runs, which calls of a turn will run
+    (so concurrent steps get stable ids). `wait_approval` parks the run until a decision on one
+    pending call arrives ({"call_id", "approved", "by", "reason"}); None means this runner cannot
+    wait, and the run stops with `awaiting_approval`.
+    """
+
+    def begin_turn(self, step: int, indices: list[int]) -> None: ...
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply: ...
+
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None: ...
+
+
+class DirectStepRunner:
+    """Runs steps in memory, as they come; cannot wait for an approval."""
+
+    def begin_turn(self, step: int, indices: list[int]) -> None:
+        return None
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
+        return await run()
+
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+        return await run()
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+        return None
+
+
+class ContextBuilder(Protocol):
+    """Chooses the messages the model sees; must not copy or re-walk the transcript per turn.
+
+    `build` may be async (a compacting builder makes its own model call). Optional hooks: a builder
+    with per-run state has `start(run: ContextRun) -> ContextBuilder`, called once per run, and the
+    per-run builder may have `task_state() -> dict | None`, returned in `RunResult.task_state`.
+    """
+
+    def build(self, messages: list[Message]) -> list[Message] | Awaitable[list[Message]]: ...
+
+
+class FullHistory:
+    """The whole transcript, as is (no copy)."""
+
+    def build(self, messages: list[Message]) -> list[Message]:
+        return messages
+
+
+class NotAdmitted(TetherError, RuntimeError):
+    """A context builder's model call that could cross the run's token or cost ceiling (not sent)."""
+
+
+class ContextRun:
+    """What a context builder may use during one run: the spec, and `complete`, a model call that goes
+    through the run's step runner (so durable mode records it), is priced, and counts against the budget."""
+
+    __slots__ = ("_budget", "_emit", "spec")
+
+    def __init__(self, spec: RunSpec, budget: Budget, emit: Callable[..., None]) -> None:
+        self.spec = spec
+        self._budget = budget
+        self._emit = emit
+
+    async def complete(self, request: ModelRequest, model: Model | None = None, purpose: str = "context") -> ModelReply:
+        """One model call for the context builder; raises NotAdmitted, unsent, when it could cross a
+        token or cost ceiling (its output is capped to what is left otherwise)."""
+        use = model or self.spec.model
+        admission = Admission(use, self.spec.pricing)
+        stop, cap = admission.admit(self._budget, admission.count(request.messages, request.tools))
+        if stop is not None:
+            raise NotAdmitted(f"the {purpose} call was not sent: it could cross the run's {stop.value}")
+        if cap is not None and (request.max_output_tokens is None or request.max_output_tokens > cap):
+            request = replace(request, max_output_tokens=cap)
+        started = self._budget.elapsed()
+        self._emit(ModelCallStarted(model=use.name, messages=len(request.messages), purpose=purpose))
+        reply = await _with_cancel(self.spec, self.spec.step_runner.model_step(
+            self._budget.steps, lambda: use.complete(request)))
+        _price(self.spec, reply, use)
+        self._budget.record_model_call(reply.usage)
+        self._emit(_model_call_ended(reply, use, purpose), started)
+        return reply
+
+
+async def _build(context: ContextBuilder, messages: list[Message]) -> list[Message]:
+    built = context.build(messages)
+    return built if isinstance(built, list) else await built
+
+
+class CancelToken:
+    """Cancels a run from outside: another task, a signal handler, the server, or another thread
+    (a synchronous `agent.run()` waiting on a model call is woken at once). One token may serve
+    runs on several event loops; once cancelled it stays cancelled."""
+
+    __slots__ = ("_lock", "_set", "_waiters", "reason")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self.reason = ""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        with self._lock:
+            if not self._set:
+                self.reason = reason
+            self._set = True
+            waiters = list(self._waiters)
+        for loop, event in waiters:  # each waiter on its own loop, thread-safely
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nothing waits there any more
+                loop.call_soon_threadsafe(event.set)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            if self._set:
+                return
+            self._waiters.append(entry)
+        try:
+            await entry[1].wait()
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
+
+
+class _Cancelled(TetherError):
+    pass
+
+
+RunCancelled = _Cancelled  # a step runner raises it when the run was cancelled from outside
+
+
+class _Deadline:
+    """One timer per run (not one per step): when the time budget, reserve excluded, runs out during
+    a model call, that call is interrupted (the run's task is cancelled, then un-cancelled by `take`)."""
+
+    __slots__ = ("armed", "fired", "handle", "task")
+
+    def __init__(self, seconds: float | None) -> None:
+        self.armed = False
+        self.fired = False
+        self.task = asyncio.current_task()
+        self.handle = None if seconds is None else asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        if self.armed and self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+    def take(self) -> bool:
+        """Whether the timer interrupted the call; if so the cancellation it caused is withdrawn."""
+        if not self.fired:
+            return False
+        self.fired = False
+        if self.task is not None:
+            self.task.uncancel()
+        return True
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+@dataclass(slots=True)
+class RunSpec:
+    """Everything one run needs besides its transcript."""
+
+    model: Model
+    executor: Executor
+    limits: Limits = field(default_factory=Limits)
+    run_id: str = "run"
+    user: str | None = None
+    clock: Clock = field(default_factory=MonotonicClock)
+    pricing: Pricing = field(default_factory=Pricing)
+    step_runner: StepRunner = field(default_factory=DirectStepRunner)
+    context: ContextBuilder = field(default_factory=FullHistory)
+    cancel: CancelToken | None = None
+    on_event: EventSink | None = None
+    stream_text: bool = False
+    output: OutputRun | None = None  # the run's output type (tether._output), when it has one
+
+
+DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
+PARENT_KEY = "tether.parent"
+
+
+@dataclass(slots=True, frozen=True)
+class ParentRun:
+    """The running parent of a sub-agent: its budget (to carve from and charge) and its taint."""
+
+    budget: Budget
+    tainted: Callable[[], bool]
+
+FINAL_PROMPT = (
+    "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
+    "found so far, write your best answer now. Say plainly what is unfinished or missing."
+)
+
+
+def new_state(spec: RunSpec, messages: list[Message]) -> RunState:
+    """The state of a run that starts from `messages`."""
+    return RunState(run_id=spec.run_id, user=spec.user, messages=messages)
+
+
+async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usage | None = None,
+                   steps: int = 0) -> RunResult[Any]:
+    """Run the agent loop over `state` (a RunState, or a transcript to start one from) and return how
+    it ended. The state's transcript is appended to in place; `result.state` carries it on."""
+    if not isinstance(state, RunState):
+        state = new_state(spec, state)
+        state.usage, state.steps = usage or Usage(), steps
+    messages = state.messages
+    budget = Budget(spec.limits, spec.clock, state.usage, state.steps)
+    loops = LoopDetector(spec.limits.max_repeats, state.loop_counts, state.loop_warned)
+    trace: list[TraceEvent] = []
+    found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
+    handles: set[str] = set(state.handles)
+    ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
+        # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
+        # outputs of earlier turns (a continued conversation stays as tainted as it was).
+        "user_messages": [m.content for m in messages if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
+        # a task another agent's model wrote after reading untrusted data is untrusted data too
+        "history_tool_outputs": [m.content for m in messages
+                                 if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
+        HANDLES_KEY: handles,
+    })
+    # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
+    ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)))
+    policy = spec.executor.policy
+    stop: StopReason | None = None
+    error: str | None = None
+    answer = ""
+
+    def emit(event: BaseEvent, since: float | None = None) -> None:
+        """Stamp a typed event (`since`: its start; the duration ends now) and send its envelope."""
+        event.step = budget.steps
+        event.t = t = budget.elapsed()  # one clock reading for both
+        if since is not None:
+            event.duration = t - since
+        envelope = event.envelope()
+        trace.append(envelope)
+        if spec.on_event is not None:
+            spec.on_event(envelope)
+        if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
+            _observe(spec.run_id, event)
+
+    context: ContextBuilder = spec.context
+    direct = type(spec.step_runner) is DirectStepRunner
+    calls: list[ToolCall] = []  # the current turn's calls, answered in order
+    pending: list[ToolResult | None] | None = None  # their results while they run
+    deadline = _Deadline(budget.remaining_seconds())
+    # Token and cost ceilings: each call is sized and its output capped before it is sent.
+    lim = spec.limits
+    admission = Admission(spec.model, spec.pricing) if lim.max_tokens is not None or lim.max_cost_usd is not None \
+        else None
+    counted = 0
+
+    emit(RunStarted(run_id=spec.run_id, user=spec.user, resumed=state.steps > 0 or bool(state.decisions)))
+    try:
+        _start_policy(policy, state, ctx)
+        start = getattr(spec.context, "start", None)  # a builder with per-run state
+        if start is not None:
+            context = start(ContextRun(spec, budget, emit))
+        if state.decisions:  # a person decided on calls the run stopped for: those calls first
+            await _resume_decided(spec, state, ctx, budget, emit)
+        while True:
+            # 1. Guards, before every model call.
+            if spec.cancel is not None and spec.cancel.cancelled:
+                raise _Cancelled
+            stop = budget.exceeded()
+            if stop is not None:
+                break
+
+            # 2. The model, bounded by the time left (the final call's reserve excluded).
+            built = context.build(messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
+            request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
+            if spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
+            if admission is not None:
+                counted = admission.count(request.messages, request.tools)
+                stop, cap = admission.admit(budget, counted)
+                if stop is not None:
+                    emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
+                    break
+                if cap is not None:
+                    request.max_output_tokens = min(cap, request.max_output_tokens or cap)
+            started = budget.elapsed()
+            emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages)))
+            deadline.armed = True
+            try:
+                if direct:  # DirectStepRunner.model_step only awaits the call
+                    work = _call_model(spec, request, emit)
+                else:
+                    work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
+                reply = await (work if spec.cancel is None else _with_cancel(spec, work))
+            except _Cancelled:
+                raise
+            except asyncio.CancelledError:
+                if not deadline.take():
+                    raise
+                stop = StopReason.TIME_BUDGET
+                emit(Notice(notice={"model_call_abandoned": stop.value}), started)
+                break
+            except Exception as exc:
+                stop, error = StopReason.ERROR, f"model call failed: {type(exc).__name__}: {exc}"
+                emit(Error(error=error))
+                break
+            finally:
+                deadline.armed = False
+            deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
+            _price(spec, reply)
+            budget.record_model_call(reply.usage)
+            if admission is not None:
+                admission.observe(counted, reply.usage.input_tokens)
+            messages.append(reply.to_message())
+            if reply.text:
+                answer = reply.text
+            emit(_model_call_ended(reply, spec.model, "step"), started)
+
+            # 3. No tool calls: the model has answered. With an output type the answer must validate
+            #    (tether._output): an invalid one goes back to the model with its errors, a bounded
+            #    number of times, each retry a model call within the budget.
+            if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
+                if verdict == "retry":
+                    emit(Notice(notice={"output_invalid": spec.output.errors}))
+                    continue
+                stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
+                answer = spec.output.text
+                break
+            if not reply.tool_calls:
+                stop = StopReason.COMPLETED
+                break
+            calls = reply.tool_calls
+            results: list[ToolResult | None] = [None] * len(calls)
+            pending = results  # (read by the cleanup below if this turn is interrupted)
+
+            # 4. Never run a tool whose result no model call would read.
+            stop = budget.exceeded()
+            if stop is not None:
+                _answer_turn(messages, calls, results, f"not run: the run reached its limit ({stop.value})")
+                pending = None
+                emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
+                break
+
+            # 5. The tools, concurrently, through the executor; results in call order.
+            ctx.step = budget.steps
+            ctx.seconds_left = budget.remaining_seconds()
+            work = _run_tools(spec, calls, results, ctx, budget, loops, emit)
+            stop = await (work if spec.cancel is None else _with_cancel(spec, work))
+            _answer_turn(messages, calls, results, "not run: the run is stopping")
+            if (note := policy.label_turn(ctx.policy_state, [r for r in results if r is not None])):
+                messages.append(Message("user", note, name=NOTE_NAME))
+            for c, r in zip(calls, results, strict=True):
+                if r is not None and not r.is_error:
+                    found.append((c, r))
+            pending = None
+            if stop is not None:
+                break
+    except (_Cancelled, asyncio.CancelledError):
+        stop = StopReason.CANCELLED
+        error = spec.cancel.reason if spec.cancel is not None and spec.cancel.reason else "cancelled"
+        emit(Notice(notice={"cancelled": error}))
+    except Exception as exc:  # a failing step runner, context builder, policy or event sink
+        stop, error = StopReason.ERROR, f"run failed: {type(exc).__name__}: {exc}"
+        emit(Error(error=error))
+    finally:
+        deadline.close()
+    if pending is not None:
+        # Interrupted mid-turn: keep the results that came back, answer the rest, so the transcript
+        # stays valid for every provider (each call answered once, in order).
+        found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
+        why = "cancelled" if stop is StopReason.CANCELLED else "stopped by an error"
+        _answer_turn(messages, calls, pending, f"not run or not finished: the run was {why}")
+
+    # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
+    if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
+                    StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
+        answer = await _final_answer(spec, context, messages, stop, budget, emit, admission,
+                                     [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
+
+    # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
+    if answer:
+        answer, redacted = policy.finish_run(ctx.policy_state, answer)
+        if redacted:
+            emit(Notice(notice={"redacted": [f"{f.kind}: {f.reason}" for f in redacted]}))
+
+    stop = stop or StopReason.ERROR
+    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
+    if spec.output is not None:
+        stop, error, output = spec.output.finish(stop, error, answer)
+
+    # 8. Everything the run knows goes back into its state (once, not per step).
+    state.findings.extend(_finding(c, r) for c, r in found)
+    state.usage, state.steps = budget.finish(), budget.steps
+    state.loop_warned = sorted(loops.warned)
+    state.handles = sorted(handles)
+    state.stop_reason = stop
+    state.task_state = _task_state(context) or state.task_state  # the context layer's slot
+    if ctx.policy_state is not None:
+        state.policy = policy.dump_state(ctx.policy_state)
+    state.tainted = bool(getattr(ctx.policy_state, "tainted", False))  # a policy's state may not know taint
+    state.pending = [] if ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
+        else [{**p, "step": ctx.step} for p in policy.pending(ctx.policy_state)]
+    result = RunResult(
+        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
+        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
+        task_state=state.task_state, output=output, state=state,
+    )
+    emit(RunStopped(stop_reason=result.stop_reason.value, steps=result.steps))
+    return result
+
+
+def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> Awaitable[ModelReply]:
+    if not spec.stream_text:
+        return spec.model.complete(request)  # the model's own coroutine: no extra frame per call
+    return _stream_model(spec, request, emit)
+
+
+async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> ModelReply:
+    final: ModelReply | None = None
+    async for item in spec.model.stream(request):
+        if isinstance(item, TextDelta):
+            emit(TextStreamed(text=item.text))
+        else:
+            final = item
+    if final is None:
+        raise OperationFailed(f"model {spec.model.name} ended its stream without a reply")
+    return final
+
+
+async def _with_cancel(spec: RunSpec, work: Awaitable[T]) -> T:
+    """Await `work`, abandoning (cancelling) it if the run is cancelled meanwhile."""
+    if spec.cancel is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(spec.cancel.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this task itself is cancelled: leave no orphaned work behind
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        raise _Cancelled
+    return task.result()
+
+
+async def _run_tools(
+    spec: RunSpec,
+    calls: list[ToolCall],
+    results: list[ToolResult | None],
+    ctx: CallContext,
+    budget: Budget,
+    loops: LoopDetector,
+    emit: Callable[..., None],
+) -> StopReason | None:
+    """Apply the per-call guards, run what may run (concurrently, bounded); `results[i]` is filled
+    in place as call `i` finishes, so an interrupted turn keeps what came back."""
+    stop: StopReason | None = None
+    to_run: list[int] = []
+    left = budget.tool_calls_left()
+    for i, call in enumerate(calls):
+        verdict = loops.check(call.name, call.arguments)
+        if verdict == "stop":
+            stop = StopReason.LOOP_DETECTED
+            results[i] = ToolResult(call.id, call.name, "ERROR: repeated identical call; the run is stopping.",
+                                    is_error=True, decision="loop_detected")
+        elif verdict == "warn":
+            results[i] = ToolResult(call.id, call.name, loops.observation(call.name), is_error=True,
+                                    decision="repeat_suppressed")
+        elif left is not None and len(to_run) >= left:
+            results[i] = ToolResult(call.id, call.name, "ERROR: not run: the run's tool-call budget is used up.",
+                                    is_error=True, decision="tool_call_budget")
+        else:
+            to_run.append(i)
+    if stop is not None and not spec.limits.final_answer:
+        to_run = []  # the run stops after this turn and no final call would read these results
+
+    runner = spec.step_runner
+    direct = type(runner) is DirectStepRunner  # its tool_step only awaits: the executor's own default
+
+    def step_of(i: int) -> ToolStepFn:
+        return lambda work: runner.tool_step(ctx.step, i, calls[i], work)
+
+    async def one(i: int) -> None:
+        call = calls[i]
+        started = budget.elapsed()
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=i))
+        if direct:
+            result = await spec.executor.execute(call, ctx, i)
+        else:
+            result = await spec.executor.execute(call, ctx, i, step_of(i))
+        results[i] = result
+        emit(_tool_call_ended(call, result), started)
+        if result.decision == "awaiting_approval":
+            emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
+
+    runner.begin_turn(ctx.step, to_run)
+    if len(to_run) == 1:
+        await one(to_run[0])
+    elif to_run:
+        limit = asyncio.Semaphore(spec.limits.max_parallel_tools)
+
+        async def bounded(i: int) -> None:
+            async with limit:
+                await one(i)
+
+        tasks = [asyncio.ensure_future(bounded(i)) for i in to_run]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed (or the turn was cancelled): stop the others too
+            for task in tasks:
+                task.cancel()
+    budget.usage.tool_calls += len(to_run)
+
+    # Calls that await approval, one at a time in call order (a durable run parks here, holding no
+    # thread, until another process decides; then that exact call runs, or the denial is its answer).
+    asked = False  # only calls that ran can await approval
+    for i in to_run:
+        result = results[i]
+        if result is None or result.decision != "awaiting_approval":
+            continue
+        asked = True
+        decision = await _wait_approval(spec, calls[i], result, ctx)
+        if decision is None:
+            break
+        spec.executor.policy.decide(ctx.policy_state, calls[i].id, bool(decision.get("approved")),  # type: ignore[attr-defined]
+                                    str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
+        emit(ApprovalDecided(call_id=calls[i].id, approved=bool(decision.get("approved")),
+                             by=str(decision.get("by") or "")))
+        await one(i)
+
+    if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
+        stop = StopReason.AWAITING_APPROVAL
+    if stop is None and any(r is not None and r.decision == APPROVAL_BUDGET_DECISION for r in results):
+        stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
+    return stop
+
+
+async def _wait_approval(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> dict | None:
+    """Park until a decision on `call` arrives; None when the runner cannot wait or the policy
+    cannot take decisions out of process."""
+    if ctx.policy_state is None:
+        return None
+    mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
+    pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
+                                    "reason": result.content}
+    return await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
+
+
+async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budget: Budget,
+                          emit: Callable[..., None]) -> None:
+    """Apply the decisions taken on a stopped run's pending calls (`RunState.approve`/`deny`): each
+    goes to the policy, bound to its call's tool and arguments, and that exact call runs again
+    through the executor (approved: it runs; denied: the denial is its answer), its result replacing
+    the "awaiting approval" answer in the transcript, before the model is asked again."""
+    decide = spec.executor.policy.decide
+    if ctx.policy_state is None:
+        raise InvalidInput("this run's policy takes no decisions on pending calls")
+    messages = state.messages
+    turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
+    steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
+    for d in state.decisions:
+        call_id = d["call_id"]
+        index, call = next(((k, c) for k, c in enumerate(messages[turn].tool_calls) if c.id == call_id)
+                           if turn is not None else iter(()), (None, None))
+        if call is None or index is None or turn is None:
+            raise InvalidInput(f"call {call_id!r} is not in the run's last turn")
+        decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
+        ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
+        started = budget.elapsed()
+        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=index))
+        result = await spec.step_runner.tool_step(ctx.step, index, call,
+                                                  lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+        budget.usage.tool_calls += 1
+        slot = next(j for j in range(turn + 1, len(messages))
+                    if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
+        messages[slot] = result.to_message()
+        emit(ApprovalDecided(call_id=call_id, approved=bool(d["approved"]), by=str(d.get("by") or "")))
+        emit(_tool_call_ended(call, result), started)
+    state.decisions = []
+    state.pending = []
+
+
+def _start_policy(policy: Policy, state: RunState, ctx: CallContext) -> None:
+    """The policy's per-run state on the CallContext: loaded from the RunState when the run has one
+    (a resumed, continued or forked run is exactly as tainted as before), else started fresh."""
+    if state.policy is not None:
+        ctx.policy_state = policy.load_state(state.policy)
+        if state.messages and state.messages[-1].role == "user":  # a continued conversation's new prompt
+            policy.note_user(ctx.policy_state, state.messages[-1].content)
+        return
+    ctx.policy_state = policy.start_run(state.run_id, state.user, ctx.extra["user_messages"],
+                                        ctx.extra["history_tool_outputs"])
+
+
+async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,
+                        budget: Budget, emit: Callable[..., None], admission: Admission | None,
+                        findings: list[str]) -> str:
+    """The one reserved, tool-free call that turns what was found into a partial answer. Under a
+    token or cost ceiling it must fit what is left: when the whole transcript does not, it is sent
+    the task and the findings, cut to fit; when nothing fits, the findings are the answer."""
+    why = reason.value.replace("_", " ")
+    messages.append(Message.user(FINAL_PROMPT.format(reason=why)))
+    started = budget.elapsed()
+    try:
+        async with asyncio.timeout(budget.final_seconds()):
+            # The tools stay declared, with tool choice "none": providers (Anthropic) refuse a history
+            # holding tool calls from a request that declares no tools.
+            tools = spec.executor.specs
+            request = ModelRequest(await _build(context, messages), tools,
+                                   max_output_tokens=budget.final_output_tokens(),
+                                   tool_choice="none" if tools else None)
+            if admission is not None:
+                fitted = _fit_final(spec, admission, budget, request, messages, findings, why)
+                if fitted is None:
+                    emit(Notice(notice={"final_answer": "no model call fits what is left of the budget"}))
+                    return _findings_answer(why, findings)
+                request = fitted
+            elif spec.output is not None:
+                request = spec.output.prepare(spec.model, request)
+            emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages), purpose="final"))
+            reply = await _with_cancel(spec, spec.step_runner.model_step(
+                budget.steps, lambda: _call_model(spec, request, emit)))
+    except _Cancelled:
+        emit(Notice(notice={"cancelled": "final answer call"}))
+        return ""
+    except Exception as exc:
+        emit(Error(error=f"final answer call failed: {type(exc).__name__}: {exc}"))
+        return ""
+    _price(spec, reply)
+    budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
+                           cached_input_tokens=reply.usage.cached_input_tokens,
+                           cache_write_tokens=reply.usage.cache_write_tokens))
+    messages.append(Message.assistant(reply.text))
+    emit(_model_call_ended(reply, spec.model, "final"), started)
+    return reply.text if spec.output is None else spec.output.accept_final(reply)
+
+
+def _fit_final(spec: RunSpec, admission: Admission, budget: Budget, request: ModelRequest,
+              messages: list[Message], findings: list[str], why: str) -> ModelRequest | None:
+    """The final request, admitted (its output capped) within what is left of the ceilings: the whole
+    transcript if it fits, else the instructions, the task and the findings cut until they fit."""
+    def admitted(req: ModelRequest) -> ModelRequest | None:
+        if spec.output is not None:
+            req = spec.output.prepare(spec.model, req)
+        stop, cap = admission.admit(budget, admission.count(req.messages, req.tools), final=True)
+        if stop is not None:
+            return None
+        if cap is not None:
+            req.max_output_tokens = min(cap, req.max_output_tokens or cap)
+        return req
+
+    if (whole := admitted(request)) is not None:
+        return whole
+    head = [m for m in messages[:1] if m.role == "system"]
+    task = next((m.content for m in messages if m.role == "user" and m.name != NOTE_NAME), "")
+    found = "\n".join(f"- {f}" for f in findings) or "(nothing yet)"
+    room = 4_000
+    while room >= 200:
+        text = (f"The task: {_cut(task, room // 2)}\n\nWhat the run found so far:\n{_cut(found, room)}\n\n"
+                + FINAL_PROMPT.format(reason=why))
+        if (short := admitted(ModelRequest([*head, Message.user(text)], [],
+                                           max_output_tokens=budget.final_output_tokens()))) is not None:
+            return short
+        room //= 2
+    return None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 15] + " [...cut here]"
+
+
+def _findings_answer(why: str, findings: list[str]) -> str:
+    """The partial answer when no model call fits: what the run found, as found."""
+    if not findings:
+        return f"The run reached its limit ({why}) before it found anything."
+    return f"The run reached its limit ({why}) before it could write an answer. What it found:\n" + "\n".join(
+        f"- {f}" for f in findings)
+
+
+def _model_call_ended(reply: ModelReply, model: Model, purpose: str) -> ModelCallEnded:
+    return ModelCallEnded(model=reply.model or model.name, input_tokens=reply.usage.input_tokens,
+                          output_tokens=reply.usage.output_tokens, cost_usd=reply.usage.cost_usd,
+                          tool_calls=len(reply.tool_calls), text_chars=len(reply.text), purpose=purpose,
+                          final=purpose == "final")
+
+
+def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
+    return ToolCallEnded(name=call.name, call_id=call.id, arguments=call.arguments, decision=result.decision,
+                         is_error=result.is_error, result_chars=result.full_chars or len(result.content),
+                         truncated=result.handle is not None)
+
+
+def _observe(run_id: str, event: BaseEvent) -> None:
+    for observer in list(OBSERVERS):
+        try:
+            observer(run_id, event)
+        except Exception:  # telemetry must never break a run: an observer that fails is dropped
+            logging.getLogger(__name__).exception("event observer %r failed; it is removed", observer)
+            with contextlib.suppress(ValueError):
+                OBSERVERS.remove(observer)
+
+
+def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
+    """Cost from the price table (cached input at its own price); a model the table does not know
+    keeps the cost it reported."""
+    name = reply.model or (model or spec.model).name
+    if spec.pricing.lookup(name) is not None:  # known(), one frame less per step
+        reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
+
+
+def _task_state(context: ContextBuilder) -> dict | None:
+    get = getattr(context, "task_state", None)
+    return get() if get is not None else None
+
+
+def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str) -> None:
+    """Append one tool message per call, in call order: its result, or an error saying `why` there is none
+    (so the transcript stays valid for every provider)."""
+    for call, result in zip(calls, results, strict=True):
+        if result is not None:
+            messages.append(result.to_message())
+        else:
+            messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
+
+
+_args_json = dumps_fn(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False, default=str), built once
+
+
+def _finding(call: ToolCall, result: ToolResult) -> str:
+    args = _args_json(call.arguments)
+    if len(args) > 120:
+        args = args[:117] + "..."
+    text = result.content if len(result.content) <= 300 else result.content[:297] + "..."
+    return f"{call.name}({args}) -> {text}"

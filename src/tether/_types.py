@@ -1,0 +1,350 @@
+"""Provider-neutral, serialisable types shared by the loop, models, tools, store and evals.
+
+Plain dataclasses keep construction cheap on the hot path; `to_json` / `from_json` go through
+pydantic's TypeAdapter so every type round-trips through JSON without hand-written codecs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from pydantic import TypeAdapter
+
+from tether._errors import InvalidInput
+from tether.events import ModelCallEnded, TraceEvent, stored
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+T = TypeVar("T")
+OutputT = TypeVar("OutputT")
+
+
+class StopReason(enum.StrEnum):
+    """Why a run ended. Every run ends with exactly one."""
+
+    COMPLETED = "completed"
+    MAX_STEPS = "max_steps"
+    TOKEN_BUDGET = "token_budget"
+    TIME_BUDGET = "time_budget"
+    COST_BUDGET = "cost_budget"
+    TOOL_CALL_BUDGET = "tool_call_budget"
+    LOOP_DETECTED = "loop_detected"
+    APPROVAL_BUDGET = "approval_budget"  # the safety policy asked for approval, or was denied, too often
+    CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "awaiting_approval"
+    OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
+    ERROR = "error"
+
+
+# A tool call's decision that ends its run with StopReason.APPROVAL_BUDGET (a policy's refusal)
+APPROVAL_BUDGET_DECISION = "refused:approval_budget"
+
+
+class Effect(enum.StrEnum):
+    """What a tool call does to the world; the safety policy keys on it."""
+
+    READ_ONLY = "read_only"
+    REVERSIBLE = "reversible"
+    IRREVERSIBLE = "irreversible"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call requested by the model.
+
+    `parse_error` is set when the model sent arguments that are not a JSON object; the executor
+    turns it into an error result the model can correct instead of raising.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    parse_error: str | None = None
+    raw_arguments: str | None = None
+
+
+@dataclass(slots=True)
+class Message:
+    """One chat message. `tool_calls` only on assistant messages, `tool_call_id` only on tool."""
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls("system", content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls("user", content)
+
+    @classmethod
+    def assistant(cls, content: str = "", tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls("assistant", content, tool_calls or [])
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """What the model is told about a tool: name, description and JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The outcome of one call as the model will see it (`content` is already capped)."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    handle: str | None = None  # key of the full result when `content` was capped
+    full_chars: int = 0
+    decision: str = "allowed"  # executor decision: allowed, refused, invalid, unknown, ...
+
+    def to_message(self) -> Message:
+        return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Accounting for one model call or a whole run. `input_tokens` includes the cached part:
+    `cached_input_tokens` read from a provider's prompt cache, `cache_write_tokens` written to it."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    model_calls: int = 0
+    tool_calls: int = 0
+    seconds: float = 0.0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+        self.model_calls += other.model_calls
+        self.tool_calls += other.tool_calls
+        self.seconds += other.seconds
+        self.cached_input_tokens += other.cached_input_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+
+
+@dataclass(slots=True)
+class OutputSchema:
+    """The shape a reply must have (structured output): a JSON Schema whose root is an object.
+
+    An adapter with native structured output renders it (OpenAI `response_format`, Anthropic a
+    forced final tool, the embedded model a grammar); `tether._output` does the rest for others.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+    strict: bool = False  # the schema fits OpenAI's strict mode (all keys required, no extras)
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """Everything a model needs for one completion. `tools` empty means a tool-free call.
+
+    `tool_choice`: None or "auto" (the model decides), "none" (tools are shown but may not be
+    called: a tool-free call over a history that holds tool calls), "required" (some tool must be
+    called), or a tool name (that tool must be called).
+    `output_schema`: the reply must be JSON of this shape (see `OutputSchema`).
+    """
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    stop: list[str] = field(default_factory=list)
+    tool_choice: str | None = None
+    output_schema: OutputSchema | None = None
+
+
+@dataclass(slots=True)
+class ModelReply:
+    """A model's answer: text, tool calls, or both, with the tokens it used."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    finish_reason: str = ""
+
+    def to_message(self) -> Message:
+        return Message("assistant", self.text, list(self.tool_calls))
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """A piece of streamed text. `Model.stream` yields these, then exactly one ModelReply."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class RunResult(Generic[OutputT]):
+    """What every run returns, however it ended.
+
+    `output` is the validated object when the agent has an `output_type` (None if no reply
+    validated); `answer` is always the text.
+    """
+
+    run_id: str
+    stop_reason: StopReason
+    answer: str
+    findings: list[str] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    messages: list[Message] = field(default_factory=list)
+    trace: list[TraceEvent] = field(default_factory=list)
+    error: str | None = None
+    steps: int = 0
+    task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
+    output: OutputT | None = None
+    state: RunState | None = None  # everything needed to continue, fork or resume this run
+
+    @property
+    def tainted(self) -> bool:
+        """Whether the run read untrusted content (its safety policy's view); False without a policy."""
+        return self.state is not None and self.state.tainted
+
+    @property
+    def completed(self) -> bool:
+        return self.stop_reason is StopReason.COMPLETED
+
+    @property
+    def events(self) -> list[Any]:
+        """The run's events, typed (`tether.events`): the trace's envelopes parsed."""
+        return [stored(e) for e in self.trace]
+
+    @property
+    def pending(self) -> list[dict[str, Any]]:
+        """The calls awaiting a person's decision (call_id, tool, arguments, reason, step)."""
+        return self.state.pending if self.state is not None else []
+
+    def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
+        """Approve a pending call; continue with `agent.run(None, state=result.approve(call_id))`."""
+        return self._state().approve(call_id, by=by, reason=reason)
+
+    def deny(self, call_id: str, reason: str = "", *, by: str = "library") -> RunState:
+        """Deny a pending call; continue with `agent.run(None, state=result.deny(call_id, why))`."""
+        return self._state().deny(call_id, reason, by=by)
+
+    def _state(self) -> RunState:
+        if self.state is None:
+            raise InvalidInput(f"run {self.run_id!r} carries no state to continue")
+        return self.state
+
+    @property
+    def usage_by_model(self) -> dict[str, Usage]:
+        """Tokens, cost and calls per model that answered (from the trace; see `FallbackModel`)."""
+        out: dict[str, Usage] = {}
+        for event in self.events:
+            if isinstance(event, ModelCallEnded):
+                u = out.setdefault(event.model, Usage())
+                u.add(Usage(event.input_tokens, event.output_tokens, event.cost_usd, 1))
+        return out
+
+
+NOTE_NAME = "tether"  # the name of a user-role message the loop wrote (the policy's label), not the user's words
+
+RUN_STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything one run knows, as JSON-safe data: what a resumed, continued or forked run needs.
+
+    `Agent` holds configuration only; this is the per-run part. `policy` is the safety policy's
+    own dump (`policy.dump_state`), `loop_counts`/`loop_warned` the loop detector, `handles` the
+    capped results this run may read back, `task_state` the context layer's slot. The loop works
+    on live objects and writes them back here when the run stops (not per step).
+    """
+
+    run_id: str
+    user: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    steps: int = 0
+    loop_counts: dict[str, int] = field(default_factory=dict)
+    loop_warned: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    policy: dict[str, Any] | None = None  # None: the policy has not seen this run yet
+    handles: list[str] = field(default_factory=list)
+    task_state: Any = None
+    stop_reason: StopReason | None = None
+    version: int = RUN_STATE_VERSION
+    pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
+    tainted: bool = False  # the run has read untrusted content (the policy's view, as the run last left it)
+
+    def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
+        """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its
+        tool and arguments as asked) and goes on. Returns this state."""
+        return self._decide(call_id, True, by, reason)
+
+    def deny(self, call_id: str, reason: str = "", *, by: str = "library") -> RunState:
+        """Deny one pending call; when the run continues, the denial (with `reason`) is its answer."""
+        return self._decide(call_id, False, by, reason)
+
+    def _decide(self, call_id: str, approved: bool, by: str, reason: str) -> RunState:
+        if not any(p.get("call_id") == call_id for p in self.pending):
+            waiting = ", ".join(str(p.get("call_id")) for p in self.pending) or "none"
+            raise InvalidInput(f"no call {call_id!r} awaits a decision in run {self.run_id!r} (waiting: {waiting})")
+        if any(d["call_id"] == call_id for d in self.decisions):
+            raise InvalidInput(f"call {call_id!r} of run {self.run_id!r} is already decided")
+        self.decisions.append({"call_id": call_id, "approved": approved, "by": by, "reason": reason})
+        return self
+
+    def to_json(self) -> str:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> RunState:
+        """Parse a dumped state; a state from a newer tether is refused, not misread."""
+        state = from_json(cls, data)
+        if state.version > RUN_STATE_VERSION:
+            raise InvalidInput(f"RunState version {state.version} is newer than this tether understands "
+                             f"({RUN_STATE_VERSION})")
+        return state
+
+
+@cache
+def _adapter(tp: type) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+def to_json(obj: Any) -> str:
+    """Serialise any tether type (or list of them) to a JSON string."""
+    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
+    return _adapter(tp).dump_json(obj).decode()
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Serialise to plain Python (dicts, lists, str, numbers)."""
+    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
+    return _adapter(tp).dump_python(obj, mode="json")
+
+
+def from_json(tp: type[T], data: str | bytes) -> T:
+    """Parse JSON produced by `to_json` back into `tp` (e.g. `from_json(RunResult, s)`)."""
+    return _adapter(tp).validate_json(data)
+
+
+def from_jsonable(tp: type[T], data: Any) -> T:
+    return _adapter(tp).validate_python(data)

@@ -1,0 +1,345 @@
+"""The `tether` command: `tether -p PROMPT`, `tether run`, `tether chat`, `tether models`.
+
+stdout carries only the answer (or `--json`); progress, tool activity and errors go to stderr.
+Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval,
+130 cancelled (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tether._terminal import clean
+from tether._trace import JsonlTraceWriter
+from tether.cli import _durable_cmd as durable_cmd
+from tether.cli import _eval_cmd as eval_cmd
+from tether.cli import _mcp_cmd as mcp_cmd
+from tether.cli import _options as o
+from tether.cli import _rag_commands as rag_commands
+from tether.cli import _serve_cmd as serve_cmd
+from tether.cli._build import CliError, build_agent
+from tether.cli._console import err_console, read_prompt, reporter_for
+from tether.cli._mcp_tools import close_mcp
+from tether.cli._progress import EXIT_CANCELLED, EXIT_ERROR
+from tether.cli._runner import report, run_turn
+from tether.events import ToolCallEnded
+
+# Newer typers vendor click, older ones use the click package: find its error classes through a public name.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+app = typer.Typer(
+    name="tether",
+    help="Run a bounded, tool-using LLM agent. `tether -p PROMPT` prints only the final answer on stdout.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+PromptOption = Annotated[str | None, typer.Option(
+    "--prompt", "-p", help="Run this task and print only the final answer on stdout ('-' reads stdin).",
+    show_default=False)]
+
+
+def _fail(console: Console, message: str, code: int = EXIT_ERROR) -> int:
+    console.print(f"tether: {clean(message)}", style="red", markup=False, highlight=False, soft_wrap=True)
+    return code
+
+
+def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
+    if opts.trace is None:
+        return None
+    folder = opts.trace.expanduser().absolute().parent
+    if not folder.is_dir():  # a typo in the path should not quietly create directories
+        raise CliError(f"cannot write the trace file {opts.trace}: the directory {folder} does not exist")
+    try:
+        return JsonlTraceWriter(opts.trace)
+    except OSError as exc:
+        raise CliError(f"cannot write the trace file {opts.trace}: {exc}") from exc
+
+
+def execute(opts: o.RunOptions, prompt: str) -> int:
+    """One run, start to exit code."""
+    console = err_console()
+    reporter = reporter_for(opts, console)
+    try:
+        text = read_prompt(prompt)
+        notices: list[str] = []
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
+        trace = open_trace(opts)
+    except CliError as exc:
+        return _fail(console, str(exc))
+    except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
+        return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
+    shown = console.is_terminal or opts.verbose or opts.yes
+    if shown:
+        # Up front where it can matter: to a person, or with --yes (unconfined commands then run unasked).
+        for line in notices:
+            reporter.announce(line)
+    try:
+        result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
+    except Exception as exc:  # a bug, not a run outcome: the loop turns run failures into results
+        if opts.verbose:
+            console.print_exception()
+        return _fail(console, f"internal error: {type(exc).__name__}: {exc}")
+    finally:
+        if trace is not None:
+            trace.close()
+        if agent.executor is not None:
+            agent.executor.close()
+            close_mcp(agent.executor)
+    if not shown and any(isinstance(e, ToolCallEnded) and e.name == "Bash" for e in result.events):
+        for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
+            reporter.announce(line)
+    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+
+
+def execute_chat(opts: o.RunOptions) -> int:
+    from tether.cli._chat import chat
+
+    console = err_console()
+    reporter = reporter_for(opts, console)
+    notices: list[str] = []
+    try:
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
+        trace = open_trace(opts)
+    except CliError as exc:
+        return _fail(console, str(exc))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
+    for line in notices:  # a conversation: said once it starts
+        reporter.announce(line)
+    try:
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
+    finally:
+        if trace is not None:
+            trace.close()
+        if agent.executor is not None:
+            agent.executor.close()
+            close_mcp(agent.executor)
+
+
+def _options(**values: object) -> o.RunOptions:
+    for name in ("env", "protect"):  # repeated options: a tuple, None when not given
+        given = values.get(name)
+        values[name] = tuple(given) if isinstance(given, list) and given else None
+    return o.RunOptions(**values)  # type: ignore[arg-type]
+
+
+@app.callback(invoke_without_command=True)
+def root(
+    ctx: typer.Context,
+    prompt: PromptOption = None,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
+    raw: o.Raw = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
+    compact: o.Compact = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """Run a bounded, tool-using LLM agent.
+
+    `tether -p "PROMPT"` runs one task and prints only the final answer on stdout. Exit codes: 0
+    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 130 cancelled.
+    """
+    if version:
+        from tether import __version__
+
+        typer.echo(f"tether {__version__}")
+        raise typer.Exit(0)
+    opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+                    max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
+                    workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
+                    instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
+                    output_schema=output_schema, mcp=mcp, compact=compact)
+    ctx.obj = opts
+    if ctx.invoked_subcommand is not None:
+        if prompt is not None:
+            raise typer.BadParameter("-p runs a task by itself; do not combine it with a command", param_hint="-p")
+        return
+    if prompt is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    raise typer.Exit(execute(opts, prompt))
+
+
+@app.command("run")
+def run_command(
+    ctx: typer.Context,
+    prompt: Annotated[str | None, typer.Argument(help="The task; '-' or piped stdin reads it from stdin.",
+                                                 show_default=False)] = None,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
+    raw: o.Raw = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+    output_schema: o.OutputSchema = None,
+    mcp: o.Mcp = None,
+    compact: o.Compact = False,
+    durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
+                                          "approvals wait for `tether approve`).")] = False,
+    db: durable_cmd.Db = None,
+) -> None:
+    """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
+    opts = _root_options(ctx).merge(_options(
+        model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact))
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
+                                     param_hint="PROMPT")
+        prompt = "-"
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
+
+
+@app.command("chat")
+def chat_command(
+    ctx: typer.Context,
+    model: o.Model = None,
+    base_url: o.BaseUrl = None,
+    api_key: o.ApiKey = None,
+    max_steps: o.MaxSteps = None,
+    max_tokens: o.MaxTokens = None,
+    max_seconds: o.MaxSeconds = None,
+    model_timeout: o.ModelTimeout = None,
+    max_cost: o.MaxCost = None,
+    tools: o.Tools = None,
+    workspace: o.Workspace = None,
+    json: o.Json = False,
+    trace: o.Trace = None,
+    text_protocol: o.TextProtocol = None,
+    instructions: o.Instructions = None,
+    yes: o.Yes = False,
+    allow_net: o.AllowNet = False,
+    env: o.Env = None,
+    protect: o.Protect = None,
+    raw: o.Raw = False,
+    verbose: o.Verbose = False,
+    quiet: o.Quiet = False,
+    mcp: o.Mcp = None,
+    compact: o.Compact = False,
+) -> None:
+    """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
+    opts = _root_options(ctx).merge(_options(
+        model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
+        json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
+    raise typer.Exit(execute_chat(opts))
+
+
+@app.command("models")
+def models_command(ctx: typer.Context) -> None:
+    """List the models this machine can use (endpoints, the embedded model, GGUF files), the time limits
+    a run gets, and whether Bash is sandboxed."""
+    from tether.cli._models_cmd import show_models
+
+    show_models(Console(soft_wrap=True, emoji=False), opts=_root_options(ctx))
+
+
+@app.command("doctor")
+def doctor_command() -> None:
+    """Check the sandbox, the models and keys configured, the embedded model and the run store; exit 1
+    when a configured part is broken."""
+    from tether._terminal import clean
+    from tether.cli._doctor_cmd import doctor
+
+    raise typer.Exit(doctor(lambda line: typer.echo(clean(line))))
+
+
+def _root_options(ctx: typer.Context) -> o.RunOptions:
+    parent = ctx.parent
+    obj = parent.obj if parent is not None else None
+    return obj if isinstance(obj, o.RunOptions) else o.RunOptions()
+
+
+rag_commands.register(app)  # `ingest`, `search`, `ask`, `eval-retrieval` (their heavy imports happen per command)
+durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is imported per command)
+mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
+eval_cmd.register(app)  # `eval`
+serve_cmd.register(app)  # `serve`, `worker`, `keys add|list|revoke`
+
+
+def _telemetry_from_env() -> None:
+    """Spans to OTEL_EXPORTER_OTLP_ENDPOINT when it is set (docs/telemetry.md); nothing otherwise."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return  # the common case costs one lookup, and no import
+    from tether.telemetry._otel import TelemetryUnavailable, instrument_from_env
+
+    try:
+        instrument_from_env()
+    except TelemetryUnavailable as exc:
+        _fail(err_console(), f"{exc}; running without telemetry")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `tether` script and of `python -m tether`: every bad input ends in one
+    line on stderr and a non-zero exit code, never a traceback."""
+    _telemetry_from_env()
+    try:
+        code = app(args=argv, prog_name="tether", standalone_mode=False)
+    except UsageError as exc:  # exit 2: a typo, not a failed run
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "tether"
+        _fail(err_console(), f"{exc.format_message()} (see '{where} --help')")  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except ClickException as exc:
+        _fail(err_console(), exc.format_message())  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except (typer.Abort, KeyboardInterrupt):
+        _fail(err_console(), "interrupted")
+        sys.exit(EXIT_CANCELLED)
+    except BrokenPipeError:  # whoever read stdout went away (`tether -p ... | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush is quiet
+        sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+__all__ = ["app", "execute", "main"]

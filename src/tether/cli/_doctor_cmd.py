@@ -1,0 +1,104 @@
+"""`tether doctor`: one screen on what this machine gives tether, and a non-zero exit when a part
+that is configured is broken.
+
+Checks: the Bash sandbox (bubblewrap runs a command here), the models configured in the
+environment (an endpoint without a key is broken), the embedded model (loads and answers), the run
+store (the default database, or $TETHER_DB, opens and takes a write). Nothing that is merely absent
+fails the check: only what is configured and does not work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tether.models._resolve import configured_endpoints, local_status
+from tether.store._sql import default_database_path
+from tether.tools._sandbox import INSTALL_HINT, probe_bubblewrap
+
+
+@dataclass(slots=True)
+class Check:
+    part: str
+    state: str  # ok, missing (optional, not configured) or broken (configured, does not work)
+    detail: str
+
+
+def sandbox_check() -> Check:
+    problem = probe_bubblewrap()
+    if problem is None:
+        return Check("sandbox", "ok", "bubblewrap runs commands confined to the workspace")
+    return Check("sandbox", "missing", f"{problem}: Bash runs unconfined and every call needs approval; {INSTALL_HINT}")
+
+
+def model_checks(env: Mapping[str, str]) -> list[Check]:
+    out = []
+    for e in configured_endpoints(env):
+        if e.name != "local" and not e.key_set and "localhost" not in e.base_url and "127.0.0.1" not in e.base_url:
+            out.append(Check(f"model {e.name}", "broken", f"{e.default_model} at {e.base_url} has no API key "
+                                                            f"(from {e.source})"))
+        else:
+            out.append(Check(f"model {e.name}", "ok", f"{e.default_model} at {e.base_url} (key "
+                                                      f"{'set' if e.key_set else 'not needed'}; from {e.source})"))
+    if not out:
+        out.append(Check("models", "missing", "none configured (OPENAI_API_KEY, OPENROUTER_API_KEY, "
+                                              "ANTHROPIC_API_KEY or TETHER_MODEL): tether uses the embedded model"))
+    return out
+
+
+def embedded_check(load: bool = True) -> Check:
+    status = local_status()
+    if not status.available:
+        return Check("embedded model", "missing", status.detail)
+    if not load:
+        return Check("embedded model", "ok", status.detail)
+    from tether.models._local import LocalModel  # loads llama.cpp: only when asked to check it works
+
+    try:
+        model = LocalModel(max_output_tokens=4)
+        model.load()
+    except Exception as exc:  # installed but broken: say so
+        return Check("embedded model", "broken", f"{status.detail}: {type(exc).__name__}: {exc}")
+    return Check("embedded model", "ok", f"loads: {model.path}")
+
+
+def database_check(env: Mapping[str, str]) -> Check:
+    configured = env.get("TETHER_DB")
+    where = configured or str(default_database_path(env))
+    try:
+        from tether.store._sql import RunStore
+
+        store = RunStore(where)
+        with store.engine.begin() as conn:  # a write: a read-only or full disk shows here
+            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS tether_doctor (x INTEGER)")
+        store.close()
+    except Exception as exc:
+        state = "broken" if configured else "missing"
+        return Check("run store", state, f"{_redact(where)}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return Check("run store", "ok", _redact(where))
+
+
+def _redact(url: str) -> str:
+    """A database URL without its password."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url
+
+
+def run_checks(env: Mapping[str, str] | None = None, *, load_model: bool = True) -> list[Check]:
+    env = os.environ if env is None else env
+    return [sandbox_check(), *model_checks(env), embedded_check(load_model), database_check(env)]
+
+
+def doctor(out: Callable[[str], None], env: Mapping[str, str] | None = None, *, load_model: bool = True) -> int:
+    """Print the checks; 0 when nothing configured is broken, else 1."""
+    checks = run_checks(env, load_model=load_model)
+    mark = {"ok": "ok     ", "missing": "missing", "broken": "BROKEN "}
+    for c in checks:
+        out(f"{mark[c.state]} {c.part:<16} {c.detail}")
+    broken = [c.part for c in checks if c.state == "broken"]
+    out(f"{len(broken)} broken: {', '.join(broken)}" if broken else "nothing configured is broken")
+    return 1 if broken else 0

@@ -1,0 +1,162 @@
+"""`DbosStepRunner`: the loop's StepRunner as DBOS steps. Each model call and each tool run is a
+checkpointed step; a replay returns the recorded outputs, so the same `run_loop` takes the same
+branches. Clock readings are recorded with the steps (the loop reads `RecordedClock`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from dbos import DBOS
+from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
+
+from tether._loop import RunCancelled
+from tether._types import ModelReply, ToolCall, ToolResult, from_jsonable, to_jsonable
+from tether.events import ToolCallStarted, TraceEvent
+
+if TYPE_CHECKING:  # the runtime builds these, passing itself in
+    from tether.durable._runtime import Runtime
+    from tether.store._sql import RunStore
+
+APPROVAL_TOPIC = "approval"
+
+
+class RecordedClock:
+    """Wall-clock seconds as of the last recorded step (the run's start before any): replaying a run
+    reads the same times, so its time budget takes the same decisions."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+
+class DbosStepRunner:
+    """Runs one durable run's steps through DBOS (from inside its workflow)."""
+
+    def __init__(self, run_id: str, started_at: float, runtime: Runtime, *, approval_timeout: float,
+                 flush: Callable[[], None] | None = None, flush_text: Callable[[], None] | None = None) -> None:
+        self.run_id = run_id
+        self.runtime = runtime
+        self.clock = RecordedClock(started_at)
+        self.approval_timeout = approval_timeout
+        self.flush = flush  # writes the run's new events to the store, once per turn
+        self.flush_text = flush_text  # writes the text a model call streamed, before its step is recorded
+        self._reserved: dict[int, Any] = {}
+
+    def begin_turn(self, step: int, indices: list[int]) -> None:
+        # Concurrent tool steps get their ids now, in call order, so a replay matches them up.
+        self._reserved = {i: DBOS.reserve_step() for i in indices}
+
+    async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
+        if self.flush is not None:
+            self.flush()
+
+        async def model() -> dict[str, Any]:
+            reply = await run()
+            if self.flush_text is not None:
+                self.flush_text()
+            return {"reply": to_jsonable(reply), "at": time.time()}
+
+        out = await self._step(DBOS.run_step_async({"name": "model", "preemptible": True}, model))
+        self.clock.at = max(self.clock.at, float(out["at"]))
+        return from_jsonable(ModelReply, out["reply"])
+
+    async def tool_step(self, step: int, index: int, call: ToolCall,
+                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+        async def tool() -> dict[str, Any]:
+            result = await run()
+            return {"result": to_jsonable(result), "at": time.time()}
+
+        options: Any = {"name": f"tool:{call.name}"}
+        reserved = self._reserved.pop(index, None)
+        work = reserved.run_async(options, tool) if reserved is not None else DBOS.run_step_async(options, tool)
+        out = await self._step(work)
+        self.clock.at = max(self.clock.at, float(out["at"]))
+        return from_jsonable(ToolResult, out["result"])
+
+    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+        """Park (no thread held: DBOS recv, durable across restarts) until a decision on this call."""
+        store = self.runtime.store
+        store.set_status(run_id, "awaiting_approval", pending=pending)
+        if self.flush is not None:
+            self.flush()
+        while True:
+            try:
+                message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=self.approval_timeout)
+            except DBOSWorkflowCancelledError as exc:
+                raise RunCancelled from exc
+            if message is None:
+                decision = {"call_id": pending["call_id"], "approved": False, "by": "timeout",
+                            "reason": f"no decision within {self.approval_timeout:g} s"}
+                break
+            if isinstance(message, dict) and message.get("cancel"):
+                raise RunCancelled
+            # bound to this call at this step: call ids repeat across replies, a stale decision must not match
+            if isinstance(message, dict) and message.get("call_id") == pending["call_id"] \
+                    and message.get("step") == pending.get("step"):
+                decision = message
+                break
+        store.set_status(run_id, "running")
+        return decision
+
+    async def _step(self, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        rt = self.runtime
+        if rt.draining:  # the process is stopping: this step runs when the run is recovered, not here
+            if asyncio.iscoroutine(work):
+                work.close()
+            await asyncio.get_running_loop().create_future()  # until the shutdown cancels the run
+        rt.steps_in_flight += 1
+        try:
+            return await work
+        except (DBOSWorkflowCancelledError, DBOSAwaitedWorkflowCancelledError) as exc:  # cancelled elsewhere
+            raise RunCancelled from exc
+        finally:
+            rt.steps_in_flight -= 1
+
+
+TOOL_STARTED = ToolCallStarted.__dataclass_fields__["kind"].default
+
+
+class EventBuffer:
+    """The run's events: passed on to the caller's sink (same process) and written to the store
+    in one batch per turn (a replay writes the same sequence numbers again, harmlessly). With
+    `store_text`, streamed text is written too (tether.durable._text_deltas), for other processes."""
+
+    def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, store: RunStore, *,
+                 store_text: bool = False) -> None:
+        from tether.durable._text_deltas import TextDeltaWriter
+
+        self.run_id = run_id
+        self.sink = sink
+        self.events: list[TraceEvent] = []
+        self.flushed = 0
+        self.store = store
+        self.text = TextDeltaWriter(self.store, run_id) if store_text else None
+
+    def __call__(self, event: TraceEvent) -> None:
+        if event.kind != "text_delta":
+            self.events.append(event)
+            if event.kind == TOOL_STARTED:
+                # a tool may take minutes: a reader (the task service's stream) sees it open now, not
+                # when the turn is written before the next model call
+                self.flush()
+        elif self.text is not None:
+            self.text.add(len(self.events), str(event.data.get("text", "")))
+        if self.sink is not None:
+            self.sink(event)
+
+    def flush_text(self) -> None:
+        if self.text is not None:
+            self.text.flush()
+
+    def flush(self) -> None:
+        self.flush_text()
+        if self.flushed < len(self.events):
+            self.store.add_events(self.run_id, self.events[self.flushed:], self.flushed)
+            self.flushed = len(self.events)

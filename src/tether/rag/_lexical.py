@@ -1,0 +1,238 @@
+"""Lexical retrievers: textbook TF-IDF cosine and BM25 with stemming (bm25s + PyStemmer).
+
+Both keep an inverted index as CSC-style arrays (per term: the passages it occurs in and a
+weight) and score a query with one `np.bincount` over the query terms' postings, which keeps
+lexical search well above 2,000 queries per second on small and medium stores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tether.rag._base import top_k
+from tether.rag._text import simple_tokens, stem_many, stemmed_tokens, word_tokens
+
+
+class _Postings:
+    """Per-term postings: passages `indices[indptr[t]:indptr[t+1]]` with `data` weights."""
+
+    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_docs: int) -> None:
+        self.data = data
+        self.indices = indices
+        self.indptr = indptr
+        self.n_docs = n_docs
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"post_data": self.data, "post_indices": self.indices, "post_indptr": self.indptr,
+                "post_n_docs": np.asarray(self.n_docs)}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> _Postings:
+        return cls(a["post_data"], a["post_indices"], a["post_indptr"], int(a["post_n_docs"]))
+
+    def score(self, term_weights: dict[int, float]) -> np.ndarray:
+        if not term_weights or self.n_docs == 0:
+            return np.zeros(self.n_docs, dtype=np.float32)
+        idx_parts, w_parts = [], []
+        for t, w in term_weights.items():
+            a, b = self.indptr[t], self.indptr[t + 1]
+            idx_parts.append(self.indices[a:b])
+            w_parts.append(self.data[a:b] * w)
+        out = np.bincount(np.concatenate(idx_parts), np.concatenate(w_parts), minlength=self.n_docs)
+        return out.astype(np.float32, copy=False)
+
+
+class TfidfRetriever:
+    """Textbook TF-IDF cosine: lowercase `[a-z0-9]+` tokens minus a small stop list, raw term
+    counts, idf = log((1+N)/(1+df)) + 1, both vectors L2-normalised, score = cosine."""
+
+    name = "tfidf"
+
+    def __init__(self, tokenize: Callable[[str], list[str]] = simple_tokens) -> None:
+        self.tokenize = tokenize
+        self.vocab: dict[str, int] = {}
+        self.idf = np.zeros(0, dtype=np.float64)
+        self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0)
+
+    def fit(self, texts: Sequence[str]) -> None:
+        vocab: dict[str, int] = {}
+        rows: list[tuple[int, int, int]] = []  # (term, doc, count)
+        for d, text in enumerate(texts):
+            for term, c in Counter(self.tokenize(text)).items():
+                rows.append((vocab.setdefault(term, len(vocab)), d, c))
+        n = len(texts)
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        df = np.bincount(arr[:, 0], minlength=len(vocab))
+        idf = np.log((1 + n) / (1 + df)) + 1.0
+        w = arr[:, 2] * idf[arr[:, 0]]
+        norms = np.sqrt(np.bincount(arr[:, 1], w * w, minlength=n))
+        w = w / np.where(norms > 0, norms, 1.0)[arr[:, 1]]
+        order = np.lexsort((arr[:, 1], arr[:, 0]))
+        indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
+        np.cumsum(df, out=indptr[1:])
+        self.vocab, self.idf = vocab, idf
+        self._post = _Postings(w[order], arr[order, 1], indptr, n)
+
+    def key(self) -> str:
+        """What the fitted state depends on besides the texts (stored states are reused only for it)."""
+        return f"tfidf:{getattr(self.tokenize, '__qualname__', repr(self.tokenize))}"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fitted state as arrays (`restore` takes them back): a stored index reopens without refitting."""
+        return {**_vocab_arrays(self.vocab), "idf": self.idf, **self._post.arrays()}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.vocab = _vocab_from(arrays)
+        self.idf = arrays["idf"]
+        self._post = _Postings.from_arrays(arrays)
+
+    def _query_weights(self, query: str) -> dict[int, float]:
+        counts = Counter(t for t in self.tokenize(query) if t in self.vocab)
+        weights = {self.vocab[t]: c * self.idf[self.vocab[t]] for t, c in counts.items()}
+        norm = math.sqrt(sum(v * v for v in weights.values()))
+        return {t: v / norm for t, v in weights.items()} if norm else {}
+
+    def scores(self, query: str) -> np.ndarray:
+        return self._post.score(self._query_weights(query))
+
+    def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
+        return top_k(self.scores(query), k)
+
+
+@dataclass(frozen=True, slots=True)
+class RM3:
+    """RM3 pseudo-relevance feedback: the query is re-weighted with the terms of the `docs` best
+    first-pass passages. Each passage's term distribution (tf / length) is weighted by its
+    first-pass score; the `terms` heaviest terms, L1-normalised, are mixed with the L1-normalised
+    original query as `original * query + (1 - original) * feedback`. Terms found in more than
+    `max_df` of the passages are skipped (the stop list is small on purpose)."""
+
+    docs: int = 10
+    terms: int = 20
+    original: float = 0.5
+    max_df: float = 0.1
+
+
+class BM25Retriever:
+    """BM25 (Lucene variant) over Snowball-stemmed tokens, indexed by bm25s; optional RM3 feedback.
+
+    Query terms count as often as they occur, as in bm25s's own scoring.
+    """
+
+    name = "bm25"
+
+    def __init__(self, k1: float = 1.5, b: float = 0.75, stem: bool = True, rm3: RM3 | None = None) -> None:
+        self.k1, self.b, self.stem, self.rm3 = k1, b, stem, rm3
+        self.vocab: dict[str, int] = {}
+        self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0)
+        # Forward index for RM3: passage d's terms are _fterms[_fptr[d]:_fptr[d+1]], with tf / length.
+        self._fterms = np.zeros(0, dtype=np.int64)
+        self._fprob = np.zeros(0, dtype=np.float64)
+        self._fptr = np.zeros(1, dtype=np.int64)
+        self._common = np.zeros(0, dtype=bool)
+        self._term_rank = np.zeros(0, dtype=np.int64)
+
+    def _tokens(self, text: str) -> list[str]:
+        return stemmed_tokens(text) if self.stem else word_tokens(text)
+
+    def fit(self, texts: Sequence[str]) -> None:
+        import bm25s
+
+        corpus = stem_many(texts) if self.stem else [word_tokens(t) for t in texts]
+        n = len(corpus)
+        if not any(corpus):  # bm25s cannot index a store without a single term
+            self.vocab = {}
+            self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), n)
+            self._fptr = np.zeros(n + 1, dtype=np.int64)
+            return
+        model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        model.index(corpus, show_progress=False)
+        s = model.scores
+        self.vocab = {t: i for t, i in model.vocab_dict.items() if t}
+        # bm25s numbers terms in set order, which changes with PYTHONHASHSEED: ties between
+        # feedback terms are broken by the term itself, so rankings are the same in every process
+        self._term_rank = np.zeros(max(self.vocab.values(), default=-1) + 1, dtype=np.int64)
+        for rank, term in enumerate(sorted(self.vocab)):
+            self._term_rank[self.vocab[term]] = rank
+        self._post = _Postings(s["data"], s["indices"].astype(np.int64), s["indptr"].astype(np.int64), n)
+        if self.rm3 is not None:
+            self._forward(corpus)
+
+    def key(self) -> str:
+        """What the fitted state depends on besides the texts (stored states are reused only for it)."""
+        return f"bm25:{self.k1}:{self.b}:{self.stem}:{self.rm3}"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fitted state as arrays (`restore` takes them back): a stored index reopens without refitting."""
+        return {**_vocab_arrays(self.vocab), **self._post.arrays(), "fterms": self._fterms, "fprob": self._fprob,
+                "fptr": self._fptr, "common": self._common, "term_rank": self._term_rank}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.vocab = _vocab_from(arrays)
+        self._post = _Postings.from_arrays(arrays)
+        self._fterms, self._fprob, self._fptr = arrays["fterms"], arrays["fprob"], arrays["fptr"]
+        self._common, self._term_rank = arrays["common"], arrays["term_rank"]
+
+    def _forward(self, corpus: list[list[str]]) -> None:
+        terms, probs, ptr = [], [], [0]
+        for toks in corpus:
+            c = Counter(self.vocab[t] for t in toks if t in self.vocab)
+            total = sum(c.values()) or 1
+            terms += c.keys()
+            probs += [v / total for v in c.values()]
+            ptr.append(len(terms))
+        self._fterms = np.asarray(terms, dtype=np.int64)
+        self._fprob = np.asarray(probs, dtype=np.float64)
+        self._fptr = np.asarray(ptr, dtype=np.int64)
+        df = np.diff(self._post.indptr)
+        self._common = df > self.rm3.max_df * max(len(corpus), 1)  # type: ignore[union-attr]
+
+    def term_weights(self, query: str) -> dict[int, float]:
+        counts = Counter(t for t in self._tokens(query) if t in self.vocab)
+        return {self.vocab[t]: float(c) for t, c in counts.items()}
+
+    def feedback_weights(self, weights: dict[int, float], first: np.ndarray) -> dict[int, float]:
+        """RM3's expanded query from the original term weights and the first-pass scores."""
+        rm3 = self.rm3
+        if rm3 is None or not weights or not len(self._fterms):
+            return weights
+        top = [(d, s) for d, s in top_k(first, rm3.docs) if s > 0]
+        if not top:
+            return weights
+        idx = np.concatenate([np.arange(self._fptr[d], self._fptr[d + 1]) for d, _ in top])
+        doc_w = np.concatenate([np.full(self._fptr[d + 1] - self._fptr[d], s) for d, s in top])
+        fb = np.bincount(self._fterms[idx], self._fprob[idx] * doc_w, minlength=len(self._common))
+        fb[self._common] = 0.0
+        keep = np.lexsort((self._term_rank[: len(fb)], -fb))[: rm3.terms]
+        keep = keep[fb[keep] > 0]
+        total_fb = float(fb[keep].sum())
+        total_q = sum(weights.values())
+        out = {t: rm3.original * w / total_q for t, w in weights.items()}
+        for t in keep:
+            out[int(t)] = out.get(int(t), 0.0) + (1 - rm3.original) * float(fb[t]) / total_fb
+        return out
+
+    def scores(self, query: str) -> np.ndarray:
+        weights = self.term_weights(query)
+        first = self._post.score(weights)
+        if self.rm3 is None:
+            return first
+        return self._post.score(self.feedback_weights(weights, first))
+
+    def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
+        return top_k(self.scores(query), k)
+
+
+def _vocab_arrays(vocab: dict[str, int]) -> dict[str, np.ndarray]:
+    terms = list(vocab)
+    return {"vocab_terms": np.asarray(terms, dtype=str) if terms else np.zeros(0, dtype="<U1"),
+            "vocab_ids": np.asarray([vocab[t] for t in terms], dtype=np.int64)}
+
+
+def _vocab_from(arrays: dict[str, np.ndarray]) -> dict[str, int]:
+    return dict(zip(arrays["vocab_terms"].tolist(), arrays["vocab_ids"].tolist(), strict=True))

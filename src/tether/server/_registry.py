@@ -1,0 +1,196 @@
+"""Named agent configurations the service runs: from a TOML file or a Python module.
+
+TOML (`tether serve --agents agents.toml`):
+
+    [agents.assistant]
+    model = "openai:gpt-4o-mini"          # as for `tether --model`; omitted: the environment's default
+    tools = "calculator,files"            # tool sets, as for `tether --tools`
+    workspace = "/srv/tether/ws"          # for file and shell tools
+    instructions = "Answer briefly."
+    limits = { max_steps = 10, max_seconds = 120 }
+
+    [agents.assistant.policy]             # optional: the safety policy (tether.policy.SafetyPolicy)
+    unlisted = "inherit"                  # tools not under [..policy.tools]: their own declarations
+                                          # ("inherit", the default here) or refused ("deny")
+    egress = ["api.example.com", "*.corp.example"]   # hosts a tool may reach
+    [agents.assistant.policy.tools.Bash]  # one tool's capability (tether.policy.Capability)
+    requires_approval = true              # also: ceilings = {arg = max}, per_run, per_user,
+                                          # per_user_window, on_untrusted, risk_free_args, url_args
+
+Python (`--agents mymodule:AGENTS` or `--agents path/agents.py:AGENTS`): a dict of name -> function
+`(user) -> Agent`. Whatever the source, every agent's calls that need approval park the run for a
+person (the service's confirm endpoint) instead of being denied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether._agent import Agent
+from tether._errors import TetherError
+from tether._limits import Limits
+from tether._refs import load_ref
+
+AgentFactory = Callable[[str | None], Agent]
+
+
+class RegistryError(TetherError, ValueError):
+    """Agent configurations that cannot be used (one line saying what to change)."""
+
+
+@dataclasses.dataclass
+class Registry:
+    """name -> factory(user) -> Agent."""
+
+    factories: dict[str, AgentFactory]
+
+    def names(self) -> list[str]:
+        return sorted(self.factories)
+
+    def build(self, name: str, user: str | None, limits: dict[str, Any] | None = None) -> Agent:
+        """The agent `name` acting as `user`, its limits narrowed by `limits` (a task may ask for
+        less than the configuration allows, never more)."""
+        if name not in self.factories:
+            raise RegistryError(f"no agent named {name!r}; agents: {', '.join(self.names()) or 'none'}")
+        agent = self.factories[name](user)
+        agent.user = user
+        agent.name = name
+        if limits:
+            agent.limits = narrow(agent.limits, limits)
+        _park_approvals(agent)
+        return agent
+
+
+def narrow(base: Limits, asked: dict[str, Any]) -> Limits:
+    known = {f.name for f in dataclasses.fields(Limits)}
+    bad = sorted(set(asked) - known)
+    if bad:
+        raise RegistryError(f"unknown limits {bad}; known: {sorted(known)}")
+    values: dict[str, Any] = {}
+    for key, value in asked.items():
+        current = getattr(base, key)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise RegistryError(f"limits.{key} must be a positive number, got {value!r}")
+        values[key] = value if current is None else min(current, value)
+    return dataclasses.replace(base, **values)
+
+
+def _park_approvals(agent: Agent) -> None:
+    from tether.policy import ApprovalBook, PendingApprover
+
+    if hasattr(agent.policy, "approver"):
+        agent.policy.approver = PendingApprover(ApprovalBook())  # type: ignore[union-attr]
+
+
+def load_registry(ref: str | Path) -> Registry:
+    """From a `.toml` file, or `module:NAME` / `file.py:NAME` naming a dict of factories."""
+    text = str(ref)
+    if text.endswith(".toml"):
+        return _from_toml(Path(text))
+    if ":" not in text:
+        raise RegistryError(f"--agents {text!r}: give a .toml file or module:NAME (a dict of name -> factory)")
+    try:
+        found = load_ref(text, Path.cwd())
+    except LookupError as exc:
+        raise RegistryError(f"--agents: {exc}") from exc
+    if not isinstance(found, dict) or not found or not all(callable(f) for f in found.values()):
+        raise RegistryError(f"--agents: {text} must be a non-empty dict of name -> function(user) -> Agent")
+    return Registry(dict(found))
+
+
+def _from_toml(path: Path) -> Registry:
+    try:
+        data = tomllib.loads(path.read_text("utf-8"))
+    except OSError as exc:
+        raise RegistryError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{path}: invalid TOML: {exc}") from exc
+    agents = data.get("agents")
+    if not isinstance(agents, dict) or not agents:
+        raise RegistryError(f"{path}: no [agents.NAME] tables")
+    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy"}
+    factories: dict[str, AgentFactory] = {}
+    for name, cfg in agents.items():
+        if not isinstance(cfg, dict):
+            raise RegistryError(f"{path}: agents.{name} must be a table")
+        extra = sorted(set(cfg) - allowed)
+        if extra:
+            raise RegistryError(f"{path}: agents.{name} has unknown keys {extra}; known: {sorted(allowed)}")
+        factories[name] = _toml_factory(path, name, cfg)
+    return Registry(factories)
+
+
+def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
+    from tether.cli._build import CliError, build_tools
+    from tether.models._resolve import ModelConfigError, parse_spec, resolve_model
+
+    workspace = Path(cfg.get("workspace") or ".").expanduser().resolve()
+    try:  # fail at start, not at the first task (the model itself is built per agent)
+        limits = narrow(Limits(), cfg.get("limits") or {}) if cfg.get("limits") else Limits()
+        tool_names = {t.name for t in build_tools(cfg.get("tools") or "none", workspace)}
+        if cfg.get("model"):
+            parse_spec(str(cfg["model"]))
+        policy_from_toml(cfg.get("policy"), tool_names)
+    except (RegistryError, CliError, ModelConfigError) as exc:
+        raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
+
+    def build(user: str | None) -> Agent:
+        try:
+            tools = build_tools(cfg.get("tools") or "none", workspace)
+            model = resolve_model(cfg.get("model"))
+        except (CliError, ModelConfigError) as exc:
+            raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
+        policy = policy_from_toml(cfg.get("policy"), {t.name for t in tools})  # per run: its state is the run's
+        return Agent(model, tools=tools, instructions=str(cfg.get("instructions") or ""), limits=limits, user=user,
+                     name=name, policy=policy)
+
+    return build
+
+
+POLICY_KEYS = {"unlisted", "egress", "tools"}
+CAPABILITY_KEYS = {"requires_approval", "ceilings", "per_run", "per_user", "per_user_window", "on_untrusted",
+                   "risk_free_args", "url_args"}
+
+
+def policy_from_toml(table: Any, tool_names: set[str]) -> Any:
+    """A SafetyPolicy from an agent's `policy` table (None when there is none)."""
+    from tether.policy import Capabilities, Capability, EgressPolicy, SafetyPolicy
+
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise RegistryError("policy must be a table")
+    extra = sorted(set(table) - POLICY_KEYS)
+    if extra:
+        raise RegistryError(f"policy has unknown keys {extra}; known: {sorted(POLICY_KEYS)}")
+    caps = []
+    tools = table.get("tools") or {}
+    if not isinstance(tools, dict):
+        raise RegistryError("policy.tools must be a table of [policy.tools.NAME] tables")
+    for tool, spec in tools.items():
+        if tool not in tool_names:
+            raise RegistryError(f"policy.tools.{tool}: the agent has no such tool; its tools: {sorted(tool_names)}")
+        if not isinstance(spec, dict):
+            raise RegistryError(f"policy.tools.{tool} must be a table")
+        bad = sorted(set(spec) - CAPABILITY_KEYS)
+        if bad:
+            raise RegistryError(f"policy.tools.{tool} has unknown keys {bad}; known: {sorted(CAPABILITY_KEYS)}")
+        fields: dict[str, Any] = {k: tuple(v) if k in ("risk_free_args", "url_args") else v for k, v in spec.items()}
+        try:
+            caps.append(Capability(tool, **fields))
+        except (TypeError, ValueError) as exc:
+            raise RegistryError(f"policy.tools.{tool}: {exc}") from exc
+    egress = table.get("egress")
+    if egress is not None and (not isinstance(egress, list) or not all(isinstance(h, str) for h in egress)):
+        raise RegistryError("policy.egress must be a list of host names (\"*.example.com\" for subdomains)")
+    try:
+        capabilities = Capabilities(caps, unlisted=table.get("unlisted", "inherit"))
+    except ValueError as exc:
+        raise RegistryError(f"policy: {exc}") from exc
+    return SafetyPolicy(capabilities=capabilities, egress=EgressPolicy(egress) if egress is not None else None)

@@ -1,0 +1,370 @@
+"""The executor: the one path by which any tool runs (loop, MCP, server and evals all call it).
+
+Order for each call: find the tool -> reject malformed arguments -> validate -> policy (authorize,
+effect, taint, approvals; see tether.policy) -> idempotency key -> run with a timeout -> shape and
+cap the result (full result kept under a handle) -> policy after-hook (taint, labelling) -> trace.
+Every failure becomes a `ToolResult` with `is_error=True` and text the model can act on; nothing
+a tool or a model does here raises into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import types
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from tether._errors import InvalidInput, InvalidType
+from tether._types import ToolCall, ToolResult, ToolSpec
+from tether.tools._base import Tool, ToolContext
+from tether.tools._results import (
+    DEFAULT_MAX_RESULT_CHARS,
+    HANDLES_KEY,
+    Results,
+    ResultStore,
+    cap,
+    read_result_tool,
+    shape,
+)
+from tether.tools._schema import ArgumentError
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Facts about the run a call belongs to."""
+
+    run_id: str
+    user: str | None = None
+    step: int = 0
+    seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
+    extra: dict[str, Any] = field(default_factory=dict)
+    policy_state: Any = None  # the policy's per-run state (Policy.start_run); owned by the run
+
+
+# Runs the tool itself (not the checks around it) as one step: the durable runner checkpoints it,
+# so a replay gets the recorded result while the policy's checks and after-call update run again
+# in the workflow, from that recorded result.
+ToolStepFn = Callable[[Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]]
+
+
+async def _direct(run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+    return await run()
+
+
+@dataclass(slots=True)
+class Verdict:
+    """A policy's answer before a call runs."""
+
+    action: Literal["allow", "refuse", "await_approval"] = "allow"
+    reason: str = ""
+    decision: str = "allowed"  # label for trace and audit: allowed, approved:alice, refused:taint, ...
+    arguments: dict[str, Any] | None = None  # replaced arguments (e.g. redacted); None keeps them
+
+
+ALLOW = Verdict()
+
+
+class Policy(Protocol):
+    """Every hook the executor and the loop call on the safety layer.
+
+    Every per-run fact lives in the state `start_run` returns, which the run owns (it rides on
+    `CallContext.policy_state`, and `dump_state`/`load_state` turn it into JSON and back), so a
+    resumed run is exactly as tainted as before. `after_call` is deterministic given (tool,
+    result, state). `pending`/`decide` let a person answer an approval out of process. To write
+    one, subclass `BasePolicy` (every hook a no-op that allows) and override what you need.
+    """
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        """A fresh per-run state: the user's own messages so far, and earlier turns' tool outputs."""
+        ...
+
+    def note_user(self, state: Any, text: str) -> None:
+        """A new message from the user in a continued run."""
+        ...
+
+    async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict: ...
+
+    def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult: ...
+
+    def label_turn(self, state: Any, results: Iterable[ToolResult]) -> str | None:
+        """A note for the model after a turn's results (e.g. which are untrusted data), or None."""
+        ...
+
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
+        """Filter the final answer as it leaves the run; returns (answer, findings)."""
+        ...
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        """The state as JSON-safe data with a "version" key."""
+        ...
+
+    def load_state(self, data: dict[str, Any]) -> Any:
+        """The inverse of `dump_state`."""
+        ...
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        """Calls awaiting a decision: [{"call_id", "tool", "arguments", "reason"}]."""
+        ...
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        """Record a decision bound to exactly that pending call, used once."""
+        ...
+
+
+POLICY_HOOKS = ("start_run", "note_user", "before_call", "after_call", "label_turn", "finish_run", "dump_state",
+                "load_state", "pending", "decide")
+
+
+class BasePolicy:
+    """Every `Policy` hook, each a no-op that allows: subclass it and override what you need."""
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        return None
+
+    def note_user(self, state: Any, text: str) -> None:
+        return None
+
+    async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
+        return ALLOW
+
+    def after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
+        return result
+
+    def label_turn(self, state: Any, results: Iterable[ToolResult]) -> str | None:
+        return None
+
+    def finish_run(self, state: Any, answer: str) -> tuple[str, list[Any]]:
+        return answer, []
+
+    def dump_state(self, state: Any) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, data: dict[str, Any]) -> Any:
+        return None
+
+    def pending(self, state: Any) -> list[dict[str, Any]]:
+        return []
+
+    def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
+        raise InvalidInput(f"no call {call_id!r} awaits approval (this policy asks for none)")
+
+
+class AllowAll(BasePolicy):
+    """No policy: every valid call runs. Opt-in only (`Agent(policy=AllowAll())`), for tests and
+    trusted tool sets; the Agent's default is `tether.policy.SafetyPolicy`."""
+
+
+def check_policy(policy: object) -> Policy:
+    """`policy` if it has every hook, else one TypeError naming the missing ones."""
+    missing = [h for h in POLICY_HOOKS if not callable(getattr(policy, h, None))]
+    if missing:
+        raise InvalidType(f"{type(policy).__name__} is not a complete Policy: it lacks {', '.join(missing)}. "
+                        "Subclass tether.BasePolicy (every hook allows) and override what you need.")
+    return policy  # type: ignore[return-value]
+
+
+@types.coroutine
+def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
+    """Go on awaiting `coro` after its first step (which yielded `yielded`), as `await coro` would
+    have: what the task sends or throws in (a cancellation) goes to `coro`, what it yields goes out."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+class Executor:
+    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop."""
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        policy: Policy | None = None,
+        results: Results | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        default_timeout: float | None = 120.0,
+        max_workers: int = 8,
+        read_result: bool = True,
+    ) -> None:
+        self.results: Results = results if results is not None else ResultStore()
+        self.max_result_chars = max_result_chars
+        self.default_timeout = default_timeout
+        self.policy: Policy = AllowAll() if policy is None else check_policy(policy)
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in self.tools:
+                raise InvalidInput(f"two tools are named {t.name!r}; tool names must be unique")
+            self.tools[t.name] = t
+        self._specs = [t.spec for t in self.tools.values()]
+        self._specs_with_reader = self._specs
+        if read_result and "read_result" not in self.tools:
+            self.tools["read_result"] = reader = read_result_tool(self.results, max_result_chars)
+            self._specs_with_reader = [*self._specs, reader.spec]
+        self._max_workers = max_workers
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _abandon_pool(self) -> None:
+        """A timed-out sync tool keeps its thread (Python cannot stop it): leave that pool to finish
+        what it holds and give the next calls a fresh one, so abandoned calls never take the workers
+        the next call needs."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """What a run that has no capped result yet is told about (a run asks `specs_for`)."""
+        return self._specs
+
+    def specs_for(self, has_handles: bool) -> list[ToolSpec]:
+        """What the model is told about. `read_result` is advertised once one of the run's results
+        was capped, so small models are not tempted by a tool they have no handle for."""
+        return self._specs_with_reader if has_handles else self._specs
+
+    def update_tools(self, add: Iterable[Tool] = (), remove: Iterable[str] = ()) -> None:
+        """Drop the tools named in `remove`, then add (or replace) `add`; the next model call sees the
+        new set (e.g. an MCP server's changed tool list). Fresh containers are swapped in, so a lookup
+        racing the update sees the old set or the new one, never half of each."""
+        reader = self.tools.get("read_result")
+        auto_reader = reader is not None and reader.spec not in self._specs  # added by __init__, advertised late
+        gone = set(remove)
+        tools = {n: t for n, t in self.tools.items() if n not in gone or (auto_reader and n == "read_result")}
+        tools.update((t.name, t) for t in add)
+        specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
+        self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
+        self.tools = tools
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
+        return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
+                          decision=decision)
+
+    async def execute(self, call: ToolCall, ctx: CallContext, index: int = 0, step: ToolStepFn = _direct) -> ToolResult:
+        """Run one call through every check; never raises (except cancellation). `index` is the
+        call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
+        itself (the durable runner checkpoints it there)."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools) or "none"
+            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", "unknown_tool")
+        if call.parse_error is not None:
+            return self._error(
+                call,
+                f"invalid arguments for '{call.name}': {call.parse_error}. Call it again with a JSON object "
+                "that matches its parameters.",
+                "invalid_arguments",
+            )
+        try:
+            args = tool.validator.validate(call.arguments)
+        except ArgumentError as exc:
+            return self._error(
+                call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
+                "invalid_arguments",
+            )
+        except Exception as exc:  # a validator bug must not crash the run, nor let the call through
+            return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
+                               f"{exc}", "invalid_arguments")
+        try:
+            verdict = await self.policy.before_call(tool, args, call, ctx)
+        except Exception as exc:  # fail closed: a policy that cannot decide refuses
+            return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
+                               f"{exc}", "refused:policy_error")
+        if verdict.action == "refuse":
+            return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
+        if verdict.action == "await_approval":
+            return ToolResult(call.id, call.name, f"PENDING: '{call.name}' awaits approval: {verdict.reason}",
+                              is_error=True, decision="awaiting_approval")
+        if verdict.arguments is not None:
+            args = verdict.arguments
+        if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
+            result = await self._run(tool, args, call, ctx, index)
+        else:
+            result = await step(functools.partial(self._run, tool, args, call, ctx, index))
+        if not result.is_error:
+            result.decision = verdict.decision
+        if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
+            ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
+        try:
+            return self.policy.after_call(tool, result, ctx)
+        except Exception as exc:  # fail closed: an unchecked result is not shown to the model
+            return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
+                               f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+
+    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int) -> ToolResult:
+        if tool.context_param is not None:
+            args = dict(args)
+            # run_id:step:index, not call.id: call ids are only unique within one reply
+            args[tool.context_param] = ToolContext(
+                run_id=ctx.run_id, call_id=call.id, user=ctx.user,
+                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra,
+            )
+        timeout = tool.timeout if tool.timeout is not None else self.default_timeout
+        if ctx.seconds_left is not None:
+            timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
+        try:
+            if tool.is_async:
+                work = tool.fn(**args)
+                if timeout is None:
+                    value = await work
+                elif type(work) is types.CoroutineType:
+                    # Stepped once directly: a coroutine that finishes without suspending (a cache hit,
+                    # a computation) gave the loop no chance to interrupt it, so it needs no timer. One
+                    # that suspends goes on under a timer due when it would have been had it been armed
+                    # before that first step.
+                    deadline = asyncio.get_running_loop().time() + timeout
+                    try:
+                        first = work.send(None)
+                    except StopIteration as done:
+                        value = done.value
+                    else:
+                        async with asyncio.timeout_at(deadline):
+                            value = await _resume(work, first)
+                else:
+                    async with asyncio.timeout(timeout):
+                        value = await work
+            else:
+                # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
+                async with asyncio.timeout(timeout):
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
+                    value = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, functools.partial(tool.fn, **args))
+        except TimeoutError:
+            if not tool.is_async:
+                self._abandon_pool()
+            return self._error(
+                call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "
+                "request or another approach.", "timeout",
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
+        try:
+            text = shape(value)
+        except Exception as exc:  # e.g. a model_dump() or __str__ that raises
+            return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
+                               "failed")
+        limit = tool.max_result_chars or self.max_result_chars
+        content, handle = cap(text, limit, self.results, ctx.user)
+        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text))
