@@ -35,10 +35,13 @@ from typing import Any
 
 from dbos import DBOS
 
-from tether import Agent, Limits, tool
-from tether._types import ModelReply, ModelRequest, ToolCall
-from tether.models._scripted import ScriptedModel
-from tether.tools._executor import AllowAll
+# public names only: before_after runs this file against older versions of tether too
+from tether import Agent, Limits, ModelReply, ModelRequest, ScriptedModel, ToolCall, tool
+
+try:
+    from tether import AllowAll
+except ImportError:  # a tether before AllowAll was exported (before_after's base)
+    from tether.tools.executor import AllowAll  # type: ignore[no-redef]
 
 OUT = Path(__file__).with_name("results.json")
 TURNS = 20  # tool turns per run (+1 final answer): 41 DBOS steps

@@ -26,10 +26,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from tether import Agent, Limits, tool
-from tether._types import ModelReply, ModelRequest, ToolCall, Usage
-from tether.models._scripted import ScriptedModel
-from tether.tools._base import Tool
+# public names only: before_after runs this file against older versions of tether too
+from tether import Agent, Limits, ModelReply, ModelRequest, ScriptedModel, Tool, ToolCall, Usage, tool
 
 OUT = Path(__file__).with_name("results.json")
 GUARDS = dict(max_tokens=10**12, max_seconds=10**6, max_cost_usd=10**6, max_tool_calls=10**6, max_repeats=3)

@@ -18,6 +18,7 @@ runs and stream clients read on unchanged.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
@@ -58,11 +59,35 @@ class BaseEvent:
     @property
     def data(self) -> dict[str, Any]:
         """The payload (every field but step, t and duration), as the envelope carries it."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("kind", "step", "t", "duration")}
+        names, get = _payload(type(self))
+        return dict(zip(names, get(self), strict=True))
 
     def envelope(self) -> TraceEvent:
         return TraceEvent(self.kind, self.step, self.t, self.duration, self.data)
+
+
+_PAYLOADS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _payload(tp: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """An event class's payload field names and one getter for all of them (made once per class: an
+    event's envelope is built for every step, and `dataclasses.fields` walks every field each time)."""
+    found = _PAYLOADS.get(tp)
+    if found is not None:
+        return found
+    names = tuple(f.name for f in dataclasses.fields(tp) if f.name not in ("kind", "step", "t", "duration"))
+    getter: Callable[[Any], Any] = operator.attrgetter(*names) if names else _nothing
+    get: Callable[[Any], tuple[Any, ...]] = getter if len(names) != 1 else _one(getter)
+    _PAYLOADS[tp] = (names, get)
+    return names, get
+
+
+def _nothing(_: object) -> tuple[Any, ...]:
+    return ()
+
+
+def _one(getter: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
+    return lambda obj: (getter(obj),)
 
 
 @dataclass(slots=True, kw_only=True)

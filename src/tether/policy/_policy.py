@@ -201,11 +201,12 @@ class _Call:
     raw_args: dict[str, Any]  # as validated (what the tool and an authorizer get)
     args: dict[str, Any]  # JSON-plain (what every check reads)
     cap: Capability = None  # type: ignore[assignment]  # set by the first guard
-    effect: Effect | str = ""
+    effect: Effect = Effect.READ_ONLY  # set by the effect guard (audits before it say "")
+    effect_known: bool = False
     trace: dict[str, Origin] = field(default_factory=dict)  # argument path -> where its value came from
     prov: dict[str, str] = field(default_factory=dict)
     tainted: bool = False
-    checked_effect: Effect | str = ""
+    checked_effect: Effect = Effect.READ_ONLY
     guarded: bool = False
     key: str = ""  # the action key of a guarded call
     egress_paths: list[str] = field(default_factory=list)
@@ -261,11 +262,8 @@ class SafetyPolicy:
         self.max_approvals = max_approvals
         self.max_denials = max_denials
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
-        self._declared: dict[str, tuple[Tool, Capability, str | None]] = {}
-        self._guards: tuple[Callable[[_Call], Stop | None], ...] = (
-            self._guard_capability, self._guard_authorization, self._guard_effect, self._guard_ceilings,
-            self._guard_rate, self._guard_declaration, self._guard_egress, self._guard_argument_scan,
-            self._guard_provenance, self._guard_taint)
+        # per tool name: (tool, capability, the guards that apply, a declaration problem); see _plan
+        self._plans: dict[str, tuple[Tool, Capability, tuple[Callable[[_Call], Stop | None], ...], str | None]] = {}
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -411,12 +409,42 @@ class SafetyPolicy:
             return Verdict("refuse", reason, "refused:error")
 
     async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
-        c = _Call(tool, call, ctx, self._state(ctx), raw_args, plain_args(raw_args))
-        for guard in self._guards:
-            stop = guard(c)
-            if stop is not None:
-                return await self._stop(c, stop)
+        state = ctx.policy_state
+        c = _Call(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), raw_args,
+                  plain_args(raw_args))
+        stop = self._guard_capability(c)
+        if stop is None:
+            for guard in self._plan(c):
+                stop = guard(c)
+                if stop is not None:
+                    break
+        if stop is not None:
+            return await self._stop(c, stop)
         return await self._approve(c)
+
+    def _plan(self, c: _Call) -> tuple[Callable[[_Call], Stop | None], ...]:
+        """The guards after the capability one that can apply to this tool and capability, in order
+        (the static ones that cannot, such as ceilings a capability does not declare, are left out;
+        made once per tool and capability, since declarations do not change)."""
+        known = self._plans.get(c.tool.name)
+        if known is not None and known[0] is c.tool and known[1] is c.cap:
+            return known[2]
+        cap = c.cap
+        problem = _declaration_problem(c.tool, cap)
+        plan = tuple(g for g, needed in (
+            (self._guard_authorization, self.authorizer is not None or cap.authorize is not None),
+            (self._guard_effect, True),
+            (self._guard_ceilings, bool(cap.ceilings)),
+            (self._guard_rate, cap.per_run is not None or cap.per_user is not None),
+            (self._guard_declaration, problem is not None),
+            (self._guard_provenance_trace, True),
+            (self._guard_egress, True),
+            (self._guard_argument_scan, self.scan_arguments),
+            (self._guard_provenance, True),
+            (self._guard_taint, True),
+        ) if needed)
+        self._plans[c.tool.name] = (c.tool, cap, plan, problem)
+        return plan
 
     # -- the guards, in order: each may stop the call (a Stop with its reason) or add to `c.ask` --
 
@@ -443,30 +471,26 @@ class SafetyPolicy:
     def _guard_effect(self, c: _Call) -> Stop | None:
         """The call's effect class (it may depend on the arguments)."""
         try:
-            c.effect = c.cap.effect_for(c.tool, c.raw_args)
+            c.effect, c.effect_known = c.cap.effect_for(c.tool, c.raw_args), True
         except Exception as exc:
             return Stop("refused:effect", f"could not classify the call's effect ({type(exc).__name__}: {exc})")
         return None
 
     def _guard_ceilings(self, c: _Call) -> Stop | None:
-        over = c.cap.ceiling_violations(c.args) if c.cap.ceilings else None
+        over = c.cap.ceiling_violations(c.args)
         return Stop("refused:ceiling", "; ".join(over)) if over else None
 
     def _guard_rate(self, c: _Call) -> Stop | None:
-        if c.cap.per_run is None and c.cap.per_user is None:
-            return None
         limited = self._rate_limited(c.state, c.cap, c.tool)
         return Stop("refused:rate_limit", limited) if limited else None
 
-    def _guard_declaration(self, c: _Call) -> Stop | None:
-        """Declarations that name arguments the tool lacks, or contradict each other (static: checked
-        once per tool and capability)."""
-        checked = self._declared.get(c.tool.name)
-        if checked is None or checked[0] is not c.tool or checked[1] is not c.cap:
-            checked = self._declared[c.tool.name] = (c.tool, c.cap, _declaration_problem(c.tool, c.cap))
-        if checked[2]:
-            return Stop("refused:declaration", checked[2])
-        # what the remaining guards read: where every argument value came from, and the taint
+    def _guard_declaration(self, c: _Call) -> Stop:
+        """Declarations that name arguments the tool lacks, or contradict each other: the policy
+        cannot know what they meant (in the plan only for a tool whose declarations have a problem)."""
+        return Stop("refused:declaration", self._plans[c.tool.name][3] or "its declarations are inconsistent")
+
+    def _guard_provenance_trace(self, c: _Call) -> None:
+        """Not a check: what the remaining guards read (where every argument value came from, the taint)."""
         c.trace = c.state.prov.trace(c.args)
         c.prov = {p: o._value_ for p, o in c.trace.items()}  # _value_: the plain str, without enum's descriptor
         c.tainted = c.state.prov.tainted
@@ -474,7 +498,6 @@ class SafetyPolicy:
         c.checked_effect = c.effect if not c.tainted or c.tool.effect_declared or c.cap.effect is not None \
             else Effect.REVERSIBLE
         c.guarded = c.checked_effect in self.guard_effects
-        return None
 
     def _guard_egress(self, c: _Call) -> Stop | None:
         """URL arguments: declared ones, and after taint any argument that is only a URL or host."""
@@ -585,7 +608,7 @@ class SafetyPolicy:
             # calls of one turn cannot all pass the approval budget; settled by the answer
             state.asked += 1
             state.denied += 1
-            answer = await self._ask(state, tool, c.args, c.prov, Effect(c.effect), "; ".join(ask), c.call, c.ctx)
+            answer = await self._ask(state, tool, c.args, c.prov, c.effect, "; ".join(ask), c.call, c.ctx)
             pending = answer.status == "pending"
             state.asked -= pending or not getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
             state.denied -= pending or answer.approved
@@ -606,7 +629,7 @@ class SafetyPolicy:
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
-        state.pending[c.call.id] = _Pending(c.args, c.prov, Effect(c.effect).value, decision, by, "; ".join(ask),
+        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
                                             c.ctx.step, written)
         return Verdict("allow", "", decision)
 
@@ -672,7 +695,7 @@ class SafetyPolicy:
         """The audit record of a call that did not run (one that ran is recorded after it)."""
         self.audit.record(AuditRecord(
             run_id=c.state.run_id, tool=c.tool.name, decision=decision, call_id=c.call.id, user=c.state.user,
-            step=c.ctx.step, arguments=c.args, provenance=c.prov, effect=str(getattr(c.effect, "value", c.effect)),
+            step=c.ctx.step, arguments=c.args, provenance=c.prov, effect=c.effect.value if c.effect_known else "",
             by=by, reason=reason, outcome="not_run", tainted=c.state.tainted))
 
     # -- after ---------------------------------------------------------------------------------
@@ -691,7 +714,9 @@ class SafetyPolicy:
             return result
 
     def _after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
-        state = self._state(ctx)
+        state = ctx.policy_state
+        if type(state) is not PolicyState:
+            state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
