@@ -213,12 +213,11 @@ def test_each_step_costs_a_fixed_number_of_statements_and_thread_hops(durable_db
     assert agent.run("go 1", run_id="fp_warm").completed  # DBOS launched
     counts = _Counts(runtime().store.engine, monkeypatch)
     # per turn: 2 steps x (1 lookup + BEGIN, owner check, insert of the output, COMMIT) + the turn's
-    # events in two writes (BEGIN, one multi-row insert, COMMIT): up to the tool call's start, written as
-    # the tool starts so a reader sees it open, then the rest; no thread hop: on SQLite the lookup and
-    # record run on the loop
-    assert _per_turn(agent, counts, "fast") == (16, 0)
+    # events (BEGIN, one multi-row insert of its stored events, COMMIT: a quick tool's start goes with
+    # them); no thread hop: on SQLite the lookup and record run on the loop
+    assert _per_turn(agent, counts, "fast") == (13, 0)
     dbos_fastpath.uninstall()  # DBOS's own: two SELECTs per lookup, a hop that only fetches a function
-    assert _per_turn(agent, counts, "stock") == (18, 6)
+    assert _per_turn(agent, counts, "stock") == (15, 6)
 
 
 @pytest.fixture

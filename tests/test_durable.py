@@ -279,3 +279,21 @@ def test_fork_from_step_n_reuses_the_first_n_steps_and_keeps_their_taint(durable
     assert refused and refused[0].content.startswith("ERROR")  # the fork is as tainted as the original was
     with pytest.raises(ValueError, match=r"fork at 0\.\.2"):
         asyncio.run(fork(other, durable_db, "orig", 5))
+
+
+def test_a_slow_tool_calls_start_is_stored_while_it_runs(durable_db):
+    """A reader of the store (the task service's stream) sees a tool call open while it runs, not
+    only when its turn is written; a quick one goes with its turn (no extra write)."""
+    seen: list[list[str]] = []
+
+    @tool
+    async def slow(x: int) -> str:
+        """Take a while."""
+        await asyncio.sleep(0.6)  # past LIVE_AFTER (0.25 s)
+        seen.append([e.kind for e in RunStore(durable_db).events("slow1")])
+        return "done"
+
+    agent = Agent(ScriptedModel([call("slow", x=1), "ok"]), tools=[slow], policy=AllowAll(), name="slow",
+                  durable=durable_db)
+    assert agent.run("go", run_id="slow1").completed
+    assert seen == [["run_started", "model_call_started", "model_call", "tool_call_started"]]

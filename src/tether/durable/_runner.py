@@ -123,9 +123,14 @@ class DbosStepRunner:
 TOOL_STARTED = ToolCallStarted.__dataclass_fields__["kind"].default
 
 
+LIVE_AFTER = 0.25  # seconds: a tool call still running this long has its start written at once
+
+
 class EventBuffer:
     """The run's events: passed on to the caller's sink (same process) and written to the store
-    in one batch per turn (a replay writes the same sequence numbers again, harmlessly). With
+    in one batch per turn (a replay writes the same sequence numbers again, harmlessly), and sooner
+    when a tool call is still running `LIVE_AFTER` seconds after it started (a tool may take minutes:
+    a reader, the task service's stream, then sees it open; a quick turn costs no extra write). With
     `store_text`, streamed text is written too (tether.durable._text_deltas), for other processes."""
 
     def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, store: RunStore, *,
@@ -138,14 +143,13 @@ class EventBuffer:
         self.flushed = 0
         self.store = store
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
+        self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, event: TraceEvent) -> None:
         if event.kind != "text_delta":
             self.events.append(event)
-            if event.kind == TOOL_STARTED:
-                # a tool may take minutes: a reader (the task service's stream) sees it open now, not
-                # when the turn is written before the next model call
-                self.flush()
+            if event.kind == TOOL_STARTED and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(LIVE_AFTER, self._flush_later)
         elif self.text is not None:
             self.text.add(len(self.events), str(event.data.get("text", "")))
         if self.sink is not None:
@@ -155,7 +159,14 @@ class EventBuffer:
         if self.text is not None:
             self.text.flush()
 
+    def _flush_later(self) -> None:
+        self._timer = None
+        self.flush()
+
     def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.flush_text()
         if self.flushed < len(self.events):
             self.store.add_events(self.run_id, self.events[self.flushed:], self.flushed)
