@@ -182,3 +182,110 @@ def test_a_child_with_no_budget_left_is_refused_with_a_clear_message() -> None:
     tool_msg = next(m for m in result.messages if m.role == "tool")
     assert "not enough of the run's token budget is left for 'helper'" in tool_msg.content
     assert result.usage.total_tokens <= 1_000
+
+
+# -- a child's approvals surface in the parent ---------------------------------------------------
+
+
+def _payer_team(paid: list[str], child_script: list, durable: str | None = None,
+                ) -> tuple[Agent, ScriptedModel, ScriptedModel]:
+    from tether.policy import ApprovalBook, PendingApprover
+
+    @tool(effect="irreversible", metadata={"requires_approval": True})
+    def pay(to: str, amount: float) -> str:
+        """Pay someone."""
+        paid.append(to)
+        return f"paid {amount} to {to}"
+
+    child_model = ScriptedModel(child_script)
+    child = Agent(child_model, tools=[pay], policy=SafetyPolicy(approver=PendingApprover(ApprovalBook())))
+    parent_model = ScriptedModel([call("payer", task="pay bob 5"), "the payer reported back"])
+    parent = Agent(parent_model, tools=[child.as_tool("payer", "Pays people.")], policy=SafetyPolicy(),
+                   name="team", durable=durable)
+    return parent, parent_model, child_model
+
+
+def test_a_childs_pending_approval_stops_the_parent_and_a_decision_there_continues_the_child() -> None:
+    """Before: a child that stopped for approval reached its parent as a tool error, and the
+    approval could not be given anywhere. Now the parent stops awaiting approval with the child's
+    exact call in its pending list; approving it there runs that call in the child, which goes on,
+    and the parent goes on with the child's answer; usage adds up exactly."""
+    paid: list[str] = []
+    parent, parent_model, child_model = _payer_team(paid, [call("pay", to="bob", amount=5), "paid bob 5"])
+    first = parent.run("pay bob 5 through the payer")
+    assert first.stop_reason is StopReason.AWAITING_APPROVAL and paid == []
+    [pending] = first.pending
+    assert pending["tool"] == "pay" and pending["arguments"] == {"to": "bob", "amount": 5}
+    assert pending["agent"] == "payer" and pending["call_id"].count("/") == 1
+    assert "asked by the sub-agent 'payer'" in pending["reason"]
+    assert first.state is not None and set(first.state.children) == {pending["call_id"].split("/")[0]}
+
+    done = parent.run(None, state=first.approve(pending["call_id"], by="alice"))
+    assert done.completed, done.error
+    assert paid == ["bob"] and done.answer == "the payer reported back"
+    tool_msg = next(m for m in done.messages if m.role == "tool" and m.name == "payer")
+    assert tool_msg.content == "paid bob 5"
+    assert done.state is not None and done.state.children == {} and done.pending == []
+    # every model call counted once: the parent's two and the child's two
+    assert done.usage.model_calls == parent_model.calls + child_model.calls == 4
+
+
+def test_a_denied_child_call_is_the_childs_answer_and_nothing_is_paid() -> None:
+    paid: list[str] = []
+    parent, _, _ = _payer_team(paid, [call("pay", to="bob", amount=5), "I could not pay: it was denied"])
+    first = parent.run("pay bob 5 through the payer")
+    [pending] = first.pending
+    done = parent.run(None, state=first.deny(pending["call_id"], "not this month", by="alice"))
+    assert done.completed and paid == []
+    tool_msg = next(m for m in done.messages if m.role == "tool" and m.name == "payer")
+    assert tool_msg.content == "I could not pay: it was denied"
+
+
+def test_a_decision_on_an_unknown_child_call_is_refused() -> None:
+    paid: list[str] = []
+    parent, _, _ = _payer_team(paid, [call("pay", to="bob", amount=5), "paid"])
+    first = parent.run("go")
+    import pytest
+
+    with pytest.raises(ValueError, match="awaits a decision"):
+        first.approve("nope/c1")
+
+
+def test_a_durable_parent_waits_on_its_childs_call_and_a_decision_from_outside_continues_it(tmp_path) -> None:
+    """A durable parent parks (no thread held) on its child's exact call, named in the store as the
+    run's pending call ("PARENT_CALL/CHILD_CALL"), the way `tether approve` and the task service
+    find it; the decision sent there continues the child, then the parent."""
+    import threading
+    import time
+
+    import pytest
+
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from tether.durable import teardown
+    from tether.durable._control import approve
+    from tether.store import RunStore
+
+    paid: list[str] = []
+    db = str(tmp_path / "runs.db")
+    out: list = []
+    try:
+        durable, _, _ = _payer_team(paid, [call("pay", to="bob", amount=5), "paid bob 5"], durable=db)
+        worker = threading.Thread(target=lambda: out.append(durable.run("pay bob 5 through the payer",
+                                                                        run_id="team1")))
+        worker.start()
+        store = RunStore(db)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            row = store.run("team1")
+            if row is not None and row.status == "awaiting_approval" and row.pending:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the parent never parked: {store.run('team1')}")
+        assert row.pending["tool"] == "pay" and row.pending["agent"] == "payer" and "/" in row.pending["call_id"]
+        assert paid == []
+        approve(db, "team1", row.pending["call_id"], by="alice")
+        worker.join(60)
+        assert out and out[0].completed and paid == ["bob"], out
+    finally:
+        teardown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from tether._loop import (
     run_loop,
 )
 from tether._output import OutputRun, OutputType
-from tether._types import Message, RunResult, RunState, Usage
+from tether._types import Message, RunResult, RunState
 from tether.events import TraceEvent
 from tether.models._base import Model
 from tether.models._pricing import Pricing
@@ -127,11 +128,12 @@ class Agent(Generic[OutputT]):
         u = state.usage
         return RunState(
             run_id=run_id, user=state.user, messages=messages,
-            usage=Usage(u.input_tokens, u.output_tokens, u.cost_usd, u.model_calls, u.tool_calls, u.seconds),
+            usage=u.copy(),
             steps=state.steps, loop_counts=dict(state.loop_counts), loop_warned=list(state.loop_warned),
             findings=list(state.findings), policy=state.policy, handles=list(state.handles),
             task_state=state.task_state, pending=[dict(p) for p in state.pending],
             decisions=[dict(d) for d in state.decisions] if prompt is None else [],
+            children=copy.deepcopy(state.children),
         )
 
     def _spec(self, run_id: str, cancel: CancelToken | None, on_event: Callable[[TraceEvent], None] | None,

@@ -8,18 +8,23 @@ Each call is one whole run of the child agent on the task the parent's model wro
   effect among its tools, so the parent's policy gates the call as it would the child's riskiest
   tool; its answer is untrusted when any of its tools reads untrusted data;
 - a task written after the parent read untrusted data starts the child as tainted (the task is a
-  `delegated` message, counted as untrusted input by the child's policy).
+  `delegated` message, counted as untrusted input by the child's policy);
+- a child that stops for a person's approval parks in the parent's state (`RunState.children`): the
+  parent's call is answered as awaiting approval, the parent stops with the child's calls in its
+  pending list ("PARENT_CALL/CHILD_CALL"), and a decision there continues the child exactly where it
+  stopped when the parent resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Any
 
-from tether._errors import InvalidInput, TetherError
+from tether._errors import AwaitingApproval, InvalidInput, TetherError
 from tether._limits import Budget, Limits
 from tether._loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
-from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage
+from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.tools._base import Tool, ToolContext
 
 if TYPE_CHECKING:
@@ -48,14 +53,23 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
             parent = None
         run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
         offer = context.extra.get(BUDGET_OFFER_KEY) if parent is None else None
+        parked = parent.children.pop(context.call_id, None) if parent is not None else None
+        resumed = from_jsonable(RunState, parked["state"]) if parked is not None else None
+        used = resumed.usage.copy() if resumed is not None else Usage()  # charged when it first ran
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
                                   carved=offer, user=context.user, run_id=run_id,
-                                  tainted=parent is not None and parent.tainted())
+                                  tainted=parent is not None and parent.tainted(), state=resumed)
         sink = context.extra.get(USAGE_SINK_KEY)
         if isinstance(sink, Usage):
-            sink.add(result.usage)
+            sink.add(result.usage.minus(used))
         if result.stop_reason is StopReason.COMPLETED:
             return result.answer
+        if result.stop_reason is StopReason.AWAITING_APPROVAL and parent is not None and result.state is not None \
+                and result.pending:
+            asked = "; ".join(f"{p.get('tool')}({json.dumps(p.get('arguments'), ensure_ascii=False)})"
+                              for p in result.pending)
+            raise AwaitingApproval(f"the sub-agent '{name}' waits for a person to approve {asked}",
+                                   parked={"agent": name, "state": to_jsonable(result.state)})
         raise SubagentError(stopped(name, result))
 
     effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
@@ -81,38 +95,42 @@ def stopped(name: str, result: RunResult) -> str:
 
 async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | None, share: float = 0.5,
                      carved: tuple[int | None, float | None] | None = None, user: str | None,
-                     run_id: str, tainted: bool) -> RunResult:
+                     run_id: str, tainted: bool, state: RunState | None = None) -> RunResult:
     """One child run within `budget`: its token and cost limits are `carved` (already reserved) or
     `share` of what is left, its time what the budget has left; its usage is charged to `budget`.
-    Raises SubagentError when too little is left to start it."""
+    `state`: a parked child run to continue (what it used before was charged then; its limits are
+    what it used plus the new carve). Raises SubagentError when too little is left to start it."""
     tokens, cost = carved if carved is not None else budget.carve(share) if budget is not None else (None, None)
+    before = state.usage.copy() if state is not None else Usage()
     try:
         limits = dataclasses.replace(agent.limits)
         if tokens is not None:
             if tokens < MIN_CHILD_TOKENS:
                 raise SubagentError(f"not enough of the run's token budget is left for '{name}' "
                                     f"({tokens} tokens); answer with what you have")
-            limits.max_tokens = min(limits.max_tokens or tokens, tokens)
+            limits.max_tokens = before.total_tokens + min(limits.max_tokens or tokens, tokens)
         if cost is not None:
             if cost <= 0:
                 raise SubagentError(f"none of the run's cost budget is left for '{name}'")
-            limits.max_cost_usd = min(limits.max_cost_usd or cost, cost)
+            limits.max_cost_usd = before.cost_usd + min(limits.max_cost_usd or cost, cost)
         if budget is not None and (left := budget.remaining_seconds()) is not None:
-            limits.max_seconds = min(limits.max_seconds or left, left)
-        result = await _child_run(agent, task, user=user, limits=limits, run_id=run_id, tainted=tainted)
+            limits.max_seconds = before.seconds + min(limits.max_seconds or left, left)
+        result = await _child_run(agent, task, user=user, limits=limits, run_id=run_id, tainted=tainted, state=state)
     except BaseException:
         if budget is not None:
             budget.settle(tokens, cost, Usage())
         raise
     if budget is not None:
-        budget.settle(tokens, cost, result.usage)
+        budget.settle(tokens, cost, result.usage.minus(before))
     return result
 
 
 async def _child_run(agent: Agent, task: str, *, user: str | None, limits: Limits, run_id: str,
-                     tainted: bool) -> RunResult:
+                     tainted: bool, state: RunState | None = None) -> RunResult:
+    spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
+    if state is not None:  # a parked child, its decisions taken: it runs those calls, then goes on
+        return await run_loop(spec, state)
     messages = [Message.system(agent.instructions)] if agent.instructions else []
     messages.append(Message("user", task, name=DELEGATED_NAME if tainted else None))
-    spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
     return await run_loop(spec, RunState(run_id=run_id, user=user, messages=messages))
 

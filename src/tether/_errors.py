@@ -2,9 +2,21 @@
 (`except tether.TetherError`). Each subclass also keeps its conventional base (ValueError for bad
 input, RuntimeError for failures), so existing `except ValueError` code keeps working."""
 
+from typing import Any
+
 
 class TetherError(Exception):
     """Base of every error tether raises on purpose."""
+
+
+class AwaitingApproval(TetherError):
+    """Raised by a tool whose work waits for a person's decision (a sub-agent parked on an approval):
+    the executor answers the call as awaiting approval, and the run stops (or waits) for it.
+    `parked`: what the tool needs to go on once decided (kept in the run's state)."""
+
+    def __init__(self, message: str, parked: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.parked = parked
 
 
 class InvalidInput(TetherError, ValueError):

@@ -264,10 +264,12 @@ PARENT_KEY = "tether.parent"
 
 @dataclass(slots=True, frozen=True)
 class ParentRun:
-    """The running parent of a sub-agent: its budget (to carve from and charge) and its taint."""
+    """The running parent of a sub-agent: its budget (to carve from and charge), its taint, and its
+    sub-agent runs parked on an approval (`RunState.children`, by the parent's call id)."""
 
     budget: Budget
     tainted: Callable[[], bool]
+    children: dict[str, Any] = field(default_factory=dict)
 
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
@@ -303,7 +305,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         HANDLES_KEY: handles,
     })
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
-    ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)))
+    ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)),
+                                      state.children)
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None
@@ -339,9 +342,12 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         start = getattr(spec.context, "start", None)  # a builder with per-run state
         if start is not None:
             context = start(ContextRun(spec, budget, emit))
-        if state.decisions:  # a person decided on calls the run stopped for: those calls first
-            await _resume_decided(spec, state, ctx, budget, emit)
-        while True:
+        # a person decided on calls the run stopped for: those calls first (a sub-agent that needs
+        # another decision parks the run again)
+        parked = await _resume_decided(spec, state, ctx, budget, emit) if state.decisions else False
+        if parked:
+            stop = StopReason.AWAITING_APPROVAL
+        while not parked:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
                 raise _Cancelled
@@ -453,8 +459,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         _answer_turn(messages, calls, pending, f"not run or not finished: the run was {why}")
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
-    if stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                    StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) and spec.limits.final_answer:
+    if stop is not None and stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
+                                         StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) \
+            and spec.limits.final_answer:
         answer = await _final_answer(spec, context, messages, stop, budget, emit, admission,
                                      [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
 
@@ -479,8 +486,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     if ctx.policy_state is not None:
         state.policy = policy.dump_state(ctx.policy_state)
     state.tainted = bool(getattr(ctx.policy_state, "tainted", False))  # a policy's state may not know taint
-    state.pending = [] if ctx.policy_state is None or stop is not StopReason.AWAITING_APPROVAL \
-        else [{**p, "step": ctx.step} for p in policy.pending(ctx.policy_state)]
+    state.pending = [] if stop is not StopReason.AWAITING_APPROVAL else [
+        *({**p, "step": ctx.step} for p in (policy.pending(ctx.policy_state) if ctx.policy_state is not None else ())),
+        *_children_pending(state.children, ctx.step)]
     result = RunResult(
         run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
         usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
@@ -573,6 +581,8 @@ async def _run_tools(
         results[i] = result
         emit(_tool_call_ended(call, result), started)
         if result.decision == "awaiting_approval":
+            if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
+                _children(ctx)[call.id] = result.parked
             emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
 
     runner.begin_turn(ctx.step, to_run)
@@ -598,17 +608,19 @@ async def _run_tools(
     asked = False  # only calls that ran can await approval
     for i in to_run:
         result = results[i]
-        if result is None or result.decision != "awaiting_approval":
-            continue
-        asked = True
-        decision = await _wait_approval(spec, calls[i], result, ctx)
-        if decision is None:
+        waited = True
+        while waited and result is not None and result.decision == "awaiting_approval":
+            asked = True
+            decisions = await _wait_approvals(spec, calls[i], result, ctx)
+            waited = decisions is not None
+            for decision in decisions or ():
+                emit(ApprovalDecided(call_id=str(decision["call_id"]), approved=bool(decision.get("approved")),
+                                     by=str(decision.get("by") or "")))
+            if waited:
+                await one(i)  # that exact call again: it runs, or its denial is its answer
+                result = results[i]
+        if not waited:
             break
-        spec.executor.policy.decide(ctx.policy_state, calls[i].id, bool(decision.get("approved")),  # type: ignore[attr-defined]
-                                    str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
-        emit(ApprovalDecided(call_id=calls[i].id, approved=bool(decision.get("approved")),
-                             by=str(decision.get("by") or "")))
-        await one(i)
 
     if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
         stop = StopReason.AWAITING_APPROVAL
@@ -617,50 +629,95 @@ async def _run_tools(
     return stop
 
 
-async def _wait_approval(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> dict | None:
-    """Park until a decision on `call` arrives; None when the runner cannot wait or the policy
-    cannot take decisions out of process."""
-    if ctx.policy_state is None:
+def _children(ctx: CallContext) -> dict[str, Any]:
+    """The run's sub-agents parked on an approval (`RunState.children`), by the parent's call id."""
+    parent = ctx.extra[PARENT_KEY]
+    assert isinstance(parent, ParentRun)
+    return parent.children
+
+
+async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> list[dict] | None:
+    """Park until decisions on `call` arrive, each given to whoever asked: the policy, or the parked
+    sub-agent (one decision per call it waits on, "CALL/CHILD_CALL"). None when the runner cannot
+    wait or the policy cannot take decisions out of process: the run then stops awaiting approval."""
+    child = _children(ctx).get(call.id)
+    if child is None and ctx.policy_state is None:
         return None
-    mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
-    pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
-                                    "reason": result.content}
-    return await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
+    if child is None:
+        mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
+        pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
+                                        "reason": result.content}
+        decision = await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
+        if decision is not None:
+            spec.executor.policy.decide(ctx.policy_state, call.id, bool(decision.get("approved")),
+                                        str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
+        return None if decision is None else [{**decision, "call_id": call.id}]
+    decided = []
+    for pending in _children_pending({call.id: child}, ctx.step):
+        decision = await spec.step_runner.wait_approval(spec.run_id, pending)
+        if decision is None:
+            return None
+        child["state"].setdefault("decisions", []).append(
+            {**decision, "call_id": pending["call_id"].partition("/")[2]})
+        decided.append({**decision, "call_id": pending["call_id"]})
+    return decided
 
 
 async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budget: Budget,
-                          emit: Callable[..., None]) -> None:
+                          emit: Callable[..., None]) -> bool:
     """Apply the decisions taken on a stopped run's pending calls (`RunState.approve`/`deny`): each
     goes to the policy, bound to its call's tool and arguments, and that exact call runs again
     through the executor (approved: it runs; denied: the denial is its answer), its result replacing
-    the "awaiting approval" answer in the transcript, before the model is asked again."""
+    the "awaiting approval" answer in the transcript, before the model is asked again. A decision on
+    a sub-agent's call ("PARENT_CALL/CHILD_CALL") goes to the child's parked state, and the parent's
+    call runs again to let the child go on. Returns whether a call parked again (the run stops)."""
     decide = spec.executor.policy.decide
-    if ctx.policy_state is None:
-        raise InvalidInput("this run's policy takes no decisions on pending calls")
     messages = state.messages
     turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
     steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
+    rerun: dict[str, dict[str, Any]] = {}  # parent call id -> the decision that reruns it
     for d in state.decisions:
-        call_id = d["call_id"]
+        head, _, child_call = str(d["call_id"]).partition("/")
+        if child_call and head in state.children:  # the child applies it when its call runs again
+            state.children[head]["state"].setdefault("decisions", []).append({**d, "call_id": child_call})
+            steps.setdefault(head, steps.get(d["call_id"], budget.steps))
+        elif ctx.policy_state is None:
+            raise InvalidInput("this run's policy takes no decisions on pending calls")
+        else:
+            decide(ctx.policy_state, head, bool(d["approved"]), str(d.get("by") or "unknown"),
+                   str(d.get("reason") or ""))
+        rerun.setdefault(head, d)
+    parked = False
+    for call_id, d in rerun.items():
         index, call = next(((k, c) for k, c in enumerate(messages[turn].tool_calls) if c.id == call_id)
                            if turn is not None else iter(()), (None, None))
         if call is None or index is None or turn is None:
             raise InvalidInput(f"call {call_id!r} is not in the run's last turn")
-        decide(ctx.policy_state, call_id, bool(d["approved"]), str(d.get("by") or "unknown"), str(d.get("reason") or ""))
         ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
         started = budget.elapsed()
         emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=index))
         result = await spec.step_runner.tool_step(ctx.step, index, call,
                                                   lambda c=call, i=index: spec.executor.execute(c, ctx, i))
         budget.usage.tool_calls += 1
+        if result.parked is not None:
+            state.children[call_id] = result.parked
         slot = next(j for j in range(turn + 1, len(messages))
                     if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
         messages[slot] = result.to_message()
-        emit(ApprovalDecided(call_id=call_id, approved=bool(d["approved"]), by=str(d.get("by") or "")))
+        emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or "")))
         emit(_tool_call_ended(call, result), started)
+        parked = parked or result.decision == "awaiting_approval"
     state.decisions = []
     state.pending = []
+    return parked
 
+
+def _children_pending(children: dict[str, Any], step: int) -> list[dict[str, Any]]:
+    """The calls parked sub-agents wait on, as the parent's pending calls ("PARENT_CALL/CHILD_CALL")."""
+    return [{"call_id": f"{call_id}/{p['call_id']}", "tool": p.get("tool"), "arguments": p.get("arguments"),
+             "reason": f"asked by the sub-agent '{child['agent']}': {p.get('reason', '')}", "agent": child["agent"],
+             "step": step}
+            for call_id, child in children.items() for p in child["state"].get("pending", ())]
 
 def _start_policy(policy: Policy, state: RunState, ctx: CallContext) -> None:
     """The policy's per-run state on the CallContext: loaded from the RunState when the run has one

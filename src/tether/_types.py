@@ -6,6 +6,7 @@ pydantic's TypeAdapter so every type round-trips through JSON without hand-writt
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from functools import cache
@@ -109,6 +110,9 @@ class ToolResult:
     handle: str | None = None  # key of the full result when `content` was capped
     full_chars: int = 0
     decision: str = "allowed"  # executor decision: allowed, refused, invalid, unknown, ...
+    # a sub-agent parked on an approval: {"agent", "state"}; recorded with the result, so a replayed
+    # durable run knows it without running the tool again (the loop keeps it in RunState.children)
+    parked: dict[str, Any] | None = None
 
     def to_message(self) -> Message:
         return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)
@@ -141,6 +145,13 @@ class Usage:
         self.seconds += other.seconds
         self.cached_input_tokens += other.cached_input_tokens
         self.cache_write_tokens += other.cache_write_tokens
+
+    def copy(self) -> Usage:
+        return dataclasses.replace(self)
+
+    def minus(self, earlier: Usage) -> Usage:
+        """What was used since `earlier` (a copy taken from this same running total)."""
+        return Usage(*(getattr(self, f.name) - getattr(earlier, f.name) for f in dataclasses.fields(self)))
 
 
 @dataclass(slots=True)
@@ -292,6 +303,9 @@ class RunState:
     pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
     decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
     tainted: bool = False  # the run has read untrusted content (the policy's view, as the run last left it)
+    # sub-agent runs parked on an approval: the parent's call id -> {"agent": name, "state": the child's
+    # RunState as JSON}; its pending calls show in `pending` as "PARENT_CALL/CHILD_CALL"
+    children: dict[str, Any] = field(default_factory=dict)
 
     def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
         """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its

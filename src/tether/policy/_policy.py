@@ -718,6 +718,11 @@ class SafetyPolicy:
         if type(state) is not PolicyState:
             state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
+        if pend is not None and result.decision == "awaiting_approval":
+            # the tool parked its work for a person (a sub-agent awaiting approval): nothing was done
+            # yet, so running the same call again to finish it is not a repeat, nor another use
+            state.calls[tool.name] -= 1
+            state.done.discard(action_key(tool.name, pend.args))
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
         source = tool.name

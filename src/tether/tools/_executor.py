@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from tether._errors import InvalidInput, InvalidType
+from tether._errors import AwaitingApproval, InvalidInput, InvalidType
 from tether._types import ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
 from tether.tools._results import (
@@ -358,6 +358,9 @@ class Executor:
             )
         except asyncio.CancelledError:
             raise
+        except AwaitingApproval as exc:  # its work waits for a person (a sub-agent parked on an approval)
+            return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision="awaiting_approval",
+                              parked=exc.parked)
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
         try:
