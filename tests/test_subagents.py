@@ -287,5 +287,11 @@ def test_a_durable_parent_waits_on_its_childs_call_and_a_decision_from_outside_c
         approve(db, "team1", row.pending["call_id"], by="alice")
         worker.join(60)
         assert out and out[0].completed and paid == ["bob"], out
+        # the child's run is stored under its parent, both of its segments' events in order
+        [child] = [r for r in store.runs() if r.parent_run == "team1"]
+        assert child.run_id.endswith(".payer") and child.status == "completed" and child.answer == "paid bob 5"
+        kinds = [e.kind for e in store.events(child.run_id)]
+        assert kinds.count("model_call") == 2 and kinds.count("run_started") == 2  # parked, then went on
+        assert kinds.index("approval_requested") < kinds.index("approval_decided")
     finally:
         teardown()

@@ -62,6 +62,8 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         sink = context.extra.get(USAGE_SINK_KEY)
         if isinstance(sink, Usage):
             sink.add(result.usage.minus(used))
+        if parent is not None and parent.record is not None:
+            parent.record(name, task, result)  # stored under the parent where its runner keeps runs
         if result.stop_reason is StopReason.COMPLETED:
             return result.answer
         if result.stop_reason is StopReason.AWAITING_APPROVAL and parent is not None and result.state is not None \

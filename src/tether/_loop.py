@@ -73,10 +73,13 @@ class StepRunner(Protocol):
     `begin_turn` is told, in call order and before any of them runs, which calls of a turn will run
     (so concurrent steps get stable ids). `wait_approval` parks the run until a decision on one
     pending call arrives ({"call_id", "approved", "by", "reason"}); None means this runner cannot
-    wait, and the run stops with `awaiting_approval`.
+    wait, and the run stops with `awaiting_approval`. `record_child` keeps a sub-agent's run (or its
+    latest segment) under its parent where the runner keeps runs (the durable runner: the run store).
     """
 
     def begin_turn(self, step: int, indices: list[int]) -> None: ...
+
+    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None: ...
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply: ...
 
@@ -91,6 +94,9 @@ class DirectStepRunner:
 
     def begin_turn(self, step: int, indices: list[int]) -> None:
         return None
+
+    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None:
+        return None  # in memory: the child's run is in the parent's trace and the tool's answer only
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
         return await run()
@@ -270,6 +276,7 @@ class ParentRun:
     budget: Budget
     tainted: Callable[[], bool]
     children: dict[str, Any] = field(default_factory=dict)
+    record: Callable[[str, str, RunResult[Any]], None] | None = None  # (agent, task, result): StepRunner.record_child
 
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
@@ -305,8 +312,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         HANDLES_KEY: handles,
     })
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
-    ctx.extra[PARENT_KEY] = ParentRun(budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)),
-                                      state.children)
+    ctx.extra[PARENT_KEY] = ParentRun(
+        budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
+        lambda agent, task, result: spec.step_runner.record_child(spec.run_id, agent, task, result))
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None

@@ -68,6 +68,9 @@ class ReplayStepRunner:
     async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
         return await self.live.wait_approval(run_id, pending)
 
+    def record_child(self, parent_run_id: str, agent: str, task: str, result: Any) -> None:
+        self.live.record_child(parent_run_id, agent, task, result)
+
 
 class _AddMessage:
     """The context builder of a fork that adds one user message right before model call N+1."""

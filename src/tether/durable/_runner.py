@@ -13,7 +13,7 @@ from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
 from tether._loop import RunCancelled
-from tether._types import ModelReply, ToolCall, ToolResult, from_jsonable, to_jsonable
+from tether._types import ModelReply, RunResult, ToolCall, ToolResult, from_jsonable, to_jsonable
 from tether.events import ToolCallStarted, TraceEvent
 
 if TYPE_CHECKING:  # the runtime builds these, passing itself in
@@ -48,6 +48,17 @@ class DbosStepRunner:
         self.flush = flush  # writes the run's new events to the store, once per turn
         self.flush_text = flush_text  # writes the text a model call streamed, before its step is recorded
         self._reserved: dict[int, Any] = {}
+
+    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None:
+        """The sub-agent's run in the store under its parent (`parent_run`), with its events: it runs
+        inside the parent's tool step, so this happens once (a replay gets the step's recorded
+        answer). A parked child that goes on adds its next segment's events after the stored ones."""
+        store = self.runtime.store
+        user = result.state.user if result.state is not None else None
+        store.create_run(result.run_id, agent, user, task, parent_run=parent_run_id)
+        first = len(store.events(result.run_id))
+        store.finish_run(result, stored_events=len(result.trace))  # the row; the events just below
+        store.add_events(result.run_id, result.trace, first)
 
     def begin_turn(self, step: int, indices: list[int]) -> None:
         # Concurrent tool steps get their ids now, in call order, so a replay matches them up.
