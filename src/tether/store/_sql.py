@@ -63,6 +63,15 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+def _payload_json(data: dict[str, Any]) -> str:
+    """An event's payload as JSON: directly when it is plain JSON data (nearly always), else through
+    pydantic (models, dates, non-finite numbers)."""
+    try:
+        return json.dumps(data, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(to_jsonable(data), ensure_ascii=False)
+
+
 def _without_text(events: list[TraceEvent]) -> list[TraceEvent]:
     """A run's events as stored, and numbered: without its text deltas (tether_text_deltas holds
     those). Start events are stored too, so a reader sees a step open before it ends."""
@@ -178,7 +187,7 @@ class RunStore:
             for i, e in enumerate(chunk):
                 values.append(f"(:r, :q{i}, :k{i}, :s{i}, :t{i}, :d{i}, :data{i})")
                 params.update({f"q{i}": first_seq + start + i, f"k{i}": e.kind, f"s{i}": e.step, f"t{i}": e.t,
-                               f"d{i}": e.duration, f"data{i}": json.dumps(to_jsonable(e.data), ensure_ascii=False)})
+                               f"d{i}": e.duration, f"data{i}": _payload_json(e.data)})
             conn.execute(sa.text("INSERT INTO tether_events (run_id, seq, kind, step, t, duration, data) VALUES "
                                  + ", ".join(values) + " ON CONFLICT DO NOTHING"), params)
 
