@@ -1,6 +1,6 @@
 """The durable checkpoint cost on two versions of tether, alternating processes on one machine.
 
-    python -m bench.durable.before_after [BASE_REV]     # default: main
+    python -m bench.durable.before_after [BASE_REV] [ROUNDS]     # default: main, 3
 
 Like bench.overhead.before_after: the base revision's `src/` is exported with `git archive`; each
 round measures once with the base on PYTHONPATH and once with this checkout's `src/`, in separate
@@ -52,16 +52,17 @@ def measure(src: Path, fastpath: bool) -> dict[str, float]:
 
 def main() -> int:
     base = sys.argv[1] if len(sys.argv) > 1 else "main"
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else ROUNDS
     archive = subprocess.run(["git", "archive", base, "src"], cwd=ROOT, capture_output=True, check=True).stdout
     runs: dict[tuple[str, bool], list[dict[str, float]]] = {(v, f): [] for v in ("base", "this") for f in (False, True)}
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=BytesIO(archive)) as tar:
             tar.extractall(tmp, filter="data")
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for fastpath in (False, True):
                 runs[("base", fastpath)].append(measure(Path(tmp) / "src", fastpath))
                 runs[("this", fastpath)].append(measure(ROOT / "src", fastpath))
-    print(f"median of {ROUNDS} alternating runs each; base = {base}; SQLite WAL; load {os.getloadavg()[0]:.2f}")
+    print(f"median of {rounds} alternating runs each; base = {base}; SQLite WAL; load {os.getloadavg()[0]:.2f}")
     print(f"{'figure':<40} {'base':>9} {'this':>9} {'this/base':>9}")
     for fastpath in (False, True):
         for name in ("ms/step", "cpu ms/step", "in-memory ms/turn"):
