@@ -317,3 +317,20 @@ def test_the_audit_log_keeps_the_newest_records_within_its_bound():
         log.record(AuditRecord(run_id=f"r{i % 2}", tool="t", decision="allowed", call_id=f"c{i}"))
     assert [r.call_id for r in log.records] == ["c2", "c3", "c4"]
     assert [r.call_id for r in log.query("r0")] == ["c2", "c4"]
+
+
+def test_a_wildcard_over_a_public_suffix_is_refused_and_one_under_a_registrable_domain_is_not() -> None:
+    """`*.github.io` or `*.co.uk` would let every site anyone registers there through (issue 26:
+    compare registrable domains, public-suffix aware); the Public Suffix List ships with the package."""
+    import pytest
+
+    from tether._errors import InvalidInput
+
+    for pattern in ("*.github.io", "*.co.uk", "*.com", "*.blogspot.com", "*.GitHub.IO"):
+        with pytest.raises(InvalidInput, match="public suffix"):
+            EgressPolicy([pattern])
+    eg = EgressPolicy(["*.example.co.uk", "*.alice.github.io", "github.io"])
+    assert eg.allows_host("docs.example.co.uk") and eg.allows_host("example.co.uk")
+    assert eg.allows_host("pages.alice.github.io") and eg.allows_host("github.io")
+    assert not eg.allows_host("mallory.github.io")  # "github.io" itself is exact, not its subdomains
+    assert not eg.allows_host("evil-example.co.uk") and not eg.allows_host("example.co.uk.evil.io")

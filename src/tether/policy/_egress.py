@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
+
+from tether._errors import InvalidInput
 
 URL_RE = re.compile(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", re.IGNORECASE)
 _INTERNAL_SUFFIXES = (".internal", ".local", ".localhost", ".corp", ".lan", ".intranet", ".home.arpa")
@@ -98,9 +102,23 @@ def looks_like_url(value: str) -> bool:
     return bool(m and m.group(2).lower() in TLDS)
 
 
+@functools.cache
+def _public_suffixes() -> Any:
+    from publicsuffixlist import PublicSuffixList  # the list ships inside the package: no network
+
+    return PublicSuffixList()
+
+
+def is_public_suffix(domain: str) -> bool:
+    """Whether anyone may register names under `domain` (`com`, `co.uk`, `github.io`), by the Public
+    Suffix List (ICANN and private sections)."""
+    return bool(_public_suffixes().is_public(domain))
+
+
 class EgressPolicy:
     """A host allowlist. `"example.com"` matches exactly, `"*.example.com"` any subdomain (and the
-    domain itself). Internal hosts are refused unless listed explicitly."""
+    domain itself). Internal hosts are refused unless listed explicitly. A wildcard over a public
+    suffix (`"*.github.io"`, `"*.co.uk"`) is refused: every site anyone registers there would match."""
 
     def __init__(self, allow: Iterable[str] = ()) -> None:
         self.exact: set[str] = set()
@@ -108,6 +126,10 @@ class EgressPolicy:
         for pattern in allow:
             p = pattern.lower().strip()
             if p.startswith("*."):
+                if is_public_suffix(p[2:]):
+                    raise InvalidInput(f"egress allowlist entry '{pattern}' covers every site registered under "
+                                       f"the public suffix '{p[2:]}' (anyone can have one): list exact hosts, or "
+                                       f"a wildcard under a registrable domain ('*.yourname.{p[2:]}')")
                 self.suffixes.append(p[2:])
             elif p:
                 self.exact.add(p)
