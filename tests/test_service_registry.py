@@ -56,6 +56,7 @@ per_run = 2
     ("[agents.a.policy.tools.calculator]\nrequire_approval = true", "unknown keys ['require_approval']"),
     ("[agents.a.policy.tools.calculator]\non_untrusted = 'shrug'", "on_untrusted must be approve, refuse or summarize"),
     ("[agents.a.policy]\negress = 'example.com'", "policy.egress must be a list"),
+    ("[agents.a.policy]\negress = ['*.github.io']", "public suffix 'github.io'"),
 ])
 def test_bad_policies_are_refused_at_start(tmp_path: Path, policy: str, needle: str) -> None:
     path = _toml(tmp_path, f"[agents.a]\ntools = 'calculator'\n{policy}\n")

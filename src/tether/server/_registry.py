@@ -191,6 +191,7 @@ def policy_from_toml(table: Any, tool_names: set[str]) -> Any:
         raise RegistryError("policy.egress must be a list of host names (\"*.example.com\" for subdomains)")
     try:
         capabilities = Capabilities(caps, unlisted=table.get("unlisted", "inherit"))
+        allow = EgressPolicy(egress) if egress is not None else None
     except ValueError as exc:
         raise RegistryError(f"policy: {exc}") from exc
-    return SafetyPolicy(capabilities=capabilities, egress=EgressPolicy(egress) if egress is not None else None)
+    return SafetyPolicy(capabilities=capabilities, egress=allow)
