@@ -55,13 +55,12 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         offer = context.extra.get(BUDGET_OFFER_KEY) if parent is None else None
         parked = parent.children.pop(context.call_id, None) if parent is not None else None
         resumed = from_jsonable(RunState, parked["state"]) if parked is not None else None
-        used = resumed.usage.copy() if resumed is not None else Usage()  # charged when it first ran
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
                                   carved=offer, user=context.user, run_id=run_id,
                                   tainted=parent is not None and parent.tainted(), state=resumed)
         sink = context.extra.get(USAGE_SINK_KEY)
-        if isinstance(sink, Usage):
-            sink.add(result.usage.minus(used))
+        if isinstance(sink, Usage):  # over MCP (no parent here, so never a parked child)
+            sink.add(result.usage)
         if parent is not None and parent.record is not None:
             parent.record(name, task, result)  # stored under the parent where its runner keeps runs
         if result.stop_reason is StopReason.COMPLETED:

@@ -615,20 +615,18 @@ async def _run_tools(
     # thread, until another process decides; then that exact call runs, or the denial is its answer).
     asked = False  # only calls that ran can await approval
     for i in to_run:
-        result = results[i]
-        waited = True
-        while waited and result is not None and result.decision == "awaiting_approval":
+        while (result := results[i]) is not None and result.decision == "awaiting_approval":
             asked = True
             decisions = await _wait_approvals(spec, calls[i], result, ctx)
-            waited = decisions is not None
-            for decision in decisions or ():
+            if decisions is None:
+                break  # this runner cannot wait: the run stops awaiting approval
+            for decision in decisions:
                 emit(ApprovalDecided(call_id=str(decision["call_id"]), approved=bool(decision.get("approved")),
                                      by=str(decision.get("by") or "")))
-            if waited:
-                await one(i)  # that exact call again: it runs, or its denial is its answer
-                result = results[i]
-        if not waited:
-            break
+            await one(i)  # that exact call again: it runs, or its denial is its answer
+        else:
+            continue
+        break
 
     if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
         stop = StopReason.AWAITING_APPROVAL
@@ -655,20 +653,34 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
         mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
         pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
                                         "reason": result.content}
-        decision = await spec.step_runner.wait_approval(spec.run_id, {**pending, "step": ctx.step})
-        if decision is not None:
-            spec.executor.policy.decide(ctx.policy_state, call.id, bool(decision.get("approved")),
-                                        str(decision.get("by") or "unknown"), str(decision.get("reason") or ""))
-        return None if decision is None else [{**decision, "call_id": call.id}]
+        asked = [{**pending, "step": ctx.step}]
+    else:
+        asked = _children_pending({call.id: child}, ctx.step)
     decided = []
-    for pending in _children_pending({call.id: child}, ctx.step):
+    for pending in asked:
         decision = await spec.step_runner.wait_approval(spec.run_id, pending)
         if decision is None:
             return None
-        child["state"].setdefault("decisions", []).append(
-            {**decision, "call_id": pending["call_id"].partition("/")[2]})
-        decided.append({**decision, "call_id": pending["call_id"]})
+        decided.append(d := {**decision, "call_id": pending["call_id"]})
+        _apply_decision(spec, ctx, d)
     return decided
+
+
+def _apply_decision(spec: RunSpec, ctx: CallContext, d: dict[str, Any]) -> str:
+    """Give one decision to whoever asked: a parked sub-agent ("CALL/CHILD_CALL": its state keeps it
+    for when the call runs again) or the policy (bound to that call's tool and arguments). Returns
+    the run's own call to run again."""
+    call_id = str(d["call_id"])
+    head, _, child_call = call_id.partition("/")
+    child = _children(ctx).get(head)
+    if child_call and child is not None:
+        child["state"].setdefault("decisions", []).append({**d, "call_id": child_call})
+        return head
+    if ctx.policy_state is None:
+        raise InvalidInput("this run's policy takes no decisions on pending calls")
+    spec.executor.policy.decide(ctx.policy_state, call_id, bool(d.get("approved")), str(d.get("by") or "unknown"),
+                                str(d.get("reason") or ""))
+    return call_id
 
 
 async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budget: Budget,
@@ -679,21 +691,13 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
     the "awaiting approval" answer in the transcript, before the model is asked again. A decision on
     a sub-agent's call ("PARENT_CALL/CHILD_CALL") goes to the child's parked state, and the parent's
     call runs again to let the child go on. Returns whether a call parked again (the run stops)."""
-    decide = spec.executor.policy.decide
     messages = state.messages
     turn = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls), default=None)
     steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
     rerun: dict[str, dict[str, Any]] = {}  # parent call id -> the decision that reruns it
     for d in state.decisions:
-        head, _, child_call = str(d["call_id"]).partition("/")
-        if child_call and head in state.children:  # the child applies it when its call runs again
-            state.children[head]["state"].setdefault("decisions", []).append({**d, "call_id": child_call})
-            steps.setdefault(head, steps.get(d["call_id"], budget.steps))
-        elif ctx.policy_state is None:
-            raise InvalidInput("this run's policy takes no decisions on pending calls")
-        else:
-            decide(ctx.policy_state, head, bool(d["approved"]), str(d.get("by") or "unknown"),
-                   str(d.get("reason") or ""))
+        head = _apply_decision(spec, ctx, d)
+        steps.setdefault(head, steps.get(d["call_id"], budget.steps))
         rerun.setdefault(head, d)
     parked = False
     for call_id, d in rerun.items():

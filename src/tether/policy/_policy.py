@@ -17,6 +17,7 @@ the final answer and appends actions held for the user.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 import time
@@ -262,8 +263,8 @@ class SafetyPolicy:
         self.max_approvals = max_approvals
         self.max_denials = max_denials
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
-        # per tool name: (tool, capability, the guards that apply, a declaration problem); see _plan
-        self._plans: dict[str, tuple[Tool, Capability, tuple[Callable[[_Call], Stop | None], ...], str | None]] = {}
+        # per tool name: (tool, capability, the guards that apply); see _plan
+        self._plans: dict[str, tuple[Tool, Capability, tuple[Callable[[_Call], Stop | None], ...]]] = {}
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -436,14 +437,14 @@ class SafetyPolicy:
             (self._guard_effect, True),
             (self._guard_ceilings, bool(cap.ceilings)),
             (self._guard_rate, cap.per_run is not None or cap.per_user is not None),
-            (self._guard_declaration, problem is not None),
+            (functools.partial(self._guard_declaration, problem or ""), problem is not None),
             (self._guard_provenance_trace, True),
             (self._guard_egress, True),
             (self._guard_argument_scan, self.scan_arguments),
             (self._guard_provenance, True),
             (self._guard_taint, True),
         ) if needed)
-        self._plans[c.tool.name] = (c.tool, cap, plan, problem)
+        self._plans[c.tool.name] = (c.tool, cap, plan)
         return plan
 
     # -- the guards, in order: each may stop the call (a Stop with its reason) or add to `c.ask` --
@@ -484,10 +485,10 @@ class SafetyPolicy:
         limited = self._rate_limited(c.state, c.cap, c.tool)
         return Stop("refused:rate_limit", limited) if limited else None
 
-    def _guard_declaration(self, c: _Call) -> Stop:
+    def _guard_declaration(self, problem: str, c: _Call) -> Stop:
         """Declarations that name arguments the tool lacks, or contradict each other: the policy
-        cannot know what they meant (in the plan only for a tool whose declarations have a problem)."""
-        return Stop("refused:declaration", self._plans[c.tool.name][3] or "its declarations are inconsistent")
+        cannot know what they meant (in the plan, with its problem, only for such a tool)."""
+        return Stop("refused:declaration", problem)
 
     def _guard_provenance_trace(self, c: _Call) -> None:
         """Not a check: what the remaining guards read (where every argument value came from, the taint)."""
