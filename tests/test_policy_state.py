@@ -86,7 +86,9 @@ def test_pending_and_decide_bind_to_exactly_one_call_and_survive_a_round_trip() 
     assert first.decision == "awaiting_approval" and sent == []
     state = _roundtrip(p, state)
     assert p.pending(state) == [{"call_id": "c2", "tool": "send_money",
-                                 "arguments": {"recipient": ATTACKER, "amount": 500}, "reason": p.pending(state)[0]["reason"]}]
+                                 "arguments": {"recipient": ATTACKER, "amount": 500}, "reason": p.pending(state)[0]["reason"],
+                                 # where each value came from survives the round trip, for the approver
+                                 "provenance": {"recipient": "untrusted", "amount": "untrusted"}}]
     p.decide(state, "c2", True, "alice")
     assert p.pending(state) == []
     state = _roundtrip(p, state)

@@ -204,7 +204,7 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
     cases = [
         ({"agent": "calc"}, 422, "prompt: Field required"),
         ({"prompt": "", "agent": "calc"}, 422, "prompt"),
-        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'billing_twice', 'booking', 'calc', 'chatty' or 'slow'"),
+        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'billing_twice', 'booking', 'calc', 'chatty', 'invoice' or 'slow'"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_stepz": 3}}, 422, "limits.max_stepz: Extra inputs"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_steps": -1}}, 422, "limits.max_steps: Input should be greater than 0"),
         ({"prompt": "x" * 100_001, "agent": "calc"}, 413, "characters"),
@@ -331,7 +331,8 @@ def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
     task = submit(service, alice, "billing")
     body = wait_status(service, alice, task, "awaiting_approval")
     assert body["pending_approvals"] == [{"call_id": "c1", "tool": "charge", "arguments": {"amount": 99},
-                                          "reason": body["pending_approvals"][0]["reason"]}]
+                                          "reason": body["pending_approvals"][0]["reason"],
+                                          "provenance": {"amount": "model"}}]  # 99: in no source the run saw
     assert len(service.ledger()) == before
     wrong = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c9", "approved": True}, headers=alice)
     assert wrong.status_code == 409 and "waits on call 'c1'" in wrong.json()["error"]

@@ -218,3 +218,59 @@ def test_an_agent_served_over_mcp_joins_the_callers_trace(tmp_path: Path, spans:
     assert len(remote) == 1, _Collector.bodies
     assert int.from_bytes(remote[0].trace_id, "big") == caller.context.trace_id
     assert int.from_bytes(remote[0].parent_span_id, "big") == caller.context.span_id
+
+
+def _exported(bodies: list[tuple[str, bytes]]) -> list[tuple[str, bytes, dict[str, object]]]:
+    """(name, trace id, attributes) of every span the collector received."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    out: list[tuple[str, bytes, dict[str, object]]] = []
+    for _, body in bodies:
+        for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
+            for scope in resource_spans.scope_spans:
+                for s in scope.spans:
+                    attrs = {a.key: a.value.string_value or a.value.int_value or a.value.bool_value for a in s.attributes}
+                    out.append((s.name, s.trace_id, attrs))
+    return out
+
+
+def test_a_durable_run_resumed_by_another_process_continues_its_trace(tmp_path: Path) -> None:
+    """The task service parks a run on an approval and is stopped; a new service process takes the
+    decision and finishes the run. Both processes export to one OTLP collector: the run's two
+    segments are in one trace, the second ends the run, the approved call's decision is on its span."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="tether[otel] is not installed")
+    pytest.importorskip("dbos")
+    pytest.importorskip("fastapi")
+    import httpx
+    from test_service import Service, wait_status
+
+    _Collector.bodies = []
+    collector = HTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    service = Service(tmp_path)
+    service.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}",
+                       OTEL_SERVICE_NAME="tether-service-test")
+    try:
+        service.start()
+        auth = service.key("alice")
+        task = httpx.post(f"{service.url}/v1/tasks", json={"prompt": "charge", "agent": "billing"}, headers=auth).json()
+        run_id = task["task_id"]
+        wait_status(service, auth, run_id, "awaiting_approval")
+        service.stop()
+        service.start()
+        done = httpx.post(f"{service.url}/v1/tasks/{run_id}/confirm", json={"call_id": "c1", "approved": True},
+                          headers=auth)
+        assert done.status_code == 200, done.text
+        wait_status(service, auth, run_id, "completed")
+        service.stop()
+    finally:
+        service.stop()
+        collector.shutdown()
+    spans = [s for s in _exported(_Collector.bodies) if s[2].get("tether.run.id") == run_id or s[0] != "invoke_agent"]
+    runs = [s for s in spans if s[0] == "invoke_agent"]
+    assert len(runs) == 2, [s[0] for s in spans]
+    assert runs[0][1] == runs[1][1]  # one trace
+    assert [r[2].get("tether.stop_reason") for r in runs].count("completed") == 1  # the second segment ends it
+    charges = [s for s in spans if s[0] == "execute_tool charge" and s[1] == runs[0][1]]
+    assert [c[2]["tether.policy.decision"] for c in charges][-1].startswith("approved")
+    assert service.ledger() == ["charge 99"]

@@ -41,6 +41,7 @@ from tether._types import (
 )
 from tether.events import (
     OBSERVERS,
+    PREVIEW_CHARS,
     ApprovalDecided,
     ApprovalRequested,
     BaseEvent,
@@ -838,7 +839,8 @@ def _model_call_ended(reply: ModelReply, model: Model, purpose: str) -> ModelCal
 def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
     return ToolCallEnded(name=call.name, call_id=call.id, arguments=call.arguments, decision=result.decision,
                          is_error=result.is_error, result_chars=result.full_chars or len(result.content),
-                         truncated=result.handle is not None)
+                         truncated=result.handle is not None, preview=result.content[:PREVIEW_CHARS],
+                         handle=result.handle)
 
 
 def _observe(run_id: str, event: BaseEvent) -> None:

@@ -134,6 +134,9 @@ class ToolCallStarted(BaseEvent):
     index: int = 0  # its place in the model's reply (the idempotency key is run:step:index)
 
 
+PREVIEW_CHARS = 1_000
+
+
 @dataclass(slots=True, kw_only=True)
 class ToolCallEnded(BaseEvent):
     kind: Literal["tool_call"] = "tool_call"  # pyright: ignore[reportIncompatibleVariableOverride]
@@ -144,6 +147,8 @@ class ToolCallEnded(BaseEvent):
     is_error: bool = False
     result_chars: int = 0
     truncated: bool = False
+    preview: str = ""  # the start of what the model was shown (PREVIEW_CHARS at most), for consoles and traces
+    handle: str | None = None  # the whole result's key in the results store, when it was capped
 
     @property
     def ran(self) -> bool:

@@ -300,9 +300,11 @@ class SafetyPolicy:
         return PolicyState.load(data)
 
     def pending(self, state: PolicyState) -> list[dict[str, Any]]:
-        """Calls of this run awaiting a person's decision."""
-        return [{"call_id": cid, "tool": a["tool"], "arguments": a["arguments"], "reason": a["reason"]}
-                for cid, a in state.awaiting.items()]
+        """Calls of this run awaiting a person's decision, each with where its argument values came from
+        (`provenance`: argument path -> user, trusted, untrusted, model, neutral), shown to the approver
+        as information only."""
+        return [{"call_id": cid, "tool": a["tool"], "arguments": a["arguments"], "reason": a["reason"],
+                 "provenance": dict(a.get("provenance") or {})} for cid, a in state.awaiting.items()]
 
     def decide(self, state: PolicyState, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         """Record a decision on one pending call. It binds to that call's tool and canonical
@@ -677,7 +679,8 @@ class SafetyPolicy:
         if answer.status == "pending":
             for cid in [c for c, a in state.awaiting.items() if a["key"] == key]:
                 del state.awaiting[cid]  # the same action asked again: one entry, the latest call
-            state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason}
+            state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason,
+                                       "provenance": prov}
         return answer
 
     async def _stop(self, c: _Call, stop: Stop) -> Verdict:

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether._errors import OperationFailed
 from tether.server import _stream_tokens as stream_tokens
+from tether.server._console import add_console
 from tether.server._events import stream
 from tether.server._keys import key_id
 from tether.server._tasks import ServiceConfig, TaskError, Tasks
@@ -75,6 +76,9 @@ class PendingCall(BaseModel):
     tool: str
     arguments: dict[str, Any]
     reason: str = ""
+    provenance: dict[str, str] = Field(default_factory=dict, description=(
+        "Where each argument value came from (path -> user, trusted, untrusted, model, neutral): "
+        "information for the approver, never a reason to skip the approval"))
 
 
 class TaskOut(BaseModel):
@@ -287,7 +291,9 @@ def create_app(tasks: Tasks) -> FastAPI:
         findings = await tasks.db(tasks.rt.store.findings, task_id)
         pending = [PendingCall(call_id=str(row.pending.get("call_id")), tool=str(row.pending.get("tool")),
                                arguments=dict(row.pending.get("arguments") or {}),
-                               reason=str(row.pending.get("reason") or ""))] if row.pending else []
+                               reason=str(row.pending.get("reason") or ""),
+                               provenance={str(k): str(v) for k, v in dict(row.pending.get("provenance") or {}).items()}
+                               )] if row.pending else []
         return TaskOut(task_id=row.run_id, agent=row.agent, status=row.status, prompt=row.prompt,
                        stop_reason=row.stop_reason, answer=row.answer, error=row.error, usage=row.usage,
                        steps=row.steps, findings=findings,
@@ -323,6 +329,7 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def cancel(task_id: str, user: User) -> Cancelled:
         return Cancelled(task_id=task_id, was=await tasks.cancel(user, task_id))
 
+    add_console(app, tasks)
     return app
 
 

@@ -86,6 +86,13 @@ def stored_event(kind: str, data: dict[str, Any]) -> BaseEvent:
     return stored(TraceEvent(kind, 0, 0.0, 0.0, data))
 
 
+def timed(items: list[SseItem], event: BaseEvent) -> list[SseItem]:
+    """`items` with the event's step, run time and duration added to each payload (the console's
+    stream shows latency; the API's payloads stay the typed events' own)."""
+    at = {"step": event.step, "t": event.t, "duration": event.duration}
+    return [(name, {**payload, **at}) for name, payload in items]
+
+
 def text_item(text: str, restart: bool) -> SseItem:
     """A `text_delta`; `restart`: the model call began again, so drop the text since the last event."""
     return ("text_delta", {"text": text, "restart": True} if restart else {"text": text})
@@ -106,7 +113,7 @@ def parse_last_id(value: str | None) -> tuple[int, int]:
 class Read:
     """What one stream read: stored events and text pieces from its cursor on, and the run's row."""
 
-    events: list[tuple[int, str, dict[str, Any]]]
+    events: list[tuple[int, TraceEvent]]
     texts: list[tuple[int, int, str, bool]]
     status: str | None
     stop_reason: str | None
@@ -117,13 +124,14 @@ def read_from(store: RunStore, run_id: str, seq: int, idx: int) -> Read:
     """Events at `seq` and after, text pieces at (seq, idx) and after, and the run's status."""
     with store.engine.connect() as conn:
         row = conn.execute(sa.text(RUN_ROW), {"r": run_id}).first()  # first: a run that ended stored its events before
-        events = [(int(q), k, json.loads(d)) for q, k, d in conn.execute(sa.text(
-            "SELECT seq, kind, data FROM tether_events WHERE run_id = :r AND seq >= :s ORDER BY seq"),
-            {"r": run_id, "s": seq})]
+        events = [(int(q), TraceEvent(k, int(st or 0), float(t or 0.0), float(du or 0.0), json.loads(d)))
+                  for q, k, st, t, du, d in conn.execute(sa.text(
+                      "SELECT seq, kind, step, t, duration, data FROM tether_events WHERE run_id = :r AND seq >= :s "
+                      "ORDER BY seq"), {"r": run_id, "s": seq})]
         texts = [(int(q), int(i), x, bool(re)) for q, i, x, re in conn.execute(sa.text(
             "SELECT seq, idx, text, restart FROM tether_text_deltas WHERE run_id = :r AND "
             "(seq > :s OR (seq = :s AND idx >= :i)) ORDER BY seq, idx"), {"r": run_id, "s": seq, "i": idx})]
-        if any(kind == "stop" for _, kind, _ in events):  # stored with its outcome: read that now
+        if any(e.kind == "stop" for _, e in events):  # stored with its outcome: read that now
             row = conn.execute(sa.text(RUN_ROW), {"r": run_id}).first()
     return Read(events, texts, *(row if row is not None else (None, None, None)))
 
@@ -208,8 +216,10 @@ def settle_end(store: RunStore, run_id: str, status: str, stop_reason: str | Non
     return seq + 1
 
 
-async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str | None) -> AsyncIterator[dict[str, Any]]:
-    """SSE events for sse-starlette: {"id", "event", "data"} after `last_event_id`, until the stop."""
+async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str | None, *,
+                 timing: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """SSE events for sse-starlette: {"id", "event", "data"} after `last_event_id`, until the stop
+    (`timing`: each stored event's items carry its step, t and duration too)."""
     seen_seq, seen_k = parse_last_id(last_event_id)
     # the cursor: the stored event being derived, and how many of its SSE events are out
     seq, k = (seen_seq, seen_k + 1) if seen_seq >= 0 else (0, 0)
@@ -218,26 +228,27 @@ async def stream(store: RunStore, feed: Feed, task_id: str, last_event_id: str |
         while True:
             woken.clear()
             got = await feed.call(read_from, store, task_id, seq, len(texts))
-            stored = {q: (kind, data) for q, kind, data in got.events}
+            rows = dict(got.events)
             later: dict[int, list[SseItem]] = defaultdict(list)
             for q, _, text, restart in got.texts:
                 (texts if q == seq else later[q]).append(text_item(text, restart))
-            while seq in stored or texts:
+            while seq in rows or texts:
                 # "running" first for the run's first event, then the text its model call streamed, then its own
                 items: list[SseItem] = [("status", {"status": "running"})] if seq == 0 else []
                 items += texts
-                if seq in stored:
-                    event = stored_event(*stored[seq])
-                    items += derive(event, got.answer if isinstance(event, RunStopped) else None)
+                if seq in rows:
+                    event = stored(rows[seq])
+                    derived = derive(event, got.answer if isinstance(event, RunStopped) else None)
+                    items += timed(derived, event) if timing else derived
                 for n in range(k, len(items)):
                     yield _sse(seq, n, *items[n])
                 k = max(k, len(items))
-                if seq not in stored:
+                if seq not in rows:
                     break  # the rest once the model call ends
-                if stored[seq][0] == "stop":
+                if rows[seq].kind == "stop":
                     return
                 seq, k, texts = seq + 1, 0, later.pop(seq + 1, [])
-            if got.status in FINISHED and seq not in stored and not texts:
+            if got.status in FINISHED and seq not in rows and not texts:
                 end = await feed.call(settle_end, store, task_id, got.status, got.stop_reason)
                 if seq > end:
                     return  # the client is past the end (an id from elsewhere): nothing more will come

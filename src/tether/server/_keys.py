@@ -1,5 +1,5 @@
 """The service's own tables (API keys, idempotent submissions, decided approvals, worker heartbeats,
-submission counts), beside the run store in the same database, with their own migrations."""
+submission counts, console sessions), beside the run store in the same database, with their own migrations."""
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ MIGRATIONS: list[list[str]] = [
     ],
     [  # 3: the service's secrets (the stream tokens' signing key), shared by every API process
         "CREATE TABLE IF NOT EXISTS tether_service_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ],
+    [  # 4: the web console's sessions: only the session id's hash is stored; each is tied to the key it
+       # logged in with, so revoking the key ends the session
+        """CREATE TABLE IF NOT EXISTS tether_console_sessions (
+            session_hash TEXT PRIMARY KEY, key_hash TEXT NOT NULL, csrf TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
     ],
 ]
 
@@ -122,6 +128,34 @@ class ServiceTables:
         with self.engine.connect() as conn:
             found = self._keys_from(conn, key_id)
         return found[0][1] if len(found) == 1 else None
+
+    def open_session(self, key: str, ttl_seconds: float) -> tuple[str, str] | None:
+        """A console session for a valid API key: (session id, CSRF token); None for an unknown key.
+        The session id is returned once; only its hash is stored."""
+        session, csrf, now = secrets.token_urlsafe(32), secrets.token_urlsafe(24), time.time()
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM tether_console_sessions WHERE expires_at <= :t"), {"t": now})
+            if conn.execute(sa.text("SELECT 1 FROM tether_api_keys WHERE key_hash = :h"),
+                            {"h": hash_key(key)}).first() is None:
+                return None
+            conn.execute(sa.text("INSERT INTO tether_console_sessions (session_hash, key_hash, csrf, created_at, "
+                                 "expires_at) VALUES (:s, :k, :c, :t, :e)"),
+                         {"s": hash_key(session), "k": hash_key(key), "c": csrf, "t": now, "e": now + ttl_seconds})
+        return session, csrf
+
+    def session(self, session: str) -> tuple[str, str] | None:
+        """(user, CSRF token) of a live session; None once it expired, was closed or its key revoked."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.text(
+                "SELECT k.user_id, s.csrf FROM tether_console_sessions s JOIN tether_api_keys k "
+                "ON k.key_hash = s.key_hash WHERE s.session_hash = :s AND s.expires_at > :t"),
+                {"s": hash_key(session), "t": time.time()}).first()
+        return (str(row[0]), str(row[1])) if row is not None else None
+
+    def close_session(self, session: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM tether_console_sessions WHERE session_hash = :s"),
+                         {"s": hash_key(session)})
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

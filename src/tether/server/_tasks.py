@@ -194,9 +194,10 @@ class Tasks:
             raise TaskError(404, f"no task {task_id}")
         return row
 
-    async def list(self, user: str, status: str | None, limit: int, before: float | None) -> list[Any]:
+    async def list(self, user: str, status: str | None, limit: int, before: float | None,
+                   agent: str | None = None) -> list[Any]:
         assert self.rt is not None
-        return await self.db(self.rt.store.runs, user=user, status=status, limit=limit, before=before)
+        return await self.db(self.rt.store.runs, user=user, status=status, limit=limit, before=before, agent=agent)
 
     # -- act -----------------------------------------------------------------------------------------
 

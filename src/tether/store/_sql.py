@@ -213,13 +213,16 @@ class RunStore:
         return _row(rows[0]) if rows else None
 
     def runs(self, *, limit: int = 50, status: str | None = None, user: str | None = None,
-             before: float | None = None) -> list[RunRow]:
+             before: float | None = None, agent: str | None = None) -> list[RunRow]:
         """The latest runs first (created before `before`, when given: the next page)."""
         where: list[str] = []
         params: dict[str, Any] = {"n": limit}
         if status is not None:
             where.append("status = :s")
             params["s"] = status
+        if agent is not None:
+            where.append("agent = :a")
+            params["a"] = agent
         if user is not None:
             where.append("user_id = :u")
             params["u"] = user

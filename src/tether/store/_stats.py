@@ -28,6 +28,13 @@ class UsageRow:
     tool_calls: int = 0
     tool_errors: int = 0
 
+    def add_call(self, event: dict[str, Any]) -> None:
+        """Count one model_call event's payload."""
+        self.model_calls += 1
+        self.input_tokens += int(event.get("input_tokens", 0))
+        self.output_tokens += int(event.get("output_tokens", 0))
+        self.cost_usd += float(event.get("cost_usd", 0.0))
+
     def add(self, other: UsageRow) -> None:
         """Add `other`'s counts (its key aside)."""
         for f in fields(self)[1:]:
@@ -67,16 +74,27 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
             row = rows.setdefault(key, UsageRow(key))
             seen.setdefault(key, set()).add(run_id)
             if by == "model":
-                row.model_calls += 1
-                row.input_tokens += int(d.get("input_tokens", 0))
-                row.output_tokens += int(d.get("output_tokens", 0))
-                row.cost_usd += float(d.get("cost_usd", 0.0))
+                row.add_call(d)
             elif d.get("decision") != "awaiting_approval":  # a parked call has not run (yet)
                 row.tool_calls += 1
                 row.tool_errors += bool(d.get("is_error"))
         for key, runs in seen.items():
             rows[key].runs = len(runs)
     return sorted(rows.values(), key=lambda r: (-r.cost_usd, -(r.input_tokens + r.output_tokens), r.key))
+
+
+def run_totals(store: RunStore, run_id: str, through: int | None = None) -> UsageRow:
+    """One run's model calls, tokens and cost so far, from its stored model_call events (those at seq
+    `through` or before, when given): what a running run has spent before its row is written."""
+    row = UsageRow(run_id, runs=1)
+    sql = "SELECT data FROM tether_events WHERE run_id = :r AND kind = 'model_call'"
+    params: dict[str, Any] = {"r": run_id}
+    if through is not None:
+        sql += " AND seq <= :s"
+        params["s"] = through
+    for (data,) in store._rows(sql, params):
+        row.add_call(_json(data))
+    return row
 
 
 def _json(value: Any) -> dict[str, Any]:

@@ -1,0 +1,350 @@
+"""The web console `tether serve` serves at `/`: the same users, tasks and event stream as the API, as
+server-rendered pages (Jinja2, every value escaped) with htmx 4 and its SSE extension vendored.
+
+    GET  /login, POST /login, POST /logout   an API key opens a session (cookie: HttpOnly, SameSite=Strict)
+    GET  /runs                               the user's runs (?status=, ?agent=, ?before= for the next page)
+    GET  /runs/new, POST /runs               start a run from a form
+    GET  /runs/{id}                          a run: summary, pending approval, task state, live timeline
+    GET  /runs/{id}/live                     the timeline as HTML pieces over SSE (Last-Event-ID resumes)
+    GET  /runs/{id}/results/{handle}         a capped tool result in whole
+    POST /runs/{id}/decide, /runs/{id}/cancel
+    GET  /usage                              tokens and cost per day, agent, model, tool or run, with a chart
+
+Every POST carries the session's CSRF token (login: a token in a cookie of its own), and a POST whose
+Origin header names another site is refused. Pages are sent with a Content-Security-Policy that allows
+only the service's own scripts and styles, so markup that got past escaping still cannot run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import escape
+from sse_starlette.sse import EventSourceResponse
+
+from tether._errors import TetherError
+from tether.policy._canonical import leaves
+from tether.server._events import FINISHED, parse_last_id, stream
+from tether.server._tasks import TaskError, Tasks
+from tether.store._stats import GROUPS, UsageRow, run_totals, usage_stats
+
+HERE = Path(__file__).parent / "console"
+SESSION_COOKIE = "tether_session"
+LOGIN_COOKIE = "tether_login_csrf"
+SESSION_HOURS = 12
+PAGE = 25
+STATUSES = ("pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled")
+ORIGIN_WORDS = {"user": "the user's words", "trusted": "a trusted tool", "untrusted": "untrusted content",
+                "model": "the model (no source found)", "neutral": "no information (empty, yes/no)"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                                "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class NotLoggedIn(TetherError):
+    """A console request without a live session (a page redirects to the login form)."""
+
+
+def _tokens(usage: dict[str, Any]) -> str:
+    return f"{int(usage.get('input_tokens', 0)) + int(usage.get('output_tokens', 0)):,}"
+
+
+def _money(value: Any) -> str:
+    return f"${float(value or 0):.4f}"
+
+
+def _seconds(value: Any) -> str:
+    v = float(value or 0)
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.1f} s" if v < 120 else f"{v / 60:.1f} min"
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _at(d: dict[str, Any]) -> str:
+    return f"step {d.get('step', 0)} · t+{float(d.get('t', 0.0)):.2f} s" if "t" in d else ""
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(tokens=_tokens, money=_money, seconds=_seconds, when=_when, at=_at, origin_words=ORIGIN_WORDS,
+                       leaves=leaves)
+    return env
+
+
+def chart(rows: list[UsageRow], width: int = 640) -> dict[str, Any]:
+    """A horizontal bar chart of cost per group (tokens when nothing cost anything), as SVG geometry."""
+    by_cost = any(r.cost_usd for r in rows)
+    values = [(r.key, r.cost_usd if by_cost else r.input_tokens + r.output_tokens) for r in rows[:20]]
+    left, top = 160, max((v for _, v in values), default=0) or 1
+    bars = [{"label": key[:24], "y": i * 22, "width": round((width - left - 90) * v / top, 1),
+             "value": _money(v) if by_cost else f"{int(v):,} tokens"} for i, (key, v) in enumerate(values)]
+    return {"width": width, "height": max(22 * len(bars), 22), "left": left, "bars": bars}
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form body (the body size is capped by the app's BodyLimit)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[-1] for k, v in parse_qs(body, keep_blank_values=True).items()}
+
+
+def _same_site(request: Request) -> bool:
+    """A POST's Origin, when the browser sends one, names this service."""
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
+
+
+def add_console(app: FastAPI, tasks: Tasks) -> None:
+    """The console's routes and its static files on `app`."""
+    env = _environment()
+    app.mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static")
+
+    def page(name: str, code: int = 200, /, **values: Any) -> HTMLResponse:
+        values.setdefault("user", None)
+        values.setdefault("error", None)
+        return HTMLResponse(env.get_template(name).render(**values), status_code=code, headers=SECURITY_HEADERS)
+
+    def fragments() -> Any:
+        return env.get_template("fragments.html").make_module({})
+
+    async def session(request: Request) -> tuple[str, str]:
+        """(user, csrf) of the request's session."""
+        token = request.cookies.get(SESSION_COOKIE)
+        found = await tasks.db(tasks.tables.session, token) if token and tasks.tables is not None else None
+        if found is None:
+            raise NotLoggedIn()
+        return found
+
+    async def posted(request: Request) -> tuple[str, str, dict[str, str]]:
+        """(user, csrf, form) of a POST from this session's own page; TaskError(403) otherwise."""
+        user, csrf = await session(request)
+        form = await _form(request)
+        if not _same_site(request) or not hmac.compare_digest(form.get("csrf", "").encode(), csrf.encode()):
+            raise TaskError(403, "this form is out of date or came from another site: reload the page and try again")
+        return user, csrf, form
+
+    def back(path: str) -> RedirectResponse:
+        return RedirectResponse(path, status_code=303)
+
+    @app.exception_handler(NotLoggedIn)
+    async def not_logged_in(request: Request, _: NotLoggedIn) -> Response:
+        if request.url.path.endswith("/live"):
+            return PlainTextResponse("log in first", status_code=401)
+        return back("/login")
+
+    def guarded(handler: Any) -> Any:
+        """Console errors as a page (the API's are JSON): the message, and a way back."""
+        @functools.wraps(handler)
+        async def run(request: Request, **kwargs: Any) -> Response:
+            try:
+                return await handler(request, **kwargs)
+            except TaskError as exc:
+                try:
+                    user, csrf = await session(request)
+                except NotLoggedIn:
+                    user, csrf = None, ""
+                return page("error.html", exc.status, user=user, csrf=csrf, error=str(exc))
+        return run
+
+    @app.get("/", include_in_schema=False)
+    async def home(request: Request) -> Response:
+        try:
+            await session(request)
+        except NotLoggedIn:
+            return back("/login")
+        return back("/runs")
+
+    def login_page(request: Request, code: int = 200, error: str | None = None) -> Response:
+        """The login form with a fresh token, also set as a cookie (double submit: a page on another
+        site can neither read the cookie nor set the field to match it)."""
+        token = secrets.token_urlsafe(24)
+        response = page("login.html", code, login_csrf=token, hours=SESSION_HOURS, error=error)
+        _cookie(response, request, LOGIN_COOKIE, token, 600)
+        return response
+
+    @app.get("/login", include_in_schema=False)
+    async def login_form(request: Request) -> Response:
+        return login_page(request)
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        form = await _form(request)
+        expected = request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not _same_site(request) or not hmac.compare_digest(form.get("csrf", "").encode(),
+                                                                             expected.encode()):
+            return login_page(request, 403, "the login form was out of date: try again")
+        opened = (await tasks.db(tasks.tables.open_session, form.get("key", "").strip(), SESSION_HOURS * 3600)
+                  if tasks.tables is not None and form.get("key", "").strip() else None)
+        if opened is None:
+            return login_page(request, 401, "that is not a valid API key (`tether keys add USER` makes one)")
+        response = back("/runs")
+        _cookie(response, request, SESSION_COOKIE, opened[0], SESSION_HOURS * 3600)
+        response.delete_cookie(LOGIN_COOKIE, path="/")
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> Response:
+        try:
+            await posted(request)
+        except TaskError:
+            return back("/runs")
+        await tasks.db(tasks.tables.close_session, request.cookies.get(SESSION_COOKIE, ""))  # type: ignore[union-attr]
+        response = back("/login")
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    @app.get("/runs", include_in_schema=False)
+    async def runs(request: Request) -> Response:
+        user, csrf = await session(request)
+        q = request.query_params
+        status = q.get("status") if q.get("status") in STATUSES else None
+        agent = q.get("agent") if q.get("agent") in tasks.registry.names() else None
+        try:
+            before = float(q["before"]) if q.get("before") else None
+        except ValueError:
+            before = None
+        rows = await tasks.list(user, status, PAGE, before, agent)
+        next_before = rows[-1].created_at if len(rows) == PAGE else None
+        next_query = urlencode({k: v for k, v in (("status", status), ("agent", agent), ("before", next_before)) if v})
+        return page("runs.html", user=user, csrf=csrf, runs=rows, statuses=STATUSES, status=status,
+                    agents=tasks.registry.names(), agent=agent, next_before=next_before, next_query=next_query)
+
+    @app.get("/runs/new", include_in_schema=False)
+    async def new_run(request: Request) -> Response:
+        user, csrf = await session(request)
+        return page("new.html", user=user, csrf=csrf, agents=tasks.registry.names(),
+                    agent=request.query_params.get("agent"), prompt="")
+
+    @guarded
+    async def start_run(request: Request) -> Response:
+        user, csrf, form = await posted(request)
+        agent, prompt = form.get("agent", ""), form.get("prompt", "").strip()
+        if agent not in tasks.registry.names() or not prompt:
+            return page("new.html", 422, user=user, csrf=csrf, agents=tasks.registry.names(), agent=agent,
+                        prompt=prompt, error="choose one of the agents and write the task")
+        task_id, _ = await tasks.submit(user, {"prompt": prompt, "agent": agent})
+        return back(f"/runs/{quote(task_id, safe='')}")
+
+    app.post("/runs", include_in_schema=False)(start_run)
+
+    @guarded
+    async def run_page(request: Request, run_id: str) -> Response:
+        user, csrf = await session(request)
+        row = await tasks.get(user, run_id)
+        findings = await tasks.db(tasks.rt.store.findings, run_id)
+        state = await tasks.db(tasks.rt.store.state, run_id)
+        task_state = json.dumps(state.task_state, indent=1, default=str) if state and state.task_state else ""
+        spent = await tasks.db(run_totals, tasks.rt.store, run_id)
+        return page("run.html", user=user, csrf=csrf, row=row, finished=row.status in FINISHED, findings=findings,
+                    task_state=task_state, spent=spent)
+
+    app.get("/runs/{run_id}", include_in_schema=False)(run_page)
+
+    @app.get("/runs/{run_id}/live", include_in_schema=False)
+    async def live(request: Request, run_id: str) -> Response:
+        user, csrf = await session(request)
+        try:
+            await tasks.get(user, run_id)
+        except TaskError as exc:
+            return PlainTextResponse(str(exc), status_code=exc.status)
+        return EventSourceResponse(_pieces(tasks, fragments(), user, csrf, run_id,
+                                           request.headers.get("last-event-id")), ping=15, headers={
+            "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    @guarded
+    async def whole_result(request: Request, run_id: str, handle: str) -> Response:
+        user, _ = await session(request)
+        await tasks.get(user, run_id)
+        text = await tasks.db(tasks.rt.store.get, handle, user)
+        if text is None:
+            raise TaskError(404, f"no result {handle} of yours")
+        return PlainTextResponse(text, headers={**SECURITY_HEADERS, "Content-Type": "text/plain; charset=utf-8"})
+
+    app.get("/runs/{run_id}/results/{handle}", include_in_schema=False)(whole_result)
+
+    @guarded
+    async def decide(request: Request, run_id: str) -> Response:
+        user, _, form = await posted(request)
+        approved = form.get("approved") == "yes"
+        await tasks.confirm(user, run_id, form.get("call_id", ""), approved, form.get("reason", "")[:2000])
+        return back(f"/runs/{quote(run_id, safe='')}")
+
+    app.post("/runs/{run_id}/decide", include_in_schema=False)(decide)
+
+    @guarded
+    async def cancel(request: Request, run_id: str) -> Response:
+        user, _, _ = await posted(request)
+        await tasks.cancel(user, run_id)
+        return back(f"/runs/{quote(run_id, safe='')}")
+
+    app.post("/runs/{run_id}/cancel", include_in_schema=False)(cancel)
+
+    @app.get("/usage", include_in_schema=False)
+    async def usage(request: Request) -> Response:
+        user, csrf = await session(request)
+        by = request.query_params.get("by", "day")
+        by = by if by in GROUPS else "day"
+        try:
+            days = float(request.query_params.get("days") or 0) or None
+        except ValueError:
+            days = None
+        since = time.time() - days * 86_400 if days else None
+        rows = await tasks.db(usage_stats, tasks.rt.store, by, since=since, user=user)
+        return page("usage.html", user=user, csrf=csrf, rows=rows, by=by, days=days, groups=GROUPS, chart=chart(rows))
+
+
+async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,
+                  last_event_id: str | None) -> AsyncIterator[dict[str, Any]]:
+    """The run's SSE events as HTML: each a timeline row (appended) and, where the run's status may have
+    changed, its summary and pending approval re-rendered from the stored row (swapped in by id). Ids
+    are the API stream's, so a reconnect with Last-Event-ID continues after the last piece shown.
+    Ends with a named `end` event, which closes the browser's stream."""
+    live_text = False
+    # what the run spent up to the piece the browser last showed, then each model call as it streams
+    seen = parse_last_id(last_event_id)[0]
+    spent = await tasks.db(run_totals, tasks.rt.store, run_id, seen) if seen >= 0 else UsageRow(run_id)
+    async for item in stream(tasks.rt.store, tasks.feed, run_id, last_event_id, timing=True):
+        kind, data = item["event"], json.loads(item["data"])
+        if kind == "model_call" and parse_last_id(item["id"])[0] > seen:  # at `seen`: counted above already
+            spent.add_call(data)
+        html: list[str] = []
+        if kind == "text_delta":
+            swap = "innerHTML" if data.get("restart") or not live_text else "beforeend"
+            html.append(f'<pre id="live-text" class="meta" hx-swap-oob="{swap}">'
+                        f'{escape(str(data.get("text", "")))}</pre>')
+            live_text = True
+        else:
+            html.append(str(parts.event_row(run_id, kind, data, item["id"])))
+            if kind in ("model_call", "answer") and live_text:
+                html.append('<pre id="live-text" class="meta" hx-swap-oob="true"></pre>')
+                live_text = False
+        if kind in ("status", "model_call", "tool_call", "answer", "stop", "confirm_request"):
+            row = await tasks.get(user, run_id)
+            html.append(str(parts.summary(row, csrf, row.status in FINISHED, spent, oob=True)))
+            html.append(str(parts.pending_panel(row, csrf, oob=True)))
+        yield {"id": item["id"], "data": "".join(html)}
+    yield {"event": "end", "data": ""}
+
+
+def _cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+

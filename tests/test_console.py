@@ -1,0 +1,205 @@
+"""The web console over real HTTP (`tether serve`, SQLite), driven by httpx as a browser would: the login
+form and its session, CSRF on every form, users kept apart, the live timeline's HTML pieces (escaped,
+resumable), approvals with where each argument came from, and the usage page. The browser tests
+(tests/test_console_browser.py) drive the same pages in Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("dbos")
+pytest.importorskip("fastapi")
+pytest.importorskip("jinja2")
+
+from test_service import Service, wait_status  # noqa: E402
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    svc = Service(tmp_path)
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def api_key(service: Service, user: str) -> str:
+    return service.key(user)["Authorization"].removeprefix("Bearer ")
+
+
+def login(service: Service, key: str) -> httpx.Client:
+    """A client holding a console session, logged in through the form as a browser does."""
+    client = httpx.Client(base_url=service.url, timeout=30)
+    form = client.get("/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert form.status_code == 200 and token
+    done = client.post("/login", data={"csrf": token.group(1), "key": key})
+    assert done.status_code == 303 and done.headers["location"] == "/runs", done.text
+    return client
+
+
+def csrf_of(client: httpx.Client, path: str = "/runs") -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get(path).text)
+    assert found
+    return found.group(1)
+
+
+def start(client: httpx.Client, agent: str, prompt: str) -> str:
+    done = client.post("/runs", data={"csrf": csrf_of(client), "agent": agent, "prompt": prompt})
+    assert done.status_code == 303, done.text
+    return done.headers["location"].rsplit("/", 1)[1]
+
+
+def pieces(client: httpx.Client, run_id: str, last_id: str | None = None, until: str | None = None,
+           timeout: float = 30) -> list[tuple[str, str, str]]:
+    """(id, event name, data) of the live stream's events, up to the one whose data holds `until`
+    (to the `end` event without)."""
+    out: list[tuple[str, str, str]] = []
+    headers = {"Last-Event-ID": last_id} if last_id else {}
+    with client.stream("GET", f"/runs/{run_id}/live", headers=headers, timeout=timeout) as response:
+        assert response.status_code == 200
+        event: dict[str, str] = {}
+        for line in response.iter_lines():
+            if line == "":
+                if event:
+                    out.append((event.get("id", ""), event.get("event", ""), event.get("data", "")))
+                    if event.get("event") == "end" or (until is not None and until in event.get("data", "")):
+                        return out
+                event = {}
+                continue
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            event[field] = event[field] + "\n" + value if field == "data" and field in event else value
+    return out
+
+
+def test_login_needs_a_valid_key_and_the_forms_token(service: Service) -> None:
+    key = api_key(service, "alice")
+    anonymous = httpx.Client(base_url=service.url)
+    assert anonymous.get("/runs").headers["location"] == "/login"  # no session: to the login form
+    assert anonymous.get("/").headers["location"] == "/login"
+    form = anonymous.get("/login")
+    assert "HttpOnly" in form.headers["set-cookie"] and "SameSite=strict" in form.headers["set-cookie"]
+    assert "script-src 'self'" in form.headers["content-security-policy"]
+    token = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+    wrong = anonymous.post("/login", data={"csrf": token, "key": "tk_wrong"})
+    assert wrong.status_code == 401 and "not a valid API key" in wrong.text
+    token = re.search(r'name="csrf" value="([^"]+)"', wrong.text).group(1)  # type: ignore[union-attr]
+    forged = anonymous.post("/login", data={"csrf": "not-the-token", "key": key})
+    assert forged.status_code == 403 and "tether_session" not in forged.headers.get("set-cookie", "")
+    token = re.search(r'name="csrf" value="([^"]+)"', forged.text).group(1)  # type: ignore[union-attr]
+    other_site = anonymous.post("/login", data={"csrf": token, "key": key}, headers={"Origin": "https://evil.example"})
+    assert other_site.status_code == 403
+    client = login(service, key)
+    cookie = client.cookies.get("tether_session")
+    assert cookie and len(cookie) > 30
+    page = client.get("/runs")
+    assert page.status_code == 200 and "alice" in page.text
+
+
+def test_every_form_needs_the_sessions_token_and_this_sites_origin(service: Service) -> None:
+    client = login(service, api_key(service, "alice"))
+    no_token = client.post("/runs", data={"agent": "calc", "prompt": "add"})
+    assert no_token.status_code == 403 and "out of date" in no_token.text
+    other_site = client.post("/runs", data={"csrf": csrf_of(client), "agent": "calc", "prompt": "add"},
+                             headers={"Origin": "https://evil.example"})
+    assert other_site.status_code == 403
+    assert "No runs." in client.get("/runs").text  # nothing was started
+    run_id = start(client, "calc", "add 2 and 3")
+    assert client.post(f"/runs/{run_id}/cancel", data={"csrf": "x"}).status_code == 403
+    assert client.post(f"/runs/{run_id}/decide", data={"csrf": "x", "call_id": "c1", "approved": "yes"}).status_code == 403
+    bad = client.post("/runs", data={"csrf": csrf_of(client), "agent": "no-such-agent", "prompt": "x"})
+    assert bad.status_code == 422 and "choose one of the agents" in bad.text
+
+
+def test_a_session_ends_at_logout_and_when_its_key_is_revoked(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    cookie = client.cookies.get("tether_session")
+    out = client.post("/logout", data={"csrf": csrf_of(client)})
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    replay = httpx.Client(base_url=service.url, cookies={"tether_session": cookie})
+    assert replay.get("/runs").headers["location"] == "/login"  # the old cookie opens nothing
+    client = login(service, key)
+    assert client.get("/runs").status_code == 200
+    revoked = service.cli("keys", "revoke", key)
+    assert revoked.returncode == 0, revoked.stderr
+    assert client.get("/runs").headers["location"] == "/login"
+    assert client.get("/usage").headers["location"] == "/login"
+
+
+def test_another_users_run_is_not_reachable(service: Service) -> None:
+    alice = login(service, api_key(service, "alice"))
+    bob = login(service, api_key(service, "bob"))
+    run_id = start(alice, "calc", "add 2 and 3")
+    assert bob.get(f"/runs/{run_id}").status_code == 404
+    assert bob.get(f"/runs/{run_id}/live").status_code == 404
+    assert bob.post(f"/runs/{run_id}/cancel", data={"csrf": csrf_of(bob)}).status_code == 404
+    assert run_id not in bob.get("/runs").text
+    assert run_id in alice.get("/runs").text
+
+
+def test_the_timeline_escapes_tool_output_and_the_approval_shows_where_arguments_came_from(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    run_id = start(client, "invoice", "Pay my invoice")
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "awaiting_approval")
+    got = pieces(client, run_id, until='class="confirm"')
+    html = "".join(data for _, _, data in got)
+    assert re.search(r"<(script|img)\b", html, re.I) is None, re.search(r".{80}<(script|img)\b.{80}", html, re.I | re.S)
+    assert "&lt;script&gt;window.__pwned" in html  # the page's markup, as text
+    assert re.search(r'<img src=x', html) is None
+    ids = [i for i, _, _ in got if i]
+    assert len(ids) == len(set(ids))
+    page = client.get(f"/runs/{run_id}")
+    assert 'id="approve"' in page.text and "<b>Charged</b>" not in page.text
+    row = re.search(r"<code>amount</code>.*?</tr>", page.text, re.S)
+    assert row and "untrusted content" in row.group(0)  # 4200 was read from the invoice page
+    whole = re.search(r'href="(/runs/[^"]+/results/[^"]+)"', html)
+    assert whole, "a capped result links to the whole"
+    full = client.get(whole.group(1))
+    assert full.headers["content-type"].startswith("text/plain") and len(full.text) > 10_000
+    bob = login(service, api_key(service, "bob"))
+    assert bob.get(whole.group(1)).status_code == 404
+    call_id = re.search(r'name="call_id" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    done = client.post(f"/runs/{run_id}/decide", data={"csrf": csrf_of(client), "call_id": call_id, "approved": "yes"})
+    assert done.status_code == 303
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    again = client.post(f"/runs/{run_id}/decide", data={"csrf": csrf_of(client), "call_id": call_id, "approved": "yes"})
+    assert again.status_code == 409 and "not waiting" in again.text
+    rest = pieces(client, run_id, last_id=ids[-1])
+    assert {i for i, _, _ in rest if i}.isdisjoint(ids)  # resumed after the last piece seen: no duplicate
+    tail = "".join(data for _, _, data in rest)
+    assert "&lt;b&gt;Charged&lt;/b&gt;" in tail and rest[-1][1] == "end"
+    assert service.ledger() == ["charge 4200"]
+
+
+def test_runs_list_filters_and_pages_and_usage_adds_up(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    ids = []
+    for i in range(27):  # one at a time: the service admits 20 tasks in progress per user
+        ids.append(start(client, "calc", f"add {i}"))
+        wait_status(service, {"Authorization": f"Bearer {key}"}, ids[-1], "completed")
+    first = client.get("/runs")
+    shown = re.findall(r'<a href="/runs/(t_[^"/]+)">', first.text)
+    assert len(shown) == 25 and shown[0] == ids[-1]
+    older = re.search(r'id="older" href="([^"]+)"', first.text)
+    assert older
+    second = client.get(older.group(1).replace("&amp;", "&"))
+    assert re.findall(r'<a href="/runs/(t_[^"/]+)">', second.text) == [ids[1], ids[0]]
+    assert len(re.findall(r'<a href="/runs/(t_[^"/]+)">', client.get("/runs?agent=billing").text)) == 0
+    assert len(re.findall(r'<a href="/runs/(t_[^"/]+)">', client.get("/runs?status=completed&agent=calc").text)) == 25
+    usage = client.get("/usage?by=tool")
+    assert usage.status_code == 200 and "<svg" in usage.text
+    row = re.search(r"<tr><td>add</td><td class=\"num\">(\d+)</td>", usage.text)
+    assert row and int(row.group(1)) == 27
+    api = httpx.get(f"{service.url}/v1/tasks/{ids[0]}", headers={"Authorization": f"Bearer {key}"}).json()
+    assert json.dumps(api["usage"])  # the API and the console read the same rows
