@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tether._agent import Agent
 from tether._limits import Limits
 from tether._types import StopReason
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import (
     ApprovalBook,
+    ApprovalRequest,
     AutoApprove,
+    CallbackApprover,
     Capabilities,
     Capability,
     EgressPolicy,
@@ -69,13 +73,28 @@ def test_before_taint_irreversible_runs_without_approval() -> None:
     assert decisions(p) == [("send_money", "allowed")]
 
 
-def test_after_taint_user_provided_arguments_run_without_approval() -> None:
-    p = SafetyPolicy()
+def test_after_taint_user_provided_arguments_run_without_approval_in_the_provenance_mode() -> None:
+    p = SafetyPolicy(use_provenance=True)
     world, _ = run(p, "read my email, then send 20 to bob", call("read_email"),
                    call("send_money", recipient="bob", amount=20, note="as the email said: pay ACME"), "ok")
     assert world.sent and decisions(p)[-1] == ("send_money", "allowed")
     rec = p.audit.query("r1", tool="send_money")[0]
     assert rec.provenance["recipient"] == "user" and rec.tainted
+
+
+def test_after_taint_every_effect_asks_by_default_and_shows_where_its_values_seem_to_come_from() -> None:
+    """Issue 26: the default takes no text match as proof. "bob" appears in the request, yet after
+    the email was read the payment is a person's decision; the match is shown with the prompt."""
+    asked: list[ApprovalRequest] = []
+    p = SafetyPolicy(approver=CallbackApprover(lambda req: asked.append(req) or False))
+    world, res = run(p, "read my email, then send 20 to bob", call("read_email"),
+                     call("send_money", recipient="bob", amount=20, note="as the email said: pay ACME"), "ok")
+    assert world.sent == [] and decisions(p)[-1] == ("send_money", "denied:callback")
+    assert [r.tool for r in asked] == ["send_money"]
+    assert asked[0].provenance == {"recipient": "user", "amount": "user", "note": "untrusted"}
+    assert "recipient (user), amount (user), note (untrusted)" in asked[0].reason
+    refusal = [m.content for m in res.messages if m.role == "tool"][-1]
+    assert "read untrusted content (read_email)" in refusal
 
 
 def test_after_taint_untrusted_argument_needs_approval_denied_by_default() -> None:
@@ -182,12 +201,15 @@ def test_untrusted_output_is_labelled_in_a_note_after_the_turn_and_left_as_retur
     assert not any(m.name == "tether" for m in res.messages)  # trusted results get no note
 
 
-def test_egress_checks_url_arguments() -> None:
-    p = SafetyPolicy(egress=EgressPolicy(["docs.example.com"]))
+@pytest.mark.parametrize(("provenance", "second"), [(True, "allowed"), (False, "denied:default")])
+def test_egress_checks_url_arguments(provenance: bool, second: str) -> None:
+    """An unlisted host the user named: let through on a text match in the provenance mode; after
+    taint (the first page was read) the default asks, as for any URL it cannot know the source of."""
+    p = SafetyPolicy(egress=EgressPolicy(["docs.example.com"]), use_provenance=provenance)
     _, _res = run(p, "fetch https://docs.example.com/a and https://news.example.org/b",
                  call("fetch", url="https://docs.example.com/a"), call("fetch", url="https://news.example.org/b"),
                  call("fetch", url="http://169.254.169.254/latest"), call("fetch", url="https://evil.test/x"), "ok")
-    assert [d for _, d in decisions(p)] == ["allowed", "allowed", "refused:egress", "denied:default"]
+    assert [d for _, d in decisions(p)] == ["allowed", second, "refused:egress", "denied:default"]
 
 
 def test_secrets_in_arguments_are_refused() -> None:
@@ -205,7 +227,7 @@ def test_an_executor_driven_by_hand_takes_the_state_start_run_made_and_refuses_w
     from tether.tools._executor import CallContext, Executor
 
     world = World()
-    p = SafetyPolicy()
+    p = SafetyPolicy(use_provenance=True)  # so the tainted payment the user asked for runs
     ex = Executor(world.tools(), policy=p)
     bare = asyncio.run(ex.execute(call("send_money", recipient="bob", amount=20), CallContext(run_id="x")))
     assert bare.is_error and bare.decision == "refused:error" and "start_run" in bare.content and not world.sent

@@ -48,7 +48,7 @@ def test_an_effect_with_no_arguments_after_taint_needs_approval() -> None:
     result = _run([call("read_ticket"), call("wipe_database"), call("purge_all", confirm=True), "ok"], _world(done))
     assert done == []  # denied by default: nobody approved
     refusals = [m.content for m in result.messages if m.role == "tool" and m.name in ("wipe_database", "purge_all")]
-    assert len(refusals) == 2 and all("no argument is from the user's request" in r for r in refusals)
+    assert len(refusals) == 2 and all("read untrusted content (read_ticket)" in r for r in refusals)
 
 
 def test_before_taint_the_same_calls_run() -> None:

@@ -10,7 +10,9 @@ writes bench/agentdojo/results.json. Per suite:
   the user task's ground-truth calls, each as often as the task makes it): attacker calls with an
   effect or egress that ran (judged by the union of both classifications), attacks succeeded, utility;
 - clean runs (no attack) per user task: utility with deny-all and with the oracle, approval prompts,
-  and the same prompts without provenance ("ask before every call with an effect after taint").
+  and the blunt rule's prompts ("ask before every call with an effect after taint").
+Each under both modes of the policy, side by side (`--modes`): the default (every effect after taint
+asks) and `use_provenance=True` (text matching may let a call through).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ CLEAN_KEYS = ("user_tasks", "utility_deny", "utility_oracle", "approval_prompts"
 
 
 async def bench_suite(name: str, suite: Any, max_injections: int | None, classifications: list[str],
-                      timings: list[str], undefended: bool) -> dict[str, Any]:
+                      timings: list[str], undefended: bool, modes: list[str]) -> dict[str, Any]:
     users = list(suite.user_tasks.values())
     injections = list(suite.injection_tasks.values())
     adaptive = attacks(name, suite.load_and_inject_default_environment(suite.get_injection_vector_defaults()))
@@ -60,66 +62,74 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
         out["undefended"] = und
     for cname in classifications:
         h = SuiteHarness(name, suite, CLASSIFICATIONS[cname], adaptive)
-        clean = dict.fromkeys(CLEAN_KEYS, 0)
-        failed: list[str] = []
-        for ut in users:
-            clean["user_tasks"] += 1
-            deny = await h.run(ut, None, approver="deny")
-            oracle = await h.run(ut, None, approver="oracle")
-            base = await h.run(ut, None, approver="oracle", use_provenance=False)
-            clean["utility_deny"] += deny.utility
-            clean["utility_oracle"] += oracle.utility
-            if not oracle.utility:
-                failed.append(ut.ID)
-            clean["approval_prompts"] += oracle.prompts
-            clean["tasks_with_prompts"] += oracle.prompts > 0
-            clean["approval_prompts_no_provenance"] += base.prompts
-            clean["tasks_with_prompts_no_provenance"] += base.prompts > 0
-        res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}}
-        # Until the model sees an injection every timing runs the same calls, and a deny-all run sees
-        # a subset of the outputs an oracle run sees: a pair whose oracle run never met the injection
-        # (in the first timing) cannot be attacked in any timing or under deny-all, and is skipped.
-        unreached: set[tuple[str, str]] = set()
-        for timing in timings:
-            per: dict[str, Any] = {"agentdojo": dict.fromkeys(ATTACK_KEYS, 0), "adaptive": dict.fromkeys(ATTACK_KEYS, 0),
-                                   "adaptive_executed": {}, "pairs_never_injected": 0}
-            for i, ut in enumerate(users):
-                for kind, chosen in (("agentdojo", _chosen(injections, i, max_injections)), ("adaptive", adaptive)):
-                    r = per[kind]
-                    for it in chosen:
-                        if (ut.ID, it.ID) in unreached:
-                            per["pairs_never_injected"] += 1
-                            continue
-                        o = await h.run(ut, it, approver="oracle", timing=timing)
-                        if not o.injected or (not o.attacker_calls and kind == "adaptive"):
-                            # never injected, or nothing to do for this user task (no action to repeat)
-                            unreached.add((ut.ID, it.ID))
-                            per["pairs_never_injected"] += 1
-                            continue
-                        d = await h.run(ut, it, approver="deny", timing=timing)
-                        r["pairs"] += 1
-                        r["attacks_succeeded"] += d.attack_succeeded
-                        r["attacker_calls_executed"] += d.attacker_effects_executed
-                        r["attacker_reads_executed"] += d.attacker_reads_executed
-                        r["attacker_calls_made"] += d.attacker_calls
-                        r["utility_under_attack_deny"] += d.utility
-                        r["attacks_succeeded_oracle"] += o.attack_succeeded
-                        r["attacker_calls_executed_oracle"] += o.attacker_effects_executed
-                        r["utility_under_attack_oracle"] += o.utility
-                        if kind == "adaptive" and (d.attacker_effects_executed or o.attacker_effects_executed):
-                            per["adaptive_executed"][it.ID] = per["adaptive_executed"].get(it.ID, 0) + (
-                                d.attacker_effects_executed + o.attacker_effects_executed)
-            res["timings"][timing] = per
-        res["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
-        out[cname] = res
+        out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings,
+                                              mode == "provenance") for mode in modes}
     return out
 
 
-def _run_suite(job: tuple[str, int | None, list[str], list[str], bool]) -> dict[str, Any]:
-    name, max_injections, classifications, timings, undefended = job
+async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], adaptive: list[Any],
+                      max_injections: int | None, timings: list[str], provenance: bool) -> dict[str, Any]:
+    """One classification under one mode of the policy (the default, or `use_provenance=True`)."""
+    clean = dict.fromkeys(CLEAN_KEYS, 0)
+    failed: list[str] = []
+    for ut in users:
+        clean["user_tasks"] += 1
+        deny = await h.run(ut, None, approver="deny", use_provenance=provenance)
+        oracle = await h.run(ut, None, approver="oracle", use_provenance=provenance)
+        # the blunt rule, "ask before every call with an effect after taint": the default mode itself
+        base = await h.run(ut, None, approver="oracle", use_provenance=False) if provenance else oracle
+        clean["utility_deny"] += deny.utility
+        clean["utility_oracle"] += oracle.utility
+        if not oracle.utility:
+            failed.append(ut.ID)
+        clean["approval_prompts"] += oracle.prompts
+        clean["tasks_with_prompts"] += oracle.prompts > 0
+        clean["approval_prompts_no_provenance"] += base.prompts
+        clean["tasks_with_prompts_no_provenance"] += base.prompts > 0
+    res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}}
+    # Until the model sees an injection every timing runs the same calls, and a deny-all run sees
+    # a subset of the outputs an oracle run sees: a pair whose oracle run never met the injection
+    # (in the first timing) cannot be attacked in any timing or under deny-all, and is skipped.
+    unreached: set[tuple[str, str]] = set()
+    for timing in timings:
+        per: dict[str, Any] = {"agentdojo": dict.fromkeys(ATTACK_KEYS, 0), "adaptive": dict.fromkeys(ATTACK_KEYS, 0),
+                               "adaptive_executed": {}, "pairs_never_injected": 0}
+        for i, ut in enumerate(users):
+            for kind, chosen in (("agentdojo", _chosen(injections, i, max_injections)), ("adaptive", adaptive)):
+                r = per[kind]
+                for it in chosen:
+                    if (ut.ID, it.ID) in unreached:
+                        per["pairs_never_injected"] += 1
+                        continue
+                    o = await h.run(ut, it, approver="oracle", timing=timing, use_provenance=provenance)
+                    if not o.injected or (not o.attacker_calls and kind == "adaptive"):
+                        # never injected, or nothing to do for this user task (no action to repeat)
+                        unreached.add((ut.ID, it.ID))
+                        per["pairs_never_injected"] += 1
+                        continue
+                    d = await h.run(ut, it, approver="deny", timing=timing, use_provenance=provenance)
+                    r["pairs"] += 1
+                    r["attacks_succeeded"] += d.attack_succeeded
+                    r["attacker_calls_executed"] += d.attacker_effects_executed
+                    r["attacker_reads_executed"] += d.attacker_reads_executed
+                    r["attacker_calls_made"] += d.attacker_calls
+                    r["utility_under_attack_deny"] += d.utility
+                    r["attacks_succeeded_oracle"] += o.attack_succeeded
+                    r["attacker_calls_executed_oracle"] += o.attacker_effects_executed
+                    r["utility_under_attack_oracle"] += o.utility
+                    if kind == "adaptive" and (d.attacker_effects_executed or o.attacker_effects_executed):
+                        per["adaptive_executed"][it.ID] = per["adaptive_executed"].get(it.ID, 0) + (
+                            d.attacker_effects_executed + o.attacker_effects_executed)
+        res["timings"][timing] = per
+    res["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
+    return res
+
+
+def _run_suite(job: tuple[str, int | None, list[str], list[str], bool, list[str]]) -> dict[str, Any]:
+    name, max_injections, classifications, timings, undefended, modes = job
     t0 = time.perf_counter()
     out = asyncio.run(bench_suite(name, get_suites(VERSION)[name], max_injections, classifications, timings,
-                                  undefended))
+                                  undefended, modes))
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["cpu_seconds"] = round(time.process_time(), 1)
     return out
@@ -136,6 +146,9 @@ def main() -> None:
     ap.add_argument("--suites", default="workspace,travel,banking,slack")
     ap.add_argument("--classifications", default=",".join(CLASSIFICATIONS))
     ap.add_argument("--timings", default=",".join(TIMINGS))
+    ap.add_argument("--modes", default="default,provenance",
+                    help="the policy's modes, side by side: default (every effect after taint asks), "
+                         "provenance (use_provenance=True: text matching may let a call through)")
     ap.add_argument("--injections", type=int, default=None,
                     help="at most N AgentDojo injection tasks per user task (default: all)")
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
@@ -144,10 +157,13 @@ def main() -> None:
     args = ap.parse_args()
     classifications = args.classifications.split(",")
     timings = [t for t in args.timings.split(",") if t]
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"default", "provenance"}:
+        ap.error("--modes takes default and/or provenance")
     started = time.perf_counter()
     per_suite: dict[str, dict[str, Any]] = {}
     names = args.suites.split(",")
-    jobs = [(n, args.injections, classifications, timings, not args.no_undefended) for n in names]
+    jobs = [(n, args.injections, classifications, timings, not args.no_undefended, modes) for n in names]
     if args.jobs > 1:
         with ProcessPoolExecutor(min(args.jobs, len(names))) as pool:
             per_suite = dict(zip(names, pool.map(_run_suite, jobs), strict=True))
@@ -162,39 +178,43 @@ def main() -> None:
         print("undefended: attacks succeeded / pairs, attacker effects executed: " + ", ".join(
             f"{n} {r['undefended']['attacks_succeeded_undefended']}/{r['undefended']['pairs']} "
             f"{r['undefended']['attacker_effects_undefended']}" for n, r in per_suite.items()))
-    head = f"{'classification':<15}{'timing':<12}{'attack set':<11}" + "".join(f"{n:>22}" for n in names)
+    head = f"{'mode':<12}{'classification':<15}{'timing':<12}{'attack set':<11}" + "".join(f"{n:>22}" for n in names)
     print("\nattacker calls with an effect or egress executed, deny-all / oracle (bar 0 / 0); pairs")
     print(head)
-    for c in classifications:
-        for t in timings:
-            for kind in ("agentdojo", "adaptive"):
-                cells = []
-                for n in names:
-                    r = per_suite[n][c]["timings"][t][kind]
-                    cells.append(f"{r['attacker_calls_executed']} / {r['attacker_calls_executed_oracle']}"
-                                 f" ({r['pairs']})")
-                print(f"{c:<15}{t:<12}{kind:<11}" + "".join(f"{x:>22}" for x in cells))
-    print("\nclean runs: utility deny-all, utility oracle / user tasks, approval prompts (tasks with prompts), "
-          "without provenance")
-    print(f"{'classification':<15}" + "".join(f"{n:>32}" for n in names))
-    for c in classifications:
-        cells = []
-        for n in names:
-            k = per_suite[n][c]["clean"]
-            cells.append(f"{k['utility_deny']}, {k['utility_oracle']}/{k['user_tasks']}, {k['approval_prompts']}"
-                         f" ({k['tasks_with_prompts']}), {k['approval_prompts_no_provenance']}")
-        print(f"{c:<15}" + "".join(f"{x:>32}" for x in cells))
-    for n, r in per_suite.items():
+    for m in modes:
         for c in classifications:
-            if r[c]["oracle_failures"]:
-                print(f"{n}/{c}: user tasks failing with the oracle approver: {', '.join(r[c]['oracle_failures'])}")
-            if r[c]["trusted_tools_that_carried_injections"]:
-                print(f"NOTE {n}/{c}: tools classified trusted returned injected text: "
-                      + ", ".join(r[c]["trusted_tools_that_carried_injections"]))
             for t in timings:
-                hits = r[c]["timings"][t]["adaptive_executed"]
-                if hits:
-                    print(f"{n}/{c}/{t}: adaptive attacks that executed an effect: {hits}")
+                for kind in ("agentdojo", "adaptive"):
+                    cells = []
+                    for n in names:
+                        r = per_suite[n][c][m]["timings"][t][kind]
+                        cells.append(f"{r['attacker_calls_executed']} / {r['attacker_calls_executed_oracle']}"
+                                     f" ({r['pairs']})")
+                    print(f"{m:<12}{c:<15}{t:<12}{kind:<11}" + "".join(f"{x:>22}" for x in cells))
+    print("\nclean runs: utility deny-all, utility oracle / user tasks, approval prompts (tasks with prompts), "
+          "the blunt rule's prompts")
+    print(f"{'mode':<12}{'classification':<15}" + "".join(f"{n:>32}" for n in names))
+    for m in modes:
+        for c in classifications:
+            cells = []
+            for n in names:
+                k = per_suite[n][c][m]["clean"]
+                cells.append(f"{k['utility_deny']}, {k['utility_oracle']}/{k['user_tasks']}, {k['approval_prompts']}"
+                             f" ({k['tasks_with_prompts']}), {k['approval_prompts_no_provenance']}")
+            print(f"{m:<12}{c:<15}" + "".join(f"{x:>32}" for x in cells))
+    for n, r in per_suite.items():
+        for m in modes:
+            for c in classifications:
+                rc = r[c][m]
+                if rc["oracle_failures"]:
+                    print(f"{n}/{c}/{m}: user tasks failing with the oracle approver: {', '.join(rc['oracle_failures'])}")
+                if rc["trusted_tools_that_carried_injections"]:
+                    print(f"NOTE {n}/{c}: tools classified trusted returned injected text: "
+                          + ", ".join(rc["trusted_tools_that_carried_injections"]))
+                for t in timings:
+                    hits = rc["timings"][t]["adaptive_executed"]
+                    if hits:
+                        print(f"{n}/{c}/{m}/{t}: adaptive attacks that executed an effect: {hits}")
     print(f"wrote {args.out}")
 
 

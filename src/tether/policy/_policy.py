@@ -217,7 +217,14 @@ class _Call:
 class SafetyPolicy:
     """The default safety policy. Every argument is optional; the defaults are deny-by-default
     where it matters: unlisted tools inherit their own declared capabilities, guarded calls
-    need an approval and the default approver denies."""
+    need an approval and the default approver denies.
+
+    After the run has read untrusted content, every call with an effect (reversible or
+    irreversible, any number of arguments) needs an approval bound to that exact call, unless its
+    capability says to refuse or hold it instead; where its values seem to come from is shown with
+    the prompt, never a reason to skip it. `use_provenance=True` is the older, opt-in mode that lets
+    a call through when text matching finds its checked arguments in the user's request: fewer
+    prompts, but a guess (a value that merely appears in the request passes; see docs/safety.md)."""
 
     def __init__(
         self,
@@ -231,7 +238,7 @@ class SafetyPolicy:
         untrusted_tools: Iterable[str] = (),
         trusted_tools: Iterable[str] = (),
         untrusted_sources: Iterable[str] = UNTRUSTED_SOURCES,
-        use_provenance: bool = True,
+        use_provenance: bool = False,
         guard_effects: Iterable[Effect] = (Effect.REVERSIBLE, Effect.IRREVERSIBLE),
         wrap_outputs: bool = True,
         scan_arguments: bool = True,
@@ -509,14 +516,16 @@ class SafetyPolicy:
             if not isinstance(value, str) or not value:
                 continue
             declared = path.split(".", 1)[0] in url_args
-            if not declared and not (c.tainted and c.trace.get(path) is not Origin.USER and looks_like_url(value)):
+            # after taint the default mode takes no text match as proof that the user wrote a URL
+            users = c.trace.get(path) is Origin.USER and (self.use_provenance or not c.tainted)
+            if not declared and not (c.tainted and not users and looks_like_url(value)):
                 continue
             c.egress_paths.append(path)
             verdict, why = self.egress.check(value)
             if verdict == "internal" and declared:
                 return Stop("refused:egress", why)
-            if verdict != "allow" and c.trace.get(path) not in (Origin.USER, Origin.TRUSTED):
-                c.ask.append(f"{why} and the URL is not from the user's request")
+            if verdict != "allow" and not (users or (self.use_provenance and c.trace.get(path) is Origin.TRUSTED)):
+                c.ask.append(f"{why} and the URL is not known to be from the user's request")
         return None
 
     def _guard_argument_scan(self, c: _Call) -> Stop | None:
@@ -539,7 +548,7 @@ class SafetyPolicy:
         if c.cap.requires_approval:
             c.ask.append(f"'{c.tool.name}' always needs approval")
         state, trace = c.state, c.trace
-        if c.guarded and c.tainted and self.use_provenance:
+        if c.guarded and c.tainted:  # reasons to ask; in the default mode, information with the prompt
             for path, value in leaves(c.args):
                 if isinstance(value, str) and trace.get(path) is not Origin.USER:
                     for url in find_urls(value):
@@ -563,7 +572,17 @@ class SafetyPolicy:
             return None
         sources = ", ".join(c.state.prov.taint_sources)
         if not self.use_provenance:
-            c.ask.append(f"the run has read untrusted content ({sources})")
+            # the default: every effect after taint is a person's decision (or refused, or held, as the
+            # capability says); where the values seem to come from is shown, never a reason to skip
+            why = f"the run has read untrusted content ({sources})"
+            if c.prov:
+                why += "; its arguments seem to come from (text matching, for information): " + ", ".join(
+                    f"{path} ({origin})" for path, origin in c.prov.items())
+            if c.cap.on_untrusted == "refuse":
+                return Stop("refused:taint", why)
+            if c.cap.on_untrusted == "summarize":
+                return Stop("deferred", why, hold=True)
+            c.ask.append(why)
             return None
         exempt = _risk_free(c.tool, c.cap, c.trace)
         risky = _risky(c.trace, exempt, c.args)

@@ -251,10 +251,9 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         row = await tasks.get(user, run_id)
         findings = await tasks.db(tasks.rt.store.findings, run_id)
         state = await tasks.db(tasks.rt.store.state, run_id)
-        task_state = json.dumps(state.task_state, indent=1, default=str) if state and state.task_state else ""
         spent = await tasks.db(run_totals, tasks.rt.store, run_id)
         return page("run.html", user=user, csrf=csrf, row=row, finished=row.status in FINISHED, findings=findings,
-                    task_state=task_state, spent=spent)
+                    task_state=_task_state(state), spent=spent)
 
     app.get("/runs/{run_id}", include_in_schema=False)(run_page)
 
@@ -340,8 +339,16 @@ async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,
             row = await tasks.get(user, run_id)
             html.append(str(parts.summary(row, csrf, row.status in FINISHED, spent, oob=True)))
             html.append(str(parts.pending_panel(row, csrf, oob=True)))
+        if kind == "stop":  # the run's findings and task state as it left them
+            findings = await tasks.db(tasks.rt.store.findings, run_id)
+            state = await tasks.db(tasks.rt.store.state, run_id)
+            html.append(str(parts.task_panel(findings, _task_state(state), oob=True)))
         yield {"id": item["id"], "data": "".join(html)}
     yield {"event": "end", "data": ""}
+
+
+def _task_state(state: Any) -> str:
+    return json.dumps(state.task_state, indent=1, default=str) if state is not None and state.task_state else ""
 
 
 def _cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
