@@ -202,7 +202,24 @@ def invoice(user: str | None) -> Agent:
                  limits=Limits(max_steps=5))
 
 
+def team_script(request: ModelRequest):
+    if _turn(request) == 0:
+        return ToolCall("c1", "biller", {"task": "charge the customer 99"})
+    return f"The biller says: {request.messages[-1].content}"
+
+
+def team(user: str | None) -> Agent:
+    """A parent whose sub-agent's charge needs approval: the child's call surfaces as the parent's."""
+    from tether.policy import ApprovalBook, PendingApprover
+
+    caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
+    child = Agent(ScriptedModel(charge_script), tools=[charge], limits=Limits(max_steps=5),
+                  policy=SafetyPolicy(capabilities=caps, approver=PendingApprover(ApprovalBook())))
+    return Agent(ScriptedModel(team_script), tools=[child.as_tool("biller", "Bills customers.")],
+                 limits=Limits(max_steps=5))
+
+
 AGENTS = {"calc": calc, "billing": billing, "billing_twice": billing_twice, "slow": slow, "booking": booking,
-          "chatty": chatty, "invoice": invoice}
+          "chatty": chatty, "invoice": invoice, "team": team}
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

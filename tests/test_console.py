@@ -203,3 +203,21 @@ def test_runs_list_filters_and_pages_and_usage_adds_up(service: Service) -> None
     assert row and int(row.group(1)) == 27
     api = httpx.get(f"{service.url}/v1/tasks/{ids[0]}", headers={"Authorization": f"Bearer {key}"}).json()
     assert json.dumps(api["usage"])  # the API and the console read the same rows
+
+
+def test_a_sub_agents_approval_is_asked_and_given_on_the_parents_page(service: Service) -> None:
+    """Issue 28: the child's exact call surfaces in the parent's pending list, with where its
+    values came from; approving it on the parent's page runs the child's call once."""
+    key = api_key(service, "alice")
+    client = login(service, key)
+    run_id = start(client, "team", "Bill the customer")
+    body = wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "awaiting_approval")
+    assert [(p["call_id"], p["tool"], p["provenance"]) for p in body["pending_approvals"]] == [
+        ("c1/c1", "charge", {"amount": "user"})]  # 99 is in the brief the (untainted) parent wrote
+    page = client.get(f"/runs/{run_id}")
+    assert "asked by the sub-agent &#39;biller&#39;" in page.text and 'value="c1/c1"' in page.text
+    assert service.ledger() == []
+    done = client.post(f"/runs/{run_id}/decide", data={"csrf": csrf_of(client), "call_id": "c1/c1", "approved": "yes"})
+    assert done.status_code == 303
+    body = wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    assert body["answer"] == "The biller says: Done: charged 99" and service.ledger() == ["charge 99"]

@@ -204,7 +204,7 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
     cases = [
         ({"agent": "calc"}, 422, "prompt: Field required"),
         ({"prompt": "", "agent": "calc"}, 422, "prompt"),
-        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'billing_twice', 'booking', 'calc', 'chatty', 'invoice' or 'slow'"),
+        ({"prompt": "x", "agent": "nope"}, 422, "agent: Input should be 'billing', 'billing_twice', 'booking', 'calc', 'chatty', 'invoice', 'slow' or 'team'"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_stepz": 3}}, 422, "limits.max_stepz: Extra inputs"),
         ({"prompt": "x", "agent": "calc", "limits": {"max_steps": -1}}, 422, "limits.max_steps: Input should be greater than 0"),
         ({"prompt": "x" * 100_001, "agent": "calc"}, 413, "characters"),

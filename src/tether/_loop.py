@@ -729,6 +729,7 @@ def _children_pending(children: dict[str, Any], step: int) -> list[dict[str, Any
     """The calls parked sub-agents wait on, as the parent's pending calls ("PARENT_CALL/CHILD_CALL")."""
     return [{"call_id": f"{call_id}/{p['call_id']}", "tool": p.get("tool"), "arguments": p.get("arguments"),
              "reason": f"asked by the sub-agent '{child['agent']}': {p.get('reason', '')}", "agent": child["agent"],
+             "provenance": p.get("provenance") or {},
              "step": step}
             for call_id, child in children.items() for p in child["state"].get("pending", ())]
 
