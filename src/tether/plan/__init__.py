@@ -1,0 +1,45 @@
+"""Plan mode: safety by data flow (CaMeL-style). The privileged model writes a program from the
+user's request and the tools' signatures alone; tether interprets it with every value's sources
+carried exactly; untrusted text is read only by a quarantined reader; per-argument policies are
+checked before every call. See docs/plan-mode.md."""
+
+from tether.plan._interp import Interpreter, ProgramError
+from tether.plan._policies import (
+    ALLOW,
+    BUILTIN_POLICIES,
+    Decision,
+    PlanCall,
+    PlanPolicy,
+    ask,
+    default_policy,
+    deny,
+    trusted_args,
+    user_args,
+)
+from tether.plan._runner import PlanMode, PlannedCall, PlanResult
+from tether.plan._values import EXTRACT, USER, Caps, Value, deep_caps, plain, tag
+
+__all__ = [
+    "ALLOW",
+    "BUILTIN_POLICIES",
+    "EXTRACT",
+    "USER",
+    "Caps",
+    "Decision",
+    "Interpreter",
+    "PlanCall",
+    "PlanMode",
+    "PlanPolicy",
+    "PlanResult",
+    "PlannedCall",
+    "ProgramError",
+    "Value",
+    "ask",
+    "deep_caps",
+    "default_policy",
+    "deny",
+    "plain",
+    "tag",
+    "trusted_args",
+    "user_args",
+]

@@ -1,0 +1,483 @@
+"""The plan interpreter: a small subset of Python, parsed with `ast` and run by tether, never by
+`eval` or `exec`, with every value's capabilities carried through every operation.
+
+Supported: assignment (names, tuple unpacking, `+=` and friends), `if`/`elif`/`else`, `for` over a
+list, dict, string or `range`, expressions (literals, f-strings, arithmetic, comparisons, `and`/`or`/
+`not`, conditional expressions, indexing and slicing, `x.field` on a dict, list/dict/tuple literals,
+list comprehensions), calls of tools (keyword arguments), of `extract(...)`, of a few builtins
+(`len str int float bool round abs min max sum sorted list range enumerate zip`), of some str, list
+and dict methods, and `final_answer(value)`. Anything else is refused when the plan is parsed.
+
+Flows, exactly and conservatively:
+- an operation's result carries the sources of every operand (a comparison or `in` reads the whole
+  container, so it carries every part's);
+- an index's sources join the element it picks; a comprehension's elements carry the sources of the
+  list they come from and of its filter;
+- control flow: inside an `if` or a `for`, everything stored and every tool call carries the sources
+  of the condition (the iterable), and after it every name the statement may assign (in any branch,
+  whichever ran) carries them too, so a value left untouched because a branch was not taken still
+  says it depends on the condition.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import operator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from tether._errors import TetherError
+from tether.plan._values import LITERAL, NONE, Caps, Value, deep_caps, plain, tag
+
+MAX_OPERATIONS = 100_000
+MAX_ITEMS = 10_000  # range(), repeated strings and lists
+MAX_CHARS = 1_000_000  # a string or list an operation makes
+
+ToolCaller = Callable[[str, dict[str, Value], Caps], Awaitable[Value]]
+Extractor = Callable[[Value, Value, Value, Caps], Awaitable[Value]]
+
+
+class ProgramError(TetherError):
+    """The plan cannot be run (a construct tether does not interpret, a name never assigned, a
+    tool's refusal): the message says what and where, and never quotes a tool's output."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(f"line {line}: {message}" if line else message)
+        self.line = line
+
+
+_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+        ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_STMTS = (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.Pass)
+_EXPRS = (ast.Constant, ast.Name, ast.JoinedStr, ast.FormattedValue, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+          ast.Compare, ast.IfExp, ast.Subscript, ast.Slice, ast.Attribute, ast.List, ast.Tuple, ast.Dict,
+          ast.ListComp, ast.comprehension, ast.Call, ast.keyword, ast.Load, ast.Store, ast.operator,
+          ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
+_STR_METHODS = {"lower", "upper", "strip", "lstrip", "rstrip", "split", "join", "replace", "startswith",
+                "endswith", "title", "capitalize", "count", "find", "splitlines"}
+_LIST_METHODS = {"index", "count"}
+_DICT_METHODS = {"get", "keys", "values", "items"}
+_BUILTINS = {"len", "str", "int", "float", "bool", "round", "abs", "min", "max", "sum", "sorted", "list",
+             "range", "enumerate", "zip"}
+
+
+def parse(program: str) -> ast.Module:
+    """The plan's syntax tree, once every node in it is one tether interprets."""
+    try:
+        tree = ast.parse(program, mode="exec")
+    except SyntaxError as exc:
+        raise ProgramError(f"not valid Python: {exc.msg}", exc.lineno) from None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, *_STMTS, *_EXPRS)):
+            continue
+        raise ProgramError(f"{type(node).__name__} is not supported in a plan (no def, while, import, "
+                        "lambda, try, with, break or attribute access beyond a dict's fields)",
+                        getattr(node, "lineno", None))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+            raise ProgramError("assigning to an attribute is not supported", node.lineno)
+        if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load):
+            raise ProgramError("assigning to an item is not supported (build a new list or dict)", node.lineno)
+        if isinstance(node, ast.Name) and node.id.startswith("_"):
+            raise ProgramError(f"names starting with '_' are not allowed ({node.id})", node.lineno)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            raise ProgramError(f"attributes starting with '_' are not allowed ({node.attr})", node.lineno)
+    return tree
+
+
+def assigned(nodes: list[ast.stmt]) -> set[str]:
+    """Every name the statements may assign or mutate (in any branch)."""
+    out: set[str] = set()
+    for stmt in nodes:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Name) and node.func.attr == "append"):
+                out.add(node.func.value.id)
+    return out
+
+
+@dataclass
+class Interpreter:
+    """Runs one plan. `call_tool(name, args, pc)` runs a tool (checks, approval, the executor) and
+    returns its result as a Value; `extract(instruction, text, fields, pc)` is the quarantined reader."""
+
+    tools: set[str]
+    call_tool: ToolCaller
+    extract: Extractor | None = None
+    env: dict[str, Value] = field(default_factory=dict)
+    answer: Value | None = None
+    operations: int = 0
+    max_operations: int = MAX_OPERATIONS
+
+    async def run(self, program: str | ast.Module) -> Value | None:
+        tree = parse(program) if isinstance(program, str) else program
+        known = self.tools | _BUILTINS | {"extract", "final_answer"}
+        for node in ast.walk(tree):  # before anything runs: a plan fails whole, not after an effect
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in known:
+                raise ProgramError(f"no tool or function named '{node.func.id}' (tools: {', '.join(sorted(self.tools))})",
+                                node.lineno)
+        await self.block(tree.body, NONE)
+        return self.answer
+
+    # -- statements ----------------------------------------------------------------------------
+
+    async def block(self, body: list[ast.stmt], pc: Caps) -> None:
+        for stmt in body:
+            await self.stmt(stmt, pc)
+
+    async def stmt(self, node: ast.stmt, pc: Caps) -> None:
+        self._tick(node)
+        match node:
+            case ast.Assign(targets=targets, value=value):
+                got = await self.expr(value, pc)
+                for target in targets:
+                    self._store(target, got, pc)
+            case ast.AugAssign(target=ast.Name(id=name) as target, op=op, value=value):
+                got = self._binop(op, self._load(name, node), await self.expr(value, pc), node)
+                self._store(target, got, pc)
+            case ast.AugAssign():
+                raise ProgramError("only a name can be updated with +=", node.lineno)
+            case ast.Expr(value=value):
+                await self.expr(value, pc)
+            case ast.If(test=test, body=body, orelse=orelse):
+                cond = await self.expr(test, pc)
+                inner = pc | deep_caps(cond)
+                await self.block(body if plain(cond) else orelse, inner)
+                self._depend(assigned(body) | assigned(orelse), deep_caps(cond))
+            case ast.For(target=target, iter=it, body=body, orelse=orelse):
+                if orelse:
+                    raise ProgramError("for ... else is not supported", node.lineno)
+                seq = await self.expr(it, pc)
+                over = deep_caps(seq) if not isinstance(seq.v, list) else seq.caps
+                inner = pc | over
+                for item in self._items(seq, node):
+                    self._store(target, item, inner)
+                    await self.block(body, inner)
+                # how many times the body ran depends on the iterable: so does all it assigned
+                self._depend(assigned(body) | {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}, over)
+            case ast.Pass():
+                pass
+            case _:
+                raise ProgramError(f"{type(node).__name__} is not supported", node.lineno)
+
+    def _depend(self, names: set[str], caps: Caps) -> None:
+        for name in names:
+            if name in self.env:
+                self.env[name] = self.env[name].with_caps(caps)
+
+    def _store(self, target: ast.expr, value: Value, pc: Caps) -> None:
+        match target:
+            case ast.Name(id=name):
+                if name in self.tools or name in _BUILTINS or name in ("extract", "final_answer"):
+                    raise ProgramError(f"'{name}' is a tool or a builtin; choose another name", target.lineno)
+                # a list is copied when it is assigned: an alias could change out of its flow's sight
+                stored = Value(list(value.v), value.caps) if isinstance(value.v, list) else value
+                self.env[name] = stored.with_caps(pc)
+            case ast.Tuple(elts=elts) | ast.List(elts=elts):
+                items = self._items(value, target)
+                if len(items) != len(elts):
+                    raise ProgramError(f"cannot unpack {len(items)} values into {len(elts)} names", target.lineno)
+                for t, item in zip(elts, items, strict=True):
+                    self._store(t, item.with_caps(value.caps), pc)
+            case _:
+                raise ProgramError("only names can be assigned", target.lineno)
+
+    def _items(self, seq: Value, node: ast.AST) -> list[Value]:
+        """The elements a loop or an unpacking walks, each carrying the sequence's own sources."""
+        v = seq.v
+        if isinstance(v, list):
+            return [x.with_caps(seq.caps) for x in v]
+        if isinstance(v, dict):
+            return [Value(k, seq.caps) for k in v]
+        if isinstance(v, str):
+            return [Value(ch, seq.caps) for ch in v]
+        raise ProgramError(f"cannot iterate over a {type(v).__name__}", getattr(node, "lineno", None))
+
+    def _load(self, name: str, node: ast.AST) -> Value:
+        if name not in self.env:
+            raise ProgramError(f"name '{name}' is not assigned before it is used", getattr(node, "lineno", None))
+        return self.env[name]
+
+    def _tick(self, node: ast.AST) -> None:
+        self.operations += 1
+        if self.operations > self.max_operations:
+            raise ProgramError(f"the plan ran more than {self.max_operations} operations", getattr(node, "lineno", None))
+
+    # -- expressions ---------------------------------------------------------------------------
+
+    async def expr(self, node: ast.expr, pc: Caps) -> Value:
+        self._tick(node)
+        match node:
+            case ast.Constant(value=value):
+                if not (value is None or isinstance(value, (str, int, float, bool))):
+                    raise ProgramError(f"a {type(value).__name__} literal is not supported", node.lineno)
+                return Value(value, LITERAL)
+            case ast.Name(id=name):
+                return self._load(name, node)
+            case ast.JoinedStr(values=values):
+                got = [await self.expr(v, pc) for v in values]
+                return Value("".join(str(g.v) for g in got), Caps.union(g.caps for g in got))
+            case ast.FormattedValue(value=value, format_spec=spec):
+                got = await self.expr(value, pc)
+                fmt = await self.expr(spec, pc) if spec is not None else Value("", NONE)
+                try:
+                    text = format(plain(got), str(fmt.v))
+                except (ValueError, TypeError) as exc:
+                    raise ProgramError(f"cannot format: {exc}", node.lineno) from None
+                return Value(text, deep_caps(got) | fmt.caps)
+            case ast.BinOp(left=left, op=op, right=right):
+                return self._binop(op, await self.expr(left, pc), await self.expr(right, pc), node)
+            case ast.UnaryOp(op=op, operand=operand):
+                got = await self.expr(operand, pc)
+                if isinstance(op, ast.Not):
+                    return Value(not plain(got), deep_caps(got))
+                if not isinstance(got.v, (int, float)) or isinstance(got.v, bool):
+                    raise ProgramError("unary - and + take a number", node.lineno)
+                return Value(-got.v if isinstance(op, ast.USub) else +got.v, got.caps)
+            case ast.BoolOp(op=op, values=values):
+                seen = NONE
+                result: Value | None = None
+                for v in values:
+                    result = await self.expr(v, pc)
+                    seen = seen | deep_caps(result)
+                    if bool(plain(result)) is isinstance(op, ast.Or):
+                        break  # which operand is the result depends on all those evaluated
+                assert result is not None
+                return result.with_caps(seen)
+            case ast.Compare(left=left, ops=ops, comparators=comparators):
+                a = await self.expr(left, pc)
+                caps, ok = deep_caps(a), True
+                for op, right in zip(ops, comparators, strict=True):
+                    b = await self.expr(right, pc)
+                    caps = caps | deep_caps(b)
+                    try:
+                        ok = bool(_CMP[type(op)](plain(a), plain(b)))
+                    except TypeError as exc:
+                        raise ProgramError(f"cannot compare: {exc}", node.lineno) from None
+                    if not ok:
+                        break
+                    a = b
+                return Value(ok, caps)
+            case ast.IfExp(test=test, body=body, orelse=orelse):
+                cond = await self.expr(test, pc)
+                chosen = await self.expr(body if plain(cond) else orelse, pc | deep_caps(cond))
+                return chosen.with_caps(deep_caps(cond))
+            case ast.Subscript(value=value, slice=index):
+                return await self._subscript(await self.expr(value, pc), index, pc, node)
+            case ast.Attribute(value=value, attr=attr):
+                got = await self.expr(value, pc)
+                if not isinstance(got.v, dict):
+                    raise ProgramError(f".{attr} reads a field of a dict; this is a {type(got.v).__name__}", node.lineno)
+                return self._field(got, Value(attr, LITERAL), node)
+            case ast.List(elts=elts) | ast.Tuple(elts=elts):
+                return Value([await self.expr(e, pc) for e in elts], LITERAL)
+            case ast.Dict(keys=keys, values=values):
+                out: dict[str, Value] = {}
+                caps = LITERAL
+                for k, v in zip(keys, values, strict=True):
+                    if k is None:
+                        raise ProgramError("**unpacking in a dict is not supported", node.lineno)
+                    key = await self.expr(k, pc)
+                    if not isinstance(key.v, str):
+                        raise ProgramError("dict keys must be strings", node.lineno)
+                    out[key.v] = await self.expr(v, pc)
+                    caps = caps | key.caps  # which key holds a value depends on the key
+                return Value(out, caps)
+            case ast.ListComp(elt=elt, generators=generators):
+                return await self._comprehension(elt, generators, pc, node)
+            case ast.Call():
+                return await self._call(node, pc)
+        raise ProgramError(f"{type(node).__name__} is not supported", getattr(node, "lineno", None))
+
+    def _binop(self, op: ast.operator, a: Value, b: Value, node: ast.AST) -> Value:
+        fn = _BIN.get(type(op))
+        line = getattr(node, "lineno", None)
+        if fn is None:
+            raise ProgramError(f"the operator {type(op).__name__} is not supported", line)
+        if isinstance(a.v, list) and isinstance(b.v, list) and isinstance(op, ast.Add):
+            if len(a.v) + len(b.v) > MAX_ITEMS:
+                raise ProgramError(f"a list over {MAX_ITEMS} items", line)
+            return Value(a.v + b.v, a.caps | b.caps)  # the elements keep their own sources
+        if isinstance(a.v, (list, dict)) or isinstance(b.v, (list, dict)):
+            raise ProgramError(f"{type(op).__name__} does not take a list or dict here", line)
+        if isinstance(op, ast.Mult) and (isinstance(a.v, str) or isinstance(b.v, str)):
+            n = b.v if isinstance(a.v, str) else a.v
+            if not isinstance(n, int) or n * max(len(str(a.v)), len(str(b.v))) > MAX_ITEMS * 10:
+                raise ProgramError("string repetition is too long", line)
+        if isinstance(op, ast.Pow) and isinstance(b.v, (int, float)) and abs(b.v) > 64:
+            raise ProgramError("exponent too large", line)
+        try:
+            out = fn(a.v, b.v)
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+            raise ProgramError(f"{type(exc).__name__}: {exc}", line) from None
+        if isinstance(out, str) and len(out) > MAX_CHARS:
+            raise ProgramError(f"a string over {MAX_CHARS} characters", line)
+        return Value(out, a.caps | b.caps)
+
+    async def _subscript(self, seq: Value, index: ast.expr, pc: Caps, node: ast.AST) -> Value:
+        line = getattr(node, "lineno", None)
+        if isinstance(index, ast.Slice):
+            bounds = [await self.expr(b, pc) if b is not None else Value(None, NONE)
+                      for b in (index.lower, index.upper, index.step)]
+            caps = seq.caps | Caps.union(b.caps for b in bounds)
+            try:
+                cut = slice(*(b.v for b in bounds))
+                if isinstance(seq.v, list):
+                    return Value([x.with_caps(caps) for x in seq.v[cut]], caps)
+                if isinstance(seq.v, str):
+                    return Value(seq.v[cut], caps)
+            except (TypeError, ValueError) as exc:
+                raise ProgramError(f"bad slice: {exc}", line) from None
+            raise ProgramError(f"cannot slice a {type(seq.v).__name__}", line)
+        key = await self.expr(index, pc)
+        if isinstance(seq.v, dict):
+            return self._field(seq, key, node)
+        if isinstance(seq.v, (list, str)) and isinstance(key.v, int) and not isinstance(key.v, bool):
+            try:
+                item = seq.v[key.v]
+            except IndexError:
+                raise ProgramError(f"index {key.v} is out of range (length {len(seq.v)})", line) from None
+            got = item if isinstance(item, Value) else Value(item, NONE)
+            return got.with_caps(seq.caps | key.caps)
+        raise ProgramError(f"cannot index a {type(seq.v).__name__} with a {type(key.v).__name__}", line)
+
+    def _field(self, record: Value, key: Value, node: ast.AST) -> Value:
+        if not isinstance(key.v, str) or key.v not in record.v:
+            fields = ", ".join(sorted(record.v)[:20])
+            raise ProgramError(f"no field {key.v!r} (fields: {fields})", getattr(node, "lineno", None))
+        return record.v[key.v].with_caps(record.caps | key.caps)
+
+    async def _comprehension(self, elt: ast.expr, generators: list[ast.comprehension], pc: Caps,
+                             node: ast.AST) -> Value:
+        saved = dict(self.env)
+        out: list[Value] = []
+        shape = NONE  # which elements made it in depends on the lists and the filters
+
+        async def walk(i: int, inner: Caps) -> None:
+            nonlocal shape
+            if i == len(generators):
+                out.append((await self.expr(elt, inner)).with_caps(inner))
+                return
+            gen = generators[i]
+            if gen.is_async:
+                raise ProgramError("async comprehensions are not supported", getattr(node, "lineno", None))
+            seq = await self.expr(gen.iter, inner)
+            over = seq.caps if isinstance(seq.v, list) else deep_caps(seq)
+            shape = shape | over
+            for item in self._items(seq, node):
+                self._store(gen.target, item, inner | over)
+                keep, conds = True, inner | over
+                for test in gen.ifs:
+                    cond = await self.expr(test, conds)
+                    conds = conds | deep_caps(cond)
+                    shape = shape | deep_caps(cond)
+                    if not plain(cond):
+                        keep = False
+                        break
+                if keep:
+                    await walk(i + 1, conds)
+
+        try:
+            await walk(0, pc)
+        finally:
+            self.env = saved  # comprehension names do not leak, as in Python
+        return Value(out, LITERAL | shape)
+
+    async def _call(self, node: ast.Call, pc: Caps) -> Value:
+        line = node.lineno
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            receiver = await self.expr(func.value, pc)
+            args = [await self.expr(a, pc) for a in node.args]
+            if node.keywords:
+                raise ProgramError(f".{func.attr}() takes no keyword arguments here", line)
+            return self._method(receiver, func.attr, args, pc, func, node)
+        if not isinstance(func, ast.Name):
+            raise ProgramError("only tools, extract, final_answer, builtins and methods can be called", line)
+        name = func.id
+        if name in self.tools:
+            if node.args:
+                raise ProgramError(f"call tools with keyword arguments: {name}(argument=value, ...)", line)
+            kwargs: dict[str, Value] = {}
+            for kw in node.keywords:
+                if kw.arg is None:
+                    raise ProgramError("**arguments are not supported", line)
+                kwargs[kw.arg] = await self.expr(kw.value, pc)
+            return await self.call_tool(name, kwargs, pc)
+        args = [await self.expr(a, pc) for a in node.args]
+        kw = {k.arg: await self.expr(k.value, pc) for k in node.keywords if k.arg is not None}
+        if name == "final_answer":
+            if len(args) != 1 or kw:
+                raise ProgramError("final_answer takes one value", line)
+            self.answer = args[0].with_caps(pc)
+            return Value(None, pc)
+        if name == "extract":
+            if self.extract is None:
+                raise ProgramError("this plan has no quarantined reader (extract)", line)
+            if len(args) != 3 or kw:
+                raise ProgramError("extract(instruction, text, fields) takes three values", line)
+            return await self.extract(args[0], args[1], args[2], pc)
+        if name in _BUILTINS:
+            return self._builtin(name, args, kw, line)
+        raise ProgramError(f"no tool or function named '{name}' (tools: {', '.join(sorted(self.tools))})", line)
+
+    def _builtin(self, name: str, args: list[Value], kw: dict[str, Value], line: int) -> Value:
+        caps = Caps.union(deep_caps(a) for a in [*args, *kw.values()])
+        raw = [plain(a) for a in args]
+        raw_kw = {k: plain(v) for k, v in kw.items()}
+        if name == "range" and any(isinstance(x, int) and abs(x) > MAX_ITEMS for x in raw):
+            raise ProgramError(f"range() is limited to {MAX_ITEMS} items", line)
+        if name not in ("sorted", "min", "max") and raw_kw:
+            raise ProgramError(f"{name}() takes no keyword arguments here", line)
+        if name in ("sorted", "min", "max") and set(raw_kw) - {"reverse", "default"}:
+            raise ProgramError(f"{name}() takes no key= here", line)
+        try:
+            out = getattr(builtins, name)(*raw, **raw_kw)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ProgramError(f"{name}(): {exc}", line) from None
+        if name in ("range", "enumerate", "zip", "sorted", "list"):
+            out = [list(x) if isinstance(x, tuple) else x for x in out]
+            if len(out) > MAX_ITEMS:
+                raise ProgramError(f"{name}() made more than {MAX_ITEMS} items", line)
+        return tag(out, caps)  # every part depends on every argument
+
+    def _method(self, receiver: Value, method: str, args: list[Value], pc: Caps, func: ast.Attribute,
+                node: ast.AST) -> Value:
+        line = getattr(node, "lineno", None)
+        v = receiver.v
+        if isinstance(v, list) and method == "append":
+            if len(args) != 1:
+                raise ProgramError(".append() takes one value", line)
+            v.append(args[0].with_caps(pc))
+            receiver.caps = receiver.caps | pc  # the list changed under this control flow
+            return Value(None, pc)
+        allowed = _STR_METHODS if isinstance(v, str) else _LIST_METHODS if isinstance(v, list) \
+            else _DICT_METHODS if isinstance(v, dict) else set()
+        if method not in allowed:
+            raise ProgramError(f"{type(v).__name__}.{method}() is not supported", line)
+        caps = Caps.union(deep_caps(a) for a in args)
+        if isinstance(v, dict):
+            if method == "get":
+                if not args or not isinstance(args[0].v, str):
+                    raise ProgramError(".get() takes a string key", line)
+                if args[0].v in v:
+                    return v[args[0].v].with_caps(receiver.caps | args[0].caps)
+                return (args[1] if len(args) > 1 else Value(None, NONE)).with_caps(receiver.caps | caps)
+            if method == "keys":
+                return Value([Value(k, receiver.caps) for k in v], receiver.caps)
+            if method == "values":
+                return Value([x.with_caps(receiver.caps) for x in v.values()], receiver.caps)
+            return Value([Value([Value(k, receiver.caps), x.with_caps(receiver.caps)], receiver.caps)
+                          for k, x in v.items()], receiver.caps)
+        caps = caps | deep_caps(receiver)
+        try:
+            out = getattr(plain(receiver), method)(*[plain(a) for a in args])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ProgramError(f".{method}(): {exc}", line) from None
+        return tag(out, caps)

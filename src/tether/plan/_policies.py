@@ -1,0 +1,149 @@
+"""Per-tool, per-argument policies for plan mode: Python callables over the arguments' capabilities,
+checked by the interpreter before every tool call.
+
+A policy gets a `PlanCall` (the tool, each argument as a `Value`, the control flow the call is made
+under) and returns `ALLOW`, `ask(reason)` or `deny(reason)`. Declare one with the tool
+(`@tool(metadata={"plan_policy": fn})`) or pass `policies={"send_money": fn}` to the plan run;
+a tool with neither gets `default_policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from tether._types import Effect
+from tether.plan._values import USER, Caps, Value, deep_caps
+from tether.tools._base import Tool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Literal["allow", "ask", "deny"]
+    reason: str = ""
+
+
+ALLOW = Decision("allow")
+
+
+def ask(reason: str) -> Decision:
+    """A person approves this exact call first (refused without one)."""
+    return Decision("ask", reason)
+
+
+def deny(reason: str) -> Decision:
+    """Refused; the plan fails at this call and the planner hears why (never the values)."""
+    return Decision("deny", reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCall:
+    """One tool call a plan is about to make, as a policy sees it."""
+
+    tool: Tool
+    args: dict[str, Value]
+    pc: Caps  # the sources of every condition and loop the call is made under
+    trusted: frozenset[str]  # sources that count as trusted: "user" and "tool:NAME" of trusted tools
+
+    def caps(self, *names: str) -> Caps:
+        """Everything the named arguments (all when none are named) depend on, with the control flow."""
+        chosen = names or tuple(self.args)
+        return Caps.union(deep_caps(self.args[n]) for n in chosen if n in self.args) | self.pc
+
+    def from_user(self, *names: str) -> bool:
+        """The named arguments (and the control flow) come from the user's request alone."""
+        return self.caps(*names).sources <= {USER}
+
+    def is_trusted(self, *names: str) -> bool:
+        """The named arguments (and the control flow) come from the user or trusted tools."""
+        return self.caps(*names).sources <= self.trusted
+
+    def private(self, *names: str) -> bool:
+        """The named arguments carry data only some readers may see (a private tool output)."""
+        return self.caps(*names).readers is not None
+
+    def flows(self) -> dict[str, str]:
+        """Each argument's sources, and the control flow's: what an approver or a refusal shows."""
+        out = {name: ", ".join(sorted(deep_caps(v).sources)) or "no source" for name, v in self.args.items()}
+        if self.pc.sources:
+            out["(control flow)"] = ", ".join(sorted(self.pc.sources))
+        return out
+
+    def untrusted(self) -> str:
+        """The arguments with a source outside the trusted ones, as "name <- sources"."""
+        bad = []
+        for name, v in [*self.args.items(), ("(control flow)", Value(None, self.pc))]:
+            extra = sorted(deep_caps(v).sources - self.trusted)
+            if extra:
+                bad.append(f"{name} <- {', '.join(extra)}")
+        return "; ".join(bad)
+
+
+PlanPolicy = Callable[[PlanCall], Decision]
+
+
+def default_policy(call: PlanCall) -> Decision:
+    """Reads run. A call with an effect runs when every argument and the control flow come from the
+    user or trusted tools and any private data in it goes only where the user said; else a person
+    decides, shown the exact flows."""
+    if call.tool.effect is Effect.READ_ONLY and call.tool.effect_declared:
+        return ALLOW
+    if call.private():
+        carriers = [n for n, v in call.args.items() if deep_caps(v).readers is not None]
+        others = [n for n in call.args if n not in carriers]
+        to_user = call.from_user(*others) if others else call.pc.sources <= {USER}
+        if not to_user:
+            return ask(f"private data ({', '.join(carriers)}) would go where the user did not say: "
+                       + (call.untrusted() or "the destination is not from the user's request"))
+    if call.is_trusted():
+        return ALLOW
+    return ask(f"'{call.tool.name}' has an effect and its arguments come from untrusted sources: {call.untrusted()}")
+
+
+def trusted_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
+    """A policy: the named arguments (and the control flow) must come from the user or trusted
+    tools; the others may carry anything (a body, a summary)."""
+    def check(call: PlanCall) -> Decision:
+        if call.is_trusted(*names):
+            return ALLOW
+        why = f"{', '.join(names)} must come from the user or a trusted tool: {call.untrusted()}"
+        return ask(why) if otherwise == "ask" else deny(why)
+    return check
+
+
+def user_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
+    """A policy: the named arguments (and the control flow) must come from the user's request."""
+    def check(call: PlanCall) -> Decision:
+        if call.from_user(*names):
+            return ALLOW
+        why = f"{', '.join(names)} must come from the user's request: {call.untrusted()}"
+        return ask(why) if otherwise == "ask" else deny(why)
+    return check
+
+
+def _reads(call: PlanCall) -> Decision:
+    return ALLOW
+
+
+# The built-in tools: reads run; a write's path must be trusted (its content may be anything);
+# a shell command built from untrusted content is refused.
+BUILTIN_POLICIES: dict[str, PlanPolicy] = {
+    "Read": _reads, "Glob": _reads, "Grep": _reads, "calculator": _reads,
+    "Write": trusted_args("file_path"), "Edit": trusted_args("file_path"),
+    "Bash": trusted_args("command", otherwise="deny"),
+}
+
+
+def policy_for(tool: Tool, policies: dict[str, PlanPolicy]) -> PlanPolicy:
+    """The policy a call of `tool` is checked by: given for the run, declared with the tool, built in,
+    else the default."""
+    found: Any = policies.get(tool.name) or tool.metadata.get("plan_policy") or BUILTIN_POLICIES.get(tool.name)
+    return cast(PlanPolicy, found) if callable(found) else default_policy
+
+
+def trusted_sources(tools: Iterable[Tool], trusted_tools: Iterable[str]) -> frozenset[str]:
+    """"user" and the trusted tools' sources: tools named trusted, except those whose output is
+    untrusted by declaration."""
+    names = set(trusted_tools)
+    return frozenset({USER} | {f"tool:{t.name}" for t in tools if t.name in names and not t.untrusted_output})
