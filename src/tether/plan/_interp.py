@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from tether.plan._values import LITERAL, NONE, Caps, Value, deep_caps, plain, ta
 MAX_OPERATIONS = 100_000
 MAX_ITEMS = 10_000  # range(), repeated strings and lists
 MAX_CHARS = 1_000_000  # a string or list an operation makes
+MAX_INT_BITS = 4096
 
 ToolCaller = Callable[[str, dict[str, Value], Caps], Awaitable[Value]]
 Extractor = Callable[[Value, Value, Value, Caps], Awaitable[Value]]
@@ -52,6 +54,8 @@ _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
         ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+# fill/align, sign, #, 0, a width and precision of at most 3 digits, grouping, type: no 10**9-wide fields
+_FORMAT_SPEC = re.compile(r"(?:.?[<>^=])?[+\- ]?#?0?\d{0,3}[,_]?(?:\.\d{1,3})?[bcdeEfFgGnosxX%]?")
 _STMTS = (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.Pass)
 _EXPRS = (ast.Constant, ast.Name, ast.JoinedStr, ast.FormattedValue, ast.BinOp, ast.UnaryOp, ast.BoolOp,
           ast.Compare, ast.IfExp, ast.Subscript, ast.Slice, ast.Attribute, ast.List, ast.Tuple, ast.Dict,
@@ -226,6 +230,9 @@ class Interpreter:
             case ast.FormattedValue(value=value, format_spec=spec):
                 got = await self.expr(value, pc)
                 fmt = await self.expr(spec, pc) if spec is not None else Value("", NONE)
+                if not _FORMAT_SPEC.fullmatch(str(fmt.v)):
+                    raise ProgramError(f"format spec {str(fmt.v)[:40]!r} is not supported (width and precision "
+                                       "up to 3 digits)", node.lineno)
                 try:
                     text = format(plain(got), str(fmt.v))
                 except (ValueError, TypeError) as exc:
@@ -307,9 +314,9 @@ class Interpreter:
         if isinstance(a.v, (list, dict)) or isinstance(b.v, (list, dict)):
             raise ProgramError(f"{type(op).__name__} does not take a list or dict here", line)
         if isinstance(op, ast.Mult) and (isinstance(a.v, str) or isinstance(b.v, str)):
-            n = b.v if isinstance(a.v, str) else a.v
-            if not isinstance(n, int) or n * max(len(str(a.v)), len(str(b.v))) > MAX_ITEMS * 10:
-                raise ProgramError("string repetition is too long", line)
+            text, n = (a.v, b.v) if isinstance(a.v, str) else (b.v, a.v)
+            if not isinstance(n, int) or n * len(text) > MAX_CHARS:
+                raise ProgramError(f"string repetition over {MAX_CHARS} characters", line)
         if isinstance(op, ast.Pow) and isinstance(b.v, (int, float)) and abs(b.v) > 64:
             raise ProgramError("exponent too large", line)
         try:
@@ -318,6 +325,8 @@ class Interpreter:
             raise ProgramError(f"{type(exc).__name__}: {exc}", line) from None
         if isinstance(out, str) and len(out) > MAX_CHARS:
             raise ProgramError(f"a string over {MAX_CHARS} characters", line)
+        if isinstance(out, int) and out.bit_length() > MAX_INT_BITS:  # bounds the next operation's cost
+            raise ProgramError(f"a number over {MAX_INT_BITS} bits", line)
         return Value(out, a.caps | b.caps)
 
     async def _subscript(self, seq: Value, index: ast.expr, pc: Caps, node: ast.AST) -> Value:
@@ -476,8 +485,17 @@ class Interpreter:
             return Value([Value([Value(k, receiver.caps), x.with_caps(receiver.caps)], receiver.caps)
                           for k, x in v.items()], receiver.caps)
         caps = caps | deep_caps(receiver)
+        raw = [plain(a) for a in args]
+        if method in ("join", "replace"):  # sized before they run: their result can dwarf their inputs
+            pieces = raw[0] if method == "join" and raw and isinstance(raw[0], list) else []
+            size = sum(len(str(p)) for p in pieces) + len(str(v)) * len(pieces) if method == "join" else \
+                len(str(v)) * (1 + max((len(str(x)) for x in raw[1:2]), default=0))
+            if size > MAX_CHARS:
+                raise ProgramError(f".{method}() would make a string over {MAX_CHARS} characters", line)
         try:
-            out = getattr(plain(receiver), method)(*[plain(a) for a in args])
+            out = getattr(plain(receiver), method)(*raw)
         except (TypeError, ValueError, AttributeError) as exc:
             raise ProgramError(f".{method}(): {exc}", line) from None
+        if isinstance(out, list) and len(out) > MAX_ITEMS:
+            raise ProgramError(f".{method}() made more than {MAX_ITEMS} items", line)
         return tag(out, caps)
