@@ -118,6 +118,7 @@ class Interpreter:
     answer: Value | None = None
     operations: int = 0
     max_operations: int = MAX_OPERATIONS
+    literal: Caps = LITERAL  # what the plan's own literals carry: the user's, unless the request was not
 
     async def run(self, program: str | ast.Module) -> Value | None:
         tree = parse(program) if isinstance(program, str) else program
@@ -221,7 +222,7 @@ class Interpreter:
             case ast.Constant(value=value):
                 if not (value is None or isinstance(value, (str, int, float, bool))):
                     raise ProgramError(f"a {type(value).__name__} literal is not supported", node.lineno)
-                return Value(value, LITERAL)
+                return Value(value, self.literal)
             case ast.Name(id=name):
                 return self._load(name, node)
             case ast.JoinedStr(values=values):
@@ -281,12 +282,12 @@ class Interpreter:
                 got = await self.expr(value, pc)
                 if not isinstance(got.v, dict):
                     raise ProgramError(f".{attr} reads a field of a dict; this is a {type(got.v).__name__}", node.lineno)
-                return self._field(got, Value(attr, LITERAL), node)
+                return self._field(got, Value(attr, self.literal), node)
             case ast.List(elts=elts) | ast.Tuple(elts=elts):
-                return Value([await self.expr(e, pc) for e in elts], LITERAL)
+                return Value([await self.expr(e, pc) for e in elts], self.literal)
             case ast.Dict(keys=keys, values=values):
                 out: dict[str, Value] = {}
-                caps = LITERAL
+                caps = self.literal
                 for k, v in zip(keys, values, strict=True):
                     if k is None:
                         raise ProgramError("**unpacking in a dict is not supported", node.lineno)
@@ -396,7 +397,7 @@ class Interpreter:
             await walk(0, pc)
         finally:
             self.env = saved  # comprehension names do not leak, as in Python
-        return Value(out, LITERAL | shape)
+        return Value(out, self.literal | shape)
 
     async def _call(self, node: ast.Call, pc: Caps) -> Value:
         line = node.lineno

@@ -22,11 +22,11 @@ from pydantic import Field, create_model
 
 from tether._errors import InvalidInput
 from tether._output import OutputInvalid, structured
-from tether._types import Message, ModelRequest, ToolCall, Usage
+from tether._types import Effect, Message, ModelRequest, ToolCall, Usage
 from tether.models._base import Model
 from tether.plan._interp import Interpreter, ProgramError, parse
 from tether.plan._policies import PlanCall, PlanPolicy, policy_for, trusted_sources
-from tether.plan._values import EXTRACT, Caps, Value, deep_caps, plain, tag
+from tether.plan._values import DELEGATED, EXTRACT, LITERAL, Caps, Value, deep_caps, plain, tag
 from tether.policy import ApprovalRequest, Approver, DenyAll, SafetyPolicy
 from tether.policy._canonical import action_key
 from tether.tools._base import Tool
@@ -146,13 +146,46 @@ class PlanMode:
         # the run-level taint rule is the interpreter's job here, by data flow
         self.executor = Executor(list(self.tools), policy=SafetyPolicy(approver=self.approver, guard_effects=()))
 
+    def as_tool(self, name: str, description: str = "") -> Tool:
+        """This plan mode as a tool of an agent (a worker): each call plans and runs the task the
+        parent's model writes. A parent that had read untrusted content delegates a task that is not
+        the user's: its literals then carry "delegated", so no policy takes them for the user's. The
+        answer goes back as text with the sources it was computed from; the parent counts it
+        untrusted when any of the worker's tools can return untrusted content."""
+        from tether._loop import PARENT_KEY, ParentRun
+        from tether.tools._base import ToolContext
+
+        async def run(task: str, context: ToolContext) -> str:
+            parent = context.extra.get(PARENT_KEY)
+            tainted = isinstance(parent, ParentRun) and parent.tainted()
+            result = await self.arun(task, run_id=f"{context.idempotency_key or context.run_id}.{name}",
+                                     delegated=tainted)
+            if isinstance(parent, ParentRun):
+                parent.budget.settle(None, None, result.usage)  # the planner's and reader's calls, charged
+            if not result.completed:
+                raise ProgramError(f"the plan worker '{name}' could not complete: {result.answer}")
+            return f"{result.answer}\n[sources: {', '.join(result.answer_sources) or 'none'}]"
+
+        untrusted = self.reader is not None or any(t.untrusted_output or t.metadata.get("source") for t in self.tools)
+        effects = [t.effect for t in self.tools] or [Effect.READ_ONLY]
+        order = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
+        return Tool.from_schema(
+            name, description or f"Plans and runs a task with data-flow safety ('{name}'); returns its answer.",
+            {"properties": {"task": {"type": "string", "description": "The task, in full: the worker sees nothing else."}},
+             "required": ["task"]},
+            run, effect=max(effects, key=order.index), untrusted_output=untrusted, timeout=None,
+            metadata={"plan_worker": name}, context_param="context")
+
     def run(self, request: str) -> PlanResult:
         import asyncio
 
         return asyncio.run(self.arun(request))
 
-    async def arun(self, request: str, *, run_id: str | None = None) -> PlanResult:
+    async def arun(self, request: str, *, run_id: str | None = None, delegated: bool = False) -> PlanResult:
+        """`delegated`: the request was written by a model that had read untrusted content (a tainted
+        parent run), so the plan's literals are not the user's: they carry the source "delegated"."""
         run_id = run_id or f"plan_{uuid.uuid4().hex[:12]}"
+        literal = Caps.of(DELEGATED) if delegated else LITERAL
         out = PlanResult("", [], "plan_failed")
         ctx = CallContext(run_id=run_id, user=self.user)
         ctx.policy_state = self.executor.policy.start_run(run_id, self.user, [request], [])
@@ -167,7 +200,7 @@ class PlanMode:
             messages.append(Message("assistant", reply.text))
             try:
                 interp = Interpreter(set(self.by_name), self._caller(ctx, done, ids, out),
-                                     self._extract(out) if self.reader is not None else None)
+                                     self._extract(out) if self.reader is not None else None, literal=literal)
                 answer = await interp.run(parse(program))
             except ProgramError as exc:
                 out.errors.append(str(exc))

@@ -16,6 +16,7 @@ from tether._errors import InvalidInput
 
 USER = "user"
 EXTRACT = "extract"
+DELEGATED = "delegated"  # a plan's literals when its request came from a model that read untrusted content
 
 
 @dataclass(frozen=True, slots=True)
