@@ -334,3 +334,18 @@ def test_a_wildcard_over_a_public_suffix_is_refused_and_one_under_a_registrable_
     assert eg.allows_host("pages.alice.github.io") and eg.allows_host("github.io")
     assert not eg.allows_host("mallory.github.io")  # "github.io" itself is exact, not its subdomains
     assert not eg.allows_host("evil-example.co.uk") and not eg.allows_host("example.co.uk.evil.io")
+
+
+def test_hosts_are_compared_as_written_so_a_look_alike_never_matches() -> None:
+    """Issue 26: `www.straße-news.com` matched `www.strasse-news.com` after casefolding, and the
+    Kelvin sign lower-cases to "k". Hosts are lower-cased for ASCII letters only: a look-alike is
+    an unlisted host (the approval shows it), never an allowlisted one."""
+    from tether.policy._egress import host_of
+
+    eg = EgressPolicy(["keep.com", "www.strasse-news.com", "*.example.org"])
+    assert eg.check("https://KEEP.com/a")[0] == "allow" and eg.check("http://user:pw@Docs.Example.ORG:8443/")[0] == "allow"
+    for url in ("http://\u212aeep.com/x", "http://www.straße-news.com/", "https://docs.\u212axample.org/",
+                "https://keep.com\u3002evil.io/"):
+        assert eg.check(url)[0] != "allow", url
+    assert host_of("http://\u212aeep.com/x") == "\u212aeep.com" and host_of("http://[::1]:80/") == "::1"
+    assert host_of("http://bad:port/") == ""

@@ -16,20 +16,34 @@ URL_RE = re.compile(r"""(?:https?://|www\.)[^\s<>"'`)\]]+""", re.IGNORECASE)
 _INTERNAL_SUFFIXES = (".internal", ".local", ".localhost", ".corp", ".lan", ".intranet", ".home.arpa")
 
 
+def ascii_lower(text: str) -> str:
+    """Lower-case ASCII letters only. Unicode case mapping would make different hosts equal (the
+    Kelvin sign lower-cases to "k", and casefolding makes "straße" "strasse"): a host is compared as
+    written, so a look-alike never matches an allowlisted name."""
+    return text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def host_of(url: str) -> str:
-    """The lower-cased host of a URL; scheme-less URLs (`www.x.com/a`) are read as http."""
+    """The host of a URL, ASCII-lower-cased; scheme-less URLs (`www.x.com/a`) are read as http."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     try:
-        return (urlsplit(url).hostname or "").lower().rstrip(".")
+        split = urlsplit(url)
+        split.port  # noqa: B018  (raises ValueError on a malformed port, as .hostname would)
+        netloc = split.netloc.rpartition("@")[2]  # not .hostname: it lower-cases with Unicode rules
     except ValueError:
         return ""
+    host = netloc[1:netloc.index("]")] if netloc.startswith("[") and "]" in netloc else netloc.partition(":")[0]
+    return ascii_lower(host).rstrip(".")
 
 
 def is_internal(host: str) -> bool:
     """Loopback, private, link-local (cloud metadata) and reserved addresses, and internal names."""
-    host = host.lower().strip("[]")
+    host = ascii_lower(host).strip("[]")
     if not host:
         return False
     if host == "localhost" or host.endswith(_INTERNAL_SUFFIXES) or "." not in host:
@@ -124,7 +138,7 @@ class EgressPolicy:
         self.exact: set[str] = set()
         self.suffixes: list[str] = []
         for pattern in allow:
-            p = pattern.lower().strip()
+            p = ascii_lower(pattern).strip()
             if p.startswith("*."):
                 if is_public_suffix(p[2:]):
                     raise InvalidInput(f"egress allowlist entry '{pattern}' covers every site registered under "
@@ -135,7 +149,7 @@ class EgressPolicy:
                 self.exact.add(p)
 
     def allows_host(self, host: str) -> bool:
-        host = host.lower()
+        host = ascii_lower(host)
         if host in self.exact:
             return True
         return any(host == s or host.endswith("." + s) for s in self.suffixes)
