@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -29,6 +29,9 @@ from tether.cli._mcp_tools import close_mcp
 from tether.cli._progress import EXIT_CANCELLED, EXIT_ERROR
 from tether.cli._runner import report, run_turn
 from tether.events import ToolCallEnded
+
+if TYPE_CHECKING:
+    from tether import Agent
 
 # Newer typers vendor click, older ones use the click package: find its error classes through a public name.
 UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -77,6 +80,8 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         return _fail(console, str(exc))
     except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
+    if opts.plan:
+        return _execute_plan(agent, text, opts, reporter, console)
     shown = console.is_terminal or opts.verbose or opts.yes
     if shown:
         # Up front where it can matter: to a person, or with --yes (unconfined commands then run unasked).
@@ -100,6 +105,40 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
             reporter.announce(line)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+
+
+def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: Any, console: Console) -> int:
+    """One request in plan mode: the agent's model plans (and reads, with no tools), its tools run
+    through the executor, its policy's approver is asked where a per-argument policy says so."""
+    import dataclasses
+    import json as json_module
+
+    from tether.plan import PlanMode
+    from tether.policy import DenyAll
+
+    if "smollm" in agent.model.name.lower() or agent.model.name.startswith("local"):
+        return _fail(console, "plan mode needs a model that writes code; the embedded model cannot. Set "
+                     "OPENAI_API_KEY, OPENROUTER_API_KEY or ANTHROPIC_API_KEY, or --model.")
+    approver = getattr(agent.policy, "approver", None) or DenyAll()
+    mode = PlanMode(agent.model, agent.tools, reader=agent.model, approver=approver, user=agent.user)
+    try:
+        result = asyncio.run(mode.arun(text))
+    except KeyboardInterrupt:
+        return _fail(console, "interrupted", EXIT_CANCELLED)
+    finally:
+        if agent.executor is not None:
+            agent.executor.close()
+            close_mcp(agent.executor)
+    if opts.json:
+        body = {"answer": result.answer, "answer_sources": result.answer_sources, "stop_reason": result.stop_reason,
+                "plans": result.plans, "errors": result.errors, "calls": [dataclasses.asdict(c) for c in result.calls],
+                "usage": dataclasses.asdict(result.usage)}
+        typer.echo(json_module.dumps(body, ensure_ascii=False, default=str))
+    elif result.completed:
+        typer.echo(result.answer)
+    else:
+        reporter.announce(result.answer)
+    return 0 if result.completed else 1
 
 
 def execute_chat(opts: o.RunOptions) -> int:
@@ -164,6 +203,7 @@ def root(
     output_schema: o.OutputSchema = None,
     mcp: o.Mcp = None,
     compact: o.Compact = False,
+    plan: o.Plan = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -180,7 +220,7 @@ def root(
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
-                    output_schema=output_schema, mcp=mcp, compact=compact)
+                    output_schema=output_schema, mcp=mcp, compact=compact, plan=plan)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:

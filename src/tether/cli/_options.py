@@ -73,6 +73,10 @@ Mcp = Annotated[Path | None, typer.Option(
 Compact = Annotated[bool, typer.Option(
     "--compact", help="Fold old turns into a recorded summary when the context passes 60% of the model's "
     "window, and give the model task-state tools (docs/context.md).")]
+Plan = Annotated[bool, typer.Option(
+    "--plan", help="Plan mode: the model writes the whole plan as a program before any tool runs; tether runs it "
+    "with every value's sources tracked, reading untrusted text only through a tool-free reader "
+    "(docs/plan-mode.md). Needs a model that writes code.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -104,6 +108,7 @@ class RunOptions:
     output_schema: Path | None = None
     mcp: Path | None = None
     compact: bool = False
+    plan: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""
