@@ -20,14 +20,19 @@ pytest.importorskip("jinja2")
 from test_service import Service, wait_status  # noqa: E402
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path)
+def running(home: Path) -> Iterator[Service]:
+    """A server of its own (the tests count a user's runs), stopped after."""
+    svc = Service(home)
     svc.start()
     try:
         yield svc
     finally:
         svc.stop()
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    yield from running(tmp_path)
 
 
 def api_key(service: Service, user: str) -> str:

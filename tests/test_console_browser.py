@@ -18,7 +18,7 @@ pytest.importorskip("dbos")
 pytest.importorskip("jinja2")
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (CI installs it)")
 
-from test_console import api_key  # noqa: E402
+from test_console import api_key, running  # noqa: E402
 from test_service import Service, wait_status  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -30,6 +30,11 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    yield from running(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     with sync_api.sync_playwright() as p:
@@ -38,16 +43,6 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path)
-    svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 class Tab:

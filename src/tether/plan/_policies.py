@@ -104,20 +104,21 @@ def default_policy(call: PlanCall) -> Decision:
 def trusted_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
     """A policy: the named arguments (and the control flow) must come from the user or trusted
     tools; the others may carry anything (a body, a summary)."""
-    def check(call: PlanCall) -> Decision:
-        if call.is_trusted(*names):
-            return ALLOW
-        why = f"{', '.join(names)} must come from the user or a trusted tool: {call.untrusted()}"
-        return ask(why) if otherwise == "ask" else deny(why)
-    return check
+    return _require(PlanCall.is_trusted, names, "the user or a trusted tool", otherwise)
 
 
 def user_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
-    """A policy: the named arguments (and the control flow) must come from the user's request."""
+    """A policy: the named arguments (all when none are named; and the control flow) must come from
+    the user's request."""
+    return _require(PlanCall.from_user, names, "the user's request", otherwise)
+
+
+def _require(test: Callable[..., bool], names: tuple[str, ...], where: str,
+             otherwise: Literal["ask", "deny"]) -> PlanPolicy:
     def check(call: PlanCall) -> Decision:
-        if call.from_user(*names):
+        if test(call, *names):
             return ALLOW
-        why = f"{', '.join(names)} must come from the user's request: {call.untrusted()}"
+        why = f"{', '.join(names) or 'every argument'} must come from {where}: {call.untrusted()}"
         return ask(why) if otherwise == "ask" else deny(why)
     return check
 

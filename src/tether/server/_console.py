@@ -125,10 +125,14 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
     def fragments() -> Any:
         return env.get_template("fragments.html").make_module({})
 
-    async def session(request: Request) -> tuple[str, str]:
-        """(user, csrf) of the request's session."""
+    async def maybe_session(request: Request) -> tuple[str, str] | None:
+        """(user, csrf) of the request's live session, if it has one."""
         token = request.cookies.get(SESSION_COOKIE)
-        found = await tasks.db(tasks.tables.session, token) if token and tasks.tables is not None else None
+        return await tasks.db(tasks.tables.session, token) if token and tasks.tables is not None else None
+
+    async def session(request: Request) -> tuple[str, str]:
+        """(user, csrf) of the request's session; NotLoggedIn (to the login form) without one."""
+        found = await maybe_session(request)
         if found is None:
             raise NotLoggedIn()
         return found
@@ -157,20 +161,13 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
             try:
                 return await handler(request, **kwargs)
             except TaskError as exc:
-                try:
-                    user, csrf = await session(request)
-                except NotLoggedIn:
-                    user, csrf = None, ""
+                user, csrf = await maybe_session(request) or (None, "")
                 return page("error.html", exc.status, user=user, csrf=csrf, error=str(exc))
         return run
 
     @app.get("/", include_in_schema=False)
     async def home(request: Request) -> Response:
-        try:
-            await session(request)
-        except NotLoggedIn:
-            return back("/login")
-        return back("/runs")
+        return back("/runs" if await maybe_session(request) else "/login")
 
     def login_page(request: Request, code: int = 200, error: str | None = None) -> Response:
         """The login form with a fresh token, also set as a cookie (double submit: a page on another
