@@ -179,3 +179,21 @@ def test_a_plan_worker_under_a_tainted_parent_does_not_take_the_task_for_the_use
             assert sent == [] and "could not complete" in output and "recipient <- delegated" in output
         else:
             assert sent == [{"recipient": ATTACKER, "amount": 500}] and output.startswith("paid\n[sources:")
+
+
+def test_the_budget_stops_replanning_and_a_failing_planner_is_reported() -> None:
+    from tether.models._scripted import reply
+
+    bad = reply("```python\nx = y\n```", input_tokens=600, output_tokens=100)
+    pm = PlanMode(ScriptedModel([bad, bad, bad]), bank([], []), max_tokens=1000)
+    result = pm.run("Anything.")
+    assert result.stop_reason == "budget" and len(result.plans) == 2 and "1400 tokens used" in result.answer
+
+    class Broken:
+        name = "broken"
+
+        async def complete(self, request: Any) -> Any:
+            raise ConnectionError("no route to the model")
+
+    result = PlanMode(Broken(), bank([], [])).run("Anything.")  # type: ignore[arg-type]
+    assert not result.completed and "the planner failed: ConnectionError" in result.answer

@@ -120,7 +120,8 @@ def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: An
         return _fail(console, "plan mode needs a model that writes code; the embedded model cannot. Set "
                      "OPENAI_API_KEY, OPENROUTER_API_KEY or ANTHROPIC_API_KEY, or --model.")
     approver = getattr(agent.policy, "approver", None) or DenyAll()
-    mode = PlanMode(agent.model, agent.tools, reader=agent.model, approver=approver, user=agent.user)
+    mode = PlanMode(agent.model, agent.tools, reader=agent.model, approver=approver, user=agent.user,
+                    max_tokens=opts.max_tokens, max_cost_usd=opts.max_cost)
     try:
         result = asyncio.run(mode.arun(text))
     except KeyboardInterrupt:

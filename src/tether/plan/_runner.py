@@ -70,7 +70,7 @@ class PlanResult:
 
     answer: str
     answer_sources: list[str]
-    stop_reason: str  # completed, plan_failed
+    stop_reason: str  # completed, plan_failed, budget
     plans: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     calls: list[PlannedCall] = field(default_factory=list)
@@ -135,6 +135,8 @@ class PlanMode:
     approver: Approver = field(default_factory=DenyAll)
     max_attempts: int = 3
     user: str | None = None
+    max_tokens: int | None = None  # the planner's and reader's tokens, checked before every planner call
+    max_cost_usd: float | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -193,7 +195,16 @@ class PlanMode:
         ids = itertools.count(1)
         messages = [Message.system(INSTRUCTIONS + signatures(self.tools)), Message.user(request)]
         for _ in range(self.max_attempts):
-            reply = await self.planner.complete(ModelRequest(list(messages)))
+            spent = self._spent(out.usage)
+            if spent:
+                out.stop_reason = "budget"
+                out.answer = f"The plan could not be completed: {spent}."
+                return out
+            try:
+                reply = await self.planner.complete(ModelRequest(list(messages)))
+            except Exception as exc:  # a model that fails (network, key, refusal): the run says so, once
+                out.errors.append(f"the planner failed: {type(exc).__name__}: {exc}")
+                break
             out.usage.add(reply.usage)
             program = program_of(reply.text)
             out.plans.append(program)
@@ -217,6 +228,15 @@ class PlanMode:
             return out
         out.answer = "The plan could not be completed: " + (out.errors[-1] if out.errors else "no plan")
         return out
+
+    def _spent(self, usage: Usage) -> str:
+        """Why the budget allows no further planner call ("" while it does)."""
+        tokens = usage.input_tokens + usage.output_tokens
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"{tokens} tokens used (at most {self.max_tokens})"
+        if self.max_cost_usd is not None and usage.cost_usd >= self.max_cost_usd:
+            return f"${usage.cost_usd:.4f} spent (at most ${self.max_cost_usd})"
+        return ""
 
     def _caller(self, ctx: CallContext, done: dict[str, Value], ids: Any, out: PlanResult) -> Any:
         async def call_tool(name: str, args: dict[str, Value], pc: Caps) -> Value:
