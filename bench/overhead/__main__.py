@@ -136,8 +136,9 @@ def bench_telemetry() -> dict[str, float]:
     kept by OpenTelemetry's in-memory exporter (tether[otel]); None where the SDK is absent."""
     steps, reps_in_run = 50, 10
     turns = (steps + 1) * reps_in_run
-    _, run = tether_runner(steps, [lookup], "lookup")
+    agent, run = tether_runner(steps, [lookup], "lookup")
     off = cpu_per_turn(lambda: run(reps_in_run), turns)
+    check = _off_check_us_per_turn(agent, steps)
     try:  # (a tether from before telemetry, in before_after.py, has no tether.telemetry)
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -145,7 +146,7 @@ def bench_telemetry() -> dict[str, float]:
 
         import tether.telemetry
     except ImportError:
-        return {"off_us_per_turn": off, "on_us_per_turn": None, "on_extra_us_per_turn": None}
+        return {"off_us_per_turn": off, "on_us_per_turn": None, "on_extra_us_per_turn": None, **check}
 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
@@ -154,7 +155,26 @@ def bench_telemetry() -> dict[str, float]:
         on = cpu_per_turn(lambda: run(reps_in_run), turns)
     finally:
         tether.telemetry.uninstrument()
-    return {"off_us_per_turn": off, "on_us_per_turn": on, "on_extra_us_per_turn": on - off}
+    return {"off_us_per_turn": off, "on_us_per_turn": on, "on_extra_us_per_turn": on - off, **check,
+            "off_check_share_of_turn": check["off_check_us_per_turn"] / off}
+
+
+def _off_check_us_per_turn(agent: Agent, steps: int) -> dict[str, float]:
+    """What the OpenTelemetry code path costs when telemetry is off, against the same run without it:
+    the loop's only telemetry work then is one test of the empty observer list per event
+    (`if OBSERVERS:`, no call). Measured as events per turn x the cost of that test (timeit, net of
+    an empty loop), since the test cannot be taken out of a running loop."""
+    import timeit
+
+    from tether.events import OBSERVERS
+
+    result = asyncio.run(agent.arun("go"))
+    events_per_turn = len(result.trace) / (steps + 1)
+    n = 2_000_000
+    with_check = min(timeit.repeat("if observers: pass", globals={"observers": OBSERVERS}, number=n, repeat=5))
+    empty = min(timeit.repeat("pass", number=n, repeat=5))
+    per_check_us = max(0.0, with_check - empty) / n * 1e6
+    return {"events_per_turn": events_per_turn, "off_check_us_per_turn": events_per_turn * per_check_us}
 
 
 def bench_flatness() -> dict[str, float]:
@@ -293,6 +313,8 @@ def main() -> int:
         "flat_10_to_150_le_1.3x": flat["ratio_150_vs_10"] <= 1.3,
         "big_outputs_capped": big["max_chars_sent_per_result"] <= 4_200,
         "parallel_turn_le_120ms": par["async_turn_ms"] <= 120 and par["sync_turn_ms"] <= 120,
+        "telemetry_off_within_2pct": results["telemetry"]["off_check_us_per_turn"]
+        <= 0.02 * results["telemetry"]["off_us_per_turn"],
     }
     rows = [
         ("minimal 20-line loop, CPU us/turn", seq["minimal_us_per_turn"]),
@@ -312,6 +334,7 @@ def main() -> int:
         ("8 x 100 ms sync tools, turn ms", par["sync_turn_ms"]),
         ("telemetry off, CPU us/turn", results["telemetry"]["off_us_per_turn"]),
         ("telemetry on (in-memory spans), CPU us/turn", results["telemetry"]["on_us_per_turn"] or float("nan")),
+        ("telemetry off: its one check per event, us/turn", results["telemetry"]["off_check_us_per_turn"]),
     ]
     width = max(len(r[0]) for r in rows)
     for label, value in rows:
