@@ -108,7 +108,7 @@ def test_what_is_not_interpreted_is_refused_before_anything_runs(program: str) -
     ("x = {'a': 1}.b", "no field"), ("x = 1 / 0", "ZeroDivisionError"), ("send('bob')", "keyword arguments"),
     ("x = f'{1:>999999999}'", "format spec"), ("x = ('y' * 90000).replace('', 'z' * 90000)", "over"),
     ("s = 'y' * 90000\nx = s.join([s for i in range(5000)])", "over"),
-    ("x = 10 ** 60\nfor i in range(5):\n    x = x ** 60", "bits"), ("x = ('a ' * 400000).split()", "items"),
+    ("x = 10 ** 60\nfor i in range(5):\n    x = x ** 60", "bits"), ("x = max(**{'a': 1})", "arguments are not"), ("x = ('a ' * 400000).split()", "items"),
 ])
 def test_errors_name_the_line_and_the_problem(program: str, message: str) -> None:
     with pytest.raises(ProgramError, match=message):

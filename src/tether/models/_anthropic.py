@@ -20,6 +20,7 @@ from typing import Any
 from tether._errors import InvalidInput, MissingDependency
 from tether._output import final_tool
 from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec, Usage
+from tether.models._loop_client import LoopClient
 from tether.models._openai_compat import NO_KEY, make_tool_call, same_url, tool_choice_name
 from tether.models._retry import (
     DEFAULT_DEADLINE,
@@ -93,8 +94,8 @@ class AnthropicModel:
         self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
                                   deadline=deadline)
         self._sleep = asyncio.sleep
-        self._client: Any = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._clients = LoopClient(lambda: self._anthropic.AsyncAnthropic(
+            api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0))
         self._prefix = f"model {model!r} at {self.base_url}"
 
     def __repr__(self) -> str:
@@ -102,20 +103,11 @@ class AnthropicModel:
 
     async def aclose(self) -> None:
         """Close the HTTP client this event loop opened (a synchronous `Agent.run` calls it before
-        its loop ends, so no connection is left to close on a closed loop)."""
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.close()
-        self._client_loop = None
+        its loop ends)."""
+        await self._clients.aclose()
 
     def _get_client(self) -> Any:
-        loop = asyncio.get_running_loop()  # one client per event loop, as in OpenAICompatModel
-        if self._client is None or self._client_loop is not loop:
-            self._client = self._anthropic.AsyncAnthropic(
-                api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
-            )
-            self._client_loop = loop
-        return self._client
+        return self._clients.get()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = to_anthropic_messages(request.messages)

@@ -43,6 +43,7 @@ from tether._types import (
     Usage,
 )
 from tether.models._base import ModelError
+from tether.models._loop_client import LoopClient
 from tether.models._retry import (
     DEFAULT_DEADLINE,
     Failure,
@@ -181,8 +182,8 @@ class OpenAICompatModel:
             self.base_url, self._api_key = endpoint.base_url, endpoint.api_key
         # OpenAI's newest models refuse `max_tokens`; most other servers only know it.
         self._max_tokens_key = "max_completion_tokens" if self.base_url == OPENAI_BASE_URL else "max_tokens"
-        self._client: openai.AsyncOpenAI | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._clients = LoopClient(lambda: openai.AsyncOpenAI(
+            api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0))
         self._prefix = f"model {model!r} at {self.base_url}"
 
     native_output = True  # renders ModelRequest.output_schema (tether._output)
@@ -204,24 +205,13 @@ class OpenAICompatModel:
 
     async def aclose(self) -> None:
         """Close the HTTP client this event loop opened (a synchronous `Agent.run` calls it before
-        its loop ends, so no connection is left to close on a closed loop)."""
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.close()
-        self._client_loop = None
+        its loop ends)."""
+        await self._clients.aclose()
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._given_client is not None:
             return self._given_client
-        # An httpx pool is tied to the event loop that opened its connections; sync callers run
-        # each agent run in a fresh loop, so keep one client per loop.
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = openai.AsyncOpenAI(
-                api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
-            )
-            self._client_loop = loop
-        return self._client
+        return self._clients.get()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(request.messages)}

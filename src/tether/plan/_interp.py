@@ -420,8 +420,10 @@ class Interpreter:
                     raise ProgramError("**arguments are not supported", line)
                 kwargs[kw.arg] = await self.expr(kw.value, pc)
             return await self.call_tool(name, kwargs, pc)
+        if any(k.arg is None for k in node.keywords):
+            raise ProgramError("**arguments are not supported", line)
         args = [await self.expr(a, pc) for a in node.args]
-        kw = {k.arg: await self.expr(k.value, pc) for k in node.keywords if k.arg is not None}
+        kw = {str(k.arg): await self.expr(k.value, pc) for k in node.keywords}
         if name == "final_answer":
             if len(args) != 1 or kw:
                 raise ProgramError("final_answer takes one value", line)

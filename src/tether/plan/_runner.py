@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, create_model
 
@@ -106,7 +106,6 @@ def field_model(fields: Any) -> type:
         if not isinstance(name, str) or not name.isidentifier():
             raise ProgramError(f"extract field names are identifiers, not {name!r}")
         if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
-            from typing import Literal
             spec[name] = (Literal.__getitem__(tuple(kind)), ...)  # type: ignore[attr-defined]
         elif kind == "str":
             spec[name] = (str, Field(..., max_length=MAX_FIELD_CHARS))

@@ -578,12 +578,7 @@ class SafetyPolicy:
             if c.prov:
                 why += "; its arguments seem to come from (text matching, for information): " + ", ".join(
                     f"{path} ({origin})" for path, origin in c.prov.items())
-            if c.cap.on_untrusted == "refuse":
-                return Stop("refused:taint", why)
-            if c.cap.on_untrusted == "summarize":
-                return Stop("deferred", why, hold=True)
-            c.ask.append(why)
-            return None
+            return _on_untrusted(c, why)
         exempt = _risk_free(c.tool, c.cap, c.trace)
         risky = _risky(c.trace, exempt, c.args)
         if not risky and self.user_anchor and _unanchored(c.trace, exempt):
@@ -592,13 +587,8 @@ class SafetyPolicy:
             c.ask.append(f"the run has read untrusted content ({sources}) and no argument is from the "
                          "user's request (the action was chosen after)")
         if risky:
-            why = (f"the run has read untrusted content ({sources}) and these arguments are not from the "
-                   f"user's request: {', '.join(risky)}")
-            if c.cap.on_untrusted == "refuse":
-                return Stop("refused:taint", why)
-            if c.cap.on_untrusted == "summarize":
-                return Stop("deferred", why, hold=True)
-            c.ask.append(why)
+            return _on_untrusted(c, f"the run has read untrusted content ({sources}) and these arguments are "
+                                    f"not from the user's request: {', '.join(risky)}")
         return None
 
     # -- the last step: approval (when any guard asked for one), then the call is let through ----
@@ -844,6 +834,17 @@ def _declaration_problem(tool: Tool, cap: Capability) -> str | None:
     if overlap or (risk_free is not None and cap.guarded_args is not None
                    and set(risk_free) & set(cap.guarded_args)):
         return f"'{tool.name}' declares arguments both risk-free and checked; fix the declaration"
+    return None
+
+
+def _on_untrusted(c: _Call, why: str) -> Stop | None:
+    """What the capability says to do with an effect the taint rule caught: refuse, hold for the
+    user, or ask (the default)."""
+    if c.cap.on_untrusted == "refuse":
+        return Stop("refused:taint", why)
+    if c.cap.on_untrusted == "summarize":
+        return Stop("deferred", why, hold=True)
+    c.ask.append(why)
     return None
 
 

@@ -48,6 +48,7 @@ PAGE = 25
 STATUSES = ("pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled")
 ORIGIN_WORDS = {"user": "the user's words", "trusted": "a trusted tool", "untrusted": "untrusted content",
                 "model": "the model (no source found)", "neutral": "no information (empty, yes/no)"}
+STATUS_KINDS = ("status", "confirm_request", "answer", "stop")  # SSE events after which the run's row changed
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                 "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
@@ -314,6 +315,7 @@ async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,
     are the API stream's, so a reconnect with Last-Event-ID continues after the last piece shown.
     Ends with a named `end` event, which closes the browser's stream."""
     live_text = False
+    row: Any = None
     # what the run spent up to the piece the browser last showed, then each model call as it streams
     seen = parse_last_id(last_event_id)[0]
     spent = await tasks.db(run_totals, tasks.rt.store, run_id, seen) if seen >= 0 else UsageRow(run_id)
@@ -332,8 +334,9 @@ async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,
             if kind in ("model_call", "answer") and live_text:
                 html.append('<pre id="live-text" class="meta" hx-swap-oob="true"></pre>')
                 live_text = False
-        if kind in ("status", "model_call", "tool_call", "answer", "stop", "confirm_request"):
+        if kind in STATUS_KINDS or row is None:  # the run's row changes only with these: read it then
             row = await tasks.get(user, run_id)
+        if kind in STATUS_KINDS or kind == "model_call":  # status, or what the run has spent
             html.append(str(parts.summary(row, csrf, row.status in FINISHED, spent, oob=True)))
             html.append(str(parts.pending_panel(row, csrf, oob=True)))
         if kind == "stop":  # the run's findings and task state as it left them

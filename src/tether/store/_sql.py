@@ -215,20 +215,10 @@ class RunStore:
     def runs(self, *, limit: int = 50, status: str | None = None, user: str | None = None,
              before: float | None = None, agent: str | None = None) -> list[RunRow]:
         """The latest runs first (created before `before`, when given: the next page)."""
-        where: list[str] = []
-        params: dict[str, Any] = {"n": limit}
-        if status is not None:
-            where.append("status = :s")
-            params["s"] = status
-        if agent is not None:
-            where.append("agent = :a")
-            params["a"] = agent
-        if user is not None:
-            where.append("user_id = :u")
-            params["u"] = user
-        if before is not None:
-            where.append("created_at < :b")
-            params["b"] = before
+        given = {"status = :s": ("s", status), "agent = :a": ("a", agent), "user_id = :u": ("u", user),
+                 "created_at < :b": ("b", before)}
+        where = [cond for cond, (_, value) in given.items() if value is not None]
+        params: dict[str, Any] = {"n": limit, **{k: v for k, v in given.values() if v is not None}}
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         return [_row(r) for r in self._rows(
             f"SELECT {_COLUMNS} FROM tether_runs{clause} ORDER BY created_at DESC LIMIT :n", params)]
