@@ -41,3 +41,19 @@ def test_plan_mode_refuses_the_embedded_model_in_one_line(tmp_path: Path) -> Non
     proc = tether(["--plan", "-p", "anything", "--model", "local"], cwd=tmp_path, env=clean_env(), timeout=120)
     assert proc.returncode == 1 and "plan mode needs a model that writes code" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("tether: plan mode needs")  # after the model's notices
+
+
+def test_plan_with_a_command_it_does_not_apply_to_is_one_clear_error(tmp_path: Path) -> None:
+    """Before: `tether --plan chat` and `tether run --plan --durable` ignored --plan silently."""
+    for args in (["--plan", "chat"], ["run", "--plan", "--durable", "x"]):
+        proc = tether(args, cwd=tmp_path, env=clean_env(), timeout=60)
+        assert proc.returncode == 2 and "--plan" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_run_takes_plan_like_the_root_command(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("The meeting is at 10:30.\n")
+    script = [chat_completion(PLAN), chat_completion('{"time": "10:30"}')]
+    with FakeOpenAIServer(script) as server:
+        proc = tether(["run", "--plan", "Summarize the meeting time from notes.txt into summary.txt."],
+                      cwd=tmp_path, env=openrouter_env(server))
+    assert proc.returncode == 0 and proc.stdout == "Wrote summary.txt: meeting at 10:30\n", proc.stderr

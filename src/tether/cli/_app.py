@@ -262,6 +262,7 @@ def run_command(
     output_schema: o.OutputSchema = None,
     mcp: o.Mcp = None,
     compact: o.Compact = False,
+    plan: o.Plan = False,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -271,7 +272,10 @@ def run_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact))
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
+        plan=plan))
+    if durable and opts.plan:
+        raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -313,6 +317,8 @@ def chat_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
+    if opts.plan:
+        raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))
 
 
