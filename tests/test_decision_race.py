@@ -26,6 +26,10 @@ class Inbox:
     def cancel_workflow(self, workflow_id: str) -> None:  # pragma: no cover
         raise AssertionError("not used")
 
+    def list_workflows(self, *, status: list[str] | None = None,
+                       workflow_id_prefix: str | None = None) -> list[Any]:  # pragma: no cover
+        raise AssertionError("not used")
+
 
 class BothRead(RunStore):
     """A store whose readers both see the run before either writes: the race made certain."""

@@ -150,6 +150,43 @@ def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_
     assert shown.returncode == 0 and "status: completed" in shown.stdout and "awaiting_approval" in shown.stdout
 
 
+def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
+    """Before: a durable parent's sub-agent ran inside the parent's tool step, so a kill while it ran
+    made the whole child run again (its model calls paid twice, its tools run again). Now the child
+    is a durable run of its own: SIGKILLed during its second model call, the next process finds it
+    at that call; its first model call and first tool are not made again."""
+    from tether.store import RunStore
+
+    db, ledger = str(tmp_path / "runs.db"), tmp_path / "ledger.txt"
+    models, attempts = tmp_path / "ledger.models.txt", tmp_path / "ledger.attempts.txt"
+    first = _spawn("team", db, ledger)
+    try:
+        end = time.monotonic() + 90
+        while "child:2" not in (models.read_text() if models.exists() else ""):
+            assert time.monotonic() < end and first.poll() is None, "the child never reached its second model call"
+            time.sleep(0.05)
+    finally:
+        _kill(first)  # inside the child's second (slow) model call
+    fresh = _spawn("team", db, ledger)
+    try:
+        out, _ = fresh.communicate(timeout=120)
+    finally:
+        _kill(fresh)
+    assert fresh.returncode == 0, out.decode()
+    assert b"team done: wrote a and b" in out
+    calls = models.read_text().splitlines()
+    assert calls.count("child:1") == 1 and calls.count("child:3") == 1, calls  # the killed call alone is made again
+    assert [line.split("\t")[1] for line in attempts.read_text().splitlines()] == ["a", "b"]
+    store = RunStore(db)
+    try:
+        [child] = [r for r in store.runs() if r.parent_run == "team1"]
+        assert child.run_id.endswith(".writer") and child.status == "completed" and child.answer == "wrote a and b"
+        kinds = [e.kind for e in store.events(child.run_id)]
+        assert kinds.count("model_call") == 3 and kinds.count("tool_call") == 2, kinds
+    finally:
+        store.close()
+
+
 def test_cancel_from_another_process_ends_a_parked_run(tmp_path):
     db, ledger = str(tmp_path / "runs.db"), tmp_path / "ledger.txt"
     worker = _spawn("approval", db, ledger)
@@ -165,6 +202,33 @@ def test_cancel_from_another_process_ends_a_parked_run(tmp_path):
     assert row is not None and row.status == "cancelled" and not ledger.exists()
     again = _tether("cancel", "pay1", "--db", db)
     assert again.returncode == 1 and "already ended" in again.stderr
+
+
+def test_cancelling_a_run_cancels_its_running_sub_agent(tmp_path):
+    """`tether cancel PARENT` ends the sub-agent it waits on too (its own durable run): the child's
+    later steps never run and both rows say cancelled."""
+    db, ledger = str(tmp_path / "runs.db"), tmp_path / "ledger.txt"
+    models, attempts = tmp_path / "ledger.models.txt", tmp_path / "ledger.attempts.txt"
+    worker = _spawn("team", db, ledger)
+    try:
+        end = time.monotonic() + 90
+        while "child:2" not in (models.read_text() if models.exists() else ""):
+            assert time.monotonic() < end and worker.poll() is None, "the child never reached its second model call"
+            time.sleep(0.05)
+        res = _tether("cancel", "team1", "--db", db)
+        assert res.returncode == 0, res.stderr
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        _kill(worker)
+    assert b"cancelled" in out, out.decode()
+    assert "child:3" not in models.read_text()
+    assert [line.split("\t")[1] for line in attempts.read_text().splitlines()] == ["a"]
+    store = RunStore(db)
+    try:
+        [child] = [r for r in store.runs() if r.parent_run == "team1"]
+        assert child.status == "cancelled" and store.run("team1").status == "cancelled"
+    finally:
+        store.close()
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -181,6 +181,36 @@ def test_a_plan_worker_under_a_tainted_parent_does_not_take_the_task_for_the_use
             assert sent == [{"recipient": ATTACKER, "amount": 500}] and output.startswith("paid\n[sources:")
 
 
+def test_a_plan_workers_answer_taints_its_parent_by_data_flow() -> None:
+    """Before: the parent counted a plan worker's answer untrusted whenever any of its tools could
+    return untrusted content. Now by the answer's sources: one computed from the balance (a trusted
+    tool) leaves the parent untainted, so its payment afterwards runs without asking; one computed
+    from the email (through the reader) taints it, and the same payment asks (and is denied)."""
+    from tether import Agent
+    from tether.policy import SafetyPolicy
+
+    cases = (('final_answer(get_balance())', None, False),
+             ('x = extract("the amount", read_email(), {"amount": "float"})\nfinal_answer(x["amount"])',
+              {"amount": 12.5}, True))
+    for code, read, tainted in cases:
+        paid: list[str] = []
+
+        @tool(effect="irreversible")
+        def pay(to: str) -> str:
+            """Pay someone."""
+            paid.append(to)  # noqa: B023
+            return "paid"
+
+        reads = reader(read) if read is not None else None
+        worker = PlanMode(ScriptedModel([plan(code)]), bank([], []), reader=reads, trusted_tools=["get_balance"],
+                          max_attempts=1).as_tool("accounts", "Answers questions about the account.")
+        parent = Agent(ScriptedModel([call("accounts", task="what is my balance?"), call("pay", to="bob"), "ok"]),
+                       tools=[worker, pay], policy=SafetyPolicy())
+        result = parent.run("Check my balance, then pay bob.")
+        output = next(m.content for m in result.messages if m.role == "tool" and m.name == "accounts")
+        assert result.tainted is tainted and paid == ([] if tainted else ["bob"]), (code, output)
+
+
 def test_the_budget_stops_replanning_and_a_failing_planner_is_reported() -> None:
     from tether.models._scripted import reply
 

@@ -15,6 +15,7 @@ from tether._tokens import counter_for, message_tokens, tools_tokens
 from tether._types import ModelReply, ModelRequest, Usage
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import SafetyPolicy
+from tether.tools import ToolOutput
 from tether.tools._base import ToolContext
 
 
@@ -174,6 +175,50 @@ def test_taint_flows_up_from_a_child_that_read_untrusted_data() -> None:
     assert any(m.role == "tool" and "pay" in (m.name or "") and m.content.startswith("ERROR") for m in result.messages)
 
 
+def test_taint_flows_up_exactly_as_the_child_had_it() -> None:
+    """Before: a child that *could* read untrusted data (it has such a tool) tainted its parent
+    whatever it did. Now the parent takes the child's own taint as its run ended: a child that did
+    not read the email leaves the parent untainted (the payment after it runs), one that did
+    taints it (the payment is refused), and a child whose policy tracks no taint falls back to the
+    declaration."""
+    from tether.tools import AllowAll
+
+    for reads, policy, expect in ((False, SafetyPolicy(), ["bob"]), (True, SafetyPolicy(), []),
+                                  (False, AllowAll(), [])):
+        sent: list[str] = []
+        pay, read_email = _payments(sent)
+        steps = ([call("read_email")] if reads else []) + ["checked"]
+        child = Agent(ScriptedModel(steps), tools=[read_email], policy=policy)
+        parent = Agent(ScriptedModel([call("helper", task="check something"), call("pay", to="bob"), "ok"]),
+                       tools=[child.as_tool("helper"), pay], policy=SafetyPolicy())
+        result = parent.run("check, then pay bob")
+        assert sent == expect, (reads, policy)
+        assert result.tainted is (expect == [])
+
+
+def test_a_tool_cannot_untaint_its_output_without_declaring_exact_provenance() -> None:
+    """`ToolOutput(untrusted=False)` is believed only from a tool declared `exact_provenance`; a tool
+    declared untrusted that says otherwise still taints the run. `untrusted=True` always taints."""
+
+    for exact, says, tainted in ((False, False, True), (True, False, False), (True, True, True)):
+        @tool(untrusted_output=True, metadata={"exact_provenance": exact})
+        def lookup() -> ToolOutput:
+            """Look something up."""
+            return ToolOutput("a fact", untrusted=says)  # noqa: B023
+
+        result = Agent(ScriptedModel([call("lookup"), "done"]), tools=[lookup], policy=SafetyPolicy()).run("go")
+        assert result.completed and result.tainted is tainted, (exact, says)
+
+    @tool
+    def trusted_by_declaration() -> ToolOutput:
+        """Look something up."""
+        return ToolOutput("a fact", untrusted=True)
+
+    result = Agent(ScriptedModel([call("trusted_by_declaration"), "done"]), tools=[trusted_by_declaration],
+                   policy=SafetyPolicy()).run("go")
+    assert result.tainted
+
+
 def test_a_child_with_no_budget_left_is_refused_with_a_clear_message() -> None:
     child = Agent(ScriptedModel(["never called"]))
     parent = Agent(ScriptedModel([call("helper", task="t"), "fine"], usage=Usage(600, 50)),
@@ -293,5 +338,85 @@ def test_a_durable_parent_waits_on_its_childs_call_and_a_decision_from_outside_c
         kinds = [e.kind for e in store.events(child.run_id)]
         assert kinds.count("model_call") == 2 and kinds.count("run_started") == 2  # parked, then went on
         assert kinds.index("approval_requested") < kinds.index("approval_decided")
+    finally:
+        teardown()
+
+
+def _durable_writers(tmp_path, slow: float = 0.0):
+    """A durable parent that calls its sub-agent twice in one turn; the child writes its task back
+    (after `slow` seconds in its model call)."""
+    from tether._types import ModelReply
+
+    class Echo:
+        name = "scripted"
+
+        async def complete(self, request: ModelRequest) -> ModelReply:
+            task = next(m.content for m in request.messages if m.role == "user")
+            await asyncio.sleep(slow)
+            return ModelReply(f"wrote {task}", [], Usage(10, 5))
+
+    parent_model = ScriptedModel([ModelReply("", [call("writer", task="one"), call("writer", task="two")]),
+                                  "both written"])
+    writer = Agent(Echo(), policy=SafetyPolicy())
+    return Agent(parent_model, tools=[writer.as_tool("writer", "Writes.")], policy=SafetyPolicy(),
+                 name="writers", durable=str(tmp_path / "runs.db"))
+
+
+def test_a_durable_parents_sub_agents_in_one_turn_are_durable_runs_of_their_own(tmp_path) -> None:
+    """Two calls of one sub-agent in one turn run at once, each as its own durable run under the
+    parent (its own workflow, its own events), and their usage is charged to the parent."""
+    import pytest
+
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from dbos import DBOS
+
+    from tether.durable import runtime, teardown
+
+    try:
+        result = _durable_writers(tmp_path).run("write one and two", run_id="w1")
+        assert result.completed and result.answer == "both written", result.error
+        answers = [m.content for m in result.messages if m.role == "tool"]
+        assert answers == ["wrote one", "wrote two"]
+        assert result.usage.model_calls == 4 and result.usage.input_tokens >= 20
+        children = sorted((r for r in runtime().store.runs() if r.parent_run == "w1"), key=lambda r: r.run_id)
+        assert [c.run_id for c in children] == ["w1:1:0.writer", "w1:1:1.writer"]
+        assert [c.answer for c in children] == ["wrote one", "wrote two"]
+        for c in children:  # a workflow of its own, with its own checkpointed model step
+            assert DBOS.get_workflow_status(c.run_id).status == "SUCCESS"
+            assert [s["function_name"] for s in DBOS.list_workflow_steps(c.run_id)] == ["model"]
+    finally:
+        teardown()
+
+
+def test_cancelling_a_durable_parent_in_process_cancels_its_sub_agents(tmp_path) -> None:
+    import threading
+    import time
+
+    import pytest
+
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from dbos import DBOS
+
+    from tether import CancelToken
+    from tether.durable import runtime, teardown
+
+    token = CancelToken()
+    out: list = []
+    try:
+        agent = _durable_writers(tmp_path, slow=30)
+        worker = threading.Thread(target=lambda: out.append(agent.run("write", run_id="w2", cancel=token)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while len([r for r in runtime().store.runs() if r.parent_run == "w2"]) < 2:
+            assert time.monotonic() < deadline, "the children never started"
+            time.sleep(0.05)
+        token.cancel()
+        worker.join(60)
+        assert out and out[0].stop_reason is StopReason.CANCELLED
+        store = runtime().store
+        for child in ("w2:1:0.writer", "w2:1:1.writer"):  # each stopped at once, its model call abandoned
+            assert DBOS.get_workflow_status(child).status in ("SUCCESS", "CANCELLED")
+            row = store.run(child)
+            assert row is not None and row.status == "cancelled" and row.steps == 0, row
     finally:
         teardown()

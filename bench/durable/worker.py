@@ -144,6 +144,61 @@ def build_approval_agent(ledger: Path, durable: Any = None) -> Any:
                  user="alice", name="approval", durable=durable)
 
 
+def build_team_agent(ledger: Path, durable: Any = None) -> Any:
+    """A parent whose one tool is a sub-agent that appends two ledger entries, one model call each;
+    its second model call is slow (a window for the kill inside the child's run). Every model call
+    of the child is logged to `models.txt` beside the ledger, every tool body's run to `attempts.txt`."""
+    from tether import Agent, tool
+    from tether._types import ModelReply, ModelRequest, ToolCall
+    from tether.models._scripted import ScriptedModel
+    from tether.policy import SafetyPolicy
+
+    attempts = ledger.with_name(ledger.stem + ".attempts.txt")
+    models = ledger.with_name(ledger.stem + ".models.txt")
+
+    @tool(effect="reversible")
+    def append(entry: str, ctx: ToolContext) -> str:
+        """Append an entry to the ledger."""
+        _append(attempts, f"{ctx.idempotency_key}\t{entry}")
+        _append(ledger, f"{ctx.idempotency_key}\t{entry}", unique_key=ctx.idempotency_key)
+        return f"appended {entry}"
+
+    class Writer(ScriptedModel):
+        async def complete(self, request: ModelRequest) -> ModelReply:
+            step = 1 + sum(1 for m in request.messages if m.role == "tool")
+            _append(models, f"child:{step}")
+            if step == 2:
+                await asyncio.sleep(3)
+            return await super().complete(request)
+
+    def child_script(request: ModelRequest) -> ModelReply:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if done < 2:
+            return ModelReply("", [ToolCall("call_0", "append", {"entry": "ab"[done]})])
+        return ModelReply("wrote a and b")
+
+    def parent_script(request: ModelRequest) -> ModelReply:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return ModelReply("", [ToolCall("call_0", "writer", {"task": "append a, then b"})])
+        return ModelReply("team done: " + tools[0].content)
+
+    writer = Agent(Writer(child_script), tools=[append], policy=SafetyPolicy())
+    return Agent(ScriptedModel(parent_script), tools=[writer.as_tool("writer", "Writes the ledger.")],
+                 policy=SafetyPolicy(), user="alice", name="team", durable=durable)
+
+
+async def work_team(db: str, ledger: Path) -> int:
+    from tether.durable import Durable, runtime
+
+    agent = build_team_agent(ledger, durable=Durable(db))
+    runtime().launch()
+    print("launched", flush=True)
+    result = await agent.arun("write the ledger through the writer", run_id="team1")
+    print(f"{result.stop_reason.value}: {result.answer}", flush=True)
+    return 1 if result.completed else 0
+
+
 async def work_approval(db: str, ledger: Path) -> int:
     from tether.durable import Durable, runtime
 
@@ -171,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", required=True, type=Path)
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--jitter", type=float, default=0.03)
-    p.add_argument("--scenario", choices=["crash", "approval"], default="crash")
+    p.add_argument("--scenario", choices=["crash", "approval", "team"], default="crash")
     args = p.parse_args(argv)
-    if args.scenario == "approval":
+    if args.scenario == "team":
+        args.runs = 1
+        done = asyncio.run(work_team(args.db, args.ledger))
+    elif args.scenario == "approval":
         args.runs = 1
         done = asyncio.run(work_approval(args.db, args.ledger))
     else:

@@ -44,6 +44,7 @@ from tether.models._scripted import ScriptedModel, call, reply
 from tether.policy import SafetyPolicy
 from tether.tools._base import Tool, ToolContext, tool
 from tether.tools._executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
+from tether.tools._results import ToolOutput
 
 __all__ = [
     "Agent",
@@ -77,6 +78,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolContext",
+    "ToolOutput",
     "TraceEvent",
     "Usage",
     "Verdict",

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tether._errors import AwaitingApproval, InvalidInput, TetherError
-from tether._limits import Budget, Limits
-from tether._loop import DELEGATED_NAME, PARENT_KEY, ParentRun, run_loop
+from tether._limits import Budget
+from tether._loop import DELEGATED_NAME, PARENT_KEY, ChildRun, ParentRun, run_loop
 from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.tools._base import Tool, ToolContext
+from tether.tools._results import ToolOutput
 
 if TYPE_CHECKING:
     from tether._agent import Agent
@@ -37,6 +39,7 @@ _EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
 BUDGET_OFFER_KEY = "tether/budget_offer"
 USAGE_SINK_KEY = "tether/usage_sink"
 MIN_CHILD_TOKENS = 200  # below this a child could not write one tool call and an answer
+AGENT_KEY = "tether/sub_agent"  # Tool.metadata: the Agent an agent tool runs (a durable child is found by it)
 
 
 class SubagentError(TetherError, RuntimeError):
@@ -47,7 +50,7 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
     if not 0 < share <= 1:
         raise InvalidInput(f"share must be in (0, 1], got {share}")
 
-    async def run(task: str, context: ToolContext) -> str:
+    async def run(task: str, context: ToolContext) -> str | ToolOutput:
         parent = context.extra.get(PARENT_KEY)
         if not isinstance(parent, ParentRun):  # called outside a run (an executor driven by hand)
             parent = None
@@ -55,22 +58,24 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         offer = context.extra.get(BUDGET_OFFER_KEY) if parent is None else None
         parked = parent.children.pop(context.call_id, None) if parent is not None else None
         resumed = from_jsonable(RunState, parked["state"]) if parked is not None else None
+        segment = int(parked.get("segment", 0)) + 1 if parked is not None else 0
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
                                   carved=offer, user=context.user, run_id=run_id,
-                                  tainted=parent is not None and parent.tainted(), state=resumed)
+                                  tainted=parent is not None and parent.tainted(), state=resumed,
+                                  runner=parent.run_child if parent is not None else None, segment=segment)
         sink = context.extra.get(USAGE_SINK_KEY)
         if isinstance(sink, Usage):  # over MCP (no parent here, so never a parked child)
             sink.add(result.usage)
-        if parent is not None and parent.record is not None:
-            parent.record(name, task, result)  # stored under the parent where its runner keeps runs
         if result.stop_reason is StopReason.COMPLETED:
-            return result.answer
+            if result.state is None or result.state.policy is None:  # its policy tracks no taint
+                return result.answer
+            return ToolOutput(result.answer, untrusted=result.tainted)  # taint flows up as the child had it
         if result.stop_reason is StopReason.AWAITING_APPROVAL and parent is not None and result.state is not None \
                 and result.pending:
             asked = "; ".join(f"{p.get('tool')}({json.dumps(p.get('arguments'), ensure_ascii=False)})"
                               for p in result.pending)
             raise AwaitingApproval(f"the sub-agent '{name}' waits for a person to approve {asked}",
-                                   parked={"agent": name, "state": to_jsonable(result.state)})
+                                   parked={"agent": name, "state": to_jsonable(result.state), "segment": segment})
         raise SubagentError(stopped(name, result))
 
     effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
@@ -82,7 +87,7 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         effect=max(effects, key=_EFFECT_ORDER.index),
         untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
         timeout=None,  # the child's own time limit (carved from the parent's) bounds it
-        metadata={"agent": name},
+        metadata={"agent": name, AGENT_KEY: agent, "exact_provenance": True},
         context_param="context",
     )
 
@@ -96,11 +101,15 @@ def stopped(name: str, result: RunResult) -> str:
 
 async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | None, share: float = 0.5,
                      carved: tuple[int | None, float | None] | None = None, user: str | None,
-                     run_id: str, tainted: bool, state: RunState | None = None) -> RunResult:
+                     run_id: str, tainted: bool, state: RunState | None = None,
+                     runner: Callable[[ChildRun, Callable[[], Awaitable[RunResult]]], Awaitable[RunResult]] | None = None,
+                     segment: int = 0) -> RunResult:
     """One child run within `budget`: its token and cost limits are `carved` (already reserved) or
     `share` of what is left, its time what the budget has left; its usage is charged to `budget`.
     `state`: a parked child run to continue (what it used before was charged then; its limits are
-    what it used plus the new carve). Raises SubagentError when too little is left to start it."""
+    what it used plus the new carve), its `segment`-th. `runner`: the parent's way of running a child
+    (`ParentRun.run_child`; a durable parent checkpoints the child step by step); None runs it here.
+    Raises SubagentError when too little is left to start it."""
     tokens, cost = carved if carved is not None else budget.carve(share) if budget is not None else (None, None)
     before = state.usage.copy() if state is not None else Usage()
     try:
@@ -116,7 +125,11 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
             limits.max_cost_usd = before.cost_usd + min(limits.max_cost_usd or cost, cost)
         if budget is not None and (left := budget.remaining_seconds()) is not None:
             limits.max_seconds = before.seconds + min(limits.max_seconds or left, left)
-        result = await _child_run(agent, task, user=user, limits=limits, run_id=run_id, tainted=tainted, state=state)
+        child = ChildRun(name, task, state or _first_state(agent, task, user, run_id, tainted), limits, segment)
+        spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
+        # a parked child, its decisions taken, runs those calls, then goes on
+        result = await (runner(child, lambda: run_loop(spec, child.state)) if runner is not None
+                        else run_loop(spec, child.state))
     except BaseException:
         if budget is not None:
             budget.settle(tokens, cost, Usage())
@@ -126,12 +139,7 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
     return result
 
 
-async def _child_run(agent: Agent, task: str, *, user: str | None, limits: Limits, run_id: str,
-                     tainted: bool, state: RunState | None = None) -> RunResult:
-    spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
-    if state is not None:  # a parked child, its decisions taken: it runs those calls, then goes on
-        return await run_loop(spec, state)
+def _first_state(agent: Agent, task: str, user: str | None, run_id: str, tainted: bool) -> RunState:
     messages = [Message.system(agent.instructions)] if agent.instructions else []
     messages.append(Message("user", task, name=DELEGATED_NAME if tainted else None))
-    return await run_loop(spec, RunState(run_id=run_id, user=user, messages=messages))
-
+    return RunState(run_id=run_id, user=user, messages=messages)

@@ -74,13 +74,16 @@ class StepRunner(Protocol):
     `begin_turn` is told, in call order and before any of them runs, which calls of a turn will run
     (so concurrent steps get stable ids). `wait_approval` parks the run until a decision on one
     pending call arrives ({"call_id", "approved", "by", "reason"}); None means this runner cannot
-    wait, and the run stops with `awaiting_approval`. `record_child` keeps a sub-agent's run (or its
-    latest segment) under its parent where the runner keeps runs (the durable runner: the run store).
+    wait, and the run stops with `awaiting_approval`. `run_child` runs a sub-agent's run (or its
+    next segment, after a decision) started by one of this run's tools: `run` runs it in memory; the
+    durable runner instead runs it as a durable run of its own, under its parent, checkpointed step
+    by step.
     """
 
     def begin_turn(self, step: int, indices: list[int]) -> None: ...
 
-    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None: ...
+    async def run_child(self, parent_run_id: str, child: ChildRun,
+                        run: Callable[[], Awaitable[RunResult[Any]]]) -> RunResult[Any]: ...
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply: ...
 
@@ -96,8 +99,9 @@ class DirectStepRunner:
     def begin_turn(self, step: int, indices: list[int]) -> None:
         return None
 
-    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None:
-        return None  # in memory: the child's run is in the parent's trace and the tool's answer only
+    async def run_child(self, parent_run_id: str, child: ChildRun,
+                        run: Callable[[], Awaitable[RunResult[Any]]]) -> RunResult[Any]:
+        return await run()  # in memory: the child's run is in the parent's trace and the tool's answer only
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
         return await run()
@@ -270,14 +274,28 @@ PARENT_KEY = "tether.parent"
 
 
 @dataclass(slots=True, frozen=True)
+class ChildRun:
+    """A sub-agent's run as its parent starts it: the tool's name, the task, the child's state
+    (fresh, or parked and now decided), its carved limits, and which segment this is (0, then one
+    more each time it went on after a decision)."""
+
+    name: str
+    task: str
+    state: RunState
+    limits: Limits
+    segment: int = 0
+
+
+@dataclass(slots=True, frozen=True)
 class ParentRun:
-    """The running parent of a sub-agent: its budget (to carve from and charge), its taint, and its
-    sub-agent runs parked on an approval (`RunState.children`, by the parent's call id)."""
+    """The running parent of a sub-agent: its budget (to carve from and charge), its taint, its
+    sub-agent runs parked on an approval (`RunState.children`, by the parent's call id), and how its
+    runner runs a child (`StepRunner.run_child`, bound to the parent's run)."""
 
     budget: Budget
     tainted: Callable[[], bool]
     children: dict[str, Any] = field(default_factory=dict)
-    record: Callable[[str, str, RunResult[Any]], None] | None = None  # (agent, task, result): StepRunner.record_child
+    run_child: Callable[[ChildRun, Callable[[], Awaitable[RunResult[Any]]]], Awaitable[RunResult[Any]]] | None = None
 
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
@@ -315,7 +333,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
     ctx.extra[PARENT_KEY] = ParentRun(
         budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
-        lambda agent, task, result: spec.step_runner.record_child(spec.run_id, agent, task, result))
+        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run))
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None

@@ -113,6 +113,8 @@ class ToolResult:
     # a sub-agent parked on an approval: {"agent", "state"}; recorded with the result, so a replayed
     # durable run knows it without running the tool again (the loop keeps it in RunState.children)
     parked: dict[str, Any] | None = None
+    # what the tool knew of this output's origin (`tether.tools.ToolOutput`): None, its declaration decides
+    untrusted: bool | None = None
 
     def to_message(self) -> Message:
         return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)

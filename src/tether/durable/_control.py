@@ -42,6 +42,8 @@ class Messenger(Protocol):
 
     def cancel_workflow(self, workflow_id: str) -> None: ...
 
+    def list_workflows(self, *, status: list[str] | None = None, workflow_id_prefix: str | None = None) -> list[Any]: ...
+
 
 def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, *, approved: bool = True,
             by: str | None = None, reason: str = "") -> dict[str, Any]:
@@ -91,7 +93,18 @@ def cancel_run(store: RunStore, dbos: Messenger, run_id: str) -> str:
     dbos.cancel_workflow(run_id)
     # DBOS abandons a cancelled workflow's execution, so its process may never write the end
     store.set_status(run_id, "cancelled")
+    cancel_children(store, dbos, run_id)
     return row.status
+
+
+def cancel_children(store: RunStore, dbos: Messenger, run_id: str) -> None:
+    """Cancel the unfinished sub-agent runs under `run_id`, at any depth: their ids (and their
+    workflows' ids, RUN~N for a later segment) start with the run's id and ":" (a child's run id is
+    its parent's call key, run:step:index, plus its name)."""
+    for child in dbos.list_workflows(status=["PENDING", "ENQUEUED"], workflow_id_prefix=run_id + ":"):
+        dbos.cancel_workflow(child.workflow_id)
+        head, _, segment = child.workflow_id.rpartition("~")
+        store.set_status(head if segment.isdigit() else child.workflow_id, "cancelled")
 
 
 @contextlib.contextmanager

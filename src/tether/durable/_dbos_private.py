@@ -12,13 +12,17 @@ step fast path, `dbos_fastpath`, is separate and opt-in.)
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextvars
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from tether._errors import OperationFailed
 
+T = TypeVar("T")
+
 # (module, attribute path) of every private DBOS name used here
 NAMES = ("DBOS._recover_pending_workflows", "_dbos_global_instance", "DBOS.background_thread_stop_events",
-         "DBOS._workflow_tasks")
+         "DBOS._workflow_tasks", "_context._dbos_context_var")
 
 
 def recover_pending(executor_ids: list[str]) -> list[Any]:
@@ -51,3 +55,20 @@ def workflow_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
     dbos = instance()
     tasks = getattr(dbos, "_workflow_tasks", None) if dbos is not None else None
     return [t for t in tasks or () if not t.done() and t.get_loop() is loop]
+
+
+async def outside_workflow(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` in a task that is not inside this task's workflow or step (every other context
+    variable kept): a workflow started there is a top-level one. DBOS refuses to start a workflow
+    from inside a step, and a child workflow's place in its parent depends on call order, which
+    concurrent tool calls do not keep; a durable sub-agent is started this way, from its parent's
+    tool step, under an id derived from that step."""
+    from dbos import _context
+
+    var = getattr(_context, "_dbos_context_var", None)
+    if var is None:
+        raise OperationFailed("this DBOS version keeps its context elsewhere: a durable sub-agent cannot be started "
+                              "(tether is tested with dbos 3.4)")
+    context = contextvars.copy_context()
+    context.run(var.set, None)
+    return await asyncio.create_task(work, context=context)

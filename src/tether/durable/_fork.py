@@ -14,7 +14,7 @@ from typing import Any
 from dbos import DBOSClient, DBOSPortableJSONSerializer
 
 from tether._errors import InvalidInput, NotFound, OperationFailed
-from tether._loop import DirectStepRunner, run_loop
+from tether._loop import ChildRun, DirectStepRunner, run_loop
 from tether._types import Message, ModelReply, RunResult, RunState, ToolCall, ToolResult, from_jsonable
 from tether.store._sql import engine_url
 
@@ -68,8 +68,8 @@ class ReplayStepRunner:
     async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
         return await self.live.wait_approval(run_id, pending)
 
-    def record_child(self, parent_run_id: str, agent: str, task: str, result: Any) -> None:
-        self.live.record_child(parent_run_id, agent, task, result)
+    async def run_child(self, parent_run_id: str, child: ChildRun, run: Callable[[], Awaitable[RunResult]]) -> RunResult:
+        return await self.live.run_child(parent_run_id, child, run)
 
 
 class _AddMessage:

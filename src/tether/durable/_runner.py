@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from dbos import DBOS
 from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
-from tether._loop import RunCancelled
+from tether._errors import OperationFailed
+from tether._loop import ChildRun, RunCancelled
 from tether._types import ModelReply, RunResult, ToolCall, ToolResult, from_jsonable, to_jsonable
 from tether.events import ToolCallStarted, TraceEvent
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:  # the runtime builds these, passing itself in
     from tether.store._sql import RunStore
 
 APPROVAL_TOPIC = "approval"
+# (parent run id, agent-tool path from the top-level agent, the child) -> the child's result
+StartChild = Callable[[str, tuple[str, ...], ChildRun], Awaitable[RunResult[Any]]]
 
 
 class RecordedClock:
@@ -40,8 +43,11 @@ class DbosStepRunner:
     """Runs one durable run's steps through DBOS (from inside its workflow)."""
 
     def __init__(self, run_id: str, started_at: float, runtime: Runtime, *, approval_timeout: float,
-                 flush: Callable[[], None] | None = None, flush_text: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, flush_text: Callable[[], None] | None = None,
+                 path: tuple[str, ...] = (), start_child: StartChild | None = None) -> None:
         self.run_id = run_id
+        self.path = path  # the agent tools from the top-level run's agent to this run's (() at the top)
+        self.start_child = start_child
         self.runtime = runtime
         self.clock = RecordedClock(started_at)
         self.approval_timeout = approval_timeout
@@ -49,16 +55,15 @@ class DbosStepRunner:
         self.flush_text = flush_text  # writes the text a model call streamed, before its step is recorded
         self._reserved: dict[int, Any] = {}
 
-    def record_child(self, parent_run_id: str, agent: str, task: str, result: RunResult[Any]) -> None:
-        """The sub-agent's run in the store under its parent (`parent_run`), with its events: it runs
-        inside the parent's tool step, so this happens once (a replay gets the step's recorded
-        answer). A parked child that goes on adds its next segment's events after the stored ones."""
-        store = self.runtime.store
-        user = result.state.user if result.state is not None else None
-        store.create_run(result.run_id, agent, user, task, parent_run=parent_run_id)
-        first = len(store.events(result.run_id))
-        store.finish_run(result, stored_events=len(result.trace))  # the row; the events just below
-        store.add_events(result.run_id, result.trace, first)
+    async def run_child(self, parent_run_id: str, child: ChildRun,
+                        run: Callable[[], Awaitable[RunResult[Any]]]) -> RunResult[Any]:
+        """The sub-agent's run as a durable run of its own (`run` is not used): a workflow of its own,
+        checkpointed step by step, stored under its parent (`parent_run`) with its events as they
+        happen; the parent's tool step waits for it, so a parent recovered after a crash finds the
+        child where it was (its recorded steps are not run again)."""
+        if self.start_child is None:
+            raise OperationFailed("this durable runner cannot start sub-agents")
+        return await self.start_child(parent_run_id, (*self.path, child.name), child)
 
     def begin_turn(self, step: int, indices: list[int]) -> None:
         # Concurrent tool steps get their ids now, in call order, so a replay matches them up.
@@ -92,7 +97,10 @@ class DbosStepRunner:
         return from_jsonable(ToolResult, out["result"])
 
     async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
-        """Park (no thread held: DBOS recv, durable across restarts) until a decision on this call."""
+        """Park (no thread held: DBOS recv, durable across restarts) until a decision on this call.
+        A sub-agent does not park: it stops, and its parent parks on the call in its place."""
+        if self.path:
+            return None
         store = self.runtime.store
         store.set_status(run_id, "awaiting_approval", pending=pending)
         if self.flush is not None:
@@ -145,13 +153,14 @@ class EventBuffer:
     `store_text`, streamed text is written too (tether.durable._text_deltas), for other processes."""
 
     def __init__(self, run_id: str, sink: Callable[[TraceEvent], None] | None, store: RunStore, *,
-                 store_text: bool = False) -> None:
+                 store_text: bool = False, base: int = 0) -> None:
         from tether.durable._text_deltas import TextDeltaWriter
 
         self.run_id = run_id
         self.sink = sink
         self.events: list[TraceEvent] = []
         self.flushed = 0
+        self.base = base  # the store's seq of this buffer's first event (a sub-agent's next segment goes on after its last)
         self.store = store
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
         self._timer: asyncio.TimerHandle | None = None
@@ -162,7 +171,7 @@ class EventBuffer:
             if event.kind == TOOL_STARTED and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(LIVE_AFTER, self._flush_later)
         elif self.text is not None:
-            self.text.add(len(self.events), str(event.data.get("text", "")))
+            self.text.add(self.base + len(self.events), str(event.data.get("text", "")))
         if self.sink is not None:
             self.sink(event)
 
@@ -180,5 +189,5 @@ class EventBuffer:
             self._timer = None
         self.flush_text()
         if self.flushed < len(self.events):
-            self.store.add_events(self.run_id, self.events[self.flushed:], self.flushed)
+            self.store.add_events(self.run_id, self.events[self.flushed:], self.base + self.flushed)
             self.flushed = len(self.events)

@@ -14,9 +14,13 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 
+from tether._delegation import AGENT_KEY
 from tether._errors import InvalidInput, NotFound, OperationFailed
-from tether._loop import CancelToken, run_loop
+from tether._limits import Limits
+from tether._loop import CancelToken, ChildRun, run_loop
 from tether._types import RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
+from tether.durable._control import cancel_children
+from tether.durable._dbos_private import outside_workflow
 from tether.durable._runner import DbosStepRunner, EventBuffer
 from tether.events import TraceEvent
 from tether.store._sql import RunStore, engine_url, make_engine
@@ -160,18 +164,30 @@ def _dbos_url(url: str) -> str:
 @DBOS.workflow(name="tether.run", max_recovery_attempts=100_000)
 async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     """One durable run. `job`: {"agent": name, "state": RunState, "started_at": wall seconds}; the
-    workflow id is the run id."""
+    workflow id is the run id. A sub-agent's run (`start_child`) also has "path" (the agent tools
+    from the top-level run's agent to its own), "top" (that run's id), "limits" (carved from its
+    parent) and "events_from" (its first event's seq); its next segments' workflow ids are
+    RUN_ID~N."""
     rt = runtime()
     state = from_jsonable(RunState, job["state"])
     run_id = state.run_id
-    agent = rt.agent_for(job["agent"], run_id)
+    path = tuple(job.get("path", ()))
+    agent = sub_agent(rt.agent_for(job["agent"], job.get("top", run_id)), path)
     local = rt.local.get(run_id) or _Local()
-    events = EventBuffer(run_id, local.on_event, rt.store, store_text=rt.store_text)
+    if path and (top := rt.local.get(job.get("top", ""))) is not None:
+        local = _Local(cancel=top.cancel)  # a sub-agent stops when its top-level run is cancelled here
+    events = EventBuffer(run_id, local.on_event, rt.store, store_text=rt.store_text, base=int(job.get("events_from", 0)))
+
+    async def start_child(parent_run_id: str, child_path: tuple[str, ...], child: ChildRun) -> RunResult:
+        return await _start_child(rt, job, parent_run_id, child_path, child)
+
     runner = DbosStepRunner(run_id, float(job["started_at"]), rt, approval_timeout=rt.config.approval_timeout,
-                            flush=events.flush, flush_text=events.flush_text)
+                            flush=events.flush, flush_text=events.flush_text, path=path, start_child=start_child)
     spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner
     spec.clock = runner.clock
+    if "limits" in job:
+        spec.limits, spec.user = from_jsonable(Limits, job["limits"]), state.user
     rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
@@ -179,10 +195,45 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
         # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the
         # next process recovers it, and record nothing
         raise asyncio.CancelledError
-    rt.store.finish_run(result, stored_events=events.flushed)
+    if result.stop_reason is StopReason.CANCELLED:  # its sub-agents too, before the run's end is written
+        await outside_workflow(asyncio.to_thread(cancel_children, rt.store, DBOS, run_id))
+    rt.store.finish_run(result, stored_events=events.flushed, first_seq=events.base)
     out = to_jsonable(result)
     out["trace"] = []  # the events are in the store; the workflow output stays small
     return out
+
+
+def sub_agent(agent: Any, path: tuple[str, ...]) -> Any:
+    """The agent at the end of `path`: each name an agent tool (`Agent.as_tool`) of the one before."""
+    for name in path:
+        tool = next((t for t in agent.tools if t.name == name), None)
+        child = tool.metadata.get(AGENT_KEY) if tool is not None else None
+        if child is None:
+            raise NotFound(f"the agent {agent.name!r} has no sub-agent tool {name!r} (a durable sub-agent's run "
+                           "is recovered through its parent's agent, which must still have that tool)")
+        agent = child
+    return agent
+
+
+async def _start_child(rt: Runtime, job: dict[str, Any], parent_run_id: str, path: tuple[str, ...],
+                       child: ChildRun) -> RunResult:
+    """Run a sub-agent as a durable run of its own, from its parent's tool step, and wait for its
+    result. Its workflow id comes from that step (the child's run id is the parent's idempotency key
+    plus the tool's name), so a parent recovered after a crash re-runs the step and finds the child's
+    workflow, which DBOS recovers on its own from its last checkpoint: nothing it did is done again."""
+    state = child.state
+    workflow_id = state.run_id if child.segment == 0 else f"{state.run_id}~{child.segment}"
+    rt.store.create_run(state.run_id, child.name, state.user, child.task, parent_run=parent_run_id)
+    sub = {"agent": job["agent"], "top": job.get("top", parent_run_id), "path": list(path),
+           "state": to_jsonable(state), "started_at": time.time(), "limits": to_jsonable(child.limits),
+           "events_from": rt.store.next_seq(state.run_id) if child.segment else 0}
+
+    async def start_and_wait() -> RunResult:
+        with SetWorkflowID(workflow_id):  # an existing workflow (a recovered parent's) is waited on, not started
+            handle = await DBOS.start_workflow_async(run_workflow, sub)
+        return await wait_result(state.run_id, handle)
+
+    return await outside_workflow(start_and_wait())
 
 
 class DurableRuns:

@@ -22,7 +22,7 @@ from tether.models._base import ModelError
 from tether.models._scripted import ReplayModel, request_fingerprint, transcript_fingerprint
 from tether.policy._canonical import canonical_json
 from tether.tools._base import Tool
-from tether.tools._results import shape
+from tether.tools._results import ToolOutput, shape
 
 VERSION = 1
 
@@ -110,19 +110,21 @@ class CassetteRecorder:
         return [self._wrap(t) for t in tools]
 
     def _wrap(self, tool: Tool) -> Tool:
-        async def recorded(**kwargs: Any) -> str:
+        async def recorded(**kwargs: Any) -> str | ToolOutput:
             record: dict[str, Any] = {"name": tool.name, "arguments": _public_args(tool, kwargs)}
             try:
                 value = tool.fn(**kwargs)
                 if tool.is_async:
                     value = await value
                 record["content"] = text = shape(value)
+                if isinstance(value, ToolOutput):
+                    record["untrusted"] = value.untrusted
             except Exception as exc:  # replayed as the same failure, so the model sees the same text
                 record["error"] = [type(exc).__name__, str(exc)]
                 raise
             finally:
                 self.cassette.tools.append(record)
-            return text
+            return ToolOutput(text, record["untrusted"]) if "untrusted" in record else text
 
         return dataclasses.replace(tool, fn=recorded)
 
@@ -142,7 +144,7 @@ class CassettePlayer:
         return [self._wrap(t) for t in tools]
 
     def _wrap(self, tool: Tool) -> Tool:
-        async def replayed(**kwargs: Any) -> str:
+        async def replayed(**kwargs: Any) -> str | ToolOutput:
             args = _public_args(tool, kwargs)
             queue = self._responses.get(_key(tool.name, args))
             if not queue:
@@ -153,7 +155,7 @@ class CassettePlayer:
             if "error" in rec:
                 name, message = rec["error"]
                 raise type(name, (Exception,), {})(message)  # same type name and message as recorded
-            return rec["content"]
+            return ToolOutput(rec["content"], rec["untrusted"]) if "untrusted" in rec else rec["content"]
 
         return dataclasses.replace(tool, fn=replayed)
 

@@ -151,12 +151,13 @@ class PlanMode:
         """This plan mode as a tool of an agent (a worker): each call plans and runs the task the
         parent's model writes. A parent that had read untrusted content delegates a task that is not
         the user's: its literals then carry "delegated", so no policy takes them for the user's. The
-        answer goes back as text with the sources it was computed from; the parent counts it
-        untrusted when any of the worker's tools can return untrusted content."""
+        answer goes back as text with the sources it was computed from, and the parent's policy
+        counts it untrusted exactly when one of those sources is not trusted (`ToolOutput`)."""
         from tether._loop import PARENT_KEY, ParentRun
         from tether.tools._base import ToolContext
+        from tether.tools._results import ToolOutput
 
-        async def run(task: str, context: ToolContext) -> str:
+        async def run(task: str, context: ToolContext) -> ToolOutput:
             parent = context.extra.get(PARENT_KEY)
             tainted = isinstance(parent, ParentRun) and parent.tainted()
             result = await self.arun(task, run_id=f"{context.idempotency_key or context.run_id}.{name}",
@@ -165,7 +166,9 @@ class PlanMode:
                 parent.budget.settle(None, None, result.usage)  # the planner's and reader's calls, charged
             if not result.completed:
                 raise ProgramError(f"the plan worker '{name}' could not complete: {result.answer}")
-            return f"{result.answer}\n[sources: {', '.join(result.answer_sources) or 'none'}]"
+            text = f"{result.answer}\n[sources: {', '.join(result.answer_sources) or 'none'}]"
+            # by data flow: untrusted exactly when the answer depends on a source that is not trusted
+            return ToolOutput(text, untrusted=not set(result.answer_sources) <= self.trusted)
 
         untrusted = self.reader is not None or any(t.untrusted_output or t.metadata.get("source") for t in self.tools)
         effects = [t.effect for t in self.tools] or [Effect.READ_ONLY]
@@ -175,7 +178,7 @@ class PlanMode:
             {"properties": {"task": {"type": "string", "description": "The task, in full: the worker sees nothing else."}},
              "required": ["task"]},
             run, effect=max(effects, key=order.index), untrusted_output=untrusted, timeout=None,
-            metadata={"plan_worker": name}, context_param="context")
+            metadata={"plan_worker": name, "exact_provenance": True}, context_param="context")
 
     def run(self, request: str) -> PlanResult:
         import asyncio

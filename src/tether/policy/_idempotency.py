@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from tether.tools._base import Tool, ToolContext
-from tether.tools._results import shape
+from tether.tools._results import ToolOutput, shape
 
 
 class IdempotencyCache(Protocol):
@@ -56,7 +56,7 @@ def idempotent(tool: Tool, cache: IdempotencyCache) -> Tool:
     param = inner_param or _CTX
     inflight: dict[str, asyncio.Future[str]] = {}
 
-    async def run(**kwargs: Any) -> str:
+    async def run(**kwargs: Any) -> str | ToolOutput:
         ctx: ToolContext = kwargs[param]
         if inner_param is None:
             kwargs.pop(param)
@@ -75,9 +75,9 @@ def idempotent(tool: Tool, cache: IdempotencyCache) -> Tool:
             else:
                 value = await asyncio.to_thread(functools.partial(tool.fn, **kwargs))
             text = shape(value)
-            cache.put(key, text)
+            cache.put(key, text)  # a repeat gets the text: its trust is then the tool's declaration
             fut.set_result(text)
-            return text
+            return ToolOutput(text, value.untrusted) if isinstance(value, ToolOutput) else text
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved: waiters re-raise, nobody else must

@@ -738,6 +738,9 @@ class SafetyPolicy:
             state.done.discard(action_key(tool.name, pend.args))
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
+        if result.untrusted is not None and (result.untrusted or (
+                tool.metadata.get("exact_provenance") and tool.name not in self.untrusted_tools)):
+            untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
         source = tool.name
         if not untrusted and looks_injected(result.content):
             # declared trusted, but it speaks to the assistant: someone else wrote into it

@@ -155,9 +155,10 @@ class RunStore:
         self._write("UPDATE tether_runs SET status = 'running', pending = NULL, updated_at = :t WHERE run_id = :r"
                     " AND status NOT IN ('awaiting_approval', 'decided')", {"t": time.time(), "r": run_id})
 
-    def finish_run(self, result: RunResult, *, stored_events: int = 0) -> None:
+    def finish_run(self, result: RunResult, *, stored_events: int = 0, first_seq: int = 0) -> None:
         """The run's outcome, its final state and its events (all but the first `stored_events`,
-        which `add_events` wrote already), in one transaction."""
+        which `add_events` wrote already; the first of the trace is seq `first_seq`), in one
+        transaction."""
         status = "awaiting_approval" if result.stop_reason.value == "awaiting_approval" else (
             "completed" if result.completed else "cancelled" if result.stop_reason.value == "cancelled"
             else "stopped" if result.stop_reason.value != "error" else "error")
@@ -169,7 +170,7 @@ class RunStore:
                  "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
                  "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
                  "r": result.run_id})
-            self._events(conn, result.run_id, _without_text(result.trace)[stored_events:], stored_events)
+            self._events(conn, result.run_id, _without_text(result.trace)[stored_events:], first_seq + stored_events)
 
     def add_events(self, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
         """Events `first_seq`.. of a run (a replay writing them again changes nothing)."""
@@ -238,6 +239,11 @@ class RunStore:
     def config(self, run_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT config FROM tether_runs WHERE run_id = :r", {"r": run_id})
         return json.loads(rows[0][0]) if rows and rows[0][0] else None
+
+    def next_seq(self, run_id: str) -> int:
+        """The seq the run's next event gets (0 for a run with none)."""
+        [(top,)] = self._rows("SELECT MAX(seq) FROM tether_events WHERE run_id = :r", {"r": run_id})
+        return 0 if top is None else int(top) + 1
 
     def events(self, run_id: str) -> list[TraceEvent]:
         return [TraceEvent(k, int(s), float(t), float(d), json.loads(data)) for k, s, t, d, data in self._rows(

@@ -25,6 +25,7 @@ from tether.tools._results import (
     HANDLES_KEY,
     Results,
     ResultStore,
+    ToolOutput,
     cap,
     read_result_tool,
     shape,
@@ -363,6 +364,9 @@ class Executor:
                               parked=exc.parked)
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
+        untrusted = None
+        if isinstance(value, ToolOutput):
+            value, untrusted = value.value, value.untrusted
         try:
             text = shape(value)
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
@@ -370,4 +374,4 @@ class Executor:
                                "failed")
         limit = tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results, ctx.user)
-        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text))
+        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted)

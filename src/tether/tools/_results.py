@@ -8,7 +8,7 @@ import secrets
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import IO, Any, Protocol
 
 from tether._errors import InvalidInput
@@ -17,8 +17,22 @@ from tether.tools._base import Tool, ToolContext, tool
 DEFAULT_MAX_RESULT_CHARS = 4_000
 
 
+@dataclass(slots=True, frozen=True)
+class ToolOutput:
+    """A tool's result with what it knows exactly about where that result came from: `untrusted`
+    says whether it was computed from untrusted content. True always taints the run; False is
+    believed only from a tool declared `metadata={"exact_provenance": True}` (a sub-agent that
+    read nothing untrusted, a plan worker whose answer depends on trusted sources only); otherwise
+    the tool's declaration (`untrusted_output`) decides."""
+
+    value: Any
+    untrusted: bool
+
+
 def shape(value: Any) -> str:
     """Turn whatever a tool returned into the text the model reads."""
+    if isinstance(value, ToolOutput):
+        value = value.value
     if value is None:
         return "(no output)"
     if isinstance(value, str):
