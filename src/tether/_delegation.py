@@ -67,9 +67,7 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         if isinstance(sink, Usage):  # over MCP (no parent here, so never a parked child)
             sink.add(result.usage)
         if result.stop_reason is StopReason.COMPLETED:
-            if result.state is None or result.state.policy is None:  # its policy tracks no taint
-                return result.answer
-            return ToolOutput(result.answer, untrusted=result.tainted)  # taint flows up as the child had it
+            return ToolOutput(result.answer, untrusted=untrusted_answer(agent, result))
         if result.stop_reason is StopReason.AWAITING_APPROVAL and parent is not None and result.state is not None \
                 and result.pending:
             asked = "; ".join(f"{p.get('tool')}({json.dumps(p.get('arguments'), ensure_ascii=False)})"
@@ -85,11 +83,19 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
          "required": ["task"]},
         run,
         effect=max(effects, key=_EFFECT_ORDER.index),
-        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
+        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),  # when it fails
         timeout=None,  # the child's own time limit (carved from the parent's) bounds it
         metadata={"agent": name, AGENT_KEY: agent, "exact_provenance": True},
         context_param="context",
     )
+
+
+def untrusted_answer(agent: Agent[Any], result: RunResult) -> bool:
+    """Whether a child run's answer carries untrusted data: the run's own taint as it ended when its
+    policy keeps one, else (`AllowAll`) whether any of its tools can read untrusted data."""
+    if result.state is not None and result.state.policy is not None:
+        return result.tainted
+    return any(t.untrusted_output or t.metadata.get("source") for t in agent.tools)
 
 
 def stopped(name: str, result: RunResult) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from tether._agent import Agent
-from tether._delegation import SubagentError, run_carved, stopped
+from tether._delegation import SubagentError, run_carved, stopped, untrusted_answer
 from tether._limits import Budget, Limits, MonotonicClock
 from tether._types import RunResult, StopReason, Usage
 
@@ -88,7 +88,6 @@ async def orchestrate(question: str, *, planner: Agent[Any], worker: Agent[Any],
     limits = limits or Limits()
     budget = Budget(limits, MonotonicClock())
     team = uuid.uuid4().hex[:8]
-    tainted = any(t.untrusted_output or t.metadata.get("source") for t in worker.tools)
     out = TeamResult(answer="", stop_reason=StopReason.ERROR)
 
     # 1. The plan, a typed value (the planner is asked with SubQuestions as its output type).
@@ -101,6 +100,9 @@ async def orchestrate(question: str, *, planner: Agent[Any], worker: Agent[Any],
     if not isinstance(planned.output, SubQuestions):
         return _done(out, budget, planned.stop_reason, "the plan did not validate: " + stopped("planner", planned))
     out.plan = planned.output.questions[:max_workers]
+    # sub-questions written after the planner read untrusted data are not the user's
+    briefs_tainted = untrusted_answer(planner, planned)
+    read: list[bool] = []  # per finished worker: its answer carries untrusted data
 
     # 2. Workers, each with an equal share of what is left after the synthesis's reserve.
     held = budget.carve(synthesis_share)
@@ -110,9 +112,10 @@ async def orchestrate(question: str, *, planner: Agent[Any], worker: Agent[Any],
         wid = f"W{i + 1}"
         try:
             r = await run_carved(worker, q, name=wid, budget=budget, carved=carved, user=user,
-                                 run_id=f"team-{team}.{wid}", tainted=False)
+                                 run_id=f"team-{team}.{wid}", tainted=briefs_tainted)
         except SubagentError as exc:
             return WorkerReport(wid, q, False, "", str(exc))
+        read.append(briefs_tainted or untrusted_answer(worker, r))
         if r.completed:
             return WorkerReport(wid, q, True, r.answer, None, r.usage)
         return WorkerReport(wid, q, False, r.answer, stopped(wid, r), r.usage)
@@ -127,7 +130,7 @@ async def orchestrate(question: str, *, planner: Agent[Any], worker: Agent[Any],
     try:
         synth = await run_carved(synthesizer, SYNTHESIS_PROMPT.format(question=question, findings=findings),
                                  name="synthesis", budget=budget, share=1.0, user=user,
-                                 run_id=f"team-{team}.synthesis", tainted=tainted)
+                                 run_id=f"team-{team}.synthesis", tainted=any(read))
     except SubagentError as exc:
         return _done(out, budget, StopReason.TOKEN_BUDGET, str(exc))
     out.answer = synth.answer
@@ -168,6 +171,7 @@ async def pipeline(stages: Sequence[Stage], value: Any, *, limits: Limits | None
     budget = Budget(limits or Limits(), MonotonicClock())
     run = uuid.uuid4().hex[:8]
     out = PipelineResult(output=value, stop_reason=StopReason.COMPLETED)
+    tainted = False  # an earlier stage read untrusted data: what it handed on is not the user's
     for i, stage in enumerate(stages):
         if stage.input_type is not None:
             try:
@@ -179,7 +183,7 @@ async def pipeline(stages: Sequence[Stage], value: Any, *, limits: Limits | None
         task = value if isinstance(value, str) else json.dumps(TypeAdapter(Any).dump_python(value, mode="json"))
         try:
             r = await run_carved(stage.agent, task, name=stage.name, budget=budget, share=1 / (len(stages) - i),
-                                 user=user, run_id=f"pipe-{run}.{stage.name}", tainted=False)
+                                 user=user, run_id=f"pipe-{run}.{stage.name}", tainted=tainted)
         except SubagentError as exc:
             out.stop_reason, out.error = StopReason.TOKEN_BUDGET, str(exc)
             break
@@ -188,6 +192,7 @@ async def pipeline(stages: Sequence[Stage], value: Any, *, limits: Limits | None
             out.stop_reason, out.error = r.stop_reason, stopped(stage.name, r)
             break
         value = r.output if r.output is not None else r.answer
+        tainted = tainted or untrusted_answer(stage.agent, r)
     out.output = value
     out.usage = budget.finish()
     return out
