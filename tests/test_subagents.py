@@ -420,3 +420,90 @@ def test_cancelling_a_durable_parent_in_process_cancels_its_sub_agents(tmp_path)
             assert row is not None and row.status == "cancelled" and row.steps == 0, row
     finally:
         teardown()
+
+
+def _bounded_team(parent_caps, amount: float, durable: str | None = None) -> tuple[Agent, list[str]]:
+    """A parent whose policy has `parent_caps`; its child may pay anyone anything by its own policy."""
+    paid: list[str] = []
+
+    @tool(effect="irreversible")
+    def pay(to: str, amount: float) -> str:
+        """Pay someone."""
+        paid.append(f"{to}:{amount}")
+        return "paid"
+
+    child = Agent(ScriptedModel([call("pay", to="bob", amount=amount), "done"]), tools=[pay], policy=SafetyPolicy())
+    parent = Agent(ScriptedModel([call("helper", task=f"pay bob {amount}"), "ok"]),
+                   tools=[child.as_tool("helper", "Pays.")], policy=SafetyPolicy(capabilities=parent_caps),
+                   name="bounded", durable=durable)
+    return parent, paid
+
+
+def test_a_child_never_gains_a_capability_its_parent_lacks() -> None:
+    """Before: the child's own policy alone decided its calls, so a parent allowed only to delegate
+    (or to pay at most 50) had a child that paid anyone anything. Now each child call must also be
+    within every ancestor's capabilities: a tool the parent may not use is refused, so is an amount
+    over the parent's ceiling; under the default (unlisted tools inherit) nothing changes."""
+    from tether.policy import Capabilities, Capability
+
+    cases = [
+        (Capabilities([Capability("helper")]), 20, [], "not permitted in the task that delegated this one"),
+        (Capabilities([Capability("pay", ceilings={"amount": 50})], unlisted="inherit"), 500, [],
+         "over the delegating task's ceiling: amount=500.0 exceeds the ceiling of 50"),
+        (Capabilities([Capability("pay", ceilings={"amount": 50})], unlisted="inherit"), 20, ["bob:20.0"], None),
+        (None, 500, ["bob:500.0"], None),
+    ]
+    for caps, amount, expect, reason in cases:
+        parent, paid = _bounded_team(caps, amount)
+        result = parent.run(f"pay bob {amount}")
+        assert result.completed and paid == expect, (caps, amount, result.error)
+        child_model = parent.tools[0].metadata["tether/sub_agent"].model
+        seen = child_model.requests[-1].messages[-1].content
+        assert reason is None or reason in seen, seen
+
+
+def test_a_durable_child_is_bound_by_its_ancestors_capabilities(tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from tether.durable import teardown
+    from tether.policy import Capabilities, Capability
+
+    try:
+        caps = Capabilities([Capability("pay", ceilings={"amount": 50})], unlisted="inherit")
+        parent, paid = _bounded_team(caps, 500, durable=str(tmp_path / "runs.db"))
+        result = parent.run("pay bob 500", run_id="b1")
+        assert result.completed and paid == [], result.error
+    finally:
+        teardown()
+
+
+def test_a_call_the_parent_must_ask_about_is_asked_about_in_the_child_too() -> None:
+    """The parent's `requires_approval` holds for its child: a child with the safety policy asks (and
+    the question reaches the parent's pending list, where approving it pays once); a child whose
+    policy cannot ask (`AllowAll`) is refused the call."""
+    from tether.policy import ApprovalBook, Capabilities, Capability, PendingApprover
+    from tether.tools import AllowAll
+
+    caps = Capabilities([Capability("pay", requires_approval=True)], unlisted="inherit")
+    for child_policy in (SafetyPolicy(approver=PendingApprover(ApprovalBook())), AllowAll()):
+        paid: list[str] = []
+
+        @tool(effect="irreversible")
+        def pay(to: str) -> str:
+            """Pay someone."""
+            paid.append(to)  # noqa: B023
+            return "paid"
+
+        child = Agent(ScriptedModel([call("pay", to="bob"), "done"]), tools=[pay], policy=child_policy)
+        parent = Agent(ScriptedModel([call("helper", task="pay bob"), "ok"]), tools=[child.as_tool("helper")],
+                       policy=SafetyPolicy(capabilities=caps))
+        first = parent.run("pay bob")
+        if isinstance(child_policy, AllowAll):
+            assert first.completed and paid == []
+            assert "which this agent's policy cannot ask for" in child.model.requests[-1].messages[-1].content
+            continue
+        [pending] = first.pending
+        assert "the task that delegated this one requires approval for 'pay'" in pending["reason"]
+        done = parent.run(None, state=first.approve(pending["call_id"], by="alice"))
+        assert done.completed and paid == ["bob"]

@@ -4,9 +4,12 @@ Each call is one whole run of the child agent on the task the parent's model wro
 - its token and cost budgets are carved from what the parent run has left (a share, reserved while
   it runs so siblings never spend the same tokens), its time from the parent's remaining time, its
   steps from its own limits; what it used is charged to the parent;
-- it acts as the parent run's user (authorization never widens) and is declared with the strongest
-  effect among its tools, so the parent's policy gates the call as it would the child's riskiest
-  tool; its answer is untrusted when any of its tools reads untrusted data;
+- it acts as the parent run's user, and each of its calls must also be within the capabilities of
+  every run above it (tool permitted, ceilings, the user's authorization): it never gains one a run
+  above it lacks; the tool is declared with the strongest effect among the child's tools, so the
+  parent's policy gates the call as it would the child's riskiest tool;
+- its answer is untrusted in the parent exactly when the child's run read untrusted data
+  (`untrusted_answer`);
 - a task written after the parent read untrusted data starts the child as tainted (the task is a
   `delegated` message, counted as untrusted input by the child's policy);
 - a child that stops for a person's approval parks in the parent's state (`RunState.children`): the
@@ -27,6 +30,7 @@ from tether._limits import Budget
 from tether._loop import DELEGATED_NAME, PARENT_KEY, ChildRun, ParentRun, run_loop
 from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.tools._base import Tool, ToolContext
+from tether.tools._executor import Bound
 from tether.tools._results import ToolOutput
 
 if TYPE_CHECKING:
@@ -62,7 +66,8 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
                                   carved=offer, user=context.user, run_id=run_id,
                                   tainted=parent is not None and parent.tainted(), state=resumed,
-                                  runner=parent.run_child if parent is not None else None, segment=segment)
+                                  runner=parent.run_child if parent is not None else None, segment=segment,
+                                  bounds=parent.bounds if parent is not None else ())
         sink = context.extra.get(USAGE_SINK_KEY)
         if isinstance(sink, Usage):  # over MCP (no parent here, so never a parked child)
             sink.add(result.usage)
@@ -109,12 +114,13 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
                      carved: tuple[int | None, float | None] | None = None, user: str | None,
                      run_id: str, tainted: bool, state: RunState | None = None,
                      runner: Callable[[ChildRun, Callable[[], Awaitable[RunResult]]], Awaitable[RunResult]] | None = None,
-                     segment: int = 0) -> RunResult:
+                     segment: int = 0, bounds: tuple[Bound, ...] = ()) -> RunResult:
     """One child run within `budget`: its token and cost limits are `carved` (already reserved) or
     `share` of what is left, its time what the budget has left; its usage is charged to `budget`.
     `state`: a parked child run to continue (what it used before was charged then; its limits are
     what it used plus the new carve), its `segment`-th. `runner`: the parent's way of running a child
     (`ParentRun.run_child`; a durable parent checkpoints the child step by step); None runs it here.
+    `bounds`: the capabilities of the runs above it, which each of its calls must also be within.
     Raises SubagentError when too little is left to start it."""
     tokens, cost = carved if carved is not None else budget.carve(share) if budget is not None else (None, None)
     before = state.usage.copy() if state is not None else Usage()
@@ -132,7 +138,7 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
         if budget is not None and (left := budget.remaining_seconds()) is not None:
             limits.max_seconds = before.seconds + min(limits.max_seconds or left, left)
         child = ChildRun(name, task, state or _first_state(agent, task, user, run_id, tainted), limits, segment)
-        spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user)
+        spec = dataclasses.replace(agent._spec(run_id, None, None, False), limits=limits, user=user, bounds=bounds)
         # a parked child, its decisions taken, runs those calls, then goes on
         result = await (runner(child, lambda: run_loop(spec, child.state)) if runner is not None
                         else run_loop(spec, child.state))

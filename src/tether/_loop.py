@@ -58,7 +58,7 @@ from tether.events import (
 )
 from tether.models._base import Model
 from tether.models._pricing import Pricing
-from tether.tools._executor import CallContext, Executor, Policy, ToolStepFn
+from tether.tools._executor import Bound, CallContext, Executor, Policy, ToolStepFn
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
@@ -267,6 +267,7 @@ class RunSpec:
     on_event: EventSink | None = None
     stream_text: bool = False
     output: OutputRun | None = None  # the run's output type (tether._output), when it has one
+    bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
 
 
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
@@ -289,13 +290,27 @@ class ChildRun:
 @dataclass(slots=True, frozen=True)
 class ParentRun:
     """The running parent of a sub-agent: its budget (to carve from and charge), its taint, its
-    sub-agent runs parked on an approval (`RunState.children`, by the parent's call id), and how its
-    runner runs a child (`StepRunner.run_child`, bound to the parent's run)."""
+    sub-agent runs parked on an approval (`RunState.children`, by the parent's call id), how its
+    runner runs a child (`StepRunner.run_child`, bound to the parent's run), and the capabilities
+    every child call must also be within."""
 
     budget: Budget
     tainted: Callable[[], bool]
     children: dict[str, Any] = field(default_factory=dict)
     run_child: Callable[[ChildRun, Callable[[], Awaitable[RunResult[Any]]]], Awaitable[RunResult[Any]]] | None = None
+    bounds: tuple[Bound, ...] = ()  # what its children's calls are checked against: its own and its ancestors'
+
+def child_bounds(spec: RunSpec) -> tuple[Bound, ...]:
+    """What a sub-agent of this run is bound by: this run's bounds and its own policy's capabilities."""
+    own = policy_bound(spec.executor.policy)
+    return spec.bounds if own is None else (*spec.bounds, own)
+
+
+def policy_bound(policy: Policy) -> Bound | None:
+    """A policy's capabilities as a bound on sub-agents (None: it has none, e.g. `AllowAll`)."""
+    own = getattr(policy, "capabilities", None)
+    return own if callable(getattr(own, "refusal", None)) else None
+
 
 FINAL_PROMPT = (
     "You have reached this run's limit ({reason}); no more tools can be used. Using only what you have "
@@ -321,7 +336,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     trace: list[TraceEvent] = []
     found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
     handles: set[str] = set(state.handles)
-    ctx = CallContext(run_id=spec.run_id, user=spec.user, extra={
+    ctx = CallContext(run_id=spec.run_id, user=spec.user, bounds=spec.bounds, extra={
         # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
         # outputs of earlier turns (a continued conversation stays as tainted as it was).
         "user_messages": [m.content for m in messages if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
@@ -333,7 +348,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
     ctx.extra[PARENT_KEY] = ParentRun(
         budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
-        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run))
+        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec))
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None

@@ -17,7 +17,7 @@ from dbos import DBOS, DBOSConfig, DBOSPortableJSONSerializer, SetWorkflowID
 from tether._delegation import AGENT_KEY
 from tether._errors import InvalidInput, NotFound, OperationFailed
 from tether._limits import Limits
-from tether._loop import CancelToken, ChildRun, run_loop
+from tether._loop import CancelToken, ChildRun, policy_bound, run_loop
 from tether._types import RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.durable._control import cancel_children
 from tether.durable._dbos_private import outside_workflow
@@ -172,7 +172,8 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     state = from_jsonable(RunState, job["state"])
     run_id = state.run_id
     path = tuple(job.get("path", ()))
-    agent = sub_agent(rt.agent_for(job["agent"], job.get("top", run_id)), path)
+    chain = agents_on(rt.agent_for(job["agent"], job.get("top", run_id)), path)
+    agent = chain[-1]
     local = rt.local.get(run_id) or _Local()
     if path and (top := rt.local.get(job.get("top", ""))) is not None:
         local = _Local(cancel=top.cancel)  # a sub-agent stops when its top-level run is cancelled here
@@ -186,8 +187,9 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     spec = agent._spec(run_id, local.cancel, events, local.stream_text or rt.store_text)
     spec.step_runner = runner
     spec.clock = runner.clock
-    if "limits" in job:
+    if path:  # a sub-agent: its carved limits, its parent's user, its ancestors' capabilities
         spec.limits, spec.user = from_jsonable(Limits, job["limits"]), state.user
+        spec.bounds = tuple(b for a in chain[:-1] if (b := policy_bound(a.executor.policy)) is not None)
     rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
@@ -203,16 +205,17 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def sub_agent(agent: Any, path: tuple[str, ...]) -> Any:
-    """The agent at the end of `path`: each name an agent tool (`Agent.as_tool`) of the one before."""
+def agents_on(agent: Any, path: tuple[str, ...]) -> list[Any]:
+    """The agents from `agent` down `path`, each name an agent tool (`Agent.as_tool`) of the one before."""
+    chain = [agent]
     for name in path:
-        tool = next((t for t in agent.tools if t.name == name), None)
+        tool = next((t for t in chain[-1].tools if t.name == name), None)
         child = tool.metadata.get(AGENT_KEY) if tool is not None else None
         if child is None:
-            raise NotFound(f"the agent {agent.name!r} has no sub-agent tool {name!r} (a durable sub-agent's run "
+            raise NotFound(f"the agent {chain[-1].name!r} has no sub-agent tool {name!r} (a durable sub-agent's run "
                            "is recovered through its parent's agent, which must still have that tool)")
-        agent = child
-    return agent
+        chain.append(child)
+    return chain
 
 
 async def _start_child(rt: Runtime, job: dict[str, Any], parent_run_id: str, path: tuple[str, ...],

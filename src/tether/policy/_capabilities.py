@@ -9,6 +9,7 @@ from typing import Any, Literal, cast
 
 from tether._errors import InvalidInput
 from tether._types import Effect
+from tether.policy._authz import check_tool
 from tether.policy._canonical import get_path
 from tether.tools._base import Tool
 
@@ -138,6 +139,22 @@ class Capabilities:
             raise InvalidInput(f"unlisted must be 'deny' or 'inherit', got {unlisted!r}")
         self.unlisted = unlisted
         self._derived: dict[str, Capability] = {}
+
+    def refusal(self, tool: Tool, args: dict[str, Any], user: str | None) -> str | None:
+        """Why a sub-agent's call is outside these capabilities (a delegating run's): the tool is not
+        permitted, an argument is over a ceiling, or the acting user may not make it; None if inside."""
+        cap = self.get(tool)
+        if cap is None:
+            return f"'{tool.name}' is not permitted in the task that delegated this one"
+        over = cap.ceiling_violations(args)
+        if over:
+            return "over the delegating task's ceiling: " + "; ".join(over)
+        return check_tool(cap.authorize, user, tool, args)
+
+    def requires_approval(self, tool: Tool) -> bool:
+        """Whether a call of `tool` always needs a person's approval under these capabilities."""
+        cap = self.get(tool)
+        return cap is not None and cap.requires_approval
 
     def get(self, tool: Tool) -> Capability | None:
         cap = self.caps.get(tool.name)

@@ -226,6 +226,8 @@ class SafetyPolicy:
     a call through when text matching finds its checked arguments in the user's request: fewer
     prompts, but a guess (a value that merely appears in the request passes; see docs/safety.md)."""
 
+    asks_for_bounds = True  # asks a person for the calls a delegating run requires approval for
+
     def __init__(
         self,
         *,
@@ -547,6 +549,8 @@ class SafetyPolicy:
         and an action done once is not repeated without asking."""
         if c.cap.requires_approval:
             c.ask.append(f"'{c.tool.name}' always needs approval")
+        if any(bound.requires_approval(c.tool) for bound in c.ctx.bounds):
+            c.ask.append(f"the task that delegated this one requires approval for '{c.tool.name}'")
         state, trace = c.state, c.trace
         if c.guarded and c.tainted:  # reasons to ask; in the default mode, information with the prompt
             for path, value in leaves(c.args):

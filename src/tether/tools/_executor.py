@@ -43,6 +43,18 @@ class CallContext:
     seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
     extra: dict[str, Any] = field(default_factory=dict)
     policy_state: Any = None  # the policy's per-run state (Policy.start_run); owned by the run
+    bounds: tuple[Bound, ...] = ()  # the capabilities of the runs that delegated this one (a sub-agent's)
+
+
+class Bound(Protocol):
+    """What a delegating run allows (`tether.policy.Capabilities`): a sub-agent's calls are checked
+    against each of its ancestors' before its own policy sees them, so it never gains a capability
+    a run above it lacks. A call a bound requires approval for is asked by a policy that says it
+    can (`asks_for_bounds = True`: the safety policy) and refused under any other."""
+
+    def refusal(self, tool: Tool, args: dict[str, Any], user: str | None) -> str | None: ...
+
+    def requires_approval(self, tool: Tool) -> bool: ...
 
 
 # Runs the tool itself (not the checks around it) as one step: the durable runner checkpoints it,
@@ -285,6 +297,16 @@ class Executor:
         except Exception as exc:  # a validator bug must not crash the run, nor let the call through
             return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
                                f"{exc}", "invalid_arguments")
+        for bound in ctx.bounds:
+            try:
+                reason = bound.refusal(tool, args, ctx.user)
+            except Exception as exc:  # fail closed
+                reason = f"the delegating run's capability check failed - {type(exc).__name__}: {exc}"
+            if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
+                reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
+                          "which this agent's policy cannot ask for")
+            if reason is not None:
+                return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
