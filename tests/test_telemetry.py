@@ -121,6 +121,30 @@ def test_a_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans: InMemo
     assert {s.context.trace_id for s in got} == {outer.context.trace_id}
 
 
+def test_a_durable_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans: InMemorySpanExporter,
+                                                                          tmp_path: Path) -> None:
+    """A durable parent's child is a workflow of its own, started from the parent's tool step: its
+    run span is still a child of that tool call's span, in the same trace."""
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from tether.durable import teardown
+
+    try:
+        child = Agent(ScriptedModel([call("add", a=1, b=1), "2"]), tools=[add])
+        parent = Agent(ScriptedModel([call("helper", task="Add 1 and 1."), "It is 2."]),
+                       tools=[child.as_tool("helper")], name="otel-team", durable=str(tmp_path / "runs.db"))
+        assert parent.run("Ask the helper.", run_id="o1").completed
+    finally:
+        teardown()
+    got = spans.get_finished_spans()
+    runs = [s for s in got if s.name == "invoke_agent"]
+    helper_call = by_name(spans)["execute_tool helper"]
+    inner, outer = runs  # the child ends first
+    assert inner.parent is not None and inner.parent.span_id == helper_call.context.span_id
+    assert helper_call.parent is not None and helper_call.parent.span_id == outer.context.span_id
+    assert {s.context.trace_id for s in got if s.name.startswith(("invoke_agent", "execute_tool", "chat"))} \
+        == {outer.context.trace_id}
+
+
 def test_off_means_no_observer_and_a_failing_observer_never_breaks_a_run() -> None:
     assert OBSERVERS == []
 
