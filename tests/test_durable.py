@@ -150,6 +150,14 @@ def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_
     assert shown.returncode == 0 and "status: completed" in shown.stdout and "awaiting_approval" in shown.stdout
 
 
+def _wait_second_child_call(worker: subprocess.Popen[bytes], models: Path) -> None:
+    """Until the team worker's sub-agent is inside its second (slow) model call."""
+    end = time.monotonic() + 90
+    while "child:2" not in (models.read_text() if models.exists() else ""):
+        assert time.monotonic() < end and worker.poll() is None, "the child never reached its second model call"
+        time.sleep(0.05)
+
+
 def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
     """Before: a durable parent's sub-agent ran inside the parent's tool step, so a kill while it ran
     made the whole child run again (its model calls paid twice, its tools run again). Now the child
@@ -161,10 +169,7 @@ def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
     models, attempts = tmp_path / "ledger.models.txt", tmp_path / "ledger.attempts.txt"
     first = _spawn("team", db, ledger)
     try:
-        end = time.monotonic() + 90
-        while "child:2" not in (models.read_text() if models.exists() else ""):
-            assert time.monotonic() < end and first.poll() is None, "the child never reached its second model call"
-            time.sleep(0.05)
+        _wait_second_child_call(first, models)
     finally:
         _kill(first)  # inside the child's second (slow) model call
     fresh = _spawn("team", db, ledger)
@@ -211,10 +216,7 @@ def test_cancelling_a_run_cancels_its_running_sub_agent(tmp_path):
     models, attempts = tmp_path / "ledger.models.txt", tmp_path / "ledger.attempts.txt"
     worker = _spawn("team", db, ledger)
     try:
-        end = time.monotonic() + 90
-        while "child:2" not in (models.read_text() if models.exists() else ""):
-            assert time.monotonic() < end and worker.poll() is None, "the child never reached its second model call"
-            time.sleep(0.05)
+        _wait_second_child_call(worker, models)
         res = _tether("cancel", "team1", "--db", db)
         assert res.returncode == 0, res.stderr
         out, _ = worker.communicate(timeout=60)

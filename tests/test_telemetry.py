@@ -108,16 +108,23 @@ def test_a_run_inside_an_application_span_is_its_child(spans: InMemorySpanExport
     assert run.context.trace_id == request.get_span_context().trace_id
 
 
-def test_a_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans: InMemorySpanExporter) -> None:
-    child = Agent(ScriptedModel([call("add", a=1, b=1), "2"]), tools=[add])
-    parent = Agent(ScriptedModel([call("helper", task="Add 1 and 1."), "It is 2."]), tools=[child.as_tool("helper")])
-    parent.run("Ask the helper.")
+def _child_under_helper_call(spans: InMemorySpanExporter) -> tuple[tuple[ReadableSpan, ...], ReadableSpan]:
+    """Asserts the child's run span hangs under the parent's `helper` call, which hangs under the
+    parent's run; returns every span and the parent's run span."""
     got = spans.get_finished_spans()
     runs = [s for s in got if s.name == "invoke_agent"]
     helper_call = by_name(spans)["execute_tool helper"]
     inner, outer = runs  # the child ends first
     assert inner.parent is not None and inner.parent.span_id == helper_call.context.span_id
     assert helper_call.parent is not None and helper_call.parent.span_id == outer.context.span_id
+    return got, outer
+
+
+def test_a_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans: InMemorySpanExporter) -> None:
+    child = Agent(ScriptedModel([call("add", a=1, b=1), "2"]), tools=[add])
+    parent = Agent(ScriptedModel([call("helper", task="Add 1 and 1."), "It is 2."]), tools=[child.as_tool("helper")])
+    parent.run("Ask the helper.")
+    got, outer = _child_under_helper_call(spans)
     assert {s.context.trace_id for s in got} == {outer.context.trace_id}
 
 
@@ -135,12 +142,7 @@ def test_a_durable_sub_agent_run_hangs_under_the_tool_call_that_started_it(spans
         assert parent.run("Ask the helper.", run_id="o1").completed
     finally:
         teardown()
-    got = spans.get_finished_spans()
-    runs = [s for s in got if s.name == "invoke_agent"]
-    helper_call = by_name(spans)["execute_tool helper"]
-    inner, outer = runs  # the child ends first
-    assert inner.parent is not None and inner.parent.span_id == helper_call.context.span_id
-    assert helper_call.parent is not None and helper_call.parent.span_id == outer.context.span_id
+    got, outer = _child_under_helper_call(spans)
     assert {s.context.trace_id for s in got if s.name.startswith(("invoke_agent", "execute_tool", "chat"))} \
         == {outer.context.trace_id}
 

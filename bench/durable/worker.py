@@ -188,24 +188,14 @@ def build_team_agent(ledger: Path, durable: Any = None) -> Any:
                  policy=SafetyPolicy(), user="alice", name="team", durable=durable)
 
 
-async def work_team(db: str, ledger: Path) -> int:
+async def work_one(build: Any, db: str, ledger: Path, prompt: str, run_id: str) -> int:
+    """One durable run of the agent `build(ledger, durable=...)` makes (recovered if it was pending)."""
     from tether.durable import Durable, runtime
 
-    agent = build_team_agent(ledger, durable=Durable(db))
+    agent = build(ledger, durable=Durable(db))
     runtime().launch()
     print("launched", flush=True)
-    result = await agent.arun("write the ledger through the writer", run_id="team1")
-    print(f"{result.stop_reason.value}: {result.answer}", flush=True)
-    return 1 if result.completed else 0
-
-
-async def work_approval(db: str, ledger: Path) -> int:
-    from tether.durable import Durable, runtime
-
-    agent = build_approval_agent(ledger, durable=Durable(db))
-    runtime().launch()
-    print("launched", flush=True)
-    result = await agent.arun("pay the invoice I got", run_id="pay1")
+    result = await agent.arun(prompt, run_id=run_id)
     print(f"{result.stop_reason.value}: {result.answer}", flush=True)
     return 1 if result.completed else 0
 
@@ -230,10 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.scenario == "team":
         args.runs = 1
-        done = asyncio.run(work_team(args.db, args.ledger))
+        done = asyncio.run(work_one(build_team_agent, args.db, args.ledger, "write the ledger through the writer",
+                                    "team1"))
     elif args.scenario == "approval":
         args.runs = 1
-        done = asyncio.run(work_approval(args.db, args.ledger))
+        done = asyncio.run(work_one(build_approval_agent, args.db, args.ledger, "pay the invoice I got", "pay1"))
     else:
         done = asyncio.run(work(args.db, args.ledger, args.runs, args.jitter))
     print(f"completed {done}/{args.runs}", flush=True)
