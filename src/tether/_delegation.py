@@ -88,7 +88,8 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
          "required": ["task"]},
         run,
         effect=max(effects, key=_EFFECT_ORDER.index),
-        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),  # when it fails
+        # its answers say exactly (ToolOutput, exact_provenance); this declaration covers its errors
+        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
         timeout=None,  # the child's own time limit (carved from the parent's) bounds it
         metadata={"agent": name, AGENT_KEY: agent, "exact_provenance": True},
         context_param="context",

@@ -300,6 +300,7 @@ class ParentRun:
     run_child: Callable[[ChildRun, Callable[[], Awaitable[RunResult[Any]]]], Awaitable[RunResult[Any]]] | None = None
     bounds: tuple[Bound, ...] = ()  # what its children's calls are checked against: its own and its ancestors'
 
+
 def child_bounds(spec: RunSpec) -> tuple[Bound, ...]:
     """What a sub-agent of this run is bound by: this run's bounds and its own policy's capabilities."""
     own = policy_bound(spec.executor.policy)

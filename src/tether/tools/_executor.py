@@ -300,11 +300,11 @@ class Executor:
         for bound in ctx.bounds:
             try:
                 reason = bound.refusal(tool, args, ctx.user)
+                if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
+                    reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
+                              "which this agent's policy cannot ask for")
             except Exception as exc:  # fail closed
                 reason = f"the delegating run's capability check failed - {type(exc).__name__}: {exc}"
-            if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
-                reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
-                          "which this agent's policy cannot ask for")
             if reason is not None:
                 return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
         try:
