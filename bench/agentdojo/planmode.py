@@ -29,6 +29,7 @@ from agentdojo.functions_runtime import FunctionCall
 from agentdojo.task_suite.load_suites import get_suites
 
 from bench.agentdojo.harness import CLASSIFICATIONS, SuiteHarness, _check
+from bench.agentdojo.planmode_travel import TRAVEL_CHECKED, TRAVEL_PLANS, TRAVEL_POLICIES
 from tether._output import FINAL_TOOL
 from tether._types import ModelReply, ModelRequest, ToolCall, Usage
 from tether.models._scripted import ScriptedModel, call
@@ -245,7 +246,8 @@ class SuitePlans:
 
 
 SUITES = {"banking": SuitePlans(BANKING_PLANS, BANKING_POLICIES, BANKING_CHECKED),
-          "slack": SuitePlans(SLACK_PLANS, SLACK_POLICIES, SLACK_CHECKED)}
+          "slack": SuitePlans(SLACK_PLANS, SLACK_POLICIES, SLACK_CHECKED),
+          "travel": SuitePlans(TRAVEL_PLANS, TRAVEL_POLICIES, TRAVEL_CHECKED)}
 
 
 class CompromisedReader:
