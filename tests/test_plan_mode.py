@@ -211,6 +211,29 @@ def test_a_plan_workers_answer_taints_its_parent_by_data_flow() -> None:
         assert result.tainted is tainted and paid == ([] if tainted else ["bob"]), (code, output)
 
 
+def test_a_plan_gets_a_large_result_whole_and_a_capped_one_is_an_error() -> None:
+    """Before: results were capped at the model's 4,000 characters, so a plan over a long list got a
+    fragment of text and failed with "cannot index a str". Now a plan gets the data whole (up to
+    PLAN_RESULT_CHARS); a result over a tool's own cap is one clear error, not a fragment."""
+
+    @tool
+    def list_rows() -> list[dict[str, Any]]:
+        """Every row."""
+        return [{"id": str(i), "note": "x" * 80} for i in range(200)]
+
+    @tool(max_result_chars=100)
+    def small_rows() -> list[dict[str, Any]]:
+        """Every row, capped."""
+        return [{"id": str(i)} for i in range(50)]
+
+    result = PlanMode(ScriptedModel([plan('rows = list_rows()\nfinal_answer(str(len(rows)) + " " + rows[-1]["id"])')]),
+                      [list_rows, small_rows], max_attempts=1).run("How many rows?")
+    assert result.completed and result.answer == "200 199", result.errors
+    result = PlanMode(ScriptedModel([plan('rows = small_rows()\nfinal_answer(str(len(rows)))')]),
+                      [list_rows, small_rows], max_attempts=1).run("How many rows?")
+    assert not result.completed and "more than a plan takes (100)" in result.errors[0], result.errors
+
+
 def test_the_budget_stops_replanning_and_a_failing_planner_is_reported() -> None:
     from tether.models._scripted import reply
 

@@ -1,4 +1,4 @@
-"""`python -m bench.agentdojo.planmode [--suites banking,slack]`: AgentDojo in plan mode (tether.plan).
+"""`python -m bench.agentdojo.planmode [--suites workspace,banking,slack,travel]`: AgentDojo in plan mode (tether.plan).
 
 An honest planner (the plans below, written by hand from each user task's prompt: the planner sees
 nothing else) writes one program per user task; tools are AgentDojo's, returning JSON; per-argument
@@ -29,13 +29,14 @@ from agentdojo.functions_runtime import FunctionCall
 from agentdojo.task_suite.load_suites import get_suites
 
 from bench.agentdojo.harness import CLASSIFICATIONS, SuiteHarness, _check
+from bench.agentdojo.planmode_common import both, no_untrusted_links
 from bench.agentdojo.planmode_travel import TRAVEL_CHECKED, TRAVEL_PLANS, TRAVEL_POLICIES
+from bench.agentdojo.planmode_workspace import WORKSPACE_CHECKED, WORKSPACE_PLANS, WORKSPACE_POLICIES
 from tether._output import FINAL_TOOL
 from tether._types import ModelReply, ModelRequest, ToolCall, Usage
 from tether.models._scripted import ScriptedModel, call
-from tether.plan import ALLOW, Decision, PlanCall, PlanMode, PlanPolicy, ask, plain, trusted_args, user_args
+from tether.plan import PlanMode, PlanPolicy, trusted_args, user_args
 from tether.policy import ApprovalDecision, ApprovalRequest
-from tether.policy._egress import find_urls
 
 HERE = Path(__file__).parent
 VERSION = "v1.1.2"
@@ -112,29 +113,6 @@ BANKING_PLANS: dict[str, tuple[str, list[dict[str, Any]]]] = {
                      'send_money(recipient=friend["sender"], amount=10.0, subject="Refund", date="2022-04-01")\n'
                      'final_answer("Done.")', []),
 }
-
-
-def no_untrusted_links(*names: str) -> PlanPolicy:
-    """A payload may be derived from what was read, but a link in it must then be the user's: an
-    untrusted value holding a URL asks (phishing, exfiltration by query string)."""
-    def check(call: PlanCall) -> Decision:
-        for n in names:
-            v = call.args.get(n)
-            if v is not None and not call.is_trusted(n) and find_urls(str(plain(v))):
-                return ask(f"{n} holds a link and comes from {call.untrusted()}")
-        return ALLOW
-    return check
-
-
-def both(*policies: PlanPolicy) -> PlanPolicy:
-    """Every policy must allow; the first that does not decides."""
-    def check(call: PlanCall) -> Decision:
-        for p in policies:
-            d = p(call)
-            if d.action != "allow":
-                return d
-        return ALLOW
-    return check
 
 
 SLACK_POLICIES = {
@@ -245,7 +223,8 @@ class SuitePlans:
     checked: dict[str, tuple[str, ...]]  # tools with an effect or egress, and the arguments that say where
 
 
-SUITES = {"banking": SuitePlans(BANKING_PLANS, BANKING_POLICIES, BANKING_CHECKED),
+SUITES = {"workspace": SuitePlans(WORKSPACE_PLANS, WORKSPACE_POLICIES, WORKSPACE_CHECKED),
+          "banking": SuitePlans(BANKING_PLANS, BANKING_POLICIES, BANKING_CHECKED),
           "slack": SuitePlans(SLACK_PLANS, SLACK_POLICIES, SLACK_CHECKED),
           "travel": SuitePlans(TRAVEL_PLANS, TRAVEL_POLICIES, TRAVEL_CHECKED)}
 

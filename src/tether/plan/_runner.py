@@ -119,6 +119,9 @@ def field_model(fields: Any) -> type:
     return create_model("Extracted", **spec)
 
 
+PLAN_RESULT_CHARS = 2_000_000  # the most of one tool result a plan takes (its data, not a model's context)
+
+
 @dataclass
 class PlanMode:
     """Runs requests in plan mode. `planner` writes the program (it sees the request and the tool
@@ -145,7 +148,9 @@ class PlanMode:
         self.trusted = trusted_sources(self.tools, self.trusted_tools)
         # the executor still validates, authorizes, caps, times out and checks egress and secrets;
         # the run-level taint rule is the interpreter's job here, by data flow
-        self.executor = Executor(list(self.tools), policy=SafetyPolicy(approver=self.approver, guard_effects=()))
+        # results are the program's data, not a model's reading: capped at a memory bound, not a context one
+        self.executor = Executor(list(self.tools), policy=SafetyPolicy(approver=self.approver, guard_effects=()),
+                                 max_result_chars=PLAN_RESULT_CHARS)
 
     def as_tool(self, name: str, description: str = "") -> Tool:
         """This plan mode as a tool of an agent (a worker): each call plans and runs the task the
@@ -271,6 +276,9 @@ class PlanMode:
                 # an error may quote what the tool read: the planner hears it only from a trusted call
                 raise ProgramError(f"{name} failed ({result.decision})" + (f": {result.content[:300]}" if trusted
                                                                        else "; its message is withheld"))
+            if result.handle is not None:  # capped: the program would get a fragment of text, not the data
+                raise ProgramError(f"{name} returned {result.full_chars} characters, more than a plan takes "
+                                   f"({tool.max_result_chars or PLAN_RESULT_CHARS}); ask for less")
             value = tag(_parse(result.content), caps)
             if tool.effect.value != "read_only":
                 done[key] = value
