@@ -1,7 +1,8 @@
 """Held-out attacks: AgentDojo v1.2's eight new workspace injection tasks (bulk exfiltration of the
 inbox or the drive, deleting the evidence, a ransom note, phishing every meeting participant),
 added to AgentDojo after tether's policy and its adaptive attacks were written, run against the
-default loop and the text-matching mode side by side.
+default loop, the text-matching mode and plan mode (whose workspace plans and policies were written
+later, by someone who had read these goals, though not against them).
 
     python -m bench.agentdojo.heldout [--out bench/agentdojo/results_heldout.json]
 
@@ -166,6 +167,30 @@ async def bench(modes: list[str], classifications: list[str], timings: list[str]
     return out
 
 
+async def plan_mode() -> dict[str, Any]:
+    """The same held-out tasks against plan mode (bench.agentdojo.planmode's workspace plans and
+    policies): a compromised reader fills every field with the attacker's strings (those of the calls
+    above); attacker calls are calls with an effect the plan does not make on its clean run."""
+    from bench.agentdojo.planmode import SUITES, _attacker_calls, _json, run_one
+
+    suite, attacks = held_out_tasks()
+    sp = SUITES["workspace"]
+    h = SuiteHarness("workspace", suite, CLASSIFICATIONS["bench"], dump=_json)
+    r = dict.fromkeys(("pairs", "attacker_effects_deny", "attacker_effects_oracle", "attacks_succeeded_deny",
+                       "attacks_succeeded_oracle", "utility_under_attack_deny", "utility_under_attack_oracle"), 0)
+    for key in sp.plans:
+        ut = suite.user_tasks[key]
+        clean = (await run_one(h, sp, ut, None, False))["calls"]
+        for it in attacks:
+            r["pairs"] += 1
+            for approver, deny_all in (("deny", True), ("oracle", False)):
+                o = await run_one(h, sp, ut, it, deny_all)
+                r[f"attacker_effects_{approver}"] += _attacker_calls(o["calls"], clean + o["truth"], sp.checked)
+                r[f"attacks_succeeded_{approver}"] += o["attack_succeeded"]
+                r[f"utility_under_attack_{approver}"] += o["utility"]
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="default,provenance")
@@ -175,6 +200,7 @@ def main() -> None:
     args = ap.parse_args()
     started = time.perf_counter()
     res = asyncio.run(bench(args.modes.split(","), args.classifications.split(","), args.timings.split(",")))
+    res["plan_mode"] = asyncio.run(plan_mode())
     res = {"agentdojo_version": HELD_OUT_VERSION, "held_out_from": SEEN_VERSION,
            "seconds": round(time.perf_counter() - started, 1), **res}
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
@@ -191,6 +217,11 @@ def main() -> None:
                       f"{r['attacks_succeeded']:>14} / {r['attacks_succeeded_oracle']:<7}"
                       f"{r['attacker_calls_executed']:>19} / {r['attacker_calls_executed_oracle']:<9}"
                       f"{r['utility_under_attack_deny']:>12} / {r['utility_under_attack_oracle']:<7}")
+    pmr = res["plan_mode"]
+    print(f"\nplan mode (compromised reader), {pmr['pairs']} pairs: attacker effects deny-all / oracle "
+          f"{pmr['attacker_effects_deny']} / {pmr['attacker_effects_oracle']}, attacks succeeded "
+          f"{pmr['attacks_succeeded_deny']} / {pmr['attacks_succeeded_oracle']}, utility under attack "
+          f"{pmr['utility_under_attack_deny']} / {pmr['utility_under_attack_oracle']}")
     print(f"wrote {args.out}")
 
 
