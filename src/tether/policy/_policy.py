@@ -549,7 +549,7 @@ class SafetyPolicy:
         and an action done once is not repeated without asking."""
         if c.cap.requires_approval:
             c.ask.append(f"'{c.tool.name}' always needs approval")
-        if any(bound.requires_approval(c.tool) for bound in c.ctx.bounds):
+        if c.ctx.bounds and any(bound.requires_approval(c.tool) for bound in c.ctx.bounds):
             c.ask.append(f"the task that delegated this one requires approval for '{c.tool.name}'")
         state, trace = c.state, c.trace
         if c.guarded and c.tainted:  # reasons to ask; in the default mode, information with the prompt

@@ -387,7 +387,7 @@ class Executor:
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
         untrusted = None
-        if isinstance(value, ToolOutput):
+        if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
         try:
             text = shape(value)

@@ -9,7 +9,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, final
 
 from tether._errors import InvalidInput
 from tether.tools._base import Tool, ToolContext, tool
@@ -17,6 +17,7 @@ from tether.tools._base import Tool, ToolContext, tool
 DEFAULT_MAX_RESULT_CHARS = 4_000
 
 
+@final
 @dataclass(slots=True, frozen=True)
 class ToolOutput:
     """A tool's result with what it knows exactly about where that result came from: `untrusted`
@@ -31,7 +32,7 @@ class ToolOutput:
 
 def shape(value: Any) -> str:
     """Turn whatever a tool returned into the text the model reads."""
-    if isinstance(value, ToolOutput):
+    if type(value) is ToolOutput:  # (final: no subclass to look for)
         value = value.value
     if value is None:
         return "(no output)"
