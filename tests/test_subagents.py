@@ -414,8 +414,9 @@ def test_cancelling_a_durable_parent_in_process_cancels_its_sub_agents(tmp_path)
         worker.join(60)
         assert out and out[0].stop_reason is StopReason.CANCELLED
         store = runtime().store
-        for child in ("w2:1:0.writer", "w2:1:1.writer"):  # each stopped at once, its model call abandoned
-            assert DBOS.get_workflow_status(child).status in ("SUCCESS", "CANCELLED")
+        for child in ("w2:1:0.writer", "w2:1:1.writer"):  # each stopped at once (or never started)
+            status = DBOS.get_workflow_status(child)
+            assert status is None or status.status in ("SUCCESS", "CANCELLED"), status
             row = store.run(child)
             assert row is not None and row.status == "cancelled" and row.steps == 0, row
     finally:
@@ -507,3 +508,35 @@ def test_a_call_the_parent_must_ask_about_is_asked_about_in_the_child_too() -> N
         assert "the task that delegated this one requires approval for 'pay'" in pending["reason"]
         done = parent.run(None, state=first.approve(pending["call_id"], by="alice"))
         assert done.completed and paid == ["bob"]
+
+
+def test_cancelling_reaches_children_that_never_started(tmp_path) -> None:
+    """A child whose workflow was still starting when its parent was cancelled has no workflow to
+    cancel: its row is marked cancelled too, at every depth, and a child that starts (or is
+    recovered) later finds a cancelled run above it and stops (`ancestor_cancelled`)."""
+    import pytest
+
+    pytest.importorskip("dbos", reason="the durable extra (dbos) is not installed")
+    from tether.durable._control import ancestor_cancelled, cancel_children
+    from tether.store import RunStore
+
+    class NoWorkflows:
+        def send(self, destination_id: str, message: object, topic: str | None = None) -> None: ...
+
+        def cancel_workflow(self, workflow_id: str) -> None: ...
+
+        def list_workflows(self, *, status: list[str] | None = None, workflow_id_prefix: str | None = None) -> list:
+            return []
+
+    store = RunStore(str(tmp_path / "runs.db"))
+    try:
+        store.create_run("top", "team", "alice", "go")
+        store.create_run("top:1:0.w", "w", "alice", "do", parent_run="top")
+        store.create_run("top:1:0.w:1:0.g", "g", "alice", "do", parent_run="top:1:0.w")
+        assert ancestor_cancelled(store, "top:1:0.w:1:0.g") is None
+        store.set_status("top", "cancelled")
+        assert ancestor_cancelled(store, "top:1:0.w:1:0.g") == "top"
+        cancel_children(store, NoWorkflows(), "top")
+        assert [store.run(r).status for r in ("top:1:0.w", "top:1:0.w:1:0.g")] == ["cancelled", "cancelled"]
+    finally:
+        store.close()

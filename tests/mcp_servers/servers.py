@@ -4,6 +4,7 @@ from package.json) and `flaky_server.py`. Under CI=true a missing server fails t
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,8 +27,9 @@ def env(**extra: str) -> dict[str, str]:
 def npm_server(name: str) -> str:
     """The executable of an npm MCP server, e.g. `mcp-server-everything`."""
     path = HERE / "node_modules" / ".bin" / name
-    if not path.exists():
-        message = f"{name} is not installed: run scripts/bootstrap (npm ci --prefix tests/mcp_servers)"
+    if not path.exists() or shutil.which("node") is None:  # installed once, node may be gone since
+        message = (f"{name} is not installed: run scripts/bootstrap (npm ci --prefix tests/mcp_servers)"
+                   if not path.exists() else f"{name} needs node, which is not on PATH")
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(message)
         pytest.skip(message)

@@ -105,6 +105,26 @@ def cancel_children(store: RunStore, dbos: Messenger, run_id: str) -> None:
         dbos.cancel_workflow(child.workflow_id)
         head, _, segment = child.workflow_id.rpartition("~")
         store.set_status(head if segment.isdigit() else child.workflow_id, "cancelled")
+    # and the rows of children whose workflow was still starting (a child checks its ancestors when it
+    # starts, so one that starts after this stops at once: `ancestor_cancelled`)
+    todo = [run_id]
+    while todo:
+        for row in store.runs(parent=todo.pop(), limit=10_000):
+            if row.status not in FINISHED:
+                store.set_status(row.run_id, "cancelled")
+            todo.append(row.run_id)
+
+
+def ancestor_cancelled(store: RunStore, run_id: str) -> str | None:
+    """The id of a cancelled run above `run_id` (its parent, its parent's parent, ...), if any."""
+    row = store.run(run_id)
+    seen = {run_id}
+    while row is not None and row.parent_run and row.parent_run not in seen:
+        seen.add(row.parent_run)
+        row = store.run(row.parent_run)
+        if row is not None and row.status == "cancelled":
+            return row.run_id
+    return None
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from tether._errors import InvalidInput, NotFound, OperationFailed
 from tether._limits import Limits
 from tether._loop import CancelToken, ChildRun, policy_bound, run_loop
 from tether._types import RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
-from tether.durable._control import cancel_children
+from tether.durable._control import ancestor_cancelled, cancel_children
 from tether.durable._dbos_private import outside_workflow
 from tether.durable._runner import DbosStepRunner, EventBuffer
 from tether.events import TraceEvent
@@ -190,6 +190,12 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     if path:  # a sub-agent: its carved limits, its parent's user, its ancestors' capabilities
         spec.limits, spec.user = from_jsonable(Limits, job["limits"]), state.user
         spec.bounds = tuple(b for a in chain[:-1] if (b := policy_bound(a.executor.policy)) is not None)
+    cancelled_above = ancestor_cancelled(rt.store, run_id) if path else None
+    if cancelled_above is not None:  # started (or recovered) after a run above it was cancelled
+        result: RunResult = RunResult(run_id, StopReason.CANCELLED, "", error=f"run {cancelled_above} was cancelled",
+                                      state=state)
+        rt.store.finish_run(result, first_seq=events.base)
+        return to_jsonable(result)
     rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()
@@ -197,7 +203,8 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
         # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the
         # next process recovers it, and record nothing
         raise asyncio.CancelledError
-    if result.stop_reason is StopReason.CANCELLED:  # its sub-agents too, before the run's end is written
+    if result.stop_reason is StopReason.CANCELLED:  # its sub-agents too: marked first, so a late one stops
+        rt.store.set_status(run_id, "cancelled")
         await outside_workflow(asyncio.to_thread(cancel_children, rt.store, DBOS, run_id))
     rt.store.finish_run(result, stored_events=events.flushed, first_seq=events.base)
     out = to_jsonable(result)

@@ -214,10 +214,11 @@ class RunStore:
         return _row(rows[0]) if rows else None
 
     def runs(self, *, limit: int = 50, status: str | None = None, user: str | None = None,
-             before: float | None = None, agent: str | None = None) -> list[RunRow]:
-        """The latest runs first (created before `before`, when given: the next page)."""
+             before: float | None = None, agent: str | None = None, parent: str | None = None) -> list[RunRow]:
+        """The latest runs first (created before `before`, when given: the next page); `parent`: the
+        sub-agent runs of that run."""
         given = {"status = :s": ("s", status), "agent = :a": ("a", agent), "user_id = :u": ("u", user),
-                 "created_at < :b": ("b", before)}
+                 "created_at < :b": ("b", before), "parent_run = :p": ("p", parent)}
         where = [cond for cond, (_, value) in given.items() if value is not None]
         params: dict[str, Any] = {"n": limit, **{k: v for k, v in given.values() if v is not None}}
         clause = f" WHERE {' AND '.join(where)}" if where else ""
