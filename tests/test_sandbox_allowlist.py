@@ -68,6 +68,7 @@ async def test_as_root_a_root_owned_workspace_is_written_as_nobody_and_never_get
     root_ws.mkdir()
     root_ws.chmod(0o755)
     (root_ws / "f.txt").write_text("readable\n")
+    before = _tether_mounts()  # a process killed mid-command elsewhere may have left one: not this test's
     box = Bubblewrap(root_ws)
     out = await sh(shell_tool(root_ws, timeout=20, sandbox=box), (
         "id -u; cat f.txt; echo more >> f.txt; echo new > g.txt; head -c 5 /etc/shadow || echo NO-SHADOW; "
@@ -80,7 +81,11 @@ async def test_as_root_a_root_owned_workspace_is_written_as_nobody_and_never_get
     assert os.stat(root_ws / "g.txt").st_uid == 0  # root's on disk, as the user's other files
     for path in root_ws.rglob("*"):
         assert not os.stat(path).st_mode & (stat.S_ISUID | stat.S_ISGID), f"{path.name} is setuid/setgid: {out}"
-    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "tether-ws-" in line]
+    assert _tether_mounts() == before  # the id-mapped view is gone with the command
+
+
+def _tether_mounts() -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "tether-ws-" in line]
 
 
 # --- item 4: the whole .git, submodules included, and user-named paths ----------------------------
