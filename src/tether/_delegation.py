@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tether._errors import AwaitingApproval, InvalidInput, TetherError
@@ -81,19 +81,29 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
                                    parked={"agent": name, "state": to_jsonable(result.state), "segment": segment})
         raise SubagentError(stopped(name, result))
 
-    effects = [t.effect for t in agent.tools] or [Effect.READ_ONLY]
+    return task_tool(name, description or f"Runs the agent '{name}' on a task and returns its final answer.",
+                     run, agent.tools, untrusted=may_read_untrusted(agent.tools),
+                     metadata={"agent": name, AGENT_KEY: agent})
+
+
+def task_tool(name: str, description: str, run: Callable[..., Awaitable[Any]], tools: Sequence[Tool], *,
+              untrusted: bool, metadata: dict[str, Any]) -> Tool:
+    """A tool that hands a task to a worker with `tools` (an agent, a plan-mode run): declared with the
+    strongest effect among them, so the caller's policy gates it as it would the riskiest; `untrusted`
+    covers its errors (its answers say exactly, `ToolOutput` with `exact_provenance`); no timeout of
+    its own (the worker's limits, carved from the caller's, bound it)."""
+    effects = [t.effect for t in tools] or [Effect.READ_ONLY]
     return Tool.from_schema(
-        name, description or f"Runs the agent '{name}' on a task and returns its final answer.",
-        {"properties": {"task": {"type": "string", "description": "The task, in full: the child sees nothing else."}},
+        name, description,
+        {"properties": {"task": {"type": "string", "description": "The task, in full: the worker sees nothing else."}},
          "required": ["task"]},
-        run,
-        effect=max(effects, key=_EFFECT_ORDER.index),
-        # its answers say exactly (ToolOutput, exact_provenance); this declaration covers its errors
-        untrusted_output=any(t.untrusted_output or t.metadata.get("source") for t in agent.tools),
-        timeout=None,  # the child's own time limit (carved from the parent's) bounds it
-        metadata={"agent": name, AGENT_KEY: agent, "exact_provenance": True},
-        context_param="context",
-    )
+        run, effect=max(effects, key=_EFFECT_ORDER.index), untrusted_output=untrusted, timeout=None,
+        metadata={**metadata, "exact_provenance": True}, context_param="context")
+
+
+def may_read_untrusted(tools: Sequence[Tool]) -> bool:
+    """Whether any of these tools is declared to return untrusted content."""
+    return any(t.untrusted_output or t.metadata.get("source") for t in tools)
 
 
 def untrusted_answer(agent: Agent[Any], result: RunResult) -> bool:
@@ -101,7 +111,7 @@ def untrusted_answer(agent: Agent[Any], result: RunResult) -> bool:
     policy keeps one, else (`AllowAll`) whether any of its tools can read untrusted data."""
     if result.state is not None and result.state.policy is not None:
         return result.tainted
-    return any(t.untrusted_output or t.metadata.get("source") for t in agent.tools)
+    return may_read_untrusted(agent.tools)
 
 
 def stopped(name: str, result: RunResult) -> str:

@@ -22,7 +22,7 @@ from pydantic import Field, create_model
 
 from tether._errors import InvalidInput
 from tether._output import OutputInvalid, structured
-from tether._types import Effect, Message, ModelRequest, ToolCall, Usage
+from tether._types import Message, ModelRequest, ToolCall, Usage
 from tether.models._base import Model
 from tether.plan._interp import Interpreter, ProgramError, parse
 from tether.plan._policies import PlanCall, PlanPolicy, policy_for, trusted_sources
@@ -158,6 +158,7 @@ class PlanMode:
         the user's: its literals then carry "delegated", so no policy takes them for the user's. The
         answer goes back as text with the sources it was computed from, and the parent's policy
         counts it untrusted exactly when one of those sources is not trusted (`ToolOutput`)."""
+        from tether._delegation import may_read_untrusted, task_tool
         from tether._loop import PARENT_KEY, ParentRun
         from tether.tools._base import ToolContext
         from tether.tools._results import ToolOutput
@@ -175,15 +176,9 @@ class PlanMode:
             # by data flow: untrusted exactly when the answer depends on a source that is not trusted
             return ToolOutput(text, untrusted=not set(result.answer_sources) <= self.trusted)
 
-        untrusted = self.reader is not None or any(t.untrusted_output or t.metadata.get("source") for t in self.tools)
-        effects = [t.effect for t in self.tools] or [Effect.READ_ONLY]
-        order = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
-        return Tool.from_schema(
-            name, description or f"Plans and runs a task with data-flow safety ('{name}'); returns its answer.",
-            {"properties": {"task": {"type": "string", "description": "The task, in full: the worker sees nothing else."}},
-             "required": ["task"]},
-            run, effect=max(effects, key=order.index), untrusted_output=untrusted, timeout=None,
-            metadata={"plan_worker": name, "exact_provenance": True}, context_param="context")
+        return task_tool(name, description or f"Plans and runs a task with data-flow safety ('{name}'); returns its "
+                         "answer.", run, self.tools, untrusted=self.reader is not None or may_read_untrusted(self.tools),
+                         metadata={"plan_worker": name})
 
     def run(self, request: str) -> PlanResult:
         import asyncio
