@@ -116,7 +116,7 @@ def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: An
     from tether.plan import PlanMode
     from tether.policy import DenyAll
 
-    if "smollm" in agent.model.name.lower() or agent.model.name.startswith("local"):
+    if getattr(agent.model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
         return _fail(console, "plan mode needs a model that writes code; the embedded model cannot. Set "
                      "OPENAI_API_KEY, OPENROUTER_API_KEY or ANTHROPIC_API_KEY, or --model.")
     approver = getattr(agent.policy, "approver", None) or DenyAll()
