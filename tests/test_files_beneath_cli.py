@@ -86,7 +86,7 @@ def test_the_sandbox_through_the_cli_never_root_git_read_only_environment_by_all
     with FakeOpenAIServer(script) as server:
         env.update(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url)
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "check the build", "--workspace", str(ws),
-                               "--env", "KEEP_ME"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                               "--env", "KEEP_ME", "--apply"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (ws / "uid.txt").read_text().strip() != "0"

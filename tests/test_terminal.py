@@ -88,7 +88,7 @@ def _run_in_pty(argv: list[str], cwd: Path, env: dict[str, str], answer: bytes, 
             if not chunk:
                 break
             out += chunk
-            if not answered and b"Approve? [y/N]" in out:
+            if not answered and b"Approve? [y/N" in out:
                 os.write(fd, answer)
                 answered = True
     finally:
@@ -108,10 +108,11 @@ def test_the_approval_prompt_shows_the_real_command_escaped(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_"))}
     with FakeOpenAIServer(script) as server:
         env.update(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url, TERM="dumb")
-        out = _run_in_pty([sys.executable, "-m", "tether.cli", "-p", "Summarise notes.txt"], tmp_path, env, b"n\n")
+        out = _run_in_pty([sys.executable, "-m", "tether.cli", "-p", "Summarise notes.txt", "--no-stage"], tmp_path, env,
+                          b"n\n")
     text = out.decode("utf-8", errors="replace")
-    assert "Approve? [y/N]" in text, text
-    prompt = text[text.index("Approval needed"):text.index("Approve? [y/N]")]
+    assert "Approve? [y/N" in text, text
+    prompt = text[text.index("Approval needed"):text.index("Approve? [y/N")]
     assert "⟨4000 whitespace⟩" in prompt and f"touch {marker}" in prompt
     assert "\\u202e\\u200b\\U000e0041" in prompt and "\\u001b]52;c;ZXZpbA==\\u0007" in prompt
     assert "\\n  tool: Read" in prompt  # the fake line stays inside the value, escaped

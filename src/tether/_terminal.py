@@ -153,6 +153,18 @@ def show_approval(req: Any, *, max_dry_run_lines: int = 20) -> str:
     return "\n".join(lines)
 
 
+def flush_typeahead(stream: TextIO) -> None:
+    """Drop what was typed on the terminal `stream` before a question was shown, so a key pressed
+    earlier (a `y` typed ahead) cannot answer it. Nothing happens when it is not a terminal."""
+    try:
+        if stream.isatty():
+            import termios
+
+            termios.tcflush(stream.fileno(), termios.TCIFLUSH)
+    except (OSError, ValueError, ImportError, AttributeError):
+        pass
+
+
 class CleanWriter:
     """A text stream that writes `clean(text)` to another one (for prompts written by other code)."""
 
@@ -170,4 +182,5 @@ class CleanWriter:
         return self.inner.isatty()
 
 
-__all__ = ["INVISIBLE_RANGES", "CleanWriter", "clean", "json_safe", "show_approval", "show_call", "show_value"]
+__all__ = ["INVISIBLE_RANGES", "CleanWriter", "clean", "flush_typeahead", "json_safe", "show_approval", "show_call",
+           "show_value"]

@@ -2,7 +2,7 @@
 
 stdout carries only the answer (or `--json`); progress, tool activity and errors go to stderr.
 Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval,
-130 cancelled (Ctrl-C).
+5 calls refused because nobody could approve them (no terminal), 130 cancelled (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from tether.cli import _mcp_cmd as mcp_cmd
 from tether.cli import _options as o
 from tether.cli import _rag_commands as rag_commands
 from tether.cli import _serve_cmd as serve_cmd
-from tether.cli._build import CliError, build_agent
+from tether.cli import _stage_cmd as stage_cmd
+from tether.cli._build import NO_TERMINAL, CliError, build_agent, workspace_of
 from tether.cli._console import err_console, read_prompt, reporter_for
 from tether.cli._mcp_tools import close_mcp
-from tether.cli._progress import EXIT_CANCELLED, EXIT_ERROR
-from tether.cli._runner import report, run_turn
+from tether.cli._progress import EXIT_CANCELLED, EXIT_ERROR, EXIT_UNASKED
+from tether.cli._runner import new_run_id, report, run_turn
+from tether.cli._stage_cmd import open_stage, review
 from tether.events import ToolCallEnded
 
 if TYPE_CHECKING:
@@ -71,14 +73,22 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     """One run, start to exit code."""
     console = err_console()
     reporter = reporter_for(opts, console)
+    run_id = new_run_id()
+    stage = None
     try:
         text = read_prompt(prompt)
         notices: list[str] = []
-        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
+        if not opts.plan:  # the run's writes land in a staged copy of its workspace, reviewed at the end
+            stage = open_stage(opts, workspace_of(opts), run_id)
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices, stage=stage)
         trace = open_trace(opts)
     except CliError as exc:
+        if stage is not None:
+            stage.discard()
         return _fail(console, str(exc))
     except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
+        if stage is not None:
+            stage.discard()
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     if opts.plan:
         return _execute_plan(agent, text, opts, reporter, console)
@@ -88,7 +98,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         for line in notices:
             reporter.announce(line)
     try:
-        result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace))
+        result = asyncio.run(run_turn(agent, text, reporter=reporter, trace=trace, run_id=run_id))
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     except Exception as exc:  # a bug, not a run outcome: the loop turns run failures into results
@@ -104,7 +114,23 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     if not shown and any(isinstance(e, ToolCallEnded) and e.name == "Bash" for e in result.events):
         for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
             reporter.announce(line)
-    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+    code = report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+    unasked = [e for e in result.events if isinstance(e, ToolCallEnded) and e.decision == f"denied:{NO_TERMINAL}"]
+    if unasked:
+        # honest about what did not happen: the answer may say it did
+        _fail(console, f"{len(unasked)} call{'s' if len(unasked) != 1 else ''} needed approval and nobody could be "
+              "asked (no terminal), so they did not run; the answer may describe work that was not done. Run on a "
+              "terminal, with --allow RULE, or --yes. Refused: " + ", ".join(
+                  f"{e.name}({_short(e.arguments)})" for e in unasked[:5]))
+        code = code or EXIT_UNASKED
+    if stage is not None:
+        review(stage, opts, console)
+    return code
+
+
+def _short(arguments: dict[str, Any]) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: Any, console: Console) -> int:
@@ -170,7 +196,7 @@ def execute_chat(opts: o.RunOptions) -> int:
 
 
 def _options(**values: object) -> o.RunOptions:
-    for name in ("env", "protect"):  # repeated options: a tuple, None when not given
+    for name in ("env", "protect", "allow"):  # repeated options: a tuple, None when not given
         given = values.get(name)
         values[name] = tuple(given) if isinstance(given, list) and given else None
     return o.RunOptions(**values)  # type: ignore[arg-type]
@@ -205,6 +231,9 @@ def root(
     mcp: o.Mcp = None,
     compact: o.Compact = False,
     plan: o.Plan = False,
+    no_stage: o.NoStage = False,
+    apply: o.Apply = False,
+    allow: o.Allow = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -221,7 +250,8 @@ def root(
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
-                    output_schema=output_schema, mcp=mcp, compact=compact, plan=plan)
+                    output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
+                    apply=apply, allow=allow)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -263,6 +293,9 @@ def run_command(
     mcp: o.Mcp = None,
     compact: o.Compact = False,
     plan: o.Plan = False,
+    no_stage: o.NoStage = False,
+    apply: o.Apply = False,
+    allow: o.Allow = None,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -273,7 +306,7 @@ def run_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan))
+        plan=plan, no_stage=no_stage, apply=apply, allow=allow))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
@@ -352,6 +385,7 @@ durable_cmd.register(app)  # `resume`, `approve`, `cancel`, `runs` (DBOS is impo
 mcp_cmd.register(app)  # `mcp-serve`, `mcp-tools`
 eval_cmd.register(app)  # `eval`
 serve_cmd.register(app)  # `serve`, `worker`, `keys add|list|revoke`
+stage_cmd.register(app)  # `diff`, `apply`, `discard`, `undo`, `staged`
 
 
 def _telemetry_from_env() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tether._agent import Agent
 from tether._limits import Limits
 from tether._loop import ContextBuilder, FullHistory
-from tether._terminal import CleanWriter, show_approval
+from tether._terminal import CleanWriter, flush_typeahead, show_approval
 from tether.cli._errors import CliError as CliError  # re-exported: the CLI's commands raise it from here
 from tether.cli._mcp_tools import adopt, open_mcp, usable
 from tether.cli._options import TOOL_SETS, RunOptions
@@ -27,6 +27,7 @@ from tether.tools._executor import Executor, Policy
 
 if TYPE_CHECKING:
     from tether.policy import ApprovalDecision, ApprovalRequest, Approver
+    from tether.staging import Stage
 
 DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
 Pause = Callable[[], AbstractContextManager[None]]
@@ -61,9 +62,11 @@ def workspace_of(opts: RunOptions) -> Path:
 
 
 def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, pass_env: Sequence[str] = (),
-                protect: Sequence[str] = (), warn: Callable[[str], None] | None = None) -> list[Tool]:
+                protect: Sequence[str] = (), warn: Callable[[str], None] | None = None,
+                stage: Stage | None = None) -> list[Tool]:
     """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`
-    and `protect`: Bash's extra environment variable names and read-only workspace paths."""
+    and `protect`: Bash's extra environment variable names and read-only workspace paths; `stage`: the
+    run's staged view the file tools and Bash work in (tether.staging)."""
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
     if not names:
         raise CliError(f"--tools is empty; choose from: {', '.join(TOOL_SETS)}")
@@ -85,12 +88,13 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, p
             raise CliError(str(exc)) from exc
     for name in names:
         if name == "coding":
-            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect, warn=warn)
+            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect, warn=warn,
+                                          stage=stage)
         elif name == "files":
-            tools += builtin.file_tools(workspace, protect=protect)
+            tools += builtin.file_tools(workspace, protect=protect, stage=stage)
         elif name == "bash":
             tools.append(builtin.shell_tool(workspace, allow_net=allow_net, pass_env=pass_env,
-                                            executed_later=protect, warn=warn))
+                                            executed_later=protect, warn=warn, stage=stage))
         elif name == "calculator":
             tools.append(builtin.calculator)
     unique: dict[str, Tool] = {}
@@ -144,14 +148,14 @@ def build_model(opts: RunOptions, announce: Callable[[str], None] | None = None)
 
 
 def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None, pause: Pause | None = None,
-                notices: list[str] | None = None) -> Agent:
+                notices: list[str] | None = None, stage: Stage | None = None) -> Agent:
     """The agent the options describe. Raises CliError with a message for the user. `pause` is
     entered while a person is asked to approve a call (the progress spinner stops meanwhile).
     `notices` collects what the caller should say once the run starts (Bash not sandboxed), so a
-    bad option is still one line."""
+    bad option is still one line. `stage`: the run's staged view (cli/_stage_cmd.py)."""
     workspace = workspace_of(opts)
     tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net, pass_env=opts.env or (),
-                        protect=opts.protect or (), warn=None if notices is None else notices.append)
+                        protect=opts.protect or (), warn=None if notices is None else notices.append, stage=stage)
     limits = build_limits(opts)
     model = build_model(opts, announce)
     mcp = None
@@ -196,7 +200,7 @@ def load_output_schema(path: Path | None) -> Any:
 def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
     """The safety policy for CLI runs: `--yes` approves every call that asks for approval; otherwise
     ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal)."""
-    from tether.policy import AutoApprove, DenyAll, SafetyPolicy, TerminalApprover
+    from tether.policy import AllowRule, AutoApprove, RuleApprover, SafetyPolicy, TerminalApprover
 
     class EscapingTerminalApprover(TerminalApprover):
         """The terminal approver, its question shown by `tether._terminal.show_approval` (escaped, long
@@ -210,12 +214,34 @@ def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
     elif sys.stdin.isatty() and sys.stderr.isatty():
         approver = PausingApprover(EscapingTerminalApprover(ask=ask_on_stderr, out=CleanWriter(sys.stderr)), pause)
     else:
-        approver = DenyAll()
+        approver = NoTerminal()
+    if not opts.yes:  # --allow rules, and the terminal's "allow such calls for this run" answer
+        try:
+            rules = [AllowRule.parse(text) for text in opts.allow or ()]
+        except ValueError as exc:
+            raise CliError(f"--allow: {exc}") from exc
+        approver = RuleApprover(rules, approver)
     return SafetyPolicy(approver=approver)
 
 
+NO_TERMINAL = "no-terminal"  # who denied a call that needed approval when nobody could be asked
+
+
+class NoTerminal:
+    """The approver of a CLI run without a terminal (and without --yes): nobody can be asked, so every
+    call that needs approval is denied, and the run says so at its end (exit code 5)."""
+
+    async def request(self, req: ApprovalRequest) -> ApprovalDecision:
+        from tether.policy import ApprovalDecision
+
+        return ApprovalDecision("denied", NO_TERMINAL, "nobody can be asked: stdin is not a terminal (give --allow "
+                                "RULE or --yes to approve such calls)")
+
+
 def ask_on_stderr(prompt: str) -> str:
-    """`input` that writes its prompt to stderr: stdout carries only the answer."""
+    """`input` that writes its prompt to stderr: stdout carries only the answer. Typeahead is dropped
+    first: a key pressed before the question appeared does not answer it."""
+    flush_typeahead(sys.stdin)
     sys.stderr.write(prompt)
     sys.stderr.flush()
     line = sys.stdin.readline()

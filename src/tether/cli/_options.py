@@ -77,6 +77,16 @@ Plan = Annotated[bool, typer.Option(
     "--plan", help="Plan mode: the model writes the whole plan as a program before any tool runs; tether runs it "
     "with every value's sources tracked, reading untrusted text only through a tool-free reader "
     "(docs/plan-mode.md). Needs a model that writes code.")]
+NoStage = Annotated[bool, typer.Option(
+    "--no-stage", help="Write the workspace directly instead of a staged copy reviewed at the end (also "
+    "TETHER_STAGE=off). Staged, file writes and sandboxed Bash need no approval.")]
+Apply = Annotated[bool, typer.Option(
+    "--apply", help="Apply the run's staged changes at its end without asking (not code that runs later: that "
+    "stays staged; --yes applies everything).")]
+Allow = Annotated[list[str] | None, typer.Option(
+    "--allow", help="Approve calls matching RULE for this run without asking, e.g. 'Bash(pytest *)' or "
+    "'Bash(git status)' (a shell-style pattern over the command). Repeat for more.", metavar="RULE",
+    show_default=False)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -109,6 +119,9 @@ class RunOptions:
     mcp: Path | None = None
     compact: bool = False
     plan: bool = False
+    no_stage: bool = False
+    apply: bool = False
+    allow: tuple[str, ...] | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

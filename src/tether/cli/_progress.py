@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_BUDGET = 3
 EXIT_APPROVAL = 4
+EXIT_UNASKED = 5  # calls needed approval and nobody could be asked (no terminal): they did not run
 EXIT_CANCELLED = 130
 
 BUDGET_STOPS = {

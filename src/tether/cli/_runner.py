@@ -23,6 +23,10 @@ from tether.events import TraceEvent
 INTERRUPT_REASON = "interrupted by Ctrl-C"
 
 
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 @contextlib.contextmanager
 def sigint_cancels(cancel: CancelToken, on_first: Callable[[], None] | None = None) -> Iterator[None]:
     """While inside, the first Ctrl-C cancels the run (it ends with its partial state); a second
@@ -58,10 +62,11 @@ async def run_turn(
     history: Iterable[Message] = (),
     reporter: Reporter,
     trace: JsonlTraceWriter | None = None,
+    run_id: str | None = None,
 ) -> RunResult:
     """Run one prompt; Ctrl-C cancels it and the partial RunResult comes back."""
     cancel = CancelToken()
-    run_id = uuid.uuid4().hex[:12]
+    run_id = run_id or new_run_id()
     if trace is not None:
         trace.run_id = run_id
     sinks: list[Callable[[TraceEvent], None]] = [reporter]

@@ -3,6 +3,7 @@ egress and output filtering, audit, and a response safety filter. Everything is 
 the executor through `SafetyPolicy` (the executor's Policy seam)."""
 
 from tether.policy._approvals import (
+    AllowRule,
     ApprovalBook,
     ApprovalDecision,
     ApprovalRequest,
@@ -12,6 +13,7 @@ from tether.policy._approvals import (
     DenyAll,
     OracleApprover,
     PendingApprover,
+    RuleApprover,
     TerminalApprover,
 )
 from tether.policy._audit import AuditLog, AuditRecord, JsonlSink, SqliteSink
@@ -26,10 +28,10 @@ from tether.policy._provenance import Origin, Provenance
 from tether.policy._safety_filter import Rule, RuleResult, SafetyFilter, SafetyVerdict
 
 __all__ = [
-    "ApprovalBook", "ApprovalDecision", "ApprovalRequest", "Approver", "AuditLog", "AuditRecord", "Authorizer",
+    "AllowRule", "ApprovalBook", "ApprovalDecision", "ApprovalRequest", "Approver", "AuditLog", "AuditRecord", "Authorizer",
     "AutoApprove", "CallbackApprover", "Capabilities", "Capability", "DenyAll", "EgressPolicy", "Finding",
     "IdempotencyCache", "JsonlSink", "MemoryIdempotency", "OracleApprover", "Origin", "PendingApprover",
-    "Permissions", "PolicyState", "Provenance", "Rule", "RuleResult", "SafetyFilter", "SafetyPolicy", "SafetyVerdict",
+    "Permissions", "PolicyState", "Provenance", "Rule", "RuleApprover", "RuleResult", "SafetyFilter", "SafetyPolicy", "SafetyVerdict",
     "SqliteSink", "TerminalApprover", "action_key", "canonical_json", "filter_output", "idempotent",
     "wrap_untrusted",
 ]

@@ -9,6 +9,8 @@ stops the run with `awaiting_approval`, and the task service records the human's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fnmatch
 import getpass
 import inspect
 import json
@@ -17,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from tether._errors import InvalidInput
 from tether.policy._canonical import action_key
 
 Status = Literal["approved", "denied", "pending"]
@@ -146,16 +149,125 @@ class TerminalApprover:
         return "\n".join(lines)
 
     async def request(self, req: ApprovalRequest) -> ApprovalDecision:
+        rule = suggested_rule(req)
+        choices = "[y/N, v to view in full" + (f", a to allow '{rule}' for this run" if rule else "") + "] "
         async with self._lock:  # one question at a time
             out = self.out or sys.stderr
             print(self.render(req), file=out, flush=True)
-            try:
-                answer = await asyncio.to_thread(self.ask, "Approve? [y/N] ")
-            except (EOFError, KeyboardInterrupt):
-                answer = ""
-        if answer.strip().lower() in ("y", "yes"):
+            while True:
+                try:
+                    answer = (await asyncio.to_thread(self.ask, f"Approve? {choices}")).strip().lower()
+                except (EOFError, KeyboardInterrupt):
+                    answer = ""
+                if answer in ("v", "view"):  # every argument whole: nothing approved unseen
+                    print(show_whole(req.arguments), file=out, flush=True)
+                    continue
+                break
+        if answer in ("y", "yes"):
             return ApprovalDecision("approved", self.by)
+        if rule and answer in ("a", "allow"):
+            return ApprovalDecision("approved", self.by, ADD_RULE + rule)
         return ApprovalDecision("denied", self.by, "declined at the terminal")
+
+
+def show_whole(arguments: dict[str, Any]) -> str:
+    """Every argument in full, one block each (strings as written, other values as JSON)."""
+    blocks = []
+    for key, value in arguments.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2, default=str)
+        blocks.append(f"--- {key} ({len(text):,} characters) ---\n{text}")
+    return "\n".join(blocks) + "\n--- end ---"
+
+
+# ---- allow rules: per-run approvals of a kind of call, given once ---------------------------------------
+
+RULE_BY = "rule:"  # `ApprovalDecision.by` of a call an allow rule approved (no person asked)
+ADD_RULE = "allow for this run: "  # reason of a person's approval that also adds a rule
+# A rule approves only simple commands: chaining, substitution, redirection or a new line would let a
+# matching prefix carry anything after it.
+_SHELL_META = frozenset(";&|<>`$()\n\r{}\\")
+
+
+def call_subject(arguments: dict[str, Any]) -> str:
+    """What an allow rule's pattern is matched against: the one string argument (Bash's command),
+    else the arguments as canonical JSON."""
+    strings = [v for v in arguments.values() if isinstance(v, str)]
+    if len(arguments) == 1 and len(strings) == 1:
+        return strings[0]
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class AllowRule:
+    """`Tool(pattern)`: approve calls of `Tool` whose subject (`call_subject`) matches the shell-style
+    `pattern` (`*` any text), e.g. `Bash(pytest *)`, `Bash(git status)`; `Tool` alone: every call.
+    A command holding shell operators (`;`, `&&`, `|`, `$(`, redirections, new lines) matches no rule."""
+
+    tool: str
+    pattern: str = "*"
+
+    @classmethod
+    def parse(cls, text: str) -> AllowRule:
+        text = text.strip()
+        name, sep, rest = text.partition("(")
+        if not name.strip() or (sep and not rest.endswith(")")) or not name.strip().replace("_", "").replace(
+                "-", "").replace(".", "").isalnum():
+            raise InvalidInput(f"{text!r} is not a rule; write Tool(pattern), e.g. 'Bash(pytest *)'")
+        pattern = rest[:-1].strip() if sep else "*"
+        if not pattern:
+            raise InvalidInput(f"{text!r} has an empty pattern; write Tool(*) to allow every call of Tool")
+        return cls(name.strip(), pattern)
+
+    def matches(self, tool: str, arguments: dict[str, Any]) -> bool:
+        if tool != self.tool:
+            return False
+        subject = call_subject(arguments)
+        if any(ch in _SHELL_META for ch in subject):
+            return False
+        return fnmatch.fnmatchcase(subject.strip(), self.pattern)
+
+    def __str__(self) -> str:
+        return f"{self.tool}({self.pattern})"
+
+
+def suggested_rule(req: ApprovalRequest) -> str | None:
+    """The rule a person may add at the prompt for this call: its command's program (and a plain
+    subcommand word) followed by `*`, e.g. `Bash(pytest *)`, `Bash(git status *)`; None when the call
+    has no single command or it holds shell operators."""
+    subject = call_subject(req.arguments)
+    if subject.startswith("{") or not subject.strip() or any(ch in _SHELL_META for ch in subject):
+        return None
+    words = subject.split()
+    prefix = words[:2] if len(words) > 1 and words[1].isalpha() else words[:1]
+    return str(AllowRule(req.tool, " ".join(prefix) + " *"))
+
+
+class RuleApprover:
+    """Approves the calls an `AllowRule` matches without asking anyone (`by` = `rule:...`, not counted
+    by the approval budget: the person gave the rule once); asks `inner` for the others. A person's
+    approval that says to allow such calls for the run (the terminal's `a`) adds its rule."""
+
+    def __init__(self, rules: Iterable[AllowRule], inner: Approver) -> None:
+        self.rules = list(rules)
+        self.inner = inner
+
+    @property
+    def asks_a_person(self) -> bool:
+        return bool(getattr(self.inner, "asks_a_person", True))
+
+    def allows(self, tool: str, arguments: dict[str, Any]) -> bool:
+        """Whether a rule approves this call (then nobody is asked)."""
+        return any(rule.matches(tool, arguments) for rule in self.rules)
+
+    async def request(self, req: ApprovalRequest) -> ApprovalDecision:
+        for rule in self.rules:
+            if rule.matches(req.tool, req.arguments):
+                return ApprovalDecision("approved", f"{RULE_BY}{rule}")
+        decision = await self.inner.request(req)
+        if decision.approved and decision.reason.startswith(ADD_RULE):
+            with contextlib.suppress(ValueError):
+                self.rules.append(AllowRule.parse(decision.reason[len(ADD_RULE):]))
+        return decision
 
 
 def _whoami() -> str:

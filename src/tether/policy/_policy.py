@@ -30,7 +30,14 @@ from pydantic_core import to_jsonable_python
 
 from tether._errors import InvalidInput, InvalidType
 from tether._types import APPROVAL_BUDGET_DECISION, Effect, ToolCall, ToolResult
-from tether.policy._approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver, DenyAll
+from tether.policy._approvals import (
+    RULE_BY,
+    ApprovalBook,
+    ApprovalDecision,
+    ApprovalRequest,
+    Approver,
+    DenyAll,
+)
 from tether.policy._audit import AuditLog, AuditRecord
 from tether.policy._authz import Authorizer, check_tool
 from tether.policy._canonical import action_key, canonical_json, leaves
@@ -509,7 +516,9 @@ class SafetyPolicy:
         # a tool that did not declare its effect is checked like a reversible one (fail closed)
         c.checked_effect = c.effect if not c.tainted or c.tool.effect_declared or c.cap.effect is not None \
             else Effect.REVERSIBLE
-        c.guarded = c.checked_effect in self.guard_effects
+        # a staged effect lands in the run's staged view (tether.staging), reviewed before it reaches the
+        # workspace: reversible by construction, so nothing to ask about here
+        c.guarded = c.checked_effect in self.guard_effects and not c.tool.metadata.get("staged")
 
     def _guard_egress(self, c: _Call) -> Stop | None:
         """URL arguments: declared ones, and after taint any argument that is only a URL or host."""
@@ -578,10 +587,11 @@ class SafetyPolicy:
         if not self.use_provenance:
             # the default: every effect after taint is a person's decision (or refused, or held, as the
             # capability says); where the values seem to come from is shown, never a reason to skip
-            why = f"the run has read untrusted content ({sources})"
+            why = (f"this run has read text you did not write ({sources}), and that text could have chosen "
+                   "this action")
             if c.prov:
-                why += "; its arguments seem to come from (text matching, for information): " + ", ".join(
-                    f"{path} ({origin})" for path, origin in c.prov.items())
+                why += "; a guess at where each value came from (by matching text, not proof): " + ", ".join(
+                    f"{path or 'value'}: {_PLAIN_ORIGIN.get(origin, origin)}" for path, origin in c.prov.items())
             return _on_untrusted(c, why)
         exempt = _risk_free(c.tool, c.cap, c.trace)
         risky = _risky(c.trace, exempt, c.args)
@@ -615,7 +625,10 @@ class SafetyPolicy:
                     stamp[0].remove(stamp[1])
 
         decision, by = "allowed", ""
-        if ask and (spent := self._approval_budget_spent(state)):
+        # a call an allow rule approves (RuleApprover) asks nobody: the approval budget does not stop it
+        ruled = bool(ask) and bool(getattr(self.approver, "allows", None)) and self.approver.allows(  # type: ignore[attr-defined]
+            tool.name, c.args)
+        if ask and not ruled and (spent := self._approval_budget_spent(state)):
             release()
             return await self._stop(c, Stop(APPROVAL_BUDGET_DECISION,
                                             f"{spent}; the run stops here. Needed because {'; '.join(ask)}."))
@@ -626,7 +639,8 @@ class SafetyPolicy:
             state.denied += 1
             answer = await self._ask(state, tool, c.args, c.prov, c.effect, "; ".join(ask), c.call, c.ctx)
             pending = answer.status == "pending"
-            state.asked -= pending or not getattr(self.approver, "asks_a_person", True)  # --yes asks nobody
+            # --yes asks nobody; a rule the person gave once (RuleApprover) is not asked again
+            state.asked -= pending or not getattr(self.approver, "asks_a_person", True) or answer.by.startswith(RULE_BY)
             state.denied -= pending or answer.approved
             if not answer.approved:
                 release()
@@ -842,6 +856,10 @@ def _declaration_problem(tool: Tool, cap: Capability) -> str | None:
                    and set(risk_free) & set(cap.guarded_args)):
         return f"'{tool.name}' declares arguments both risk-free and checked; fix the declaration"
     return None
+
+
+_PLAIN_ORIGIN = {"user": "your request", "trusted": "a trusted tool", "untrusted": "text you did not write",
+                 "model": "written by the model", "neutral": "nothing in particular"}
 
 
 def _on_untrusted(c: _Call, why: str) -> Stop | None:

@@ -126,6 +126,7 @@ class Bubblewrap:
     writable: Sequence[str | Path] = ()
     executed_later: Sequence[str | Path] = ()
     run_as: tuple[int, int] | None = None
+    view: Path | None = None  # mounted writable at the workspace's path instead of it (a run's staged view)
     bwrap: str = "bwrap"
     setpriv: str = "setpriv"
     confined: bool = field(default=True, init=False)
@@ -224,7 +225,7 @@ class Bubblewrap:
         for parent in sorted(ws.parents, key=lambda p: len(p.parts)):
             if any(parent != t and parent.is_relative_to(t) for t in tmpfs):
                 out += ["--perms", "0755", "--dir", str(parent)]
-        out += ["--bind", str(source or ws), str(ws)]
+        out += ["--bind", str(source or self.view or ws), str(ws)]
         for extra in self.writable:
             p = Path(extra).resolve()
             if p.exists():
@@ -247,7 +248,8 @@ class Bubblewrap:
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
             env["USER"] = env["LOGNAME"] = "nobody" if who[0] == NOBODY else str(who[0])
         seccomp = filter_fd() if who is not None and self._root_owned() else None
-        view = idmapped_view(self.workspace.resolve(), *who) if who is not None and seccomp is not None else None
+        mounted = self.view or self.workspace.resolve()
+        view = idmapped_view(mounted, *who) if who is not None and seccomp is not None else None
         if view is None or seccomp is None:  # the plain workspace, read-only to nobody: no setuid file there
             if seccomp is not None:
                 os.close(seccomp)
@@ -346,14 +348,17 @@ def default_sandbox(
     executed_later: Sequence[str | Path] = (),
     warn: Callable[[str], None] | None = None,
     bwrap: str | None = None,
+    view: Path | None = None,
 ) -> Sandbox:
     """Bubblewrap when it works on this machine; otherwise `Unconfined`, said once per process on
-    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH)."""
+    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH); `view`: a run's staged
+    view, mounted at the workspace's path."""
     path = bwrap or shutil.which("bwrap")
     reason = probe_bubblewrap(path) if path else "bubblewrap (bwrap) is not installed"
     if reason is None and path is not None:
         return Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
-                          executed_later=tuple(executed_later), bwrap=path, setpriv=shutil.which("setpriv") or "setpriv")
+                          executed_later=tuple(executed_later), bwrap=path, setpriv=shutil.which("setpriv") or "setpriv",
+                          view=view)
     reason = reason or "bubblewrap (bwrap) is not installed"
     if reason not in _warned:
         _warned.add(reason)

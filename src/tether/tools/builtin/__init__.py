@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.tools._base import Tool
 from tether.tools.builtin._calculator import calculator
@@ -18,15 +19,20 @@ from tether.tools.builtin._files import (
 )
 from tether.tools.builtin._shell import shell_tool
 
+if TYPE_CHECKING:
+    from tether.staging import StagedWorkspace
+
 
 def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,
                  pass_env: Sequence[str] = (), protect: Sequence[str] = (),
-                 warn: Callable[[str], None] | None = None) -> list[Tool]:
+                 warn: Callable[[str], None] | None = None, stage: StagedWorkspace | None = None) -> list[Tool]:
     """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
     `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
-    paths kept read-only for them besides .git."""
-    return [*file_tools(root, protect=protect), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
-                                          executed_later=protect, warn=warn)]
+    paths kept read-only for them besides .git; `stage`: work in the run's staged view of `root`
+    (tether.staging: writes are reviewed and applied at the end, and need no approval meanwhile)."""
+    return [*file_tools(root, protect=protect, stage=stage),
+            shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env, executed_later=protect,
+                       warn=warn, stage=stage)]
 
 
 __all__ = [

@@ -28,13 +28,16 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
 from tether._errors import InvalidInput
 from tether.tools._base import Tool, files_source, tool, values_from
 from tether.tools._beneath import Beneath, Entry, open_entry
+
+if TYPE_CHECKING:
+    from tether.staging import StagedWorkspace
 
 MAX_FILE_BYTES = 5_000_000
 MAX_GLOB_RESULTS = 200
@@ -55,22 +58,35 @@ SKIP_DIRS = frozenset(
 
 class Workspace:
     """A root directory and its files, reached only through `tether.tools._beneath` (resolved by the
-    kernel at the moment of use, no symbolic link followed)."""
+    kernel at the moment of use, no symbolic link followed).
 
-    def __init__(self, root: str | Path) -> None:
-        given = Path(os.path.abspath(os.fspath(root)))
-        real = given.resolve()
+    With a `stage` (tether.staging.StagedWorkspace) the files are the run's staged view: paths are shown and
+    taken as the real workspace's, reads and writes go to the view, and the directories the stage did
+    not copy (`.git`, `.venv` ...) are read from the real workspace and never written."""
+
+    def __init__(self, root: str | Path, *, stage: StagedWorkspace | None = None) -> None:
+        given = Path(os.path.abspath(os.fspath(root if stage is None else stage.workspace)))
+        real = given.resolve() if stage is None else stage.view
         if not real.is_dir():
             raise InvalidInput(f"workspace root {given} is not an existing directory")
         self.given_root = given
         self.root = real
+        self.shown = given.resolve()  # the root as the model sees it (the real workspace, also when staged)
         self.files = Beneath(real)
+        self.passthrough: dict[str, Beneath] = {}
+        if stage is not None:
+            outside = Beneath(stage.workspace)
+            self.passthrough = dict.fromkeys(stage.passthrough, outside)
+
+    def beneath(self, rel: str) -> Beneath:
+        """Where the relative path `rel` is opened: the view, or the real workspace for a passthrough."""
+        return self.passthrough.get(rel.split("/", 1)[0], self.files) if self.passthrough else self.files
 
     def relative(self, path: str, *, what: str = "path") -> str:
         """`path` (relative to the root, or absolute inside it) as a normalised relative path ('.' for
         the root); ValueError if it leaves the root. Lexical only: nothing on disk is looked at."""
         if not isinstance(path, str) or not path.strip():
-            raise InvalidInput(f"{what} is empty; give a path relative to the workspace root {self.root}")
+            raise InvalidInput(f"{what} is empty; give a path relative to the workspace root {self.shown}")
         if "\0" in path:
             raise InvalidInput(f"{what} contains a NUL character")
         candidate = Path(path)
@@ -79,7 +95,7 @@ class Workspace:
         lexical = Path(os.path.normpath(self.root / candidate))
         if not _inside(lexical, self.root):
             raise InvalidInput(
-                f"{what} '{path}' is outside the workspace root {self.root}; "
+                f"{what} '{path}' is outside the workspace root {self.shown}; "
                 "use a path relative to the root or an absolute path inside it"
             )
         return lexical.relative_to(self.root).as_posix() or "."
@@ -90,10 +106,10 @@ class Workspace:
         if code in (errno.ELOOP, errno.EXDEV):
             return ValueError(
                 f"'{path}' passes through a symbolic link (or was swapped for one); the file tools do not "
-                f"follow symbolic links, so refusing. Use the link's target path inside {self.root}"
+                f"follow symbolic links, so refusing. Use the link's target path inside {self.shown}"
             )
         if code == errno.ENOENT:
-            return ValueError(f"file not found: '{path}' (workspace root {self.root}); use Glob to find files")
+            return ValueError(f"file not found: '{path}' (workspace root {self.shown}); use Glob to find files")
         if code == errno.ENOTDIR and self._symlink_on_the_way(path):  # O_NOFOLLOW|O_DIRECTORY on a link
             return self.error(OSError(errno.ELOOP, "symbolic link"), path, action)
         if code == errno.ENOTDIR:
@@ -120,7 +136,7 @@ class Workspace:
         """An open read descriptor of the existing regular file `path`, its stat and its shown name."""
         rel = self.relative(path, what=what)
         try:
-            fd = self.files.open(rel)
+            fd = self.beneath(rel).open(rel)
         except OSError as exc:
             raise self.error(exc, path, "read") from None
         info = os.fstat(fd)
@@ -273,9 +289,9 @@ def _check_pattern(pattern: str, what: str) -> None:
 # --- tools ---------------------------------------------------------------------------------------
 
 
-def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool:
-    """The `Read` tool for files under `root`."""
-    ws = Workspace(root)
+def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, stage: StagedWorkspace | None = None) -> Tool:
+    """The `Read` tool for files under `root` (its staged view with a `stage`)."""
+    ws = Workspace(root, stage=stage)
 
     def Read(
         file_path: str,
@@ -298,7 +314,7 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Tool
         name="Read",
         description=(
             "Read a text file and return its exact contents. For a long file, pass offset (1-based start "
-            f"line) and limit (number of lines) to read a part. Workspace root: {ws.root}"
+            f"line) and limit (number of lines) to read a part. Workspace root: {ws.shown}"
         ),
         effect="read_only",
         untrusted_output=True,
@@ -352,10 +368,11 @@ def _check_writable(shown: str, file_path: str, protect: Sequence[str]) -> None:
                          "later, outside the sandbox")
 
 
-def write_tool(root: str | Path, *, protect: Sequence[str] = ()) -> Tool:
-    """The `Write` tool for files under `root` (never under `.git` or a `protect`ed path)."""
-    ws = Workspace(root)
-    protected = [os.path.normpath(p) for p in protect]
+def write_tool(root: str | Path, *, protect: Sequence[str] = (), stage: StagedWorkspace | None = None) -> Tool:
+    """The `Write` tool for files under `root` (never under `.git` or a `protect`ed path); with a
+    `stage`, it writes the run's staged view, and the call needs no approval (see tether.staging)."""
+    ws = Workspace(root, stage=stage)
+    protected = [os.path.normpath(p) for p in (*protect, *ws.passthrough)]
 
     def Write(file_path: str, content: str) -> str:
         """Write a file.
@@ -380,17 +397,19 @@ def write_tool(root: str | Path, *, protect: Sequence[str] = ()) -> Tool:
         name="Write",
         description=(
             "Write a file (create it, or replace all of its contents); parent directories are created. "
-            f"Prefer Edit for changing part of an existing file. Workspace root: {ws.root}"
+            f"Prefer Edit for changing part of an existing file. Workspace root: {ws.shown}"
         ),
         effect="reversible",
-        metadata={"writes_path": "file_path"},
+        metadata={"writes_path": "file_path", "staged": stage is not None},
     )(Write)
 
 
-def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect: Sequence[str] = ()) -> Tool:
-    """The `Edit` tool for files under `root` (never under `.git` or a `protect`ed path)."""
-    ws = Workspace(root)
-    protected = [os.path.normpath(p) for p in protect]
+def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect: Sequence[str] = (),
+              stage: StagedWorkspace | None = None) -> Tool:
+    """The `Edit` tool for files under `root` (never under `.git` or a `protect`ed path); staged like
+    `write_tool` with a `stage`."""
+    ws = Workspace(root, stage=stage)
+    protected = [os.path.normpath(p) for p in (*protect, *ws.passthrough)]
 
     def Edit(file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
         """Replace exact text in a file.
@@ -430,10 +449,10 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect
         name="Edit",
         description=(
             "Replace exact text in a file. old_string must match the file exactly and, unless replace_all "
-            f"is true, exactly once. Read the file first. Workspace root: {ws.root}"
+            f"is true, exactly once. Read the file first. Workspace root: {ws.shown}"
         ),
         effect="reversible",
-        metadata={"writes_path": "file_path"},
+        metadata={"writes_path": "file_path", "staged": stage is not None},
     )(Edit)
 
 
@@ -441,17 +460,17 @@ def _search_base(ws: Workspace, path: str | None) -> tuple[int, os.stat_result, 
     """An open descriptor of the directory or file to search, its stat and its shown path."""
     rel = "." if path is None or path.strip() in ("", ".") else ws.relative(path)
     try:
-        fd = ws.files.open(rel)
+        fd = ws.beneath(rel).open(rel)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
-            raise InvalidInput(f"path not found: '{path}' (workspace root {ws.root})") from None
+            raise InvalidInput(f"path not found: '{path}' (workspace root {ws.shown})") from None
         raise ws.error(exc, path or ".", "open") from None
     return fd, os.fstat(fd), rel
 
 
-def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
-    """The `Glob` tool for files under `root`."""
-    ws = Workspace(root)
+def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS, stage: StagedWorkspace | None = None) -> Tool:
+    """The `Glob` tool for files under `root` (its staged view with a `stage`)."""
+    ws = Workspace(root, stage=stage)
 
     def Glob(pattern: str, path: str | None = None) -> str:
         """Find files by glob pattern.
@@ -491,7 +510,7 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
         name="Glob",
         description=(
             "Find files and directories by glob pattern. Returns paths relative to the workspace root, sorted; "
-            f"directories end with '/'. Skips .git, node_modules, virtualenvs and caches. Workspace root: {ws.root}"
+            f"directories end with '/'. Skips .git, node_modules, virtualenvs and caches. Workspace root: {ws.shown}"
         ),
         effect="read_only",
         untrusted_output=True,
@@ -499,10 +518,11 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS) -> Tool:
 
 
 def grep_tool(
-    root: str | Path, *, max_matches: int = MAX_GREP_MATCHES, max_file_bytes: int = MAX_FILE_BYTES
+    root: str | Path, *, max_matches: int = MAX_GREP_MATCHES, max_file_bytes: int = MAX_FILE_BYTES,
+    stage: StagedWorkspace | None = None,
 ) -> Tool:
-    """The `Grep` tool for files under `root`."""
-    ws = Workspace(root)
+    """The `Grep` tool for files under `root` (its staged view with a `stage`)."""
+    ws = Workspace(root, stage=stage)
 
     def Grep(pattern: str, path: str | None = None, glob: str | None = None) -> str:
         """Search file contents.
@@ -558,7 +578,7 @@ def grep_tool(
         description=(
             "Search file contents with a regular expression. Returns 'path:line:text' lines, paths relative "
             "to the workspace root. Binary files, .git, node_modules, virtualenvs and caches are skipped. "
-            f"Workspace root: {ws.root}"
+            f"Workspace root: {ws.shown}"
         ),
         effect="read_only",
         untrusted_output=True,
@@ -587,13 +607,16 @@ def _grep_file(fd: int, shown: str, regex: re.Pattern[str], out: list[str], cap:
     return True
 
 
-def file_tools(root: str | Path, *, read_only: bool = False, protect: Sequence[str] = ()) -> list[Tool]:
+def file_tools(root: str | Path, *, read_only: bool = False, protect: Sequence[str] = (),
+               stage: StagedWorkspace | None = None) -> list[Tool]:
     """Read, Write, Edit, Glob and Grep confined to `root` (only Read, Glob, Grep when read_only);
-    Write and Edit never write under `.git` or a `protect`ed path."""
+    Write and Edit never write under `.git` or a `protect`ed path. With a `stage` (tether.staging)
+    they work in the run's staged view of `root`: writes need no approval and are reviewed at the end."""
+    readers = [read_tool(root, stage=stage), glob_tool(root, stage=stage), grep_tool(root, stage=stage)]
     if read_only:
-        return [read_tool(root), glob_tool(root), grep_tool(root)]
-    return [read_tool(root), write_tool(root, protect=protect), edit_tool(root, protect=protect), glob_tool(root),
-            grep_tool(root)]
+        return readers
+    return [readers[0], write_tool(root, protect=protect, stage=stage), edit_tool(root, protect=protect, stage=stage),
+            *readers[1:]]
 
 
 __all__ = [

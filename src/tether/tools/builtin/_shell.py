@@ -17,10 +17,14 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether.tools._base import Tool, tool
 from tether.tools._sandbox import Sandbox, Unconfined, default_sandbox, sandbox_environ
+
+if TYPE_CHECKING:
+    from tether.staging import StagedWorkspace
 
 DRAIN_GRACE_SECONDS = 0.5  # after bash exits, how long background children may keep the output open
 
@@ -204,6 +208,7 @@ def shell_tool(
     pass_env: Sequence[str] = (),
     executed_later: Sequence[str] = (),
     warn: Callable[[str], None] | None = None,
+    stage: StagedWorkspace | None = None,
 ) -> Tool:
     """The `Bash` tool: runs commands in `cwd`, confined by `sandbox`.
 
@@ -212,17 +217,27 @@ def shell_tool(
     call requires approval. `env` defaults to an allowlist of this process's environment (see
     `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
     credentials. `executed_later`: workspace paths kept read-only besides `.git` (see sandbox.py).
-    `warn` takes the "not sandboxed" notice instead of stderr.
+    `warn` takes the "not sandboxed" notice instead of stderr. With a `stage` (tether.staging) commands
+    run in the run's staged view, mounted at the workspace's own path inside the sandbox: what they
+    write is staged, so a sandboxed call without network needs no approval (unconfined, they run in
+    the view's directory and every call still asks).
     """
     if env is None:
         env = sandbox_environ(pass_env)
-    workdir = Path(cwd).resolve()
+    workdir = Path(cwd).resolve() if stage is None else stage.workspace
     if not workdir.is_dir():
         raise InvalidInput(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
         raise InvalidInput("timeout must be positive")
+    if stage is not None:
+        executed_later = [*executed_later, *stage.passthrough]  # the real ones, mounted read-only
     box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
-                                                              executed_later=executed_later, warn=warn)
+                                                              executed_later=executed_later, warn=warn,
+                                                              view=None if stage is None else stage.view)
+    # staged: its writes land in the view (confined, no network: nothing else it can change)
+    staged = stage is not None and box.confined and not allow_net and getattr(box, "view", None) == stage.view
+    if stage is not None and not box.confined:
+        workdir = stage.view  # unconfined, it runs in the view itself (and asks before every call)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
@@ -255,7 +270,8 @@ def shell_tool(
         timeout=timeout + 5,
         # `executes`: it runs what was written (files written from untrusted content taint the command).
         # Unconfined, nothing but a person stands between a command and the machine.
-        metadata={"executes": True, "requires_approval": not box.confined, "sandbox": box.description},
+        metadata={"executes": True, "requires_approval": not box.confined, "sandbox": box.description,
+                  "staged": staged},
     )(Bash)
 
 
