@@ -228,3 +228,87 @@ def test_rule_approver_asks_the_inner_approver_for_the_rest() -> None:
     assert asyncio.run(approver.request(_request("git status"))).by == "rule:Bash(git status)"
     assert not asyncio.run(approver.request(_request("git push"))).approved
     assert inner.asked == 1
+
+
+def _on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], answers: dict[bytes, bytes],
+                   timeout: float = 120) -> bytes:
+    """Run `argv` on a pseudo-terminal; each time a key of `answers` appears (again), type its value."""
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child
+        os.chdir(cwd)
+        os.execve(argv[0], argv, env)
+    out = b""
+    seen = dict.fromkeys(answers, 0)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            for question, answer in answers.items():
+                if out.count(question) > seen[question]:
+                    seen[question] = out.count(question)
+                    os.write(fd, answer)
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return out
+
+
+def test_a_bug_fix_on_a_terminal_asks_once_at_the_end(project: Path, tmp_path: Path) -> None:
+    from conftest import need_bubblewrap
+
+    need_bubblewrap()
+    os.chmod(tmp_path, 0o755)
+    for p in [project, *project.iterdir()]:  # commands run as the owner, or nobody: let them read
+        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    script = bug_fix()
+    script.insert(3, chat_completion(None, [tool_call("Bash", {"command": "git status --short; python3 -c "
+                                                               "'import calc; print(calc.add(2, 3))'"}, id="b1")]))
+    with FakeOpenAIServer(script) as server:
+        env = {**_env(server, tmp_path / "home"), "TERM": "dumb"}
+        out = _on_a_terminal([sys.executable, "-m", "tether.cli", "-p", "fix the issue"], project, env,
+                             {b"Apply? [a]ll": b"a\n", b"which runs later": b"n\n", b"Approve?": b"n\n"})
+    text = out.decode("utf-8", errors="replace")
+    assert text.count("Approve?") == 0, text  # no question per call inside the staging layer
+    assert text.count("Apply? [a]ll") == 1, text  # one review
+    assert text.count("which runs later") == 1  # .envrc, asked apart (and declined)
+    assert (project / "calc.py").read_text().endswith("a + b\n") and (project / "test_calc.py").exists()
+    assert not (project / ".envrc").exists()
+    tool_results = [m["content"] for m in server.requests[4].body["messages"] if m["role"] == "tool"]
+    assert tool_results[-1].strip().endswith("5")  # Bash saw the staged fix
+
+
+def test_the_course_without_yes_applies_what_yes_would(tmp_path: Path) -> None:
+    """The CodeCrafters stage of tests/test_cli.py, run without --yes: sandboxed Bash and Write are staged,
+    nobody is asked, and --apply gives the same files."""
+    from conftest import need_bubblewrap
+
+    need_bubblewrap()
+    os.chmod(tmp_path, 0o777)
+    (tmp_path / "README.md").write_text("Project notes.")
+    (tmp_path / "README_old.md").write_text("Old notes.")
+    script = [
+        chat_completion(None, [tool_call("Read", {"file_path": "README.md"}, id="c1")]),
+        chat_completion(None, [tool_call("Write", {"file_path": "app/out.txt", "content": "hello"}, id="c2"),
+                               tool_call("Bash", {"command": "rm README_old.md"}, id="c3")]),
+        chat_completion("Deleted README_old.md"),
+    ]
+    with FakeOpenAIServer(script) as server:
+        proc = tether(["-p", "Delete the old readme file.", "--apply"], cwd=tmp_path,
+                      env=_env(server, tmp_path.parent / f"{tmp_path.name}-home"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip() == "Deleted README_old.md"
+    assert not (tmp_path / "README_old.md").exists()
+    assert (tmp_path / "app" / "out.txt").read_text() == "hello"
+    assert "Approve" not in proc.stderr and "nobody could be asked" not in proc.stderr

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tether.policy import ApprovalDecision, ApprovalRequest, Approver
     from tether.staging import Stage
 
+DEFAULT_MAX_STEPS = 60  # a CLI run's model calls unless --max-steps: a 24-file change fits (library: Limits' 20)
 DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
 Pause = Callable[[], AbstractContextManager[None]]
 
@@ -129,9 +130,8 @@ def model_deadline(opts: RunOptions, env: Mapping[str, str] | None = None) -> fl
 
 
 def build_limits(opts: RunOptions) -> Limits:
-    defaults = Limits()
     return Limits(
-        max_steps=opts.max_steps if opts.max_steps is not None else defaults.max_steps,
+        max_steps=opts.max_steps if opts.max_steps is not None else DEFAULT_MAX_STEPS,
         max_tokens=opts.max_tokens,
         max_seconds=run_seconds(opts),
         max_cost_usd=opts.max_cost,

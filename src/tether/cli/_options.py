@@ -23,7 +23,7 @@ BaseUrl = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatib
                                              "http://localhost:11434/v1).", show_default=False)]
 ApiKey = Annotated[str | None, typer.Option("--api-key", help="API key for the endpoint (default: from the "
                                             "environment).", show_default=False)]
-MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="Model calls per run. Default: 20.",
+MaxSteps = Annotated[int | None, typer.Option("--max-steps", min=1, help="Model calls per run. Default: 60.",
                                               show_default=False)]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Total tokens per run.",
                                                show_default=False)]

@@ -51,6 +51,14 @@ BUDGET_STOPS = {
 }
 
 
+RAISE_WITH = {  # the option that raises the limit a run stopped at
+    StopReason.MAX_STEPS: "--max-steps",
+    StopReason.TOKEN_BUDGET: "--max-tokens",
+    StopReason.TIME_BUDGET: "--max-seconds",
+    StopReason.COST_BUDGET: "--max-cost",
+}
+
+
 def exit_code(result: RunResult) -> int:
     if result.stop_reason is StopReason.COMPLETED:
         return EXIT_OK
@@ -75,6 +83,8 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
     reason = result.stop_reason
     if reason in BUDGET_STOPS:
         head = f"stopped at {BUDGET_STOPS[reason]} ({reason.value}) {done}"
+        if reason in RAISE_WITH:
+            head += f" (raise it with {RAISE_WITH[reason]})"
     elif reason is StopReason.CANCELLED:
         head = f"cancelled ({result.error or 'cancelled'}) {done}"
     elif reason is StopReason.AWAITING_APPROVAL:
