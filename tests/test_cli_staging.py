@@ -312,3 +312,17 @@ def test_the_course_without_yes_applies_what_yes_would(tmp_path: Path) -> None:
     assert not (tmp_path / "README_old.md").exists()
     assert (tmp_path / "app" / "out.txt").read_text() == "hello"
     assert "Approve" not in proc.stderr and "nobody could be asked" not in proc.stderr
+
+
+def test_a_piped_chat_stages_its_writes_and_says_so_once_at_the_end(project: Path, tmp_path: Path) -> None:
+    script = [chat_completion(None, [tool_call("Write", {"file_path": "a.txt", "content": "one\n"}, id="w1")]),
+              chat_completion("wrote a"),
+              chat_completion(None, [tool_call("Write", {"file_path": "b.txt", "content": "two\n"}, id="w2")]),
+              chat_completion("wrote b")]
+    with FakeOpenAIServer(script) as server:
+        proc = subprocess.run([sys.executable, "-m", "tether.cli", "chat"], cwd=project, input="write a\nwrite b\n",
+                              env=_env(server, tmp_path / "home"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "wrote a\nwrote b\n"
+    assert not (project / "a.txt").exists() and not (project / "b.txt").exists()
+    assert proc.stderr.count("not applied") == 1 and "+ a.txt" in proc.stderr and "+ b.txt" in proc.stderr

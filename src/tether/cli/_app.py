@@ -174,17 +174,28 @@ def execute_chat(opts: o.RunOptions) -> int:
     console = err_console()
     reporter = reporter_for(opts, console)
     notices: list[str] = []
+    stage = None
     try:
-        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
+        stage = open_stage(opts, workspace_of(opts), new_run_id())  # one staged view for the conversation
+        agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices, stage=stage)
         trace = open_trace(opts)
     except CliError as exc:
+        if stage is not None:
+            stage.remove()
         return _fail(console, str(exc))
     except KeyboardInterrupt:
+        if stage is not None:
+            stage.remove()
         return _fail(console, "interrupted", EXIT_CANCELLED)
     for line in notices:  # a conversation: said once it starts
         reporter.announce(line)
+
+    def after_turn(interactive: bool) -> None:  # on a terminal, each turn's changes are reviewed after its answer
+        if stage is not None and interactive:
+            review(stage, opts, console)
+
     try:
-        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw, after_turn=after_turn)
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     finally:
@@ -193,6 +204,8 @@ def execute_chat(opts: o.RunOptions) -> int:
         if agent.executor is not None:
             agent.executor.close()
             close_mcp(agent.executor)
+        if stage is not None:
+            review(stage, opts, console, interactive=False)  # what is left: said once, kept staged
 
 
 def _options(**values: object) -> o.RunOptions:
@@ -343,13 +356,17 @@ def chat_command(
     quiet: o.Quiet = False,
     mcp: o.Mcp = None,
     compact: o.Compact = False,
+    no_stage: o.NoStage = False,
+    apply: o.Apply = False,
+    allow: o.Allow = None,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact, no_stage=no_stage,
+        apply=apply, allow=allow))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from rich.markup import escape
@@ -42,8 +43,10 @@ def chat(
     trace: JsonlTraceWriter | None = None,
     stdin: TextIO | None = None,
     raw: bool = False,
+    after_turn: Callable[[bool], None] | None = None,
 ) -> int:
-    """Run the conversation; returns the exit code of the last turn (0 when there was none)."""
+    """Run the conversation; returns the exit code of the last turn (0 when there was none).
+    `after_turn(interactive)` runs after each turn's answer (the review of staged changes)."""
     stdin = stdin or sys.stdin
     assert stdin is not None, "no standard input"
     interactive = stdin.isatty() and sys.stdout.isatty()
@@ -75,3 +78,5 @@ def chat(
             result = runner.run(run_turn(agent, text, history=history, reporter=reporter, trace=trace))
             history = result.messages
             code = report(result, reporter, as_json=as_json, raw=raw)
+            if after_turn is not None:
+                after_turn(interactive)

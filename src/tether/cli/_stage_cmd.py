@@ -88,9 +88,10 @@ def review(stage: StagedWorkspace, opts: o.RunOptions, console: Console, *, ask:
            interactive: bool | None = None) -> None:
     """The one review at the end of a run: apply all / some / none (on a terminal), else per
     --apply / --yes, else keep the changes staged and say how to apply them."""
-    changes = stage.changes()
+    changes = stage.pending()
     if not changes:
-        stage.remove()
+        if not stage.changes():
+            stage.remove()
         return
     say = _printer(console)
     plain = [c for c in changes if not c.runs_later]
@@ -258,7 +259,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("no staged runs")
             return
         for s in stages:
-            count = len(s.changes()) if s.status in ("staged", "partly applied") else 0
+            count = len(s.pending()) if s.status in ("staged", "partly applied") else 0
             typer.echo(clean(f"{s.run_id}  {s.status:<15} {count:>4} change(s)  {s.workspace}"))
 
 

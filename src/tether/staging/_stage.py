@@ -301,6 +301,10 @@ class StagedWorkspace:
                 out.append(self._change(rel, "deleted", FileState.from_json(known[:4]), None))
         return sorted(out, key=lambda c: c.path)
 
+    def pending(self) -> list[Change]:
+        """The changes not yet in the workspace (`changes()` less what was applied)."""
+        return [c for c in self.changes() if entry_of(self.workspace / c.path) != c.after]
+
     def _change(self, rel: str, kind: Kind, before: FileState | None, after: FileState | None) -> Change:
         binary = False
         if after is not None and not after.link:
@@ -371,8 +375,7 @@ class StagedWorkspace:
                 report.skipped[change.path] = f"could not be written: {exc.strerror or exc}"
             except OperationFailed as exc:
                 report.skipped[change.path] = f"could not be written: {exc}"
-        left = [c for c in self.changes() if entry_of(self.workspace / c.path) != c.after]
-        self._meta["status"] = "applied" if not left else "partly applied"
+        self._meta["status"] = "partly applied" if self.pending() else "applied"
         self._save()
         return report
 
