@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tether.tools import _beneath
 from tether.tools._base import Tool
 from tether.tools.builtin import file_tools
 from tether.tools.builtin._files import grep_tool, read_tool
+from tether.tools.builtin._regex import compile_pattern
 
 HANG = 60  # seconds: only a hang gets near this
 EVIL_LINE = "a" * 40 + "!"  # 41 characters: ^(a+)+$ backtracks 2**40 times in Python's re
@@ -294,3 +297,24 @@ def test_the_issue_through_the_cli_holds_the_run_deadline(sparse: Path) -> None:
     assert "No matches for '^(a+)+$'" in results["grep"], results
     assert "not searched: 1 file(s) over 5,000,000 bytes ('big.log')" in results["grep"]
     assert "binary file (it contains NUL bytes on line 1)" in results["read"], results
+
+
+# --- Grep's whole-text pass finds exactly the lines a line-by-line search finds ---------------------
+
+TOKENS = ["^", "$", "a", "b", " ", ".", "\\b", "\\B", "\\s", "\\S", "[^a]", "a*", "b+?", "(a|^b)", "(?i)A", "\\A",
+          "\\z", "(?s).", "(?-m)^a", "\\n", "(?m)$"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4),
+       text=st.text(alphabet="ab \n\r", max_size=40))
+def test_the_whole_text_pass_agrees_with_line_by_line(tokens: list[str], text: str) -> None:
+    try:
+        pattern = compile_pattern("".join(tokens))
+    except ValueError:
+        return
+    data = text.encode()
+    slow = list(pattern._each_line(data, lambda: True))
+    assert list(pattern.lines(data, lambda: True)) == slow
+    assert list(pattern.lines(data.replace(b"\r", b""), lambda: True)) == list(
+        pattern._each_line(data.replace(b"\r", b""), lambda: True))

@@ -37,7 +37,7 @@ from tether._errors import InvalidInput
 from tether.tools._base import Tool, files_source, tool, values_from
 from tether.tools._beneath import Beneath, Entry, open_entry
 from tether.tools.builtin._bounded import Budget, Lines
-from tether.tools.builtin._regex import SYNTAX, Searcher, compile_pattern
+from tether.tools.builtin._regex import SYNTAX, LinePattern, compile_pattern
 
 MAX_FILE_BYTES = 5_000_000
 MAX_GLOB_RESULTS = 200
@@ -616,8 +616,8 @@ def grep_tool(
 class _Search:
     """One Grep call: its matches, the files it passed over, and why it stopped early (if it did)."""
 
-    def __init__(self, regex: Searcher, max_matches: int, max_file_bytes: int, budget: Budget) -> None:
-        self.regex = regex
+    def __init__(self, pattern: LinePattern, max_matches: int, max_file_bytes: int, budget: Budget) -> None:
+        self.pattern = pattern
         self.max_matches = max_matches
         self.max_file_bytes = max_file_bytes
         self.budget = budget
@@ -657,20 +657,12 @@ class _Search:
         if _is_binary(data[:BINARY_SNIFF_BYTES]):
             return True
         self.searched += 1
-        lines = data.split(b"\n")
-        if lines[-1] == b"":  # the newline ending the last line does not start another
-            lines.pop()
-        for number, line in enumerate(lines, 1):
-            if number % 4096 == 0 and not self.go_on():
+        for number, line in self.pattern.lines(data, self.go_on):
+            if len(self.out) >= self.max_matches:
+                self.capped = True
                 return False
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if self.regex.search(line):
-                if len(self.out) >= self.max_matches:
-                    self.capped = True
-                    return False
-                self.out.append(f"{shown}:{number}:{_grep_line(line)}")
-        return True
+            self.out.append(f"{shown}:{number}:{_grep_line(line)}")
+        return self.stopped is None
 
     def report(self, pattern: str, base: str) -> str:
         lines = self.out or [f"No matches for {pattern!r} in {base}"]
