@@ -11,6 +11,11 @@ inside). Glob and Grep walk by directory descriptors and leave symbolic links ou
 write a new file in the target's directory and rename it over the target (a hard link to a file
 outside is replaced, not written through), and never write under `.git` or a `protect`ed path.
 
+Hostile files and patterns meet ceilings (docs/cli.md, "The file tools"): Grep runs RE2 (linear time,
+tools/builtin/_regex.py); a paged Read and Grep read within a byte budget and a deadline per call, in
+chunks, holding at most a cut slice of any one line (tools/builtin/_bounded.py); a FIFO, socket or device
+is refused by its type before it is opened for reading.
+
 Read, Grep and Glob return text that someone other than the user may have written (cloned
 repositories, downloads, files produced by earlier tool calls; even a file *name* can carry an
 instruction), so their output is marked `untrusted_output`: the safety policy treats instructions
