@@ -14,6 +14,9 @@ Either way a symbolic link anywhere in the path is refused (`ELOOP`), even one t
 Writes go to a new file in the target's directory (through that directory's descriptor) that is then
 renamed over the target, so a target that is a hard link to a file outside leaves that file alone.
 Walks hold a descriptor per directory level and open each entry relative to it with `O_NOFOLLOW`.
+Reads open regular files only: `open_regular` looks at the type through an `O_PATH` descriptor first
+(a FIFO would block the open, a device can act on it), walked entries carry the directory listing's
+type, and every read open is `O_NONBLOCK | O_NOCTTY` in case the path was swapped in between.
 
 Paths given here are already lexically relative ("a/b/c" or "."), without ".." (the caller's job:
 `tether.tools.builtin._files.Workspace.relative`); the root itself is opened by its real path,
