@@ -14,6 +14,9 @@ Either way a symbolic link anywhere in the path is refused (`ELOOP`), even one t
 Writes go to a new file in the target's directory (through that directory's descriptor) that is then
 renamed over the target, so a target that is a hard link to a file outside leaves that file alone.
 Walks hold a descriptor per directory level and open each entry relative to it with `O_NOFOLLOW`.
+Reads open regular files only: `open_regular` looks at the type through an `O_PATH` descriptor first
+(a FIFO would block the open, a device can act on it), walked entries carry the directory listing's
+type, and every read open is `O_NONBLOCK | O_NOCTTY` in case the path was swapped in between.
 
 Paths given here are already lexically relative ("a/b/c" or "."), without ".." (the caller's job:
 `tether.tools.builtin._files.Workspace.relative`); the root itself is opened by its real path,
@@ -42,8 +45,11 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_PATH = getattr(os, "O_PATH", 0)
 DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
-READ_FLAGS = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC  # NONBLOCK: a FIFO does not hang the open
+# NONBLOCK: a FIFO does not hang the open; NOCTTY: a terminal device does not become ours
+READ_FLAGS = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC
 
 
 class _OpenHow(ctypes.Structure):
@@ -131,12 +137,13 @@ def open_beneath(dir_fd: int, path: str, flags: int, mode: int = 0o666) -> int:
 @dataclass(slots=True)
 class Entry:
     """One walked name: `path` relative to the root ('/'-separated), its directory's descriptor
-    (valid until the walk moves on) and its own name in that directory."""
+    (valid until the walk moves on), its own name in that directory and whether it is a regular file."""
 
     path: str
     is_dir: bool
     dir_fd: int
     name: str
+    is_file: bool = True  # a regular file, as the directory listing says (FIFOs and devices are not)
 
 
 class Beneath:
@@ -155,6 +162,28 @@ class Beneath:
             return open_beneath(root, path, flags, mode)
         finally:
             os.close(root)
+
+    def open_regular(self, path: str, *, allow_dir: bool = False) -> int:
+        """A read descriptor of the regular file `path` (or directory, with `allow_dir`). Its type is
+        looked at through an `O_PATH` descriptor first, so a FIFO, socket or device is refused without
+        being opened for reading (which can block, fail oddly or have side effects); the descriptor
+        opened after is checked again (the path may have changed in between).
+
+        Raises OSError: EINVAL naming what else it is, EISDIR for a directory, ELOOP for a link.
+        """
+        if _PATH:
+            probe = self.open(path, _PATH | _NOFOLLOW)
+            try:
+                _check_kind(os.fstat(probe).st_mode, path, allow_dir)
+            finally:
+                os.close(probe)
+        fd = self.open(path, READ_FLAGS)
+        try:
+            _check_kind(os.fstat(fd).st_mode, path, allow_dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def open_dir(self, path: str, *, create: bool = False) -> int:
         """A descriptor of the directory `path`; with `create`, missing directories are made on the way
@@ -237,7 +266,7 @@ class Beneath:
     def _walk(self, fd: int, prefix: str, depth: int, max_depth: int | None,
               skip_dir: Callable[[str], bool]) -> Iterator[Entry]:
         dirs: list[str] = []
-        files: list[str] = []
+        files: list[tuple[str, bool]] = []
         try:
             with os.scandir(fd) as it:
                 for item in it:
@@ -247,16 +276,16 @@ class Beneath:
                         if not skip_dir(item.name):
                             dirs.append(item.name)
                     else:
-                        files.append(item.name)
+                        files.append((item.name, item.is_file(follow_symlinks=False)))
         except OSError:
             return
         dirs.sort()
         files.sort()
         base = "" if prefix in ("", ".") else prefix + "/"
         for name in dirs:
-            yield Entry(base + name, True, fd, name)
-        for name in files:
-            yield Entry(base + name, False, fd, name)
+            yield Entry(base + name, True, fd, name, False)
+        for name, regular in files:
+            yield Entry(base + name, False, fd, name, regular)
         if max_depth is not None and depth + 1 >= max_depth:
             return
         for name in dirs:
@@ -270,9 +299,29 @@ class Beneath:
                 os.close(sub)
 
 
+def kind_of(mode: int) -> str:
+    """What a file of this `st_mode` is, for a message ("a FIFO (named pipe)")."""
+    kinds = [(stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+             (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _check_kind(mode: int, path: str, allow_dir: bool) -> None:
+    if stat.S_ISREG(mode) or (allow_dir and stat.S_ISDIR(mode)):
+        return
+    if stat.S_ISDIR(mode):
+        raise OSError(errno.EISDIR, "is a directory", path)
+    if stat.S_ISLNK(mode):  # O_PATH|O_NOFOLLOW hands back the link itself
+        raise OSError(errno.ELOOP, "is a symbolic link", path)
+    raise OSError(errno.EINVAL, f"it is {kind_of(mode)}, not a regular file; the file tools read only regular files",
+                  path)
+
+
 def open_entry(entry: Entry) -> int:
-    """A read descriptor for a walked file, opened relative to its directory, not followed."""
+    """A read descriptor for a walked file, opened relative to its directory, not followed (and not
+    blocking: check its type with fstat before reading)."""
     return os.open(entry.name, READ_FLAGS, dir_fd=entry.dir_fd)
 
 
-__all__ = ["Beneath", "Entry", "open_beneath", "open_entry", "openat2_available"]
+__all__ = ["Beneath", "Entry", "kind_of", "open_beneath", "open_entry", "openat2_available"]

@@ -11,6 +11,11 @@ inside). Glob and Grep walk by directory descriptors and leave symbolic links ou
 write a new file in the target's directory and rename it over the target (a hard link to a file
 outside is replaced, not written through), and never write under `.git` or a `protect`ed path.
 
+Hostile files and patterns meet ceilings (docs/cli.md, "The file tools"): Grep runs RE2 (linear time,
+tools/builtin/_regex.py); a paged Read and Grep read within a byte budget and a deadline per call, in
+chunks, holding at most a cut slice of any one line (tools/builtin/_bounded.py); a FIFO, socket or device
+is refused by its type before it is opened for reading.
+
 Read, Grep and Glob return text that someone other than the user may have written (cloned
 repositories, downloads, files produced by earlier tool calls; even a file *name* can carry an
 instruction), so their output is marked `untrusted_output`: the safety policy treats instructions
@@ -21,6 +26,7 @@ from such content keeps the run's commands (Bash) under approval.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import fnmatch
 import os
@@ -35,6 +41,8 @@ from pydantic import Field
 from tether._errors import InvalidInput
 from tether.tools._base import Tool, files_source, tool, values_from
 from tether.tools._beneath import Beneath, Entry, open_entry
+from tether.tools.builtin._bounded import Budget, Lines
+from tether.tools.builtin._regex import SYNTAX, LinePattern, compile_pattern
 
 if TYPE_CHECKING:
     from tether.staging import StagedWorkspace
@@ -46,6 +54,9 @@ MAX_GREP_LINE_CHARS = 300
 MAX_SCAN_ENTRIES = 100_000
 DEFAULT_READ_LINES = 2_000
 BINARY_SNIFF_BYTES = 8_192
+MAX_LINE_BYTES = 20_000  # Read shows at most this much of one line
+MAX_SCAN_BYTES = 256 << 20  # one Read or Grep call reads at most this much ...
+MAX_CALL_SECONDS = 30.0  # ... and stops after this long (well inside the executor's 120 s)
 
 # Directories walks skip unless the search starts inside one: VCS data, dependencies, caches.
 SKIP_DIRS = frozenset(
@@ -136,7 +147,7 @@ class Workspace:
         """An open read descriptor of the existing regular file `path`, its stat and its shown name."""
         rel = self.relative(path, what=what)
         try:
-            fd = self.beneath(rel).open(rel)
+            fd = self.beneath(rel).open_regular(rel)  # a FIFO, socket or device is refused without being opened
         except OSError as exc:
             raise self.error(exc, path, "read") from None
         info = os.fstat(fd)
@@ -289,8 +300,12 @@ def _check_pattern(pattern: str, what: str) -> None:
 # --- tools ---------------------------------------------------------------------------------------
 
 
-def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, stage: StagedWorkspace | None = None) -> Tool:
-    """The `Read` tool for files under `root` (its staged view with a `stage`)."""
+def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_line_bytes: int = MAX_LINE_BYTES,
+              max_scan_bytes: int = MAX_SCAN_BYTES, max_seconds: float = MAX_CALL_SECONDS,
+              stage: StagedWorkspace | None = None) -> Tool:
+    """The `Read` tool for files under `root` (its staged view with a `stage`): a whole file up to
+    `max_file_bytes`; a part (offset, limit) of any file, its lines cut at `max_line_bytes`, reading at
+    most `max_scan_bytes` for at most `max_seconds` per call."""
     ws = Workspace(root, stage=stage)
 
     def Read(
@@ -308,13 +323,19 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, stage: 
         fd, info, shown = ws.open_file(file_path)
         if offset is None and limit is None:
             return _read_all(fd, info, shown, max_bytes=max_file_bytes)
-        return _read_lines(fd, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES, max_file_bytes)
+        try:
+            return _read_lines(fd, info, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES,
+                               max_bytes=max_file_bytes, max_line=min(max_line_bytes, max_file_bytes),
+                               budget=Budget(max_scan_bytes, max_seconds))
+        finally:
+            os.close(fd)
 
     read = tool(
         name="Read",
         description=(
             "Read a text file and return its exact contents. For a long file, pass offset (1-based start "
-            f"line) and limit (number of lines) to read a part. Workspace root: {ws.shown}"
+            f"line) and limit (number of lines) to read a part; then a line over {max_line_bytes:,} bytes is "
+            f"cut, with a note. Workspace root: {ws.shown}"
         ),
         effect="read_only",
         untrusted_output=True,
@@ -323,37 +344,74 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, stage: 
     return values_from(read, "file_path", files_source(ws.root))
 
 
-def _read_lines(fd: int, shown: str, start: int, count: int, max_bytes: int) -> str:
-    with os.fdopen(fd, "rb") as fh:
-        if _is_binary(fh.read(BINARY_SNIFF_BYTES)):
+def _read_lines(fd: int, info: os.stat_result, shown: str, start: int, count: int, *, max_bytes: int,
+                max_line: int, budget: Budget) -> str:
+    """Lines `start`.. of the open file `fd` (the caller's), `count` at most and `max_bytes` of text at
+    most, each cut at `max_line` bytes; the file is read in chunks within `budget`, so no more than one
+    chunk and one cut line are held, whatever the file is."""
+    binary = (f"'{shown}' looks like a binary file (it contains NUL bytes{{}}); only text files can be read")
+    if _is_binary(os.pread(fd, BINARY_SNIFF_BYTES, 0)):
+        raise InvalidInput(binary.format(""))
+    lines = Lines(fd, budget, max_line)
+    if lines.skip(start - 1) < start - 1:
+        if lines.stopped is not None:
             raise InvalidInput(
-                f"'{shown}' looks like a binary file (it contains NUL bytes); only text files can be read"
+                f"offset {start} is out of Read's reach in '{shown}' ({info.st_size:,} bytes): Read stopped "
+                f"after {lines.number:,} whole lines and {budget.used:,} bytes because {lines.stopped}; lines "
+                "this far in are out of the file tools' reach. Read an earlier part"
             )
-        fh.seek(0)
-        lines: list[str] = []
-        used = 0
-        number = 0
-        more = False
-        for raw in fh:
-            number += 1
-            if number < start:
-                continue
-            if len(lines) >= count or used + len(raw) > max_bytes:
-                more = True
-                break
-            lines.append(raw.decode("utf-8", errors="replace"))
-            used += len(raw)
-    if not lines:
-        if number == 0:
+        if lines.number == 0:
             return ""
-        raise InvalidInput(f"offset {start} is past the end of '{shown}', which has {number} lines")
-    text = "".join(lines)
-    if more:
-        next_line = start + len(lines)
-        text += ("" if text.endswith("\n") else "\n") + (
-            f"[lines {start}-{next_line - 1} shown; more follow: continue with offset={next_line}]"
-        )
+        raise InvalidInput(f"offset {start} is past the end of '{shown}', which has {lines.number:,} lines")
+    parts: list[str] = []
+    used = 0
+    last = start - 1
+    end_note = ""
+    while last - start + 1 < count and used < max_bytes:
+        line = lines.next()
+        if line is None:
+            break
+        if b"\0" in line.head:
+            raise InvalidInput(binary.format(f" on line {line.number:,}"))
+        if used and used + len(line.head) > max_bytes:  # shown from the next call on
+            end_note = f"more follow: continue with offset={line.number}"
+            break
+        text = _decode_head(line.head, line.ended)
+        used += len(line.head)
+        last = line.number
+        if line.ended:
+            parts.append(text)
+            continue
+        passed, ended = lines.rest_of_line()
+        whole = len(line.head) + passed
+        parts.append(text + "\n" + (
+            f"[line {line.number:,} cut: {len(line.head):,} of its {whole:,} bytes shown]\n" if ended else
+            f"[line {line.number:,} cut: {len(line.head):,} bytes shown; Read passed {whole:,} bytes of it "
+            f"and stopped before its end because {lines.stopped}]\n"))
+        if not ended:
+            end_note = "no more can be read in one call"
+            break
+    if not parts:
+        if lines.stopped is not None:
+            raise InvalidInput(f"Read stopped before line {start} of '{shown}' because {lines.stopped}")
+        if lines.number == 0:
+            return ""
+        raise InvalidInput(f"offset {start} is past the end of '{shown}', which has {lines.number:,} lines")
+    if not end_note and lines.more():
+        end_note = f"more follow: continue with offset={last + 1}"
+    elif not end_note and lines.stopped is not None:
+        end_note = f"Read stopped there because {lines.stopped}; the lines after may be out of its reach"
+    text = "".join(parts)
+    if end_note:
+        text += ("" if text.endswith("\n") else "\n") + f"[lines {start}-{last} shown; {end_note}]"
     return text
+
+
+def _decode_head(head: bytes, whole: bool) -> str:
+    """A line's text; a head cut inside a UTF-8 character loses that character's first bytes."""
+    if whole:
+        return head.decode("utf-8", errors="replace")
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
 
 
 def _check_writable(shown: str, file_path: str, protect: Sequence[str]) -> None:
@@ -460,7 +518,7 @@ def _search_base(ws: Workspace, path: str | None) -> tuple[int, os.stat_result, 
     """An open descriptor of the directory or file to search, its stat and its shown path."""
     rel = "." if path is None or path.strip() in ("", ".") else ws.relative(path)
     try:
-        fd = ws.beneath(rel).open(rel)
+        fd = ws.beneath(rel).open_regular(rel, allow_dir=True)  # a FIFO, socket or device: refused unopened
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise InvalidInput(f"path not found: '{path}' (workspace root {ws.shown})") from None
@@ -519,37 +577,37 @@ def glob_tool(root: str | Path, *, max_results: int = MAX_GLOB_RESULTS, stage: S
 
 def grep_tool(
     root: str | Path, *, max_matches: int = MAX_GREP_MATCHES, max_file_bytes: int = MAX_FILE_BYTES,
+    max_scan_bytes: int = MAX_SCAN_BYTES, max_seconds: float = MAX_CALL_SECONDS,
     stage: StagedWorkspace | None = None,
 ) -> Tool:
-    """The `Grep` tool for files under `root` (its staged view with a `stage`)."""
+    """The `Grep` tool for files under `root` (its staged view with a `stage`): RE2 patterns (linear
+    time), files up to `max_file_bytes`, reading at most `max_scan_bytes` for at most `max_seconds` per call."""
     ws = Workspace(root, stage=stage)
 
     def Grep(pattern: str, path: str | None = None, glob: str | None = None) -> str:
         """Search file contents.
 
         Args:
-            pattern: Python regular expression searched in each line, e.g. 'def \\w+_tool' or '(?i)todo'
+            pattern: regular expression searched in each line (RE2: Python's re syntax without backreferences or lookaround), e.g. 'def \\w+_tool' or '(?i)todo'
             path: file or directory to search, relative to the workspace root (default: the root)
             glob: only search files matching this glob, e.g. '*.py' (file name) or 'src/**/*.ts' (path)
         """
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise InvalidInput(f"invalid regular expression {pattern!r}: {exc}") from None
+        regex = compile_pattern(pattern)
         if glob is not None:
             _check_pattern(glob, "glob")
         glob_filter = GlobPattern(glob) if glob else None
         by_name = glob is not None and "/" not in glob
         base_fd, info, base = _search_base(ws, path)
-        out: list[str] = []
-        capped = False
+        search = _Search(regex, max_matches, max_file_bytes, Budget(max_scan_bytes, max_seconds))
         try:
-            if not stat.S_ISDIR(info.st_mode):  # one file, already open
-                capped = not _grep_file(base_fd, base, regex, out, max_matches, max_file_bytes)
+            if not stat.S_ISDIR(info.st_mode):  # one regular file, already open
+                search.file(base_fd, base)
             else:
                 skip = len(base) + 1 if base != "." else 0
                 for entry in ws.walk(base_fd, base):
-                    if entry.is_dir:
+                    if not search.go_on():
+                        break
+                    if entry.is_dir or not entry.is_file:  # FIFOs, sockets, devices: never opened
                         continue
                     if glob_filter is not None:
                         subject = entry.name if by_name else entry.path[skip:]
@@ -560,24 +618,20 @@ def grep_tool(
                     except OSError:  # gone, or swapped for a symbolic link, since it was listed
                         continue
                     try:
-                        if not _grep_file(fd, entry.path, regex, out, max_matches, max_file_bytes):
-                            capped = True
+                        if not search.file(fd, entry.path):
                             break
                     finally:
                         os.close(fd)
         finally:
             os.close(base_fd)
-        if not out:
-            return f"No matches for {pattern!r} in {base}"
-        if capped:
-            out.append(f"[stopped at {max_matches} matches; narrow the pattern, path or glob]")
-        return "\n".join(out)
+        return search.report(pattern, base)
 
     return tool(
         name="Grep",
         description=(
-            "Search file contents with a regular expression. Returns 'path:line:text' lines, paths relative "
-            "to the workspace root. Binary files, .git, node_modules, virtualenvs and caches are skipped. "
+            f"Search file contents with a regular expression ({SYNTAX}). Returns 'path:line:text' lines, "
+            "paths relative to the workspace root. Binary files, files over "
+            f"{max_file_bytes:,} bytes, .git, node_modules, virtualenvs and caches are skipped. "
             f"Workspace root: {ws.shown}"
         ),
         effect="read_only",
@@ -585,26 +639,77 @@ def grep_tool(
     )(Grep)
 
 
-def _grep_file(fd: int, shown: str, regex: re.Pattern[str], out: list[str], cap: int, max_bytes: int) -> bool:
-    """Append matches of the open file `fd` to `out` (non-regular and oversized files are skipped);
-    False once `cap` is reached. `fd` stays the caller's."""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            return True
-        data = os.pread(fd, max_bytes + 1, 0)
-    except OSError:
-        return True
-    if len(data) > max_bytes or _is_binary(data[:BINARY_SNIFF_BYTES]):
-        return True
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if regex.search(line):
-            if len(out) >= cap:
+class _Search:
+    """One Grep call: its matches, the files it passed over, and why it stopped early (if it did)."""
+
+    def __init__(self, pattern: LinePattern, max_matches: int, max_file_bytes: int, budget: Budget) -> None:
+        self.pattern = pattern
+        self.max_matches = max_matches
+        self.max_file_bytes = max_file_bytes
+        self.budget = budget
+        self.out: list[str] = []
+        self.too_big: list[str] = []
+        self.searched = 0
+        self.capped = False
+        self.stopped: str | None = None
+
+    def go_on(self) -> bool:
+        """Whether the search may go on to the next file (False once the time is up)."""
+        if self.stopped is None:
+            self.stopped = self.budget.late()
+        return self.stopped is None and not self.capped
+
+    def file(self, fd: int, shown: str) -> bool:
+        """Add the matches of the open file `fd` (the caller's; non-regular, oversized and binary files
+        are passed over); False once the search must stop."""
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return True
+            if info.st_size > self.max_file_bytes:
+                self.too_big.append(shown)
+                return True
+            if info.st_size > self.budget.room():
+                self.stopped = self.budget.spent() or f"the next file would pass its ceiling of " \
+                    f"{self.budget.max_bytes:,} bytes read"
                 return False
-            if len(line) > MAX_GREP_LINE_CHARS:
-                line = line[:MAX_GREP_LINE_CHARS] + "..."
-            out.append(f"{shown}:{number}:{line}")
-    return True
+            data = os.pread(fd, min(self.max_file_bytes, self.budget.room()) + 1, 0)  # may have grown
+        except OSError:
+            return True
+        self.budget.take(len(data))
+        if len(data) > self.max_file_bytes:
+            self.too_big.append(shown)
+            return True
+        if _is_binary(data[:BINARY_SNIFF_BYTES]):
+            return True
+        self.searched += 1
+        for number, line in self.pattern.lines(data, self.go_on):
+            if len(self.out) >= self.max_matches:
+                self.capped = True
+                return False
+            self.out.append(f"{shown}:{number}:{_grep_line(line)}")
+        return self.stopped is None
+
+    def report(self, pattern: str, base: str) -> str:
+        lines = self.out or [f"No matches for {pattern!r} in {base}"]
+        if self.capped:
+            lines.append(f"[stopped at {self.max_matches} matches; narrow the pattern, path or glob]")
+        if self.too_big:
+            some = ", ".join(f"'{p}'" for p in self.too_big[:3]) + (", ..." if len(self.too_big) > 3 else "")
+            lines.append(f"[not searched: {len(self.too_big)} file(s) over {self.max_file_bytes:,} bytes ({some}); "
+                         "Read them in parts with offset and limit]")
+        if self.stopped is not None:
+            lines.append(f"[stopped early after searching {self.searched} file(s), because {self.stopped}; the "
+                         "rest was not searched: narrow the path or glob]")
+        return "\n".join(lines)
+
+
+def _grep_line(line: bytes) -> str:
+    """A matching line as shown: at most MAX_GREP_LINE_CHARS characters."""
+    text = line[: MAX_GREP_LINE_CHARS * 4].decode("utf-8", errors="replace")
+    if len(text) > MAX_GREP_LINE_CHARS or len(line) > MAX_GREP_LINE_CHARS * 4:
+        text = text[:MAX_GREP_LINE_CHARS] + "..."
+    return text
 
 
 def file_tools(root: str | Path, *, read_only: bool = False, protect: Sequence[str] = (),
