@@ -127,6 +127,37 @@ class Cancelled(BaseModel):
     was: str
 
 
+class StagedChange(BaseModel):
+    path: str
+    kind: Literal["added", "changed", "deleted"]
+    binary: bool
+    runs_later: str | None = Field(description="Why this change is code a common tool runs later (then it "
+                                   "is applied only when named), or null")
+    size_before: int | None
+    size_after: int | None
+
+
+class ChangesOut(BaseModel):
+    task_id: str
+    status: str = Field(description="staged, applied, partly applied, discarded or undone")
+    workspace: str
+    changes: list[StagedChange] = Field(description="What the task changed that is not yet in the workspace")
+    diff: str
+
+
+class ApplyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paths: list[str] | None = Field(None, description="Only these paths (a directory: what is under it); "
+                                    "null: every change except code that runs later")
+
+
+class StageActed(BaseModel):
+    task_id: str
+    done: list[str]
+    skipped: dict[str, str]
+    status: str
+
+
 class StreamTokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_seconds: int = Field(default=3600, ge=1, le=86_400, description="How long the token opens the stream.")
@@ -324,6 +355,27 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def confirm(task_id: str, body: ConfirmIn, user: User) -> Confirmed:
         await tasks.confirm(user, task_id, body.call_id, body.approved, body.reason)
         return Confirmed(task_id=task_id, call_id=body.call_id, approved=body.approved)
+
+    @app.get("/v1/tasks/{task_id}/changes", response_model=ChangesOut, responses=ERRORS)
+    async def changes(task_id: str, user: User) -> Any:
+        """What the task wrote in its staged copy of the workspace and is not yet applied, with a diff."""
+        return await tasks.changes(user, task_id)
+
+    @app.post("/v1/tasks/{task_id}/apply", response_model=StageActed, responses=ERRORS)
+    async def apply(task_id: str, user: User, body: ApplyIn | None = None) -> Any:
+        """Apply an ended task's staged changes to the workspace (all but code that runs later, or the
+        paths named); a path changed in the workspace meanwhile is skipped as a conflict."""
+        return await tasks.apply(user, task_id, None if body is None else body.paths)
+
+    @app.post("/v1/tasks/{task_id}/undo", response_model=StageActed, responses=ERRORS)
+    async def undo(task_id: str, user: User) -> Any:
+        """Revert what was applied for the task, as a whole (409 when a path changed since)."""
+        return await tasks.undo(user, task_id)
+
+    @app.post("/v1/tasks/{task_id}/discard", response_model=StageActed, responses=ERRORS)
+    async def discard(task_id: str, user: User) -> Any:
+        """Drop the task's staged changes."""
+        return await tasks.discard(user, task_id)
 
     @app.post("/v1/tasks/{task_id}/cancel", response_model=Cancelled, responses=ERRORS)
     async def cancel(task_id: str, user: User) -> Cancelled:

@@ -6,6 +6,8 @@ TOML (`tether serve --agents agents.toml`):
     model = "openai:gpt-4o-mini"          # as for `tether --model`; omitted: the environment's default
     tools = "calculator,files"            # tool sets, as for `tether --tools`
     workspace = "/srv/tether/ws"          # for file and shell tools
+    staged = true                         # (default) each task writes a staged copy of the workspace,
+                                          # reviewed and applied through /v1/tasks/ID/changes and /apply
     instructions = "Answer briefly."
     limits = { max_steps = 10, max_seconds = 120 }
 
@@ -47,16 +49,22 @@ class Registry:
     """name -> factory(user) -> Agent."""
 
     factories: dict[str, AgentFactory]
+    # agents whose file tools and Bash work in a staged copy per task (tether.staging): name -> factory
+    # (user, task id) -> Agent; their tasks' changes are reviewed and applied through the API
+    staged: dict[str, Callable[[str | None, str], Agent]] = dataclasses.field(default_factory=dict)
 
     def names(self) -> list[str]:
         return sorted(self.factories)
 
-    def build(self, name: str, user: str | None, limits: dict[str, Any] | None = None) -> Agent:
+    def build(self, name: str, user: str | None, limits: dict[str, Any] | None = None,
+              task_id: str | None = None) -> Agent:
         """The agent `name` acting as `user`, its limits narrowed by `limits` (a task may ask for
-        less than the configuration allows, never more)."""
+        less than the configuration allows, never more); a staged agent's tools work in the task's
+        staged copy of the workspace (made for the task's first build, found again after)."""
         if name not in self.factories:
             raise RegistryError(f"no agent named {name!r}; agents: {', '.join(self.names()) or 'none'}")
-        agent = self.factories[name](user)
+        agent = self.staged[name](user, task_id) if task_id is not None and name in self.staged \
+            else self.factories[name](user)
         agent.user = user
         agent.name = name
         if limits:
@@ -114,8 +122,9 @@ def _from_toml(path: Path) -> Registry:
     agents = data.get("agents")
     if not isinstance(agents, dict) or not agents:
         raise RegistryError(f"{path}: no [agents.NAME] tables")
-    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy"}
+    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy", "staged"}
     factories: dict[str, AgentFactory] = {}
+    staged: dict[str, Any] = {}
     for name, cfg in agents.items():
         if not isinstance(cfg, dict):
             raise RegistryError(f"{path}: agents.{name} must be a table")
@@ -123,10 +132,19 @@ def _from_toml(path: Path) -> Registry:
         if extra:
             raise RegistryError(f"{path}: agents.{name} has unknown keys {extra}; known: {sorted(allowed)}")
         factories[name] = _toml_factory(path, name, cfg)
-    return Registry(factories)
+        if cfg.get("staged", True) and _stages(cfg.get("tools")):
+            staged[name] = _toml_factory(path, name, cfg, staged=True)
+    return Registry(factories, staged)
 
 
-def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
+def _stages(tools: Any) -> bool:
+    """Whether a tool-set list has tools that write the workspace (files, bash, coding)."""
+    from tether.cli._stage_cmd import STAGED_TOOL_SETS
+
+    return bool({n.strip().lower() for n in str(tools or "none").split(",")} & STAGED_TOOL_SETS)
+
+
+def _toml_factory(path: Path, name: str, cfg: dict[str, Any], *, staged: bool = False) -> Any:
     from tether.cli._build import CliError, build_tools
     from tether.models._resolve import ModelConfigError, parse_spec, resolve_model
 
@@ -140,9 +158,10 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
     except (RegistryError, CliError, ModelConfigError) as exc:
         raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
 
-    def build(user: str | None) -> Agent:
+    def build(user: str | None, task_id: str | None = None) -> Agent:
         try:
-            tools = build_tools(cfg.get("tools") or "none", workspace)
+            stage = _task_stage(workspace, task_id) if staged and task_id is not None else None
+            tools = build_tools(cfg.get("tools") or "none", workspace, stage=stage)
             model = resolve_model(cfg.get("model"))
         except (CliError, ModelConfigError) as exc:
             raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
@@ -151,6 +170,26 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any]) -> AgentFactory:
                      name=name, policy=policy)
 
     return build
+
+
+def _task_stage(workspace: Path, task_id: str) -> Any:
+    """The task's staged copy of `workspace`: made at its first build, the same one after (a worker
+    that recovers the task, a resumed approval)."""
+    from tether._errors import InvalidInput, NotFound
+    from tether.staging import StagedWorkspace, StageExists
+
+    try:
+        return StagedWorkspace.open(task_id)
+    except NotFound:
+        pass
+    try:
+        return StagedWorkspace.create(workspace, task_id)
+    except StageExists:  # made meanwhile by another worker
+        return StagedWorkspace.open(task_id)
+    except InvalidInput as exc:
+        raise RegistryError(f"cannot stage {workspace} for task {task_id}: {exc}") from exc
+    except OSError as exc:
+        raise RegistryError(f"cannot stage {workspace} for task {task_id}: {exc.strerror or exc}") from exc
 
 
 POLICY_KEYS = {"unlisted", "egress", "tools"}

@@ -100,7 +100,7 @@ class Tasks:
 
         def factory_for(name: str):
             def build(config: dict[str, Any]) -> Any:
-                agent = self.registry.build(name, config.get("user"), config.get("limits"))
+                agent = self.registry.build(name, config.get("user"), config.get("limits"), config.get("task_id"))
                 attach(agent, rt.config)  # capped results in the run store
                 rt.agents.pop(name, None)  # built per user and limits, so looked up through the factory
                 return agent
@@ -155,12 +155,15 @@ class Tasks:
         from tether.durable._runtime import run_workflow
 
         assert self.rt is not None and self.tables is not None
+        staged = body["agent"] in self.registry.staged  # the task writes its own staged copy of the workspace
         try:
-            agent = self.registry.build(body["agent"], user, body.get("limits"))
+            agent = self.registry.build(body["agent"], user, body.get("limits"), task_id if staged else None)
         except RegistryError as exc:
             raise TaskError(422, str(exc)) from exc
         state = agent.start_state(body["prompt"], run_id=task_id)
         config = {"user": user, "limits": body.get("limits") or None, "metadata": body.get("metadata") or {}}
+        if staged:
+            config["task_id"] = task_id
         await self.db(self._admit, user, task_id, body, config)
         try:
             with SetWorkflowID(task_id):
@@ -223,6 +226,56 @@ class Tasks:
         except ControlError as exc:
             await self.db(self.tables.forget_decision, task_id, key)
             raise TaskError(409, str(exc)) from exc
+
+    # -- staged changes ------------------------------------------------------------------------------
+
+    async def stage(self, user: str, task_id: str, *, finished: bool = False) -> Any:
+        """The task's staged copy of its workspace (404 when the task is not this user's or stages
+        nothing; with `finished`, 409 while the task still runs)."""
+        from tether._errors import NotFound
+        from tether.staging import StagedWorkspace
+
+        row = await self.get(user, task_id)
+        if finished and row.status in ACTIVE:
+            raise TaskError(409, f"task {task_id} is {row.status}; its changes can be applied once it has ended")
+        try:
+            return await self.db(StagedWorkspace.open, task_id)
+        except NotFound:
+            raise TaskError(404, f"task {task_id} has no staged changes (its agent does not stage)") from None
+
+    async def changes(self, user: str, task_id: str) -> dict[str, Any]:
+        stage = await self.stage(user, task_id)
+
+        def read() -> dict[str, Any]:
+            pending = stage.pending()
+            return {"task_id": task_id, "status": stage.status, "workspace": str(stage.workspace),
+                    "changes": [change_json(c) for c in pending], "diff": stage.diff([c.path for c in pending])
+                    if pending else ""}
+        return await self.db(read)
+
+    async def apply(self, user: str, task_id: str, paths: list[str] | None) -> dict[str, Any]:
+        stage = await self.stage(user, task_id, finished=True)
+        try:
+            report = await self.db(stage.apply, paths)
+        except ValueError as exc:
+            raise TaskError(422, str(exc)) from exc
+        return {"task_id": task_id, "done": report.done, "skipped": report.skipped, "status": stage.status}
+
+    async def undo(self, user: str, task_id: str) -> dict[str, Any]:
+        stage = await self.stage(user, task_id, finished=True)
+        try:
+            report = await self.db(stage.undo)
+        except ValueError as exc:
+            raise TaskError(409, str(exc)) from exc
+        if report.skipped:
+            raise TaskError(409, "nothing undone: changed in the workspace since they were applied: "
+                            + ", ".join(sorted(report.skipped)[:10]))
+        return {"task_id": task_id, "done": report.done, "skipped": {}, "status": stage.status}
+
+    async def discard(self, user: str, task_id: str) -> dict[str, Any]:
+        stage = await self.stage(user, task_id, finished=True)
+        await self.db(stage.discard)
+        return {"task_id": task_id, "done": [], "skipped": {}, "status": stage.status}
 
     async def cancel(self, user: str, task_id: str) -> str:
         from dbos import DBOS
@@ -291,6 +344,13 @@ class Drained:
 
     left_pending: int = 0
     interrupted: int = 0
+
+
+def change_json(change: Any) -> dict[str, Any]:
+    """One staged change as the API shows it."""
+    return {"path": change.path, "kind": change.kind, "binary": change.binary, "runs_later": change.runs_later,
+            "size_before": None if change.before is None else change.before.size,
+            "size_after": None if change.after is None else change.after.size}
 
 
 def _join_queue_threads(timeout: float) -> None:

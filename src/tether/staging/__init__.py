@@ -19,6 +19,7 @@ from tether.staging._stage import (
     Change,
     FileState,
     StagedWorkspace,
+    StageExists,
     entry_of,
     stages_dir,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "ApplyReport",
     "Change",
     "FileState",
+    "StageExists",
     "StagedWorkspace",
     "entry_of",
     "git_config_runs",

@@ -164,6 +164,10 @@ def _copy_file(src: Path, dst: Path, info: os.stat_result) -> str:
     return h.hexdigest()
 
 
+class StageExists(InvalidInput):
+    """A stage for this run id was made already (`StagedWorkspace.open` it)."""
+
+
 class StagedWorkspace:
     """One run's staged view of a workspace (see the module docstring). Made by `StagedWorkspace.create`, found
     again by `StagedWorkspace.open(run_id)`; everything it knows is in its directory, so another process (the
@@ -194,7 +198,7 @@ class StagedWorkspace:
         try:
             directory.mkdir(mode=0o700)
         except FileExistsError:
-            raise InvalidInput(f"a stage for run {run_id} already exists ({directory})") from None
+            raise StageExists(f"a stage for run {run_id} already exists ({directory})") from None
         view = directory / "view"
         try:
             manifest, skipped = _copy_tree(real, view)
@@ -407,7 +411,7 @@ class StagedWorkspace:
     def discard(self) -> None:
         """Drop the staged view (what was applied stays applied; `undo` still works)."""
         shutil.rmtree(self.view, ignore_errors=True)
-        if self._meta["status"] == "staged":
+        if not self._meta["journal"]:  # nothing applied stays: the stage is done with
             self._meta["status"] = "discarded"
         self._save()
 
@@ -601,4 +605,4 @@ def _put(real: Beneath, rel: str, source: Path | None, *, mode: int | None = Non
         os.close(dir_fd)
 
 
-__all__ = ["PASSTHROUGH", "ApplyReport", "Change", "FileState", "StagedWorkspace", "entry_of", "stages_dir"]
+__all__ = ["PASSTHROUGH", "ApplyReport", "Change", "FileState", "StageExists", "StagedWorkspace", "entry_of", "stages_dir"]
