@@ -57,7 +57,8 @@ def test_a_parked_cli_run_exits_4_and_finishes_after_tether_approve(tmp_path: Pa
     home = tmp_path / "home"
     with FakeOpenAIServer(script) as server:
         env = env_for(server, home)
-        run = tether(["run", "--durable", "Summarise notes.txt"], cwd=tmp_path, env=env)
+        # not staged: the call that needs a person (a staged, sandboxed Bash would need none)
+        run = tether(["run", "--durable", "--no-stage", "Summarise notes.txt"], cwd=tmp_path, env=env)
         assert run.returncode == 4, run.stderr
         assert "is parked: Bash(" in run.stderr and "tether approve" in run.stderr
         assert "0 steps" not in run.stderr and "2 steps and 1 tool call" in run.stderr, run.stderr  # "0 steps"
@@ -138,3 +139,18 @@ def test_runs_stats_totals_tokens_and_cost_per_model_tool_and_day(tmp_path: Path
         assert table.returncode == 0 and "input tokens" in table.stdout and "290" in table.stdout, table.stdout
         bad = tether(["runs", "stats", "--by", "week"], cwd=tmp_path, env=env)
         assert bad.returncode == 1 and "use one of day, agent, model, tool, run" in bad.stderr
+
+
+def test_a_durable_run_stages_its_writes_and_resume_reviews_them(tmp_path: Path) -> None:
+    script = [chat_completion(None, [tool_call("Write", {"file_path": "out.txt", "content": "hi\n"}, id="w")]),
+              chat_completion("wrote it")]
+    home = tmp_path.parent / f"{tmp_path.name}-home"
+    with FakeOpenAIServer(script) as server:
+        env = env_for(server, home)
+        run = tether(["run", "--durable", "write out.txt"], cwd=tmp_path, env=env)
+        assert run.returncode == 0, run.stderr
+        assert not (tmp_path / "out.txt").exists() and "+ out.txt" in run.stderr
+        run_id = run.stderr.split("durable run ")[1].split()[0]
+        applied = tether(["apply", run_id], cwd=tmp_path, env=env)
+        assert applied.returncode == 0, applied.stderr
+    assert (tmp_path / "out.txt").read_text() == "hi\n"

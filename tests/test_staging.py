@@ -252,3 +252,15 @@ def test_sandboxed_bash_works_in_the_view_unasked(ws: Path, stages: Path) -> Non
     assert changes["made.txt"] is None and changes["src/new.py"] is None
     planted = [p for p in changes if p.startswith("planted/")]
     assert planted and all(changes[p] for p in planted)
+
+
+def test_a_stage_directory_inside_the_workspace_is_left_out_of_its_copy(tmp_path: Path) -> None:
+    home = tmp_path / "home"  # tether run in the home directory: its stages live inside the workspace
+    (home / "project").mkdir(parents=True)
+    (home / "project" / "a.py").write_text("a\n")
+    stage = StagedWorkspace.create(home, "inhome", root=home / ".local" / "share" / "tether" / "stages")
+    assert (stage.view / "project" / "a.py").read_text() == "a\n"
+    assert not (stage.view / ".local" / "share" / "tether" / "stages").exists()
+    (stage.view / "project" / "a.py").write_text("b\n")
+    assert [c.path for c in stage.changes()] == ["project/a.py"]
+    assert stage.apply().done == ["project/a.py"]

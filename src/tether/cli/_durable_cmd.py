@@ -9,6 +9,7 @@ until `tether approve` decides it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -21,10 +22,13 @@ from typing import Annotated, Any
 
 import typer
 
+from tether._errors import NotFound, OperationFailed
 from tether._terminal import clean, json_safe
+from tether._types import StopReason
 from tether.cli import _options as o
 from tether.cli._console import err_console, read_prompt, reporter_for
 from tether.cli._progress import EXIT_ERROR
+from tether.cli._stage_cmd import open_stage, review
 from tether.events import ModelCallEnded, ToolCallEnded, stored
 
 EXIT_USAGE = 2
@@ -70,9 +74,14 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     from tether.policy import ApprovalBook, PendingApprover
 
     paths = ("workspace", "output_schema", "mcp")
-    fields: dict[str, Any] = {k: (Path(v) if k in paths and v else v) for k, v in config.items()}
+    fields: dict[str, Any] = {k: (Path(v) if k in paths and v else v) for k, v in config.items() if k != "stage"}
     opts = o.RunOptions(**fields)
-    agent = build_agent(opts, announce=announce or (lambda *_: None))
+    stage = None
+    if config.get("stage"):  # the run's staged copy of its workspace, made when it started
+        from tether.staging import StagedWorkspace
+
+        stage = StagedWorkspace.open(str(config["stage"]))
+    agent = build_agent(opts, announce=announce or (lambda *_: None), stage=stage)
     policy: Any = agent.policy
     if not opts.yes and hasattr(policy, "approver"):
         policy.approver = PendingApprover(ApprovalBook())  # durable: park for `tether approve`, do not deny
@@ -144,7 +153,7 @@ async def until_parked(run_id: str, work: Any) -> Any:
 
 def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     """`tether run --durable`: one run as a DBOS workflow, every step checkpointed."""
-    from tether.cli._build import CliError
+    from tether.cli._build import CliError, workspace_of
     from tether.cli._runner import report
     from tether.durable import DurableRuns, attach
     from tether.durable._runtime import teardown
@@ -152,16 +161,20 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     console = err_console()
     reporter = reporter_for(opts, console)
     opened = None
+    stage = None
     try:
         text = read_prompt(prompt)
         rt = _runtime(db)
         config = _config(opts)
+        run_id = uuid.uuid4().hex[:12]
+        stage = open_stage(opts, workspace_of(opts), run_id)  # reviewed when the run ends, here or at resume
+        if stage is not None:
+            config["stage"] = stage.run_id
         agent = _agent(config, announce=reporter.announce)
         opened = agent.executor  # its MCP sessions (if any) are closed by it; attach makes a new executor
         attach(agent, rt.config)
         rt.agents.pop(CLI_AGENT, None)  # runs are rebuilt from their own options, not this agent
         runs = DurableRuns(rt)
-        run_id = uuid.uuid4().hex[:12]
         state = agent.start_state(text, run_id=run_id)
         rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
         # named once it exists (a locked database fails the line above: no id of a run never made)
@@ -169,8 +182,10 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         rt._built[CLI_AGENT + json.dumps(config, sort_keys=True)] = agent
         result = asyncio.run(until_parked(run_id, runs.run(agent, state, on_event=reporter)))
     except CliError as exc:
+        _drop_unused(stage)
         return _err(str(exc))
     except Exception as exc:
+        _drop_unused(stage)
         return _err(f"durable run failed: {error_line(exc)}")
     finally:
         teardown()
@@ -178,7 +193,16 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
             from tether.cli._mcp_tools import close_mcp
 
             close_mcp(opened)
-    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
+    code = report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
+    if stage is not None and result.stop_reason is not StopReason.AWAITING_APPROVAL:
+        review(stage, opts, console)
+    return code
+
+
+def _drop_unused(stage: Any) -> None:
+    """A run that failed to start leaves no empty stage behind."""
+    if stage is not None and not stage.changes():
+        stage.remove()
 
 
 def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
@@ -193,6 +217,7 @@ def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
         row = rt.store.run(run_id)
         if row is None:
             return _err(f"no run {run_id!r} in {rt.url}")
+        stored_config = rt.store.config(run_id)
         rt.launch()  # recovers every pending run of this executor, RUN_ID among them
         if row.status in ("completed", "stopped", "error", "cancelled"):
             result = stored_result(run_id, row.status)
@@ -202,7 +227,14 @@ def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
         return _err(f"cannot resume {run_id}: {error_line(exc)}")
     finally:
         teardown()
-    return report(result, Reporter(console, enabled=False), as_json=as_json)
+    code = report(result, Reporter(console, enabled=False), as_json=as_json)
+    stage_id = (stored_config or {}).get("stage")
+    if stage_id and result.stop_reason is not StopReason.AWAITING_APPROVAL:
+        from tether.staging import StagedWorkspace
+
+        with contextlib.suppress(NotFound, OperationFailed):
+            review(StagedWorkspace.open(str(stage_id)), o.RunOptions(), console)
+    return code
 
 
 def approve_cmd(run_id: str, call_id: str, deny: bool, reason: str, db: str | None) -> int:

@@ -88,13 +88,18 @@ class Runtime:
         if name in self.factories:
             config = self.store.config(run_id) or {}
             key = name + json.dumps(config, sort_keys=True)
-            if key not in self._built:
-                self._built[key] = self.factories[name](config)
-            return self._built[key]
+            built = self._built.pop(key, None)
+            if built is None:
+                built = self.factories[name](config)
+            self._built[key] = built  # most recent last; the oldest go (a staged agent is one per task)
+            while len(self._built) > MAX_BUILT_AGENTS:
+                self._built.pop(next(iter(self._built)))
+            return built
         raise NotFound(f"no durable agent named {name!r} in this process (construct it with "
                           f"Agent(..., name={name!r}, durable=...) before launching)")
 
 
+MAX_BUILT_AGENTS = 256  # agents built by factories kept for reuse (per user, limits, and staged task)
 _RUNTIME: Runtime | None = None
 
 

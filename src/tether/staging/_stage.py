@@ -192,16 +192,17 @@ class StagedWorkspace:
             raise InvalidInput(f"run id {run_id!r} may hold only letters, digits, '-' and '_'")
         base = root or stages_dir()
         directory = base / run_id
-        if real == base or base.is_relative_to(real) or real.is_relative_to(base):
-            raise InvalidInput(f"the stage directory {base} must be outside the workspace {real}; set TETHER_HOME")
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        base = base.resolve()
+        if real == base or real.is_relative_to(base):
+            raise InvalidInput(f"the workspace {real} is inside the stage directory {base}; choose another workspace")
         try:
             directory.mkdir(mode=0o700)
         except FileExistsError:
             raise StageExists(f"a stage for run {run_id} already exists ({directory})") from None
         view = directory / "view"
-        try:
-            manifest, skipped = _copy_tree(real, view)
+        try:  # a stage directory inside the workspace (tether run in ~) is not part of it
+            manifest, skipped = _copy_tree(real, view, exclude=base)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -491,9 +492,10 @@ def _walk(root: Path, *, skip_top: set[str]) -> Iterator[tuple[str, os.stat_resu
                     yield rel, info
 
 
-def _copy_tree(real: Path, view: Path) -> tuple[dict[str, list[Any]], list[str]]:
+def _copy_tree(real: Path, view: Path, *, exclude: Path) -> tuple[dict[str, list[Any]], list[str]]:
     """Copy the workspace `real` to `view` (PASSTHROUGH left out at the top, their mount points made
-    empty); the manifest (path -> [link, size, mode, digest, inode, ctime]) and the paths not copied."""
+    empty; the directory `exclude` left out wherever it is); the manifest (path -> [link, size, mode,
+    digest, inode, ctime]) and the paths not copied."""
     manifest: dict[str, list[Any]] = {}
     skipped: list[str] = []
     owner = os.lstat(real)
@@ -518,6 +520,8 @@ def _copy_tree(real: Path, view: Path) -> tuple[dict[str, list[Any]], list[str]]
                 raise InvalidInput(f"the workspace {real} has more than {MAX_FILES:,} files to stage; choose a "
                                    "smaller workspace (--workspace) or run with --no-stage")
             if stat.S_ISDIR(info.st_mode):
+                if src == exclude:
+                    continue
                 dst.mkdir(mode=0o700)
                 stack.append((rel + "/", src, dst))
                 # permissions set after its content is copied would be simpler; 0o700 now, the real mode below
