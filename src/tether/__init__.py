@@ -2,15 +2,13 @@
 
 import sys as _sys
 
-if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
+if _sys.argv[:1] == ["-m"]:
     # `python -m tether` / `python -m tether.cli` (Python sets argv[0] to "-m" while it imports the
-    # package): Python put the working directory first on sys.path, and the agent writes files there.
-    # Drop it before anything else is imported, so a json.py or socket.py written there is never
-    # imported by a later run. (`python -P`, as your_program.sh starts it, never adds it.)
-    import os as _os
+    # package): the working directory, which the agent writes, may be on sys.path. Refuse if something
+    # was already imported from it, else drop it before anything else is imported.
+    from tether._start import guard_module_run as _guard
 
-    _here = _os.getcwd()
-    _sys.path[:] = [p for p in _sys.path if _os.path.isabs(p) and _os.path.abspath(p) != _here]
+    _guard()
 
 from tether import models
 from tether._agent import Agent

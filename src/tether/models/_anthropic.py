@@ -24,6 +24,7 @@ from tether.models._loop_client import LoopClient
 from tether.models._openai_compat import NO_KEY, make_tool_call, same_url, tool_choice_name
 from tether.models._retry import (
     DEFAULT_DEADLINE,
+    DEFAULT_IDLE_TIMEOUT,
     Failure,
     RetryPolicy,
     call_with_retries,
@@ -43,7 +44,9 @@ def _sdk() -> Any:
 
 
 class AnthropicModel:
-    """A `Model` over Anthropic's Messages API; retries and deadlines like `OpenAICompatModel`.
+    """A `Model` over Anthropic's Messages API; retries, deadline and idle timeout like
+    `OpenAICompatModel` (`idle_timeout`, 60 s: the longest wait for a whole reply, or for each
+    complete stream event; pings do not count).
 
     `max_tokens` is the default output cap (the API requires one); a request's
     `max_output_tokens` overrides it. The key comes from `api_key`, else ANTHROPIC_API_KEY, which
@@ -67,6 +70,7 @@ class AnthropicModel:
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
         deadline: float | None = DEFAULT_DEADLINE,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         env: Mapping[str, str] | None = None,
         cache_prompt: bool = True,
     ) -> None:
@@ -92,7 +96,7 @@ class AnthropicModel:
         self.temperature = temperature
         self.cache_prompt = cache_prompt
         self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
-                                  deadline=deadline)
+                                  deadline=deadline, idle_timeout=idle_timeout)
         self._sleep = asyncio.sleep
         self._clients = LoopClient(lambda: self._anthropic.AsyncAnthropic(
             api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0))

@@ -46,6 +46,7 @@ from tether.models._base import ModelError
 from tether.models._loop_client import LoopClient
 from tether.models._retry import (
     DEFAULT_DEADLINE,
+    DEFAULT_IDLE_TIMEOUT,
     Failure,
     RetryPolicy,
     call_with_retries,
@@ -139,9 +140,13 @@ class OpenAICompatModel:
     The SDK's own retries are off; this adapter retries 408, 429, 5xx, timeouts and connection
     errors `max_retries` times with exponential backoff (`backoff_base` * 2**n, capped at
     `backoff_max`, with jitter; a server's Retry-After wins), then raises `ModelError`. Other
-    4xx fail at once. `timeout` bounds each read; `deadline` bounds the whole call, retries and
-    every streamed chunk included (None: no bound). `stream_usage` asks for token usage in
-    streams (`stream_options`); turn it off for servers that reject that field.
+    4xx fail at once. `timeout` bounds each read; `idle_timeout` (60 s) bounds each wait for
+    progress, counted in whole units: a reply that is not streamed must arrive complete within it,
+    and a stream's response and then each complete stream event too, so a server trickling bytes
+    that never complete one stops there (a stall, retried like a timeout); `deadline` bounds the
+    whole call, retries and every streamed chunk included. None for either: no such bound.
+    `stream_usage` asks for token usage in streams (`stream_options`); turn it off for servers
+    that reject that field.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class OpenAICompatModel:
         stream_usage: bool = True,
         env: Mapping[str, str] | None = None,
         deadline: float | None = DEFAULT_DEADLINE,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         if not model:
             raise InvalidInput("model name is required, e.g. OpenAICompatModel('gpt-4o-mini')")
@@ -170,7 +176,7 @@ class OpenAICompatModel:
         self.temperature = temperature
         self.stream_usage = stream_usage
         self.policy = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max,
-                                  deadline=deadline)
+                                  deadline=deadline, idle_timeout=idle_timeout)
         self._sleep = asyncio.sleep
         if client is not None:
             self._given_client: openai.AsyncOpenAI | None = client.with_options(max_retries=0)

@@ -3,7 +3,10 @@
 The SDKs' own retries are switched off (max_retries=0) so that the policy here is the only one:
 its delays can be made tiny in tests, and it ends in one `ModelError` with a one-line reason.
 The SDKs' timeouts bound each read, so a server trickling a byte every few seconds never trips
-them; `RetryPolicy.deadline` bounds the whole call (every attempt, every backoff, every chunk).
+them. Two bounds here do: `RetryPolicy.idle_timeout` bounds each wait for progress counted in
+whole units (a complete reply, the stream's response, each complete stream event), so a trickle of
+bytes that never completes one is a stall, retried like a timeout; `RetryPolicy.deadline` bounds
+the whole call (every attempt, every backoff, every chunk).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tether.models._base import ModelError
 
 T = TypeVar("T")
 DEFAULT_DEADLINE = 120.0  # seconds for one model call, retries included
+DEFAULT_IDLE_TIMEOUT = 60.0  # seconds one attempt may wait for its next unit of progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +43,9 @@ class RetryPolicy:
 
     A server's Retry-After is honoured up to `max_retry_after` seconds; a longer one ends the
     call at once rather than stalling a run for minutes. `deadline` (None: none) is the total
-    time one call may take, attempts, backoff and streamed chunks included.
+    time one call may take, attempts, backoff and streamed chunks included. `idle_timeout`
+    (None: none) is the longest one attempt waits for progress: a whole reply (not streamed), or
+    the stream's response and then each complete stream event; bytes that complete none do not count.
     """
 
     max_retries: int = 3
@@ -47,6 +53,7 @@ class RetryPolicy:
     backoff_max: float = 8.0
     max_retry_after: float = 60.0
     deadline: float | None = None
+    idle_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
@@ -55,6 +62,8 @@ class RetryPolicy:
             raise InvalidInput("backoff_base and backoff_max must be >= 0")
         if self.deadline is not None and not self.deadline > 0:
             raise InvalidInput(f"deadline must be > 0 seconds (or None), got {self.deadline}")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise InvalidInput(f"idle_timeout must be > 0 seconds (or None), got {self.idle_timeout}")
 
     def delay(self, retry: int, failure: Failure) -> float | None:
         """Seconds to wait before retry number `retry` (0-based), or None to give up."""
@@ -88,19 +97,42 @@ def past_deadline(prefix: str, policy: RetryPolicy, last: Failure | None, emitte
                       retryable=True)
 
 
+class _Stalled(Exception):
+    """No progress within the idle timeout; `failure` says which wait stalled (retryable, as a timeout is)."""
+
+    def __init__(self, what: str, idle: float) -> None:
+        super().__init__(what)
+        self.failure = Failure(True, f"stalled: {what} within the {idle:g}s idle timeout")
+
+
 class _Clock:
-    """The call's end time on the event loop's clock; `within` bounds one await by it."""
+    """The call's end time on the event loop's clock; `within` bounds one await by it and by the
+    idle timeout, whichever ends first (one timer per await: a stream awaits once per chunk)."""
 
-    __slots__ = ("end",)
+    __slots__ = ("end", "idle")
 
-    def __init__(self, deadline: float | None) -> None:
-        self.end = None if deadline is None else asyncio.get_running_loop().time() + deadline
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.idle = policy.idle_timeout
+        self.end = None if policy.deadline is None else asyncio.get_running_loop().time() + policy.deadline
 
-    async def within(self, aw: Awaitable[T]) -> T:
-        if self.end is None:
+    async def within(self, aw: Awaitable[T], what: str) -> T:
+        """Await `aw`; TimeoutError at the deadline, _Stalled(what) when the idle timeout ends first."""
+        end, stall = self.end, False
+        if self.idle is not None:
+            idle_end = asyncio.get_running_loop().time() + self.idle
+            if end is None or idle_end < end:
+                end, stall = idle_end, True
+        if end is None:
             return await aw
-        async with asyncio.timeout_at(self.end):
-            return await aw
+        bound = asyncio.timeout_at(end)
+        try:
+            async with bound:
+                return await aw
+        except TimeoutError:
+            if stall and bound.expired():
+                assert self.idle is not None
+                raise _Stalled(what, self.idle) from None
+            raise
 
     def allows(self, wait: float) -> bool:
         return self.end is None or asyncio.get_running_loop().time() + wait < self.end
@@ -114,23 +146,24 @@ async def call_with_retries(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """Await `fn()`, retrying failures `classify` calls retryable; raise ModelError at the end
-    (also when `policy.deadline` runs out, whatever the server is doing meanwhile).
+    (also when `policy.deadline` runs out, whatever the server is doing meanwhile). An attempt
+    whose reply is not complete within `policy.idle_timeout` is a stall, retried like a timeout.
 
     Exceptions `classify` does not recognise (returns None for) propagate unchanged: they are
     bugs, not provider trouble.
     """
-    clock = _Clock(policy.deadline)
+    clock = _Clock(policy)
     retry = 0
     last: Failure | None = None
     while True:
         try:
-            return await clock.within(fn())
+            return await clock.within(fn(), "no complete reply")
         except TimeoutError as exc:
             if clock.end is None:
                 raise
             raise past_deadline(prefix, policy, last) from exc
         except Exception as exc:
-            failure = classify(exc)
+            failure = exc.failure if isinstance(exc, _Stalled) else classify(exc)
             if failure is None:
                 raise
             wait = policy.delay(retry, failure)
@@ -161,20 +194,22 @@ async def stream_with_retries(
 ) -> AsyncIterator[TextDelta | ModelReply]:
     """Yield text deltas, then one ModelReply. Failures before the first delta are retried like
     `call_with_retries`; once text was yielded a broken stream raises ModelError (the caller has
-    already shown that text). `policy.deadline` bounds the whole stream, each chunk's wait included."""
-    clock = _Clock(policy.deadline)
+    already shown that text). `policy.deadline` bounds the whole stream, each chunk's wait included;
+    `policy.idle_timeout` bounds the wait for the response and for each complete event (the SDK
+    yields an event only once its bytes are all in, and drops keep-alive comments and pings)."""
+    clock = _Clock(policy)
     retry = 0
     last: Failure | None = None
     while True:
         emitted = False
         try:
-            events = await clock.within(open_stream())
+            events = await clock.within(open_stream(), "no response")
             state = new_state()
             try:
                 chunks = events.__aiter__()
                 while True:
                     try:
-                        event = await clock.within(chunks.__anext__())
+                        event = await clock.within(chunks.__anext__(), "no stream event")
                     except StopAsyncIteration:
                         break
                     text = state.add(event)
@@ -190,7 +225,7 @@ async def stream_with_retries(
                 raise
             raise past_deadline(prefix, policy, last, emitted) from exc
         except Exception as exc:
-            failure = classify(exc)
+            failure = exc.failure if isinstance(exc, _Stalled) else classify(exc)
             if failure is None:
                 raise
             if emitted:
