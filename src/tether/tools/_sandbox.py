@@ -191,10 +191,12 @@ class Bubblewrap:
     def hidden_paths(self) -> list[Path]:
         return [Path(p).resolve() for p in self.hidden]
 
-    def readable_paths(self) -> list[Path]:
-        """The host paths mounted read-only besides /etc's: the toolchain, then `readable`."""
+    def toolchain_paths(self) -> list[Path]:
         toolchain = default_toolchain() if self.toolchain is None else self.toolchain
-        return [Path(os.path.abspath(p)) for p in dict.fromkeys([*toolchain, *self.readable])]
+        return [Path(os.path.abspath(p)) for p in dict.fromkeys(toolchain)]
+
+    def readable_paths(self) -> list[Path]:
+        return [Path(os.path.abspath(p)) for p in dict.fromkeys(self.readable)]
 
     def protected_paths(self) -> list[Path]:
         """The existing workspace paths kept read-only: EXECUTED_LATER and `executed_later`, and each
@@ -235,8 +237,8 @@ class Bubblewrap:
                    "--cap-drop", "ALL"]
             if self.allow_net:
                 out.append("--share-net")
-        tree = _Tree()
-        for path in self.readable_paths():
+        tree = _Tree()  # from an empty root: what is not mounted here does not exist for the command
+        for path in self.toolchain_paths():
             tree.read(path)
         self._etc(tree, who or (os.getuid(), os.getgid()))
         if self.allow_net:
@@ -248,6 +250,8 @@ class Bubblewrap:
         tree.tmpfs(Path("/var/tmp"), "1777")
         # as root the private HOME is made by root for the unprivileged user: open to it (and only it runs there)
         tree.made(Path(SANDBOX_HOME), "0777" if root else "0700")
+        for path in self.readable_paths():  # after /tmp's tmpfs, so that a path under /tmp can be named too
+            tree.read(path)
         hidden = [p for p in sorted(set(self.hidden_paths()), key=lambda p: len(p.parts)) if p != Path("/")]
         for path in hidden:  # an ancestor of the workspace is hidden first, and the workspace bound back on top
             if path == ws or path in ws.parents:
@@ -507,16 +511,22 @@ def default_sandbox(
     hidden: Sequence[str | Path] = (),
     writable: Sequence[str | Path] = (),
     executed_later: Sequence[str | Path] = (),
+    readable: Sequence[str | Path] = (),
     warn: Callable[[str], None] | None = None,
     bwrap: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Sandbox:
     """Bubblewrap when it works on this machine; otherwise `Unconfined`, said once per process on
-    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH)."""
+    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH). `readable` gets the
+    paths of $TETHER_SANDBOX_READ (in `environ`, default this process's) added."""
     path = bwrap or shutil.which("bwrap")
     reason = probe_bubblewrap(path) if path else "bubblewrap (bwrap) is not installed"
     if reason is None and path is not None:
+        listed = (os.environ if environ is None else environ).get(READ_ENV, "")
+        readable = [*readable, *(p for p in listed.split(os.pathsep) if p.strip())]
         return Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
-                          executed_later=tuple(executed_later), bwrap=path, setpriv=shutil.which("setpriv") or "setpriv")
+                          readable=tuple(readable), executed_later=tuple(executed_later), bwrap=path,
+                          setpriv=shutil.which("setpriv") or "setpriv")
     reason = reason or "bubblewrap (bwrap) is not installed"
     if reason not in _warned:
         _warned.add(reason)
@@ -527,12 +537,17 @@ def default_sandbox(
 
 __all__ = [
     "ENV_ALLOWLIST",
+    "ETC_NETWORK",
+    "ETC_READABLE",
     "EXECUTED_LATER",
+    "READ_ENV",
+    "TOOLCHAIN",
     "Bubblewrap",
     "Launch",
     "Sandbox",
     "Unconfined",
     "default_sandbox",
+    "default_toolchain",
     "probe_bubblewrap",
     "sandbox_environ",
 ]

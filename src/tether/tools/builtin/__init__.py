@@ -20,13 +20,13 @@ from tether.tools.builtin._shell import shell_tool
 
 
 def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,
-                 pass_env: Sequence[str] = (), protect: Sequence[str] = (),
+                 pass_env: Sequence[str] = (), protect: Sequence[str] = (), readable: Sequence[str] = (),
                  warn: Callable[[str], None] | None = None) -> list[Tool]:
     """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
     `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
-    paths kept read-only for them besides .git."""
+    paths kept read-only for them besides .git; `readable`: host paths they may read besides the toolchain."""
     return [*file_tools(root, protect=protect), shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env,
-                                          executed_later=protect, warn=warn)]
+                                          executed_later=protect, readable=readable, warn=warn)]
 
 
 __all__ = [

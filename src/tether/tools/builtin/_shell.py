@@ -203,6 +203,7 @@ def shell_tool(
     allow_net: bool = False,
     pass_env: Sequence[str] = (),
     executed_later: Sequence[str] = (),
+    readable: Sequence[str] = (),
     warn: Callable[[str], None] | None = None,
 ) -> Tool:
     """The `Bash` tool: runs commands in `cwd`, confined by `sandbox`.
@@ -211,8 +212,8 @@ def shell_tool(
     here; where it does not, commands run unconfined, that is said once on stderr, and every Bash
     call requires approval. `env` defaults to an allowlist of this process's environment (see
     `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
-    credentials. `executed_later`: workspace paths kept read-only besides `.git` (see sandbox.py).
-    `warn` takes the "not sandboxed" notice instead of stderr.
+    credentials. `executed_later`: workspace paths kept read-only besides `.git`; `readable`: host
+    paths commands may read besides the toolchain (see _sandbox.py). `warn` takes the "not sandboxed" notice instead of stderr.
     """
     if env is None:
         env = sandbox_environ(pass_env)
@@ -221,8 +222,8 @@ def shell_tool(
         raise InvalidInput(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
         raise InvalidInput("timeout must be positive")
-    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
-                                                              executed_later=executed_later, warn=warn)
+    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net, executed_later=executed_later,
+                                                              readable=readable, warn=warn)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
@@ -239,8 +240,9 @@ def shell_tool(
         )
         return format_result(result, timeout)
 
-    confined = (" It runs sandboxed: only this directory is writable, the rest of the filesystem is read-only "
-                "or hidden" + ("." if allow_net else ", and there is no network.")) if box.confined else ""
+    confined = (" It runs sandboxed: only this directory is writable; of the rest of the machine it sees only the "
+                "system's programs and libraries, read-only" + ("." if allow_net else ", and there is no network.")
+                ) if box.confined else ""
     return tool(
         name="Bash",
         description=(
