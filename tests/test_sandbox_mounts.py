@@ -292,3 +292,22 @@ def test_the_cli_option_and_variable_reach_the_sandbox(bwrap: None, tmp_path: Pa
     seen = "\n".join(m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool")
     assert "CONTENT-OF-FLAG" in seen and "CONTENT-OF-ENV" in seen, seen
     assert "CONTENT-OF-OTHER" not in seen, seen
+
+
+def test_a_workspace_venv_whose_python_is_not_shown_is_told_to_the_user(bwrap: None, tmp_path: Path) -> None:
+    """Told, never mounted on the workspace's word: a pyvenv.cfg is the workspace's to write."""
+    ws, python = tmp_path / "ws", tmp_path / "python-9.9"
+    (python / "bin").mkdir(parents=True)
+    (ws / ".venv").mkdir(parents=True)
+    (ws / ".venv" / "pyvenv.cfg").write_text(f"home = {python}/bin\nversion = 9.9.0\n")
+    (ws / "ok-venv").mkdir()
+    (ws / "ok-venv" / "pyvenv.cfg").write_text(f"home = {Path(sys.base_prefix) / 'bin'}\n")
+    said: list[str] = []
+    box = default_sandbox(ws, warn=said.append, environ={})
+    assert isinstance(box, Bubblewrap)
+    assert said == [f"tether: .venv in the workspace runs the Python in {python}, which Bash's sandbox "
+                    f"does not show: give --sandbox-read {python} to use it there."]
+    assert str(python) not in box.args()
+    said.clear()
+    default_sandbox(ws, warn=said.append, environ={READ_ENV: str(python)})
+    assert said == []

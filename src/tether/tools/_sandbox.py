@@ -198,6 +198,27 @@ class Bubblewrap:
     def readable_paths(self) -> list[Path]:
         return [Path(os.path.abspath(p)) for p in dict.fromkeys(self.readable)]
 
+    def unseen_interpreters(self) -> list[tuple[Path, Path]]:
+        """The workspace's virtual environments (a pyvenv.cfg one level down) whose Python the sandbox
+        does not show, with that Python's prefix. Read to advise the user only: nothing the workspace
+        says widens what is mounted."""
+        ws = self.workspace.resolve()
+        shown = [ws, *(p.resolve() for p in [*self.toolchain_paths(), *self.readable_paths()] if p.exists())]
+        out: list[tuple[Path, Path]] = []
+        for cfg in sorted(ws.glob("*/pyvenv.cfg")):
+            try:
+                lines = cfg.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            home = next((v.strip() for k, _, v in (line.partition("=") for line in lines) if k.strip() == "home"), "")
+            if not home.startswith("/"):
+                continue
+            where = Path(os.path.normpath(home))
+            prefix = where.parent if where.name == "bin" else where
+            if not any(where == p or where.resolve().is_relative_to(p) for p in shown):
+                out.append((cfg.parent, prefix))
+        return out
+
     def protected_paths(self) -> list[Path]:
         """The existing workspace paths kept read-only: EXECUTED_LATER and `executed_later`, and each
         submodule's `.git` (a file pointing into .git/modules, or a directory)."""
@@ -524,9 +545,13 @@ def default_sandbox(
     if reason is None and path is not None:
         listed = (os.environ if environ is None else environ).get(READ_ENV, "")
         readable = [*readable, *(p for p in listed.split(os.pathsep) if p.strip())]
-        return Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
-                          readable=tuple(readable), executed_later=tuple(executed_later), bwrap=path,
-                          setpriv=shutil.which("setpriv") or "setpriv")
+        box = Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
+                         readable=tuple(readable), executed_later=tuple(executed_later), bwrap=path,
+                         setpriv=shutil.which("setpriv") or "setpriv")
+        for venv, prefix in box.unseen_interpreters():
+            (warn or _stderr)(f"tether: {venv.name} in the workspace runs the Python in {prefix}, which Bash's "
+                              f"sandbox does not show: give --sandbox-read {prefix} to use it there.")
+        return box
     reason = reason or "bubblewrap (bwrap) is not installed"
     if reason not in _warned:
         _warned.add(reason)
