@@ -209,17 +209,20 @@ async def test_named_paths_are_readable_read_only_and_hidden_ones_stay_hidden(pl
     (tools / "keys" / "k").write_text("KEY-INSIDE-TOOLS\n")
     link = planted.root / "current"
     link.symlink_to(tools)
+    (planted.root / "hop").symlink_to(tools)
+    latest = planted.root / "latest"  # through a link the sandbox does not have: straight to where it leads
+    latest.symlink_to(planted.root / "hop")
     in_tmp = tmp_path / "shared"  # under /tmp, which the sandbox replaces with its own
     in_tmp.mkdir()
     (in_tmp / "data.txt").write_text("DATA-UNDER-TMP\n")
     for p in [tools, *tools.rglob("*"), in_tmp, *in_tmp.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     ws = planted.workspace
-    box = Bubblewrap(ws, readable=[link, in_tmp], hidden=[tools / "keys"])
+    box = Bubblewrap(ws, readable=[link, in_tmp, latest], hidden=[tools / "keys"])
     out = await sh(shell_tool(ws, timeout=30, sandbox=box), (
-        f"bash {link}/bin.sh; cat {in_tmp}/data.txt; cat {tools}/keys/k; readlink {link}; "
+        f"bash {link}/bin.sh; bash {latest}/bin.sh; cat {in_tmp}/data.txt; cat {tools}/keys/k; readlink {link}; "
         f"touch {tools}/new 2>&1; cat {planted.root}/sibling/notes.txt 2>&1"))
-    assert "TOOL-RAN" in out and "DATA-UNDER-TMP" in out, out
+    assert out.count("TOOL-RAN") == 2 and "DATA-UNDER-TMP" in out, out
     assert str(tools) in out  # the symlink named is a symlink there too
     assert "KEY-INSIDE-TOOLS" not in out and "SECRET-sibling" not in out, out
     assert "Read-only file system" in out and not (tools / "new").exists()

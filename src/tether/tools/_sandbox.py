@@ -15,12 +15,12 @@ more, each one an allowlist or a kernel guarantee rather than a list of known-ba
   on when it lies elsewhere, so a venv made with it works), the parts of /etc programs read
   (`ETC_READABLE`, and `ETC_NETWORK` only with `allow_net`; passwd, group and, without network,
   hosts are generated, naming only root, nobody and the command's user), a fresh /dev and /proc,
-  an empty private /tmp (HOME is /tmp/home) and /var/tmp, the paths named in `readable`
+  an empty private /tmp (HOME is /tmp/home), /var/tmp and /dev/shm, the paths named in `readable`
   (`--sandbox-read`, `$TETHER_SANDBOX_READ`), and the workspace, writable, with the directories
-  on the way to it as empty directories. /home, /root, /opt, /srv, /var, /mnt, /run (its sockets)
-  and the rest of /etc are not there at all, so a secret outside the workspace cannot be read nor
-  a local daemon reached; `hidden` paths inside what is mounted are replaced by an empty
-  directory (or /dev/null for a file);
+  on the way to it as empty directories (the sandbox's own root is read-only). /home, /root, /opt,
+  /srv, /var, /mnt, /run (its sockets), /sys and the rest of /etc are not there at all, so a
+  secret outside the workspace cannot be read nor a local daemon reached; `hidden` paths inside
+  what is mounted are replaced by an empty directory (or /dev/null for a file);
 - inside the workspace the paths that run code later, outside the sandbox (`executed_later`: the
   whole `.git`, submodules' `.git` included, plus what the user adds) are read-only mounts, which
   can be neither written, nor renamed, nor removed; `writable` paths are bound writable;
@@ -411,12 +411,14 @@ class _Tree:
             return
         real = path.resolve()
         if path.is_symlink():
-            target = Path(os.path.normpath(path.parent / os.readlink(path)))
-            if real.parts[:2] == ("/", "proc") or self._shown(real) == "--ro-bind":
-                if path not in self._made:
-                    self._parents(path)
-                    self.args += ["--symlink", os.readlink(path), str(path)]
-                    self._made.add(path)
+            text = os.readlink(path)
+            target = Path(os.path.normpath(path.parent / text))
+            # the link as it is when what it names is there; else straight to where it leads, when that is
+            if target.parts[:2] == ("/", "proc") or self._shown(target) == "--ro-bind":
+                self._symlink(text, path)
+                return
+            if self._shown(real) == "--ro-bind":
+                self._symlink(str(real), path)
                 return
             if target == real and real.is_dir():  # bound at its own place, the link to it beside
                 self.read(real)
@@ -424,6 +426,12 @@ class _Tree:
                 return
         if self._shown(path) != "--ro-bind" or real != path:
             self.bind(real, path, "--ro-bind")
+
+    def _symlink(self, text: str, path: Path) -> None:
+        if path not in self._made:
+            self._parents(path)
+            self.args += ["--symlink", text, str(path)]
+            self._made.add(path)
 
     def hide(self, path: Path) -> None:
         """An empty directory (or /dev/null for a file) over `path` when the sandbox shows it."""
