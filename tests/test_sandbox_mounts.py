@@ -147,7 +147,8 @@ async def test_a_command_reads_nothing_of_the_host_outside_its_allowlist(planted
 
 async def test_only_the_sandbox_user_and_root_are_named(planted: Planted) -> None:
     bash = shell_tool(planted.workspace, timeout=30, sandbox=Bubblewrap(planted.workspace))
-    out = await sh(bash, "cut -d: -f1,3,6 /etc/passwd; echo; cat /etc/hosts; id -un; touch /etc/x / 2>&1 | head -1")
+    out = await sh(bash, "cut -d: -f1,3,6 /etc/passwd; echo; cat /etc/hosts; id -un; "
+                         "touch /etc/x / 2>&1 | head -1")
     users = out.split("\n\n", 1)[0].splitlines()
     assert {u.split(":")[1] for u in users} <= {"0", "65534", str(os.getuid())}, users
     assert "localhost" in out and "Read-only file system" in out
@@ -176,13 +177,15 @@ async def test_ordinary_work_still_runs(bwrap: None, tmp_path: Path) -> None:
     (ws / "test_x.py").write_text("def test_x():\n    assert 1 + 1 == 2\n")
     (ws / "h.c").write_text("#include <stdio.h>\nint main(void){puts(\"c-ok\");return 0;}\n")
     (ws / "h.cc").write_text("#include <iostream>\nint main(){std::cout<<\"cxx-ok\"<<std::endl;}\n")
-    (ws / "H.java").write_text("class H{public static void main(String[] a){System.out.println(\"java-ok\");}}\n")
+    (ws / "H.java").write_text('class H{public static void main(String[] a){System.out.println("java-ok");}}')
     (ws / "Makefile").write_text("all:\n\t@echo make-ok\n")
     for_commands(ws)
     bash = shell_tool(ws, timeout=120, sandbox=Bubblewrap(ws))
     out = await sh(bash, (
-        "echo b a | tr ' ' '\\n' | sort | head -1; ls -l h.c | cut -c1; wc -l < h.c; date +%Y >/dev/null && echo date-ok; "
-        "whoami; git init -q r && cd r && echo x > f && git add f && git -c user.name=t -c user.email=t@e commit -qm m "
+        "echo b a | tr ' ' '\\n' | sort | head -1; ls -l h.c | cut -c1; wc -l < h.c; "
+        "date +%Y >/dev/null && echo date-ok; whoami; "
+        "git init -q r && cd r && echo x > f && git add f && git -c user.name=t -c user.email=t@e "
+        "commit -qm m "
         "&& git log --format=%s && cd ..; python3 -c 'import ssl, sqlite3, json; print(\"py-ok\")'; "
         "python3 -c 'import multiprocessing as m; print(m.Pool(2).map(abs, [-3]))'; "
         ".venv/bin/python -m pytest -q -p no:cacheprovider test_x.py 2>&1 | tail -1"))
@@ -220,8 +223,8 @@ async def test_named_paths_are_readable_read_only_and_hidden_ones_stay_hidden(pl
     ws = planted.workspace
     box = Bubblewrap(ws, readable=[link, in_tmp, latest], hidden=[tools / "keys"])
     out = await sh(shell_tool(ws, timeout=30, sandbox=box), (
-        f"bash {link}/bin.sh; bash {latest}/bin.sh; cat {in_tmp}/data.txt; cat {tools}/keys/k; readlink {link}; "
-        f"touch {tools}/new 2>&1; cat {planted.root}/sibling/notes.txt 2>&1"))
+        f"bash {link}/bin.sh; bash {latest}/bin.sh; cat {in_tmp}/data.txt; cat {tools}/keys/k; "
+        f"readlink {link}; touch {tools}/new 2>&1; cat {planted.root}/sibling/notes.txt 2>&1"))
     assert out.count("TOOL-RAN") == 2 and "DATA-UNDER-TMP" in out, out
     assert str(tools) in out  # the symlink named is a symlink there too
     assert "KEY-INSIDE-TOOLS" not in out and "SECRET-sibling" not in out, out
@@ -229,7 +232,8 @@ async def test_named_paths_are_readable_read_only_and_hidden_ones_stay_hidden(pl
 
 
 @pytest.mark.skipif(not ROOT, reason="without root every test here runs this path already")
-def test_the_user_namespace_path_mounts_the_same_allowlist(planted: Planted, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_user_namespace_path_mounts_the_same_allowlist(planted: Planted,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """What a normal user gets (bwrap in a new user namespace): bwrap's options for a non-root tether,
     run by nobody."""
     if shutil.which("setpriv") is None:
@@ -240,7 +244,8 @@ def test_the_user_namespace_path_mounts_the_same_allowlist(planted: Planted, mon
     monkeypatch.setattr("tether.tools._sandbox.os.getgid", lambda: 65534)
     # tether's own Python prefix may be where nobody cannot look (/root/.pyenv): a normal user's is theirs
     box = Bubblewrap(ws, toolchain=TOOLCHAIN)
-    command = probe_reads(planted) + "; id -un; cat /proc/self/uid_map | wc -l; git --version | cut -c1-11; python3 -c 'print(7*6)'"
+    command = (probe_reads(planted) + "; id -un; cat /proc/self/uid_map | wc -l; git --version | cut -c1-11; "
+               "python3 -c 'print(7*6)'")
     launch = box.launch(["bash", "-c", command], cwd=ws, env={"PATH": "/usr/bin:/bin"})
     assert "--unshare-user" in launch.argv
     proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *launch.argv],

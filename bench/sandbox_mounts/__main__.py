@@ -27,10 +27,11 @@ def _old_argv(box: Bubblewrap, launch: list[str]) -> list[str]:
     head = launch[1:launch.index("--ro-bind")]  # the namespace options
     tail = launch[launch.index("--chdir"):]
     mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-              "--perms", "0777", "--dir", SANDBOX_HOME, "--tmpfs", "/root", "--tmpfs", "/run", "--tmpfs", "/var/tmp"]
-    parents = [str(p) for p in sorted(Path(ws).parents, key=lambda p: len(p.parts)) if str(p).startswith("/tmp/")]
-    for parent in parents:
-        mounts += ["--perms", "0755", "--dir", parent]
+              "--perms", "0777", "--dir", SANDBOX_HOME]
+    mounts += ["--tmpfs", "/root", "--tmpfs", "/run", "--tmpfs", "/var/tmp"]
+    for parent in sorted(Path(ws).parents, key=lambda p: len(p.parts)):
+        if str(parent).startswith("/tmp/"):
+            mounts += ["--perms", "0755", "--dir", str(parent)]
     return [launch[0], *head, *mounts, "--bind", ws, ws, *tail]
 
 
@@ -42,7 +43,8 @@ def _time(argv: list[str], env: dict[str, str]) -> float:
 
 def _summary(seconds: list[float]) -> dict[str, float]:
     xs = sorted(seconds)
-    return {"median_ms": round(statistics.median(xs) * 1000, 2), "p90_ms": round(xs[int(len(xs) * 0.9)] * 1000, 2)}
+    return {"median_ms": round(statistics.median(xs) * 1000, 2),
+            "p90_ms": round(xs[int(len(xs) * 0.9)] * 1000, 2)}
 
 
 def _mounts(argv: list[str]) -> int:

@@ -73,7 +73,8 @@ ETC_READABLE = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone", "alternatives",
     "java-*", "maven", "python3*", "perl", "groff", "locale.alias", "locale.conf", "mime.types", "magic",
     "magic.mime", "gitattributes", "bash.bashrc", "profile", "profile.d", "inputrc", "terminfo", "fonts",
-    "os-release", "debian_version", "lsb-release", "protocols", "services", "shells", "ssl/openssl.cnf", "mtab",
+    "os-release", "debian_version", "lsb-release", "protocols", "services", "shells", "ssl/openssl.cnf",
+    "mtab",
 )
 # Only with the network: name resolution and certificate authorities.
 ETC_NETWORK = ("resolv.conf", "hosts", "host.conf", "gai.conf", "ssl/certs", "ca-certificates",
@@ -210,7 +211,8 @@ class Bubblewrap:
                 lines = cfg.read_text(encoding="utf-8", errors="replace").splitlines()
             except OSError:
                 continue
-            home = next((v.strip() for k, _, v in (line.partition("=") for line in lines) if k.strip() == "home"), "")
+            pairs = (line.partition("=") for line in lines)
+            home = next((v.strip() for k, _, v in pairs if k.strip() == "home"), "")
             if not home.startswith("/"):
                 continue
             where = Path(os.path.normpath(home))
@@ -274,7 +276,7 @@ class Bubblewrap:
         for path in self.readable_paths():  # after /tmp's tmpfs, so that a path under /tmp can be named too
             tree.read(path)
         hidden = [p for p in sorted(set(self.hidden_paths()), key=lambda p: len(p.parts)) if p != Path("/")]
-        for path in hidden:  # an ancestor of the workspace is hidden first, and the workspace bound back on top
+        for path in hidden:  # an ancestor of the workspace first, the workspace then bound back on top
             if path == ws or path in ws.parents:
                 tree.hide(path)
         # The workspace: the one view of the user's files, writable.
@@ -455,13 +457,16 @@ def _generated_etc(uid: int, gid: int) -> Path:
     made = Path(tempfile.mkdtemp(prefix="tether-etc-"))
     atexit.register(shutil.rmtree, made, True)
     user, group = _name(pwd.getpwuid, uid, "user"), _name(grp.getgrgid, gid, "users")
-    users = {0: "root:x:0:0:root:/root:/bin/bash", NOBODY: f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin"}
-    users[uid] = f"{user}:x:{uid}:{gid}:{user}:{SANDBOX_HOME}:/bin/bash"
+    users = {0: "root:x:0:0:root:/root:/bin/bash",
+             NOBODY: f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin",
+             uid: f"{user}:x:{uid}:{gid}:{user}:{SANDBOX_HOME}:/bin/bash"}
     groups = {0: "root:x:0:", NOBODY: f"nogroup:x:{NOBODY}:", gid: f"{group}:x:{gid}:"}
-    hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{_safe(os.uname().nodename, 'localhost')}\n"
-    for name, text in (("passwd", "\n".join(users.values()) + "\n"), ("group", "\n".join(groups.values()) + "\n"),
-                       ("hosts", hosts)):
-        (made / name).write_text(text, encoding="utf-8")
+    host = _safe(os.uname().nodename, "localhost")
+    hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{host}\n"
+    files = {"passwd": "\n".join(users.values()), "group": "\n".join(groups.values()),
+             "hosts": hosts.rstrip()}
+    for name, text in files.items():
+        (made / name).write_text(text + "\n", encoding="utf-8")
         (made / name).chmod(0o644)
     made.chmod(0o755)
     _etc_dirs[(uid, gid)] = made
@@ -557,8 +562,8 @@ def default_sandbox(
                          readable=tuple(readable), executed_later=tuple(executed_later), bwrap=path,
                          setpriv=shutil.which("setpriv") or "setpriv")
         for venv, prefix in box.unseen_interpreters():
-            (warn or _stderr)(f"tether: {venv.name} in the workspace runs the Python in {prefix}, which Bash's "
-                              f"sandbox does not show: give --sandbox-read {prefix} to use it there.")
+            (warn or _stderr)(f"tether: {venv.name} in the workspace runs the Python in {prefix}, which "
+                              f"Bash's sandbox does not show: give --sandbox-read {prefix} to use it there.")
         return box
     reason = reason or "bubblewrap (bwrap) is not installed"
     if reason not in _warned:

@@ -213,7 +213,8 @@ def shell_tool(
     call requires approval. `env` defaults to an allowlist of this process's environment (see
     `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
     credentials. `executed_later`: workspace paths kept read-only besides `.git`; `readable`: host
-    paths commands may read besides the toolchain (see _sandbox.py). `warn` takes the "not sandboxed" notice instead of stderr.
+    paths commands may read besides the toolchain (see _sandbox.py). `warn` takes the "not sandboxed"
+    notice instead of stderr.
     """
     if env is None:
         env = sandbox_environ(pass_env)
@@ -222,8 +223,8 @@ def shell_tool(
         raise InvalidInput(f"working directory {workdir} is not an existing directory")
     if timeout <= 0:
         raise InvalidInput("timeout must be positive")
-    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net, executed_later=executed_later,
-                                                              readable=readable, warn=warn)
+    box = sandbox if sandbox is not None else default_sandbox(
+        workdir, allow_net=allow_net, executed_later=executed_later, readable=readable, warn=warn)
 
     async def Bash(command: str) -> str:
         """Run a shell command.
@@ -240,9 +241,9 @@ def shell_tool(
         )
         return format_result(result, timeout)
 
-    confined = (" It runs sandboxed: only this directory is writable; of the rest of the machine it sees only the "
-                "system's programs and libraries, read-only" + ("." if allow_net else ", and there is no network.")
-                ) if box.confined else ""
+    confined = (" It runs sandboxed: only this directory is writable; of the rest of the machine it sees "
+                "only the system's programs and libraries, read-only"
+                + ("." if allow_net else ", and there is no network.")) if box.confined else ""
     return tool(
         name="Bash",
         description=(
