@@ -209,9 +209,9 @@ def execute_chat(opts: o.RunOptions) -> int:
 
 
 def _options(**values: object) -> o.RunOptions:
-    for name in ("env", "protect", "allow"):  # repeated options: a tuple, None when not given
+    for name in ("env", "protect", "sandbox_read", "allow"):  # repeated options: a tuple, None when not given
         given = values.get(name)
-        values[name] = tuple(given) if isinstance(given, list) and given else None
+        values[name] = tuple(str(v) for v in given) if isinstance(given, list) and given else None
     return o.RunOptions(**values)  # type: ignore[arg-type]
 
 
@@ -237,6 +237,7 @@ def root(
     allow_net: o.AllowNet = False,
     env: o.Env = None,
     protect: o.Protect = None,
+    sandbox_read: o.SandboxRead = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -262,7 +263,7 @@ def root(
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
-                    instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
+                    instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
                     apply=apply, allow=allow)
     ctx.obj = opts
@@ -299,6 +300,7 @@ def run_command(
     allow_net: o.AllowNet = False,
     env: o.Env = None,
     protect: o.Protect = None,
+    sandbox_read: o.SandboxRead = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -318,7 +320,7 @@ def run_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
+        env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
         plan=plan, no_stage=no_stage, apply=apply, allow=allow))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
@@ -351,6 +353,7 @@ def chat_command(
     allow_net: o.AllowNet = False,
     env: o.Env = None,
     protect: o.Protect = None,
+    sandbox_read: o.SandboxRead = None,
     raw: o.Raw = False,
     verbose: o.Verbose = False,
     quiet: o.Quiet = False,
@@ -365,8 +368,8 @@ def chat_command(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact, no_stage=no_stage,
-        apply=apply, allow=allow))
+        env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
+        no_stage=no_stage, apply=apply, allow=allow))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

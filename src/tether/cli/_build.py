@@ -63,11 +63,11 @@ def workspace_of(opts: RunOptions) -> Path:
 
 
 def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, pass_env: Sequence[str] = (),
-                protect: Sequence[str] = (), warn: Callable[[str], None] | None = None,
-                stage: Stage | None = None) -> list[Tool]:
-    """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`
-    and `protect`: Bash's extra environment variable names and read-only workspace paths; `stage`: the
-    run's staged view the file tools and Bash work in (tether.staging)."""
+                protect: Sequence[str] = (), readable: Sequence[str] = (),
+                warn: Callable[[str], None] | None = None, stage: Stage | None = None) -> list[Tool]:
+    """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`,
+    `protect` and `readable`: Bash's extra environment variable names, read-only workspace paths and
+    host paths it may read; `stage`: the run's staged view the file tools and Bash work in (tether.staging)."""
     names = [n.strip().lower() for n in (spec or "coding").split(",") if n.strip()]
     if not names:
         raise CliError(f"--tools is empty; choose from: {', '.join(TOOL_SETS)}")
@@ -89,13 +89,13 @@ def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, p
             raise CliError(str(exc)) from exc
     for name in names:
         if name == "coding":
-            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect, warn=warn,
-                                          stage=stage)
+            tools += builtin.coding_tools(workspace, allow_net=allow_net, pass_env=pass_env, protect=protect,
+                                          readable=readable, warn=warn, stage=stage)
         elif name == "files":
             tools += builtin.file_tools(workspace, protect=protect, stage=stage)
         elif name == "bash":
             tools.append(builtin.shell_tool(workspace, allow_net=allow_net, pass_env=pass_env,
-                                            executed_later=protect, warn=warn, stage=stage))
+                                            executed_later=protect, readable=readable, warn=warn, stage=stage))
         elif name == "calculator":
             tools.append(builtin.calculator)
     unique: dict[str, Tool] = {}
@@ -155,7 +155,8 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     bad option is still one line. `stage`: the run's staged view (cli/_stage_cmd.py)."""
     workspace = workspace_of(opts)
     tools = build_tools(opts.tools, workspace, allow_net=opts.allow_net, pass_env=opts.env or (),
-                        protect=opts.protect or (), warn=None if notices is None else notices.append, stage=stage)
+                        protect=opts.protect or (), readable=opts.sandbox_read or (),
+                        warn=None if notices is None else notices.append, stage=stage)
     limits = build_limits(opts)
     model = build_model(opts, announce)
     mcp = None

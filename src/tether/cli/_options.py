@@ -63,6 +63,11 @@ Env = Annotated[list[str] | None, typer.Option(
 Protect = Annotated[list[str] | None, typer.Option(
     "--protect", help="Keep this workspace PATH read-only for Bash, like .git: a file that runs code later, "
     "outside the sandbox (e.g. .envrc, .vscode). Repeat for more.", metavar="PATH", show_default=False)]
+SandboxRead = Annotated[list[Path] | None, typer.Option(
+    "--sandbox-read", help="Let Bash commands read this PATH (read-only): a toolchain outside /usr, e.g. "
+    "/opt/node or ~/.cargo. The sandbox shows only the workspace, /usr and the system's libraries, parts of "
+    "/etc and tether's Python otherwise. Repeat for more; also $TETHER_SANDBOX_READ (PATH:PATH).",
+    metavar="PATH", show_default=False, exists=True)]
 Raw = Annotated[bool, typer.Option("--raw", help="Print the answer exactly as the model wrote it, terminal "
                                    "control sequences included (they are removed by default).")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show progress and usage on stderr even when it "
@@ -112,6 +117,7 @@ class RunOptions:
     allow_net: bool = False
     env: tuple[str, ...] | None = None
     protect: tuple[str, ...] | None = None
+    sandbox_read: tuple[str, ...] | None = None
     raw: bool = False
     verbose: bool = False
     quiet: bool = False

@@ -9,13 +9,21 @@ more, each one an allowlist or a kernel guarantee rather than a list of known-ba
   (the workspace then mounted id-mapped, so nobody can write it and what it writes is root's:
   tools/_idmap.py), so it can neither read root-only files such as /etc/shadow nor leave a
   setuid-root binary behind;
-- the filesystem is read-only, except the workspace (bind-mounted writable) and `writable` paths;
-  inside the workspace the paths that run code later, outside the sandbox (`executed_later`:
-  the whole `.git`, submodules' `.git` included, plus what the user adds) are read-only mounts,
-  which can be neither written, nor renamed, nor removed;
-- the user's home, /root, /run (its unix sockets: docker, dbus, databases) and `hidden` paths are
-  replaced by empty directories, /tmp and /var/tmp are private and empty, so a secret outside the
-  workspace cannot be read nor a local daemon reached;
+- it sees an allowlist of the host, not the host minus a list: the sandbox's root is empty and
+  only these are mounted, read-only unless said: the toolchain (`TOOLCHAIN`: /usr, and /bin, /lib
+  ... as the host has them, symlinks into /usr included; plus the Python installation tether runs
+  on when it lies elsewhere, so a venv made with it works), the parts of /etc programs read
+  (`ETC_READABLE`, and `ETC_NETWORK` only with `allow_net`; passwd, group and, without network,
+  hosts are generated, naming only root, nobody and the command's user), a fresh /dev and /proc,
+  an empty private /tmp (HOME is /tmp/home), /var/tmp and /dev/shm, the paths named in `readable`
+  (`--sandbox-read`, `$TETHER_SANDBOX_READ`), and the workspace, writable, with the directories
+  on the way to it as empty directories (the sandbox's own root is read-only). /home, /root, /opt,
+  /srv, /var, /mnt, /run (its sockets), /sys and the rest of /etc are not there at all, so a
+  secret outside the workspace cannot be read nor a local daemon reached; `hidden` paths inside
+  what is mounted are replaced by an empty directory (or /dev/null for a file);
+- inside the workspace the paths that run code later, outside the sandbox (`executed_later`: the
+  whole `.git`, submodules' `.git` included, plus what the user adds) are read-only mounts, which
+  can be neither written, nor renamed, nor removed; `writable` paths are bound writable;
 - its own PID namespace with its own /proc (`/proc/$PPID/environ` is the sandbox's own), its own
   IPC, UTS and network namespaces: no network but loopback unless `allow_net`;
 - a new session (no TIOCSTI into the user's terminal), `--die-with-parent`;
@@ -30,7 +38,10 @@ and otherwise says once on stderr why not (the Bash tool then asks approval for 
 from __future__ import annotations
 
 import atexit
+import glob
+import grp
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -38,7 +49,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tether.tools._idmap import idmapped_view
 from tether.tools._seccomp import filter_fd, no_setid_filter
@@ -51,6 +62,24 @@ NOBODY = 65534
 # sandbox (git hooks, core.fsmonitor, core.pager, submodules' configs ...). Users add more with
 # `executed_later=` (the CLI's --protect).
 EXECUTED_LATER = (".git",)
+# What of the host a command may read: the programs and libraries. /bin, /sbin and /lib* are symlinks
+# into /usr on merged-/usr systems and are reproduced as such; the missing ones are skipped.
+TOOLCHAIN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of /etc they read (measured with strace on bash, coreutils, git, python3, pytest, gcc, g++, make,
+# javac, java, node, perl; and the targets of /usr's symlinks into /etc): the dynamic linker, name
+# service, time zone, alternatives, language runtimes' settings. Never credentials or host names:
+# gitconfig, pip.conf, npmrc, hostname, machine-id, shadow stay out.
+ETC_READABLE = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone", "alternatives",
+    "java-*", "maven", "python3*", "perl", "groff", "locale.alias", "locale.conf", "mime.types", "magic",
+    "magic.mime", "gitattributes", "bash.bashrc", "profile", "profile.d", "inputrc", "terminfo", "fonts",
+    "os-release", "debian_version", "lsb-release", "protocols", "services", "shells", "ssl/openssl.cnf",
+    "mtab",
+)
+# Only with the network: name resolution and certificate authorities.
+ETC_NETWORK = ("resolv.conf", "hosts", "host.conf", "gai.conf", "ssl/certs", "ca-certificates",
+               "ca-certificates.conf", "pki")
+READ_ENV = "TETHER_SANDBOX_READ"  # more read-only paths, separated by ':' (the CLI's --sandbox-read)
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 
 
@@ -114,16 +143,21 @@ class Unconfined:
 class Bubblewrap:
     """A bubblewrap sandbox around one workspace (see the module docstring for what it enforces).
 
-    `hidden`: more paths replaced by an empty directory (or /dev/null for a file); `writable`:
-    more paths bind-mounted writable; `executed_later`: more workspace paths kept read-only (added
-    to EXECUTED_LATER); `allow_net`: share the host's network; `run_as`: the (uid, gid) commands run
-    as when tether runs as root (default: the workspace's owner, or nobody when that is root).
+    `toolchain`: the host paths commands read their programs from (default: `default_toolchain()`);
+    `readable`: more host paths mounted read-only (a toolchain elsewhere: /opt/node, ~/.cargo ...);
+    `hidden`: paths inside those replaced by an empty directory (or /dev/null for a file);
+    `writable`: more paths bind-mounted writable; `executed_later`: more workspace paths kept read-only
+    (added to EXECUTED_LATER); `allow_net`: share the host's network; `run_as`: the (uid, gid)
+    commands run as when tether runs as root (default: the workspace's owner, or nobody when that is
+    root). Paths are resolved; those missing here are skipped.
     """
 
     workspace: Path
     allow_net: bool = False
     hidden: Sequence[str | Path] = ()
     writable: Sequence[str | Path] = ()
+    readable: Sequence[str | Path] = ()
+    toolchain: Sequence[str | Path] | None = None
     executed_later: Sequence[str | Path] = ()
     run_as: tuple[int, int] | None = None
     view: Path | None = None  # mounted writable at the workspace's path instead of it (a run's staged view)
@@ -157,13 +191,36 @@ class Bubblewrap:
         return (owner.st_uid, owner.st_gid or NOBODY)
 
     def hidden_paths(self) -> list[Path]:
-        home = Path.home()
-        # /run holds unix sockets (docker, dbus, postgres) that a read-only mount and a network
-        # namespace leave connectable; hidden, they are gone.
-        paths = [Path(p) for p in ("/root", "/var/tmp", "/run")] + [Path(p) for p in self.hidden]
-        if home != Path("/"):
-            paths.insert(0, home)
-        return [p.resolve() for p in paths]
+        return [Path(p).resolve() for p in self.hidden]
+
+    def toolchain_paths(self) -> list[Path]:
+        toolchain = default_toolchain() if self.toolchain is None else self.toolchain
+        return [Path(os.path.abspath(p)) for p in dict.fromkeys(toolchain)]
+
+    def readable_paths(self) -> list[Path]:
+        return [Path(os.path.abspath(p)) for p in dict.fromkeys(self.readable)]
+
+    def unseen_interpreters(self) -> list[tuple[Path, Path]]:
+        """The workspace's virtual environments (a pyvenv.cfg one level down) whose Python the sandbox
+        does not show, with that Python's prefix. Read to advise the user only: nothing the workspace
+        says widens what is mounted."""
+        ws = self.workspace.resolve()
+        shown = [ws, *(p.resolve() for p in [*self.toolchain_paths(), *self.readable_paths()] if p.exists())]
+        out: list[tuple[Path, Path]] = []
+        for cfg in sorted(ws.glob("*/pyvenv.cfg")):
+            try:
+                lines = cfg.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            pairs = (line.partition("=") for line in lines)
+            home = next((v.strip() for k, _, v in pairs if k.strip() == "home"), "")
+            if not home.startswith("/"):
+                continue
+            where = Path(os.path.normpath(home))
+            prefix = where.parent if where.name == "bin" else where
+            if not any(where == p or where.resolve().is_relative_to(p) for p in shown):
+                out.append((cfg.parent, prefix))
+        return out
 
     def protected_paths(self) -> list[Path]:
         """The existing workspace paths kept read-only: EXECUTED_LATER and `executed_later`, and each
@@ -191,7 +248,8 @@ class Bubblewrap:
         """bwrap's options, without the command. `source`: what to mount at the workspace (default:
         the workspace itself; an id-mapped view of it for a root-owned one)."""
         ws = self.workspace.resolve()
-        root = self.identity() is not None
+        who = self.identity()
+        root = who is not None
         if root:
             # bwrap stays root to set up the mounts; the command drops to the unprivileged user (setpriv)
             out = ["--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
@@ -203,40 +261,47 @@ class Bubblewrap:
                    "--cap-drop", "ALL"]
             if self.allow_net:
                 out.append("--share-net")
+        tree = _Tree()  # from an empty root: what is not mounted here does not exist for the command
+        for path in self.toolchain_paths():
+            tree.read(path)
+        self._etc(tree, who or (os.getuid(), os.getgid()))
+        if self.allow_net:
+            tree.read(Path("/run/systemd/resolve"))  # where /etc/resolv.conf may point: DNS for --allow-net
+        tree.fresh("--dev", Path("/dev"))
+        tree.fresh("--proc", Path("/proc"))
+        tree.tmpfs(Path("/dev/shm"), "1777")  # POSIX semaphores and shared memory (multiprocessing)
+        tree.tmpfs(Path("/tmp"), "1777")
+        tree.tmpfs(Path("/var/tmp"), "1777")
         # as root the private HOME is made by root for the unprivileged user: open to it (and only it runs there)
-        out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-                "--perms", "0777" if root else "0700", "--dir", SANDBOX_HOME]
-        after: list[str] = []
-        tmpfs: list[Path] = [Path("/tmp")]
-        for path in sorted(set(self.hidden_paths()), key=lambda p: len(p.parts)):
-            if not path.exists() or path.is_symlink() or path == Path("/"):
-                continue
-            # An ancestor of the workspace is hidden first, then the workspace is bound back on top;
-            # anything else (also inside the workspace) is hidden after the binds.
-            target = out if path == ws or path in ws.parents else after
-            if path.is_dir():
-                target += ["--tmpfs", str(path)]
-                tmpfs.append(path)
-            else:
-                target += ["--ro-bind", "/dev/null", str(path)]
-        # The workspace's ancestors inside an empty tmpfs are made traversable (bwrap would copy the
-        # host's modes, 0700 for a private temporary directory, and the unprivileged user could not
-        # reach the workspace by its absolute path).
-        for parent in sorted(ws.parents, key=lambda p: len(p.parts)):
-            if any(parent != t and parent.is_relative_to(t) for t in tmpfs):
-                out += ["--perms", "0755", "--dir", str(parent)]
-        out += ["--bind", str(source or self.view or ws), str(ws)]
+        tree.made(Path(SANDBOX_HOME), "0777" if root else "0700")
+        for path in self.readable_paths():  # after /tmp's tmpfs, so that a path under /tmp can be named too
+            tree.read(path)
+        hidden = [p for p in sorted(set(self.hidden_paths()), key=lambda p: len(p.parts)) if p != Path("/")]
+        for path in hidden:  # an ancestor of the workspace first, the workspace then bound back on top
+            if path == ws or path in ws.parents:
+                tree.hide(path)
+        # The workspace: the one view of the user's files, writable (a run's staged view, when it has one).
+        tree.bind(source or self.view or ws, ws, "--bind")
         for extra in self.writable:
             p = Path(extra).resolve()
             if p.exists():
-                out += ["--bind", str(p), str(p)]
-        out += after
-        resolver = Path("/run/systemd/resolve")  # where /etc/resolv.conf may point: DNS for --allow-net
-        if self.allow_net and resolver.is_dir():
-            out += ["--ro-bind", str(resolver), str(resolver)]
+                tree.bind(p, p, "--bind")
+        for path in hidden:  # anything else (also inside the workspace) after the binds
+            if not (path == ws or path in ws.parents):
+                tree.hide(path)
         for p in self.protected_paths():
-            out += ["--ro-bind", str(p), str(p)]
-        return out
+            tree.bind(p, p, "--ro-bind")
+        # the sandbox's own root (the directories and links made above) read-only too, as the host's is
+        return [*out, *tree.args, "--remount-ro", "/"]
+
+    def _etc(self, tree: _Tree, who: tuple[int, int]) -> None:
+        """The allowlisted parts of the host's /etc, and generated passwd, group (and hosts offline)."""
+        names = [*ETC_READABLE, *(ETC_NETWORK if self.allow_net else ())]
+        for path in sorted({Path(p) for name in names for p in glob.glob(f"/etc/{name}")}):
+            tree.read(path)
+        made = _generated_etc(*who)
+        for name in ("passwd", "group", *(() if self.allow_net else ("hosts",))):
+            tree.bind(made / name, Path("/etc") / name, "--ro-bind")
 
     def launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> Launch:
         cwd = cwd.resolve()
@@ -283,6 +348,142 @@ def _owner(path: Path) -> int | None:
         return os.stat(path).st_uid
     except OSError:
         return None
+
+
+def default_toolchain() -> tuple[str, ...]:
+    """TOOLCHAIN, and the Python installation tether runs on (`sys.base_prefix`) when it lies outside
+    /usr (pyenv, conda, /opt): a virtual environment made with it then works in the sandbox. Not
+    when that prefix would hold the user's home directory."""
+    prefix = Path(sys.base_prefix).resolve()
+    home = Path.home().resolve()
+    if prefix == Path("/") or prefix == home or prefix in home.parents:
+        return TOOLCHAIN
+    return (*TOOLCHAIN, str(prefix))
+
+
+class _Tree:
+    """bwrap options that build the sandbox's tree from an empty root, remembering what each path
+    shows, so that the directories on the way to a mount are made once, traversable (bwrap would
+    copy the host's modes: 0700 for /root, a private temporary directory ...)."""
+
+    def __init__(self) -> None:
+        self.args: list[str] = []
+        self._mounts: list[tuple[Path, str]] = []  # in order; the last one covering a path is what it shows
+        self._made: set[Path] = set()
+
+    def _shown(self, path: Path) -> str | None:
+        for mount, kind in reversed(self._mounts):
+            if path == mount or path.is_relative_to(mount):
+                return kind
+        return None
+
+    def _mount(self, path: Path, kind: str) -> None:
+        self._mounts.append((path, kind))
+        self._made = {p for p in self._made if not p.is_relative_to(path)} | {path}
+
+    def _parents(self, path: Path) -> None:
+        for parent in sorted(path.parents, key=lambda p: len(p.parts))[1:]:
+            if parent not in self._made and self._shown(parent) not in ("--ro-bind", "--bind"):
+                self.made(parent, "0755")
+
+    def made(self, path: Path, perms: str) -> None:
+        """An empty directory."""
+        self._parents(path)
+        self.args += ["--perms", perms, "--dir", str(path)]
+        self._made.add(path)
+
+    def bind(self, source: Path, dest: Path, how: str) -> None:
+        """Mount `source` at `dest`; `how`: --bind (writable) or --ro-bind."""
+        self._parents(dest)
+        self.args += [how, str(source), str(dest)]
+        self._mount(dest, how)
+
+    def fresh(self, how: str, path: Path) -> None:
+        """A new /dev (--dev) or /proc (--proc)."""
+        self.args += [how, str(path)]
+        self._mount(path, how)
+
+    def tmpfs(self, path: Path, perms: str) -> None:
+        self._parents(path)
+        self.args += ["--perms", perms, "--tmpfs", str(path)]
+        self._mount(path, "--tmpfs")
+
+    def read(self, path: Path) -> None:
+        """The host's `path` at the same place, read-only; a symlink stays a symlink when what it points
+        to is in the sandbox (/bin -> usr/bin), else its target's content is mounted there."""
+        if not path.exists() or path == Path("/"):
+            return
+        real = path.resolve()
+        if path.is_symlink():
+            text = os.readlink(path)
+            target = Path(os.path.normpath(path.parent / text))
+            # the link as it is when what it names is there; else straight to where it leads, when that is
+            if target.parts[:2] == ("/", "proc") or self._shown(target) == "--ro-bind":
+                self._symlink(text, path)
+                return
+            if self._shown(real) == "--ro-bind":
+                self._symlink(str(real), path)
+                return
+            if target == real and real.is_dir():  # bound at its own place, the link to it beside
+                self.read(real)
+                self.read(path)
+                return
+        if self._shown(path) != "--ro-bind" or real != path:
+            self.bind(real, path, "--ro-bind")
+
+    def _symlink(self, text: str, path: Path) -> None:
+        if path not in self._made:
+            self._parents(path)
+            self.args += ["--symlink", text, str(path)]
+            self._made.add(path)
+
+    def hide(self, path: Path) -> None:
+        """An empty directory (or /dev/null for a file) over `path` when the sandbox shows it."""
+        if self._shown(path) not in ("--ro-bind", "--bind") or not path.exists() or path.is_symlink():
+            return
+        if path.is_dir():
+            self.tmpfs(path, "0755")
+        else:
+            self.bind(Path("/dev/null"), path, "--ro-bind")
+
+
+_etc_dirs: dict[tuple[int, int], Path] = {}
+
+
+def _generated_etc(uid: int, gid: int) -> Path:
+    """A directory holding passwd, group and hosts for the sandbox: root, nobody and the command's
+    user (whose home is the sandbox's), localhost; nothing of the host's other accounts."""
+    made = _etc_dirs.get((uid, gid))
+    if made is not None and all((made / n).is_file() for n in ("passwd", "group", "hosts")):
+        return made
+    made = Path(tempfile.mkdtemp(prefix="tether-etc-"))
+    atexit.register(shutil.rmtree, made, True)
+    user, group = _name(pwd.getpwuid, uid, "user"), _name(grp.getgrgid, gid, "users")
+    users = {0: "root:x:0:0:root:/root:/bin/bash",
+             NOBODY: f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin",
+             uid: f"{user}:x:{uid}:{gid}:{user}:{SANDBOX_HOME}:/bin/bash"}
+    groups = {0: "root:x:0:", NOBODY: f"nogroup:x:{NOBODY}:", gid: f"{group}:x:{gid}:"}
+    host = _safe(os.uname().nodename, "localhost")
+    hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{host}\n"
+    files = {"passwd": "\n".join(users.values()), "group": "\n".join(groups.values()),
+             "hosts": hosts.rstrip()}
+    for name, text in files.items():
+        (made / name).write_text(text + "\n", encoding="utf-8")
+        (made / name).chmod(0o644)
+    made.chmod(0o755)
+    _etc_dirs[(uid, gid)] = made
+    return made
+
+
+def _name(lookup: Callable[[int], Any], number: int, default: str) -> str:
+    try:
+        return _safe(lookup(number)[0], default)
+    except KeyError:
+        return default
+
+
+def _safe(name: str, default: str) -> str:
+    return name if name and all(c.isalnum() or c in "._-" for c in name) else default
 
 
 def _submodule_paths(ws: Path) -> list[str]:
@@ -346,19 +547,28 @@ def default_sandbox(
     hidden: Sequence[str | Path] = (),
     writable: Sequence[str | Path] = (),
     executed_later: Sequence[str | Path] = (),
+    readable: Sequence[str | Path] = (),
     warn: Callable[[str], None] | None = None,
     bwrap: str | None = None,
+    environ: Mapping[str, str] | None = None,
     view: Path | None = None,
 ) -> Sandbox:
     """Bubblewrap when it works on this machine; otherwise `Unconfined`, said once per process on
-    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH); `view`: a run's staged
+    stderr (or through `warn`). `bwrap`: the binary (default: `bwrap` on PATH). `readable` gets the
+    paths of $TETHER_SANDBOX_READ (in `environ`, default this process's) added. `view`: a run's staged
     view, mounted at the workspace's path."""
     path = bwrap or shutil.which("bwrap")
     reason = probe_bubblewrap(path) if path else "bubblewrap (bwrap) is not installed"
     if reason is None and path is not None:
-        return Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
-                          executed_later=tuple(executed_later), bwrap=path, setpriv=shutil.which("setpriv") or "setpriv",
-                          view=view)
+        listed = (os.environ if environ is None else environ).get(READ_ENV, "")
+        readable = [*readable, *(p for p in listed.split(os.pathsep) if p.strip())]
+        box = Bubblewrap(Path(workspace), allow_net=allow_net, hidden=tuple(hidden), writable=tuple(writable),
+                         readable=tuple(readable), executed_later=tuple(executed_later), bwrap=path,
+                         setpriv=shutil.which("setpriv") or "setpriv", view=view)
+        for venv, prefix in box.unseen_interpreters():
+            (warn or _stderr)(f"tether: {venv.name} in the workspace runs the Python in {prefix}, which "
+                              f"Bash's sandbox does not show: give --sandbox-read {prefix} to use it there.")
+        return box
     reason = reason or "bubblewrap (bwrap) is not installed"
     if reason not in _warned:
         _warned.add(reason)
@@ -369,12 +579,17 @@ def default_sandbox(
 
 __all__ = [
     "ENV_ALLOWLIST",
+    "ETC_NETWORK",
+    "ETC_READABLE",
     "EXECUTED_LATER",
+    "READ_ENV",
+    "TOOLCHAIN",
     "Bubblewrap",
     "Launch",
     "Sandbox",
     "Unconfined",
     "default_sandbox",
+    "default_toolchain",
     "probe_bubblewrap",
     "sandbox_environ",
 ]

@@ -24,15 +24,16 @@ if TYPE_CHECKING:
 
 
 def coding_tools(root: str | Path, *, bash_timeout: float = 120, allow_net: bool = False,
-                 pass_env: Sequence[str] = (), protect: Sequence[str] = (),
+                 pass_env: Sequence[str] = (), protect: Sequence[str] = (), readable: Sequence[str] = (),
                  warn: Callable[[str], None] | None = None, stage: StagedWorkspace | None = None) -> list[Tool]:
     """Read, Write, Edit, Glob, Grep and Bash (sandboxed), all working in `root` (the CLI's default set).
     `pass_env`: environment variable names Bash commands get besides the allowlist; `protect`: workspace
-    paths kept read-only for them besides .git; `stage`: work in the run's staged view of `root`
-    (tether.staging: writes are reviewed and applied at the end, and need no approval meanwhile)."""
+    paths kept read-only for them besides .git; `readable`: host paths they may read besides the toolchain;
+    `stage`: work in the run's staged view of `root` (tether.staging: writes are reviewed and applied at
+    the end, and need no approval meanwhile)."""
     return [*file_tools(root, protect=protect, stage=stage),
             shell_tool(root, timeout=bash_timeout, allow_net=allow_net, pass_env=pass_env, executed_later=protect,
-                       warn=warn, stage=stage)]
+                       readable=readable, warn=warn, stage=stage)]
 
 
 __all__ = [

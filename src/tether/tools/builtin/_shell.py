@@ -207,6 +207,7 @@ def shell_tool(
     allow_net: bool = False,
     pass_env: Sequence[str] = (),
     executed_later: Sequence[str] = (),
+    readable: Sequence[str] = (),
     warn: Callable[[str], None] | None = None,
     stage: StagedWorkspace | None = None,
 ) -> Tool:
@@ -216,11 +217,12 @@ def shell_tool(
     here; where it does not, commands run unconfined, that is said once on stderr, and every Bash
     call requires approval. `env` defaults to an allowlist of this process's environment (see
     `sandbox_environ`) plus the variables named in `pass_env`, so an injected `env` finds no
-    credentials. `executed_later`: workspace paths kept read-only besides `.git` (see sandbox.py).
-    `warn` takes the "not sandboxed" notice instead of stderr. With a `stage` (tether.staging) commands
-    run in the run's staged view, mounted at the workspace's own path inside the sandbox: what they
-    write is staged, so a sandboxed call without network needs no approval (unconfined, they run in
-    the view's directory and every call still asks).
+    credentials. `executed_later`: workspace paths kept read-only besides `.git`; `readable`: host
+    paths commands may read besides the toolchain (see _sandbox.py). `warn` takes the "not sandboxed"
+    notice instead of stderr. With a `stage` (tether.staging) commands run in the run's staged view,
+    mounted at the workspace's own path inside the sandbox: what they write is staged, so a sandboxed
+    call without network needs no approval (unconfined, they run in the view's directory and every
+    call still asks).
     """
     if env is None:
         env = sandbox_environ(pass_env)
@@ -231,9 +233,9 @@ def shell_tool(
         raise InvalidInput("timeout must be positive")
     if stage is not None:
         executed_later = [*executed_later, *stage.passthrough]  # the real ones, mounted read-only
-    box = sandbox if sandbox is not None else default_sandbox(workdir, allow_net=allow_net,
-                                                              executed_later=executed_later, warn=warn,
-                                                              view=None if stage is None else stage.view)
+    box = sandbox if sandbox is not None else default_sandbox(
+        workdir, allow_net=allow_net, executed_later=executed_later, readable=readable, warn=warn,
+        view=None if stage is None else stage.view)
     # staged: its writes land in the view (confined, no network: nothing else it can change)
     staged = stage is not None and box.confined and not allow_net and getattr(box, "view", None) == stage.view
     if stage is not None and not box.confined:
@@ -254,8 +256,9 @@ def shell_tool(
         )
         return format_result(result, timeout)
 
-    confined = (" It runs sandboxed: only this directory is writable, the rest of the filesystem is read-only "
-                "or hidden" + ("." if allow_net else ", and there is no network.")) if box.confined else ""
+    confined = (" It runs sandboxed: only this directory is writable; of the rest of the machine it sees "
+                "only the system's programs and libraries, read-only"
+                + ("." if allow_net else ", and there is no network.")) if box.confined else ""
     return tool(
         name="Bash",
         description=(
