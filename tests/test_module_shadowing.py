@@ -139,3 +139,29 @@ def test_python_safe_path_with_an_empty_pythonpath_entry_imports_nothing_from_th
                           env=env_with(f":{REPO / 'src'}"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert imported(planted) == []
+
+
+def test_the_mcp_stdio_launcher_imports_nothing_from_the_working_directory(tmp_path: Path) -> None:
+    from tether.mcp._client import _dying_with_us
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the launcher is Linux-only")
+    for name in ("ctypes", "signal", "os"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / ('IMPORTED-' + name))!r}, 'w').close()\n")
+    program, args = _dying_with_us("true", [])
+    done = subprocess.run([program, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ":"})
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("IMPORTED-*"))
+
+
+def test_a_user_tool_module_leaves_the_working_directory_off_sys_path(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether.cli._user_tools import import_tools
+
+    (tmp_path / "my_tools_for_shadowing.py").write_text("def ping() -> str:\n    return 'pong'\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    (found,) = import_tools("my_tools_for_shadowing:ping")
+    assert found.name == "ping"
+    assert sys.path == before

@@ -3,6 +3,7 @@ which rebuild them from the same text in whichever process recovers the run)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -27,12 +28,19 @@ def import_tools(ref: str) -> list[Tool]:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise ToolImportError(f"--tools {ref}: write a tool reference as module:name (e.g. mytools:refund)")
-    if os.getcwd() not in sys.path:
+    # the working directory is importable while the user's module is imported, and only then: a module
+    # there named like an optional dependency is never picked up by tether's own later imports
+    added = os.getcwd() not in sys.path
+    if added:
         sys.path.append(os.getcwd())
     try:
         obj: object = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: any failure is theirs to read
         raise ToolImportError(f"--tools {ref}: cannot import {module_name} ({type(exc).__name__}: {exc})") from exc
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(os.getcwd())
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ToolImportError(f"--tools {ref}: {module_name} has no {attr}")

@@ -75,7 +75,9 @@ def _dying_with_us(command: str, args: list[str]) -> tuple[str, list[str]]:
     """The command and arguments that start a stdio server bound to this process's life (Linux)."""
     if not sys.platform.startswith("linux"):
         return command, args
-    return sys.executable, ["-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), command, *args]
+    # -I: neither the working directory nor PYTHON* variables reach this helper's imports (a ctypes.py or
+    # signal.py in the directory would otherwise run here, outside any sandbox)
+    return sys.executable, ["-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), command, *args]
 
 class MCPToolError(TetherError):
     """An MCP tool call that did not produce a result; the text is what the model reads."""

@@ -587,8 +587,8 @@ class SafetyPolicy:
         if not self.use_provenance:
             # the default: every effect after taint is a person's decision (or refused, or held, as the
             # capability says); where the values seem to come from is shown, never a reason to skip
-            why = (f"this run has read text you did not write ({sources}), and that text could have chosen "
-                   "this action")
+            why = (f"this run has read untrusted content ({sources}): text you did not write, which could have "
+                   "chosen this action")
             if c.prov:
                 why += "; a guess at where each value came from (by matching text, not proof): " + ", ".join(
                     f"{path or 'value'}: {_PLAIN_ORIGIN.get(origin, origin)}" for path, origin in c.prov.items())
