@@ -57,7 +57,7 @@ from tether.events import (
     TraceEvent,
 )
 from tether.models._base import Model
-from tether.models._pricing import Pricing
+from tether.models._pricing import Pricing, charge, require_prices
 from tether.tools._executor import Bound, CallContext, Executor, Policy, ToolStepFn
 from tether.tools._results import HANDLES_KEY
 
@@ -151,6 +151,8 @@ class ContextRun:
         """One model call for the context builder; raises NotAdmitted, unsent, when it could cross a
         token or cost ceiling (its output is capped to what is left otherwise)."""
         use = model or self.spec.model
+        if self._budget.limits.max_cost_usd is not None:
+            require_prices(use, self.spec.pricing)
         admission = Admission(use, self.spec.pricing)
         stop, cap = admission.admit(self._budget, admission.count(request.messages, request.tools))
         if stop is not None:
@@ -375,6 +377,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     deadline = _Deadline(budget.remaining_seconds())
     # Token and cost ceilings: each call is sized and its output capped before it is sent.
     lim = spec.limits
+    if lim.max_cost_usd is not None:  # a cost ceiling over a model with no price bounds nothing: refused
+        require_prices(spec.model, spec.pricing)
     admission = Admission(spec.model, spec.pricing) if lim.max_tokens is not None or lim.max_cost_usd is not None \
         else None
     counted = 0
@@ -440,7 +444,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             _price(spec, reply)
             budget.record_model_call(reply.usage)
             if admission is not None:
-                admission.observe(counted, reply.usage.input_tokens)
+                admission.observe(counted, reply.usage)
             messages.append(reply.to_message())
             if reply.text:
                 answer = reply.text
@@ -889,11 +893,9 @@ def _observe(run_id: str, event: BaseEvent) -> None:
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
-    """Cost from the price table (cached input at its own price); a model the table does not know
-    keeps the cost it reported."""
-    name = reply.model or (model or spec.model).name
-    if spec.pricing.lookup(name) is not None:  # known(), one frame less per step
-        reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
+    """The reply's cost (tether.models._pricing.charge): the highest of the asked model's price, the
+    price of the model the reply names, and what the provider reported."""
+    reply.usage.cost_usd = charge(spec.pricing, model or spec.model, reply)
 
 
 def _task_state(context: ContextBuilder) -> dict | None:

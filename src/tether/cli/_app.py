@@ -77,7 +77,7 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
         trace = open_trace(opts)
     except CliError as exc:
-        return _fail(console, str(exc))
+        return _fail(console, str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     if opts.plan:
@@ -152,7 +152,7 @@ def execute_chat(opts: o.RunOptions) -> int:
         agent = build_agent(opts, announce=reporter.announce, pause=reporter.paused, notices=notices)
         trace = open_trace(opts)
     except CliError as exc:
-        return _fail(console, str(exc))
+        return _fail(console, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     for line in notices:  # a conversation: said once it starts
