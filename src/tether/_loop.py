@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from tether._admission import Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
-from tether._limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
+from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
@@ -165,7 +165,9 @@ class ContextRun:
             self._budget.steps, lambda: use.complete(request)))
         _price(self.spec, reply, use)
         self._budget.record_model_call(reply.usage)
-        self._emit(_model_call_ended(reply, use, purpose), started)
+        self._emit(_model_call_ended(reply, use, "lost" if reply.finish_reason == LOST_CALL else purpose), started)
+        if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
+            return await self.complete(request, model, purpose)
         return reply
 
 
@@ -443,6 +445,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
             _price(spec, reply)
             budget.record_model_call(reply.usage)
+            if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
+                emit(_model_call_ended(reply, spec.model, "lost"), started)
+                continue
             if admission is not None:
                 admission.observe(counted, reply.usage)
             messages.append(reply.to_message())
@@ -821,6 +826,9 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
     budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
                            cached_input_tokens=reply.usage.cached_input_tokens,
                            cache_write_tokens=reply.usage.cache_write_tokens))
+    if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged; the findings answer
+        emit(_model_call_ended(reply, spec.model, "lost"), started)
+        return _findings_answer(why, findings)
     messages.append(Message.assistant(reply.text))
     emit(_model_call_ended(reply, spec.model, "final"), started)
     return reply.text if spec.output is None else spec.output.accept_final(reply)
