@@ -13,7 +13,6 @@ from tether._errors import InvalidInput
 from tether._json import dumps_fn
 from tether._types import StopReason, Usage
 
-
 # The most a model call admitted in this task may use: (input tokens, output tokens, USD), set by `Budget.admit` just before
 # the call is sent. A durable step runner checkpoints it first (write-ahead), so a call a crash cuts
 # off is still charged when the run is recovered (tether.durable._runner).
