@@ -58,7 +58,7 @@ from tether.events import (
 )
 from tether.models._base import Model
 from tether.models._pricing import Pricing, charge, require_prices
-from tether.tools._executor import Bound, CallContext, Executor, Policy, ToolStepFn
+from tether.tools._executor import Bound, CallContext, Executor, Policy, PolicyBound, ToolStepFn
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
@@ -305,16 +305,17 @@ class ParentRun:
     bounds: tuple[Bound, ...] = ()  # what its children's calls are checked against: its own and its ancestors'
 
 
-def child_bounds(spec: RunSpec) -> tuple[Bound, ...]:
-    """What a sub-agent of this run is bound by: this run's bounds and its own policy's capabilities."""
-    own = policy_bound(spec.executor.policy)
+def child_bounds(spec: RunSpec, ctx: CallContext | None = None) -> tuple[Bound, ...]:
+    """What a sub-agent of this run is bound by: this run's bounds and its own policy's bound."""
+    own = policy_bound(spec.executor.policy, ctx)
     return spec.bounds if own is None else (*spec.bounds, own)
 
 
-def policy_bound(policy: Policy) -> Bound | None:
-    """A policy's capabilities as a bound on sub-agents (None: it has none, e.g. `AllowAll`)."""
-    own = getattr(policy, "capabilities", None)
-    return own if callable(getattr(own, "refusal", None)) else None
+def policy_bound(policy: Policy, ctx: CallContext | None = None) -> Bound | None:
+    """A policy's bound on the sub-agents below its run (`Policy.bound_descendants`; a policy without
+    that hook is bound through its `before_call`); None: it bounds nothing (`AllowAll`)."""
+    hook = getattr(policy, "bound_descendants", None)
+    return hook(ctx) if hook is not None else PolicyBound(policy, ctx)
 
 
 FINAL_PROMPT = (
@@ -353,7 +354,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
     ctx.extra[PARENT_KEY] = ParentRun(
         budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
-        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec))
+        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec, ctx))
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None
