@@ -12,8 +12,9 @@ if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path:
     _here = _os.getcwd()
     _sys.path[:] = [p for p in _sys.path if _os.path.isabs(p) and _os.path.abspath(p) != _here]
 
-from tether import models
+from tether import _compat, models
 from tether._agent import Agent
+from tether._critic import Critic, run_with_critic
 from tether._errors import (
     InvalidInput,
     InvalidType,
@@ -46,12 +47,15 @@ from tether.tools._base import Tool, ToolContext, tool
 from tether.tools._executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
 from tether.tools._results import ToolOutput
 
+_compat.install()  # old module paths (tether.models.scripted, ...) still import, with a DeprecationWarning
+
 __all__ = [
     "Agent",
     "AllowAll",
     "BasePolicy",
     "CallContext",
     "CancelToken",
+    "Critic",
     "Effect",
     "FallbackModel",
     "InvalidInput",
@@ -85,6 +89,7 @@ __all__ = [
     "call",
     "models",
     "reply",
+    "run_with_critic",
     "structured",
     "tool",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tether._limits import Limits
 from tether._tokens import counter_for, message_tokens
@@ -21,6 +22,9 @@ from tether._types import Message, ModelRequest, RunResult, Usage
 from tether.events import CriticReviewed
 from tether.models._base import Model
 from tether.models._pricing import Pricing
+
+if TYPE_CHECKING:
+    from tether._agent import Agent
 
 _CLAIM = re.compile(
     r"\b[A-Z][A-Z0-9]*-\d+\b"          # ids: INC-4000
@@ -124,7 +128,8 @@ def _fits(request: ModelRequest, model: str, pricing: Pricing, limits: Limits, u
     return limits.max_cost_usd is None or used.cost_usd + pricing.cost(model, n_in, n_out) <= limits.max_cost_usd
 
 
-async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: int = 1, **kwargs) -> RunResult:
+async def run_with_critic(agent: Agent[Any], prompt: str, critic: Critic, *, max_revisions: int = 1,
+                          **kwargs: Any) -> RunResult[Any]:
     """Run, review the answer, and send it back with the reasons up to `max_revisions` times. The revision
     continues the run's own state (its budget, taint and loop counts), with the review's usage added."""
     result = await agent.arun(prompt, **kwargs)

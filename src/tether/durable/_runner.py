@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS
-from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
 from tether._errors import OperationFailed
 from tether._limits import ADMITTED, LOST_CALL
 from tether._loop import ChildRun, RunCancelled
 from tether._types import ModelReply, RunResult, ToolCall, ToolResult, Usage, from_jsonable, to_jsonable
+from tether.durable._dbos_private import cancelled_errors
 from tether.events import ToolCallStarted, TraceEvent
 
 if TYPE_CHECKING:  # the runtime builds these, passing itself in
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the runtime builds these, passing itself in
     from tether.store._sql import RunStore
 
 APPROVAL_TOPIC = "approval"
+CANCELLED = cancelled_errors()  # DBOS's own "this workflow was cancelled" exceptions (private names, guarded)
 # (parent run id, agent-tool path from the top-level agent, the child) -> the child's result
 StartChild = Callable[[str, tuple[str, ...], ChildRun], Awaitable[RunResult[Any]]]
 
@@ -126,7 +127,7 @@ class DbosStepRunner:
         while True:
             try:
                 message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=self.approval_timeout)
-            except DBOSWorkflowCancelledError as exc:
+            except CANCELLED as exc:
                 raise RunCancelled from exc
             if message is None:
                 decision = {"call_id": pending["call_id"], "approved": False, "by": "timeout",
@@ -151,7 +152,7 @@ class DbosStepRunner:
         rt.steps_in_flight += 1
         try:
             return await work
-        except (DBOSWorkflowCancelledError, DBOSAwaitedWorkflowCancelledError) as exc:  # cancelled elsewhere
+        except CANCELLED as exc:  # cancelled elsewhere
             raise RunCancelled from exc
         finally:
             rt.steps_in_flight -= 1
