@@ -151,3 +151,12 @@ def test_the_cli_refuses_max_cost_over_an_unpriced_model_as_a_usage_error(tmp_pa
         stated = _cli(["-p", "hi", "--tools", "none", "--model", UNPRICED, "--max-cost", "0.001"], env, tmp_path)
     assert stated.returncode == 0, stated.stderr
     assert stated.stdout == "hello\n"
+
+
+def test_a_service_task_asking_for_a_cost_ceiling_over_an_unpriced_model_is_refused() -> None:
+    from tether.server._registry import Registry, RegistryError
+
+    registry = Registry({"helper": lambda user: Agent(looping(UNPRICED), tools=[lookup])})
+    assert registry.build("helper", "alice", {"max_steps": 3}).limits.max_steps == 3
+    with pytest.raises(RegistryError, match=UNPRICED):
+        registry.build("helper", "alice", {"max_cost_usd": 0.01})
