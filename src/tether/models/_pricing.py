@@ -116,7 +116,7 @@ class UnpricedModel(InvalidInput):
 def declared_price(model: Any) -> tuple[float, float] | None:
     """The price a model states for itself (`price`, USD per 1M input and output tokens), or None."""
     price = getattr(model, "price", None)
-    return (float(price[0]), float(price[1])) if isinstance(price, tuple) and len(price) == 2 else None
+    return price if isinstance(price, tuple) and len(price) == 2 else None
 
 
 def model_rates(model: Any, pricing: Pricing) -> tuple[float, float] | None:
@@ -171,11 +171,24 @@ def charge(pricing: Pricing, model: Any, reply: ModelReply) -> float:
     charged at the asked model's price, which the call was admitted at."""
     usage = reply.usage
     cost = usage.cost_usd  # the provider's own figure, when it reports one (0 otherwise)
-    asked = _answered_by(model, reply)
-    asked_name = reply.requested or asked.name
-    price = pricing.rates(asked_name, declared_price(asked))
+    if reply.requested:  # a FallbackModel's inner model
+        asked, name = _answered_by(model, reply), reply.requested
+    else:  # every step: no more calls than the one lookup and the one price
+        asked, name = model, model.name
+    price = pricing.lookup(name)
+    if price is None:
+        price = declared_price(asked)
+        if price is None:
+            price = pricing.unpriced
     if price is not None:
-        cost = max(cost, pricing.usage_cost(asked_name, usage, price))
-    if reply.model and reply.model != asked_name and (named := pricing.lookup(reply.model)) is not None:
-        cost = max(cost, pricing.usage_cost(reply.model, usage, named))
+        at = pricing.usage_cost(name, usage, price)
+        if at > cost:
+            cost = at
+    named = reply.model
+    if named and named != name:
+        other = pricing.lookup(named)
+        if other is not None and other != price:
+            at = pricing.usage_cost(named, usage, other)
+            if at > cost:
+                cost = at
     return cost
