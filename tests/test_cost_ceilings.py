@@ -160,3 +160,16 @@ def test_a_service_task_asking_for_a_cost_ceiling_over_an_unpriced_model_is_refu
     assert registry.build("helper", "alice", {"max_steps": 3}).limits.max_steps == 3
     with pytest.raises(RegistryError, match=UNPRICED):
         registry.build("helper", "alice", {"max_cost_usd": 0.01})
+
+
+def test_a_critic_with_an_unpriced_reviewer_under_a_cost_ceiling_is_refused_before_the_run() -> None:
+    import asyncio
+
+    from tether import Critic, run_with_critic
+
+    worker = ScriptedModel(["the answer is 4"], name="gpt-4o-mini")
+    reviewer = ScriptedModel(["OK"], name=UNPRICED)
+    agent = Agent(worker, limits=Limits(max_cost_usd=0.01))
+    with pytest.raises(UnpricedModel, match=UNPRICED):
+        asyncio.run(run_with_critic(agent, "2+2?", Critic(model=reviewer)))
+    assert worker.calls == 0 and reviewer.calls == 0
