@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,4 +145,24 @@ def test_a_policy_without_the_hook_bounds_through_its_before_call() -> None:
                   policy=AllowAll())
     parent = Agent(calling_each(["sub_x"]), tools=[child.as_tool("sub_x")], policy=Plain(frozenset({"delete_all"})))  # type: ignore[arg-type]
     parent.run("go")
+    assert [name for _, name in ran] == ["read_a"]
+
+
+def test_a_durable_child_is_bounded_by_its_parents_custom_policy(tmp_path) -> None:
+    """A durable sub-agent runs as a workflow of its own (recovered apart from its parent's run): the
+    parent's policy still bounds it, through a fresh state of that policy."""
+    pytest.importorskip("dbos")
+    from tether.durable import teardown
+
+    ran: list[tuple[str, str]] = []
+    tools = leaf_tools(ran)
+    child = Agent(calling_each(["delete_all", "read_a"]), tools=[tools["delete_all"], tools["read_a"]],
+                  policy=AllowAll())
+    parent = Agent(calling_each(["sub_cleaner"]), tools=[child.as_tool("sub_cleaner")],
+                   policy=Refuses(frozenset({"delete_all"})), name="bounded_parent", durable=str(tmp_path / "runs.db"))
+    try:
+        result = parent.run("clean up", run_id="bp1")
+    finally:
+        teardown()
+    assert result.stop_reason is StopReason.COMPLETED
     assert [name for _, name in ran] == ["read_a"]
