@@ -192,6 +192,46 @@ def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
         store.close()
 
 
+def test_a_call_in_flight_at_a_kill_is_charged_so_the_bill_stays_under_the_ceiling(tmp_path):
+    """Before: SIGKILLed inside the child's model call and recovered, the call in flight was billed by the
+    provider but never charged, so the run spent past its ceiling (billed 21,665 tokens against 20,000,
+    reported 18,236). Now its admitted maximum is written ahead of it, and charged when the recovered
+    run finds no recorded reply; the call is then admitted again within what is left."""
+    from bench.durable.worker import BILLED_MAX_TOKENS
+
+    db, ledger = str(tmp_path / "runs.db"), tmp_path / "ledger.txt"
+    bill = tmp_path / "ledger.bill.txt"
+    first = _spawn("billed", db, ledger)
+    try:
+        end = time.monotonic() + 90
+        while "child:2\t" not in (bill.read_text() if bill.exists() else ""):
+            assert time.monotonic() < end and first.poll() is None, "the child never reached its second model call"
+            time.sleep(0.05)
+    finally:
+        _kill(first)  # billed, its reply never recorded
+    fresh = _spawn("billed", db, ledger)
+    try:
+        out, _ = fresh.communicate(timeout=120)
+    finally:
+        _kill(fresh)
+    assert b"team done" in out, out.decode()  # the parent answers, at its budget stop or before
+    lines = [line.split("\t") for line in bill.read_text().splitlines()]
+    assert [who for who, *_ in lines].count("child:2") == 2  # the killed call was sent again
+    billed = sum(int(i) + int(o) for _, i, o in lines)
+    store = RunStore(db)
+    try:
+        row = store.run("billed1")
+        assert row is not None and row.stop_reason in ("completed", "token_budget"), row
+        reported = row.usage["input_tokens"] + row.usage["output_tokens"]
+        [child] = [r for r in store.runs() if r.parent_run == "billed1"]
+        purposes = [e.data.get("purpose") for e in store.events(child.run_id) if e.kind == "model_call"]
+    finally:
+        store.close()
+    assert billed <= BILLED_MAX_TOKENS, (billed, reported, lines)
+    assert reported >= billed  # every billed call charged (the lost one at its admitted maximum)
+    assert purposes.count("lost") == 1, purposes
+
+
 def test_cancel_from_another_process_ends_a_parked_run(tmp_path):
     db, ledger = str(tmp_path / "runs.db"), tmp_path / "ledger.txt"
     worker = _spawn("approval", db, ledger)

@@ -188,6 +188,61 @@ def build_team_agent(ledger: Path, durable: Any = None) -> Any:
                  policy=SafetyPolicy(), user="alice", name="team", durable=durable)
 
 
+BILLED_MAX_TOKENS = 20_000  # the billed scenario's ceiling
+
+
+def build_billed_agent(ledger: Path, durable: Any = None) -> Any:
+    """A parent under `max_tokens=BILLED_MAX_TOKENS` whose sub-agent, given all the parent has left,
+    writes notes until its budget stops it. Both models are a billing fake: a provider that counts input
+    as tether does, writes 2,500 tokens (never more than `max_output_tokens`) and bills each call the
+    moment it receives it, one line `who:call\tinput\toutput` in `bill.txt` beside the ledger. The
+    child's second call is slow: a window for the kill after it was billed, before its reply is recorded."""
+    from tether import Agent, Limits, tool
+    from tether._tokens import counter_for, message_tokens, tools_tokens
+    from tether._types import ModelReply, ModelRequest, ToolCall, Usage
+    from tether.models._scripted import ScriptedModel
+    from tether.policy import SafetyPolicy
+
+    bill = ledger.with_name(ledger.stem + ".bill.txt")
+    counter = counter_for("gpt-4o-mini")
+
+    @tool(effect="read_only")
+    def note(n: int) -> str:
+        """Write down note n."""
+        return f"noted {n}"
+
+    class Billing(ScriptedModel):
+        async def complete(self, request: ModelRequest) -> ModelReply:
+            used_in = sum(message_tokens(counter, m) for m in request.messages) + 3
+            used_in += tools_tokens(counter, list(request.tools))
+            out = min(2_500, request.max_output_tokens or 2_500)
+            call = 1 + sum(1 for m in request.messages if m.role == "assistant")
+            _append(bill, f"{self.name}:{call}\t{used_in}\t{out}")
+            if self.name == "child" and call == 2:
+                await asyncio.sleep(3)
+            reply = await super().complete(request)
+            reply.usage = Usage(used_in, out)
+            return reply
+
+    def child_script(request: ModelRequest) -> ModelReply:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if request.tool_choice == "none":
+            return ModelReply(f"partial: {done} notes")
+        return ModelReply("", [ToolCall("call_0", "note", {"n": done})])
+
+    def parent_script(request: ModelRequest) -> ModelReply:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return ModelReply("", [ToolCall("call_0", "writer", {"task": "write notes"})])
+        return ModelReply("team done: " + tools[0].content[:60])
+
+    writer = Agent(Billing(child_script, name="child"), tools=[note], policy=SafetyPolicy(),
+                   limits=Limits(max_steps=50, max_repeats=None))
+    return Agent(Billing(parent_script, name="parent"), tools=[writer.as_tool("writer", "Writes notes.", share=1.0)],
+                 policy=SafetyPolicy(), user="alice", name="billed", durable=durable,
+                 limits=Limits(max_steps=10, max_tokens=BILLED_MAX_TOKENS))
+
+
 async def work_one(build: Any, db: str, ledger: Path, prompt: str, run_id: str) -> int:
     """One durable run of the agent `build(ledger, durable=...)` makes (recovered if it was pending)."""
     from tether.durable import Durable, runtime
@@ -216,12 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", required=True, type=Path)
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--jitter", type=float, default=0.03)
-    p.add_argument("--scenario", choices=["crash", "approval", "team"], default="crash")
+    p.add_argument("--scenario", choices=["crash", "approval", "team", "billed"], default="crash")
     args = p.parse_args(argv)
     if args.scenario == "team":
         args.runs = 1
         done = asyncio.run(work_one(build_team_agent, args.db, args.ledger, "write the ledger through the writer",
                                     "team1"))
+    elif args.scenario == "billed":
+        args.runs = 1
+        done = asyncio.run(work_one(build_billed_agent, args.db, args.ledger, "write notes through the writer",
+                                    "billed1"))
     elif args.scenario == "approval":
         args.runs = 1
         done = asyncio.run(work_one(build_approval_agent, args.db, args.ledger, "pay the invoice I got", "pay1"))

@@ -62,6 +62,7 @@ class BenchModel:
     """A scripted model with no bookkeeping of its own (ScriptedModel copies each request for tests)."""
 
     name = "bench"
+    price = (0.0, 0.0)  # stated, so the cost ceiling of GUARDS may bound it
 
     def __init__(self, script) -> None:
         self.script = script

@@ -10,8 +10,9 @@ if _sys.argv[:1] == ["-m"]:
 
     _guard()
 
-from tether import models
+from tether import _compat, models
 from tether._agent import Agent
+from tether._critic import Critic, run_with_critic
 from tether._errors import (
     InvalidInput,
     InvalidType,
@@ -44,12 +45,15 @@ from tether.tools._base import Tool, ToolContext, tool
 from tether.tools._executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
 from tether.tools._results import ToolOutput
 
+_compat.install()  # old module paths (tether.models.scripted, ...) still import, with a DeprecationWarning
+
 __all__ = [
     "Agent",
     "AllowAll",
     "BasePolicy",
     "CallContext",
     "CancelToken",
+    "Critic",
     "Effect",
     "FallbackModel",
     "InvalidInput",
@@ -83,6 +87,7 @@ __all__ = [
     "call",
     "models",
     "reply",
+    "run_with_critic",
     "structured",
     "tool",
 ]

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from tether._limits import Budget
 from tether._tokens import MessageSizes, TiktokenCounter, counter_for, tools_tokens
-from tether._types import Message, StopReason, ToolSpec
+from tether._types import Message, StopReason, ToolSpec, Usage
 from tether.models._base import Model
-from tether.models._pricing import Pricing
+from tether.models._pricing import Pricing, model_rates
 
 ESTIMATE_MARGIN = 1.25  # the calibrated estimate's error on prose, logs, JSON and code stays well under this
 REPLY_PRIMING = 3  # tokens a provider adds to prime the reply
@@ -53,19 +53,15 @@ class Admission:
         return budget.admit(math.ceil(counted * self.factor), self.rates, final=final,
                             min_output=1 if final else MIN_STEP_OUTPUT)
 
-    def observe(self, counted: int, reported: int) -> None:
-        """A reply's reported input count: a count that was low raises the run's factor."""
+    def observe(self, counted: int, usage: Usage) -> None:
+        """A reply's reported usage, once charged: an input count that was low raises the run's factor;
+        a charge above the admitted rates (a dearer model named in the reply, a provider's bill)
+        raises the rates the next calls are admitted at."""
+        reported = usage.input_tokens
         if counted > 0 and reported > counted * self.factor:
             self.factor = reported / counted
-
-
-def model_rates(model: Model, pricing: Pricing) -> tuple[float, float] | None:
-    """USD per 1M (input, output) tokens; for a model that tries several (FallbackModel), the
-    dearest of each; None when a model has no price (its cost cannot be bounded before the call)."""
-    inner = getattr(model, "models", None)
-    if not inner:
-        return pricing.lookup(model.name)
-    rates = [model_rates(m, pricing) for m in inner]
-    if any(r is None for r in rates):
-        return None
-    return max(r[0] for r in rates if r), max(r[1] for r in rates if r)
+        if self.rates is not None and usage.cost_usd > 0:
+            at_rates = (usage.input_tokens * self.rates[0] + usage.output_tokens * self.rates[1]) / 1_000_000
+            if usage.cost_usd > at_rates > 0:
+                scale = usage.cost_usd / at_rates
+                self.rates = (self.rates[0] * scale, self.rates[1] * scale)

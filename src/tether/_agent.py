@@ -11,7 +11,7 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
-from tether._delegation import agent_as_tool
+from tether._delegation import agent_as_tool, require_agent_prices
 from tether._errors import InvalidInput, OperationFailed
 from tether._limits import Clock, Limits, MonotonicClock
 from tether._loop import (
@@ -83,6 +83,8 @@ class Agent(Generic[OutputT]):
             self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
                                      default_timeout=self.tool_timeout, results=self.results,
                                      max_workers=max(8, self.limits.max_parallel_tools))
+        if self.limits.max_cost_usd is not None:  # refused now, not after the money is spent
+            require_agent_prices(self)
         if self.durable is False:  # durable=False reads as "not durable" (it made a durable agent before)
             self.durable = None
         if self.durable is not None:
@@ -161,6 +163,8 @@ class Agent(Generic[OutputT]):
         `state=agent.state_from(messages)`. `on_event` gets every event's envelope as it happens
         (`tether.events.typed` gives the typed event); `stream_text` adds the model's text deltas."""
         run_id = run_id or uuid.uuid4().hex[:12]
+        if self.limits.max_cost_usd is not None:
+            require_agent_prices(self)
         start = self.start_state(prompt, state=state, run_id=run_id)
         if self.durable is not None:
             return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)

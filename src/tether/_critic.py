@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tether._limits import Limits
 from tether._tokens import counter_for, message_tokens
 from tether._types import Message, ModelRequest, RunResult, Usage
 from tether.events import CriticReviewed
 from tether.models._base import Model
-from tether.models._pricing import Pricing
+from tether.models._pricing import Pricing, charge, model_rates, require_prices
+
+if TYPE_CHECKING:
+    from tether._agent import Agent
 
 _CLAIM = re.compile(
     r"\b[A-Z][A-Z0-9]*-\d+\b"          # ids: INC-4000
@@ -99,11 +103,12 @@ class Critic:
                                                                       answer=answer))], [],
                                    max_output_tokens=self.max_output_tokens, temperature=0.0)
             prices = pricing or Pricing()
-            if limits is not None and not _fits(request, self.model.name, prices, limits, used or Usage()):
+            if limits is not None and limits.max_cost_usd is not None:
+                require_prices(self.model, prices)  # a reviewer with no price cannot be bounded: refused
+            if limits is not None and not _fits(request, self.model, prices, limits, used or Usage()):
                 return Review(not reasons, [*reasons], usage)  # no room left in the run's budget: no reviewer
             reply = await self.model.complete(request)
-            name = reply.model or self.model.name
-            cost = prices.usage_cost(name, reply.usage) if prices.known(name) else reply.usage.cost_usd
+            cost = charge(prices, self.model, reply)
             usage = Usage(reply.usage.input_tokens, reply.usage.output_tokens, cost, 1)
             text = reply.text.strip()
             if not text.upper().startswith("OK"):
@@ -113,20 +118,28 @@ class Critic:
         return Review(not reasons, reasons, usage)
 
 
-def _fits(request: ModelRequest, model: str, pricing: Pricing, limits: Limits, used: Usage) -> bool:
+def _fits(request: ModelRequest, model: Model, pricing: Pricing, limits: Limits, used: Usage) -> bool:
     """Whether the reviewer call, at its most (input as counted, output at its cap), stays within the
     run's token and cost limits."""
-    counter = counter_for(model)
+    counter = counter_for(model.name)
     n_in = sum(message_tokens(counter, m) for m in request.messages) + 3
     n_out = request.max_output_tokens or 0
     if limits.max_tokens is not None and used.total_tokens + n_in + n_out > limits.max_tokens:
         return False
-    return limits.max_cost_usd is None or used.cost_usd + pricing.cost(model, n_in, n_out) <= limits.max_cost_usd
+    if limits.max_cost_usd is None:
+        return True
+    rates = model_rates(model, pricing)
+    assert rates is not None  # review() refused an unpriced reviewer under a cost ceiling
+    return used.cost_usd + (n_in * rates[0] + n_out * rates[1]) / 1_000_000 <= limits.max_cost_usd
 
 
-async def run_with_critic(agent, prompt: str, critic: Critic, *, max_revisions: int = 1, **kwargs) -> RunResult:
+async def run_with_critic(agent: Agent[Any], prompt: str, critic: Critic, *, max_revisions: int = 1,
+                          **kwargs: Any) -> RunResult[Any]:
     """Run, review the answer, and send it back with the reasons up to `max_revisions` times. The revision
-    continues the run's own state (its budget, taint and loop counts), with the review's usage added."""
+    continues the run's own state (its budget, taint and loop counts), with the review's usage added. Under a
+    cost ceiling a reviewer model with no price is refused before the run starts (`UnpricedModel`)."""
+    if critic.model is not None and agent.limits.max_cost_usd is not None:
+        require_prices(critic.model, agent.pricing)
     result = await agent.arun(prompt, **kwargs)
     for _ in range(max_revisions):
         if not result.completed:

@@ -29,6 +29,7 @@ from tether._errors import AwaitingApproval, InvalidInput, TetherError
 from tether._limits import Budget
 from tether._loop import DELEGATED_NAME, PARENT_KEY, ChildRun, ParentRun, run_loop
 from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
+from tether.models._pricing import require_prices
 from tether.tools._base import Tool, ToolContext
 from tether.tools._executor import Bound
 from tether.tools._results import ToolOutput
@@ -145,6 +146,7 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
         if cost is not None:
             if cost <= 0:
                 raise SubagentError(f"none of the run's cost budget is left for '{name}'")
+            require_prices(agent.model, agent.pricing)  # raises UnpricedModel, before the child starts
             limits.max_cost_usd = before.cost_usd + min(limits.max_cost_usd or cost, cost)
         if budget is not None and (left := budget.remaining_seconds()) is not None:
             limits.max_seconds = before.seconds + min(limits.max_seconds or left, left)
@@ -160,6 +162,19 @@ async def run_carved(agent: Agent, task: str, *, name: str, budget: Budget | Non
     if budget is not None:
         budget.settle(tokens, cost, result.usage.minus(before))
     return result
+
+
+def require_agent_prices(agent: Agent[Any], *, ceiling: bool = False) -> None:
+    """Under a cost ceiling (the agent's own, or `ceiling`: one above it), every model the agent or
+    any sub-agent below it may call needs a price; raises UnpricedModel naming the first without."""
+    ceiling = ceiling or agent.limits.max_cost_usd is not None
+    if not ceiling:
+        return
+    require_prices(agent.model, agent.pricing)
+    for tool in agent.tools:
+        child = tool.metadata.get(AGENT_KEY)
+        if child is not None and child is not agent:
+            require_agent_prices(child, ceiling=True)
 
 
 def _first_state(agent: Agent, task: str, user: str | None, run_id: str, tainted: bool) -> RunState:

@@ -5,12 +5,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tether._errors import InvalidInput
 from tether._json import dumps_fn
 from tether._types import StopReason, Usage
+
+# The most a model call admitted in this task may use: (input tokens, output tokens, USD), set by `Budget.admit` just before
+# the call is sent. A durable step runner checkpoints it first (write-ahead), so a call a crash cuts
+# off is still charged when the run is recovered (tether.durable._runner).
+ADMITTED: ContextVar[tuple[int, int, float] | None] = ContextVar("tether_admitted", default=None)
+# ModelReply.finish_reason of a call sent before a crash whose reply was never recorded: its usage is
+# the admitted maximum; the run charges it and admits the call again.
+LOST_CALL = "lost_in_crash"
 
 
 class Clock(Protocol):
@@ -80,6 +89,7 @@ class Budget:
         self.steps = steps
         self.reserved_tokens = 0  # carved out for sub-agents now running (see `carve`)
         self.reserved_cost = 0.0
+        ADMITTED.set(None)  # this run's calls are admitted by this budget, not a run above it
         keep = 1.0 - limits.final_reserve if limits.final_answer else 1.0
         self._token_cap = None if limits.max_tokens is None else limits.max_tokens * keep
         self._cost_cap = None if limits.max_cost_usd is None else limits.max_cost_usd * keep
@@ -142,6 +152,9 @@ class Budget:
                 cap = afford if cap is None else min(cap, afford)
             elif left < 0:
                 return StopReason.COST_BUDGET, None
+        out = cap or 0
+        ADMITTED.set((input_tokens, out,
+                      0.0 if rates is None else (input_tokens * rates[0] + out * rates[1]) / 1_000_000))
         return None, cap
 
     def carve(self, share: float) -> tuple[int | None, float | None]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from tether._admission import Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
-from tether._limits import Budget, Clock, Limits, LoopDetector, MonotonicClock
+from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
@@ -57,8 +57,8 @@ from tether.events import (
     TraceEvent,
 )
 from tether.models._base import Model
-from tether.models._pricing import Pricing
-from tether.tools._executor import Bound, CallContext, Executor, Policy, ToolStepFn
+from tether.models._pricing import Pricing, charge, require_prices
+from tether.tools._executor import Bound, CallContext, Executor, Policy, PolicyBound, ToolStepFn
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
@@ -151,6 +151,8 @@ class ContextRun:
         """One model call for the context builder; raises NotAdmitted, unsent, when it could cross a
         token or cost ceiling (its output is capped to what is left otherwise)."""
         use = model or self.spec.model
+        if self._budget.limits.max_cost_usd is not None:
+            require_prices(use, self.spec.pricing)
         admission = Admission(use, self.spec.pricing)
         stop, cap = admission.admit(self._budget, admission.count(request.messages, request.tools))
         if stop is not None:
@@ -163,7 +165,9 @@ class ContextRun:
             self._budget.steps, lambda: use.complete(request)))
         _price(self.spec, reply, use)
         self._budget.record_model_call(reply.usage)
-        self._emit(_model_call_ended(reply, use, purpose), started)
+        self._emit(_model_call_ended(reply, use, "lost" if reply.finish_reason == LOST_CALL else purpose), started)
+        if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
+            return await self.complete(request, model, purpose)
         return reply
 
 
@@ -301,16 +305,17 @@ class ParentRun:
     bounds: tuple[Bound, ...] = ()  # what its children's calls are checked against: its own and its ancestors'
 
 
-def child_bounds(spec: RunSpec) -> tuple[Bound, ...]:
-    """What a sub-agent of this run is bound by: this run's bounds and its own policy's capabilities."""
-    own = policy_bound(spec.executor.policy)
+def child_bounds(spec: RunSpec, ctx: CallContext | None = None) -> tuple[Bound, ...]:
+    """What a sub-agent of this run is bound by: this run's bounds and its own policy's bound."""
+    own = policy_bound(spec.executor.policy, ctx)
     return spec.bounds if own is None else (*spec.bounds, own)
 
 
-def policy_bound(policy: Policy) -> Bound | None:
-    """A policy's capabilities as a bound on sub-agents (None: it has none, e.g. `AllowAll`)."""
-    own = getattr(policy, "capabilities", None)
-    return own if callable(getattr(own, "refusal", None)) else None
+def policy_bound(policy: Policy, ctx: CallContext | None = None) -> Bound | None:
+    """A policy's bound on the sub-agents below its run (`Policy.bound_descendants`; a policy without
+    that hook is bound through its `before_call`); None: it bounds nothing (`AllowAll`)."""
+    hook = getattr(policy, "bound_descendants", None)
+    return hook(ctx) if hook is not None else PolicyBound(policy, ctx)
 
 
 FINAL_PROMPT = (
@@ -349,7 +354,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
     ctx.extra[PARENT_KEY] = ParentRun(
         budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
-        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec))
+        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec, ctx))
     policy = spec.executor.policy
     stop: StopReason | None = None
     error: str | None = None
@@ -375,6 +380,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     deadline = _Deadline(budget.remaining_seconds())
     # Token and cost ceilings: each call is sized and its output capped before it is sent.
     lim = spec.limits
+    if lim.max_cost_usd is not None:  # a cost ceiling over a model with no price bounds nothing: refused
+        require_prices(spec.model, spec.pricing)
     admission = Admission(spec.model, spec.pricing) if lim.max_tokens is not None or lim.max_cost_usd is not None \
         else None
     counted = 0
@@ -439,8 +446,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
             _price(spec, reply)
             budget.record_model_call(reply.usage)
+            if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
+                emit(_model_call_ended(reply, spec.model, "lost"), started)
+                continue
             if admission is not None:
-                admission.observe(counted, reply.usage.input_tokens)
+                admission.observe(counted, reply.usage)
             messages.append(reply.to_message())
             if reply.text:
                 answer = reply.text
@@ -817,6 +827,9 @@ async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[M
     budget.usage.add(Usage(reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cost_usd, 1,
                            cached_input_tokens=reply.usage.cached_input_tokens,
                            cache_write_tokens=reply.usage.cache_write_tokens))
+    if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged; the findings answer
+        emit(_model_call_ended(reply, spec.model, "lost"), started)
+        return _findings_answer(why, findings)
     messages.append(Message.assistant(reply.text))
     emit(_model_call_ended(reply, spec.model, "final"), started)
     return reply.text if spec.output is None else spec.output.accept_final(reply)
@@ -889,11 +902,9 @@ def _observe(run_id: str, event: BaseEvent) -> None:
 
 
 def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None:
-    """Cost from the price table (cached input at its own price); a model the table does not know
-    keeps the cost it reported."""
-    name = reply.model or (model or spec.model).name
-    if spec.pricing.lookup(name) is not None:  # known(), one frame less per step
-        reply.usage.cost_usd = spec.pricing.usage_cost(name, reply.usage)
+    """The reply's cost (tether.models._pricing.charge): the highest of the asked model's price, the
+    price of the model the reply names, and what the provider reported."""
+    reply.usage.cost_usd = charge(spec.pricing, model or spec.model, reply)
 
 
 def _task_state(context: ContextBuilder) -> dict | None:

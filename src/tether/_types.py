@@ -198,6 +198,7 @@ class ModelReply:
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     finish_reason: str = ""
+    requested: str = ""  # the model asked, when a FallbackModel asked one of its own (priced as asked)
 
     def to_message(self) -> Message:
         return Message("assistant", self.text, list(self.tool_calls))

@@ -115,7 +115,7 @@ class ModelCallEnded(BaseEvent):
     cost_usd: float = 0.0
     tool_calls: int = 0
     text_chars: int = 0
-    purpose: str = "step"
+    purpose: str = "step"  # also "lost": a durable call a crash cut off, charged at its admitted maximum
     final: bool = False
 
 

@@ -84,11 +84,11 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         trace = open_trace(opts)
     except CliError as exc:
         if stage is not None:
-            stage.discard()
-        return _fail(console, str(exc))
+            stage.remove()
+        return _fail(console, str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the run started (reading stdin, loading a model)
         if stage is not None:
-            stage.discard()
+            stage.remove()
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     if opts.plan:
         return _execute_plan(agent, text, opts, reporter, console)
@@ -182,7 +182,7 @@ def execute_chat(opts: o.RunOptions) -> int:
     except CliError as exc:
         if stage is not None:
             stage.remove()
-        return _fail(console, str(exc))
+        return _fail(console, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         if stage is not None:
             stage.remove()

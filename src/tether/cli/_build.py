@@ -19,6 +19,7 @@ from tether.cli._mcp_tools import adopt, open_mcp, usable
 from tether.cli._options import TOOL_SETS, RunOptions
 from tether.cli._user_tools import ToolImportError, import_tools, is_reference
 from tether.models._base import Model
+from tether.models._pricing import Pricing, UnpricedModel, require_prices
 from tether.models._resolve import ModelConfigError, resolve_model
 from tether.models._retry import DEFAULT_DEADLINE
 from tether.tools import builtin
@@ -138,6 +139,24 @@ def build_limits(opts: RunOptions) -> Limits:
     )
 
 
+def build_pricing(env: Mapping[str, str] | None = None) -> Pricing:
+    """The price table, with the prices stated in $TETHER_PRICES ('MODEL=IN,OUT;MODEL=IN,OUT', USD per
+    1M input and output tokens) added."""
+    text = (os.environ if env is None else env).get("TETHER_PRICES", "").strip()
+    stated: dict[str, tuple[float, float]] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, _, rates = item.rpartition("=")
+        try:
+            inp, out = (float(x) for x in rates.split(","))
+        except ValueError:
+            raise CliError(f"TETHER_PRICES: {item!r} is not MODEL=IN,OUT (USD per 1M input, output tokens)",
+                           exit_code=2) from None
+        if not name.strip() or inp < 0 or out < 0:
+            raise CliError(f"TETHER_PRICES: {item!r} needs a model name and prices >= 0", exit_code=2)
+        stated[name.strip()] = (inp, out)
+    return Pricing().with_prices(stated)
+
+
 def build_model(opts: RunOptions, announce: Callable[[str], None] | None = None) -> Model:
     deadline = model_deadline(opts)
     try:
@@ -159,6 +178,12 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
                         warn=None if notices is None else notices.append, stage=stage)
     limits = build_limits(opts)
     model = build_model(opts, announce)
+    pricing = build_pricing()
+    if limits.max_cost_usd is not None:  # before any MCP server starts: a usage error, exit 2
+        try:
+            require_prices(model, pricing, what="--max-cost")
+        except UnpricedModel as exc:
+            raise CliError(str(exc), exit_code=2) from None
     mcp = None
     if opts.mcp is not None:  # started after the model resolved, so a bad model leaves no server running
         mcp = open_mcp(opts.mcp, announce)
@@ -178,7 +203,7 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
     agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
-                  output_type=load_output_schema(opts.output_schema), context=context)
+                  output_type=load_output_schema(opts.output_schema), context=context, pricing=pricing)
     if mcp is not None:
         adopt(mcp, agent.executor)
     return agent

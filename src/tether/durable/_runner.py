@@ -5,16 +5,18 @@ branches. Clock readings are recorded with the steps (the loop reads `RecordedCl
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS
-from dbos._error import DBOSAwaitedWorkflowCancelledError, DBOSWorkflowCancelledError
 
 from tether._errors import OperationFailed
+from tether._limits import ADMITTED, LOST_CALL
 from tether._loop import ChildRun, RunCancelled
-from tether._types import ModelReply, RunResult, ToolCall, ToolResult, from_jsonable, to_jsonable
+from tether._types import ModelReply, RunResult, ToolCall, ToolResult, Usage, from_jsonable, to_jsonable
+from tether.durable._dbos_private import cancelled_errors
 from tether.events import ToolCallStarted, TraceEvent
 
 if TYPE_CHECKING:  # the runtime builds these, passing itself in
@@ -22,6 +24,7 @@ if TYPE_CHECKING:  # the runtime builds these, passing itself in
     from tether.store._sql import RunStore
 
 APPROVAL_TOPIC = "approval"
+CANCELLED = cancelled_errors()  # DBOS's own "this workflow was cancelled" exceptions (private names, guarded)
 # (parent run id, agent-tool path from the top-level agent, the child) -> the child's result
 StartChild = Callable[[str, tuple[str, ...], ChildRun], Awaitable[RunResult[Any]]]
 
@@ -54,6 +57,7 @@ class DbosStepRunner:
         self.flush = flush  # writes the run's new events to the store, once per turn
         self.flush_text = flush_text  # writes the text a model call streamed, before its step is recorded
         self._reserved: dict[int, Any] = {}
+        self._model_calls = 0  # this workflow's model steps so far: the same on every replay
 
     async def run_child(self, parent_run_id: str, child: ChildRun,
                         run: Callable[[], Awaitable[RunResult[Any]]]) -> RunResult[Any]:
@@ -70,10 +74,25 @@ class DbosStepRunner:
         self._reserved = {i: DBOS.reserve_step() for i in indices}
 
     async def model_step(self, step: int, run: Callable[[], Awaitable[ModelReply]]) -> ModelReply:
+        """The call as a step, its admitted maximum written ahead of it (under a token or cost
+        ceiling): a step that finds its write-ahead record already there was sent by a process that
+        died before recording the reply, so it is not sent again but returned as a LOST_CALL reply
+        that uses that maximum (the provider billed it); the loop charges it and admits the call anew."""
         if self.flush is not None:
             self.flush()
+        admitted = ADMITTED.get()
+        ADMITTED.set(None)
+        key = f"tether/sent/{DBOS.workflow_id}/{self._model_calls}"
+        self._model_calls += 1
 
         async def model() -> dict[str, Any]:
+            if admitted is not None:
+                ledger = self.runtime.store.idempotency()
+                if (sent := ledger.get(key)) is not None:
+                    inp, out, usd = json.loads(sent)
+                    lost = ModelReply(usage=Usage(int(inp), int(out), float(usd)), finish_reason=LOST_CALL)
+                    return {"reply": to_jsonable(lost), "at": time.time()}
+                ledger.put(key, json.dumps(admitted))  # before the call is sent
             reply = await run()
             if self.flush_text is not None:
                 self.flush_text()
@@ -108,7 +127,7 @@ class DbosStepRunner:
         while True:
             try:
                 message = await DBOS.recv_async(APPROVAL_TOPIC, timeout_seconds=self.approval_timeout)
-            except DBOSWorkflowCancelledError as exc:
+            except CANCELLED as exc:
                 raise RunCancelled from exc
             if message is None:
                 decision = {"call_id": pending["call_id"], "approved": False, "by": "timeout",
@@ -133,7 +152,7 @@ class DbosStepRunner:
         rt.steps_in_flight += 1
         try:
             return await work
-        except (DBOSWorkflowCancelledError, DBOSAwaitedWorkflowCancelledError) as exc:  # cancelled elsewhere
+        except CANCELLED as exc:  # cancelled elsewhere
             raise RunCancelled from exc
         finally:
             rt.steps_in_flight -= 1

@@ -20,6 +20,7 @@ _EXPORTS = {
     "ReplayModel": "tether.models._scripted",
     "RecordingModel": "tether.models._scripted",
     "Pricing": "tether.models._pricing",
+    "UnpricedModel": "tether.models._pricing",
     "resolve_model": "tether.models._resolve",
 }
 
@@ -35,6 +36,7 @@ __all__ = [
     "ReplayModel",
     "ScriptedModel",
     "TextProtocolModel",
+    "UnpricedModel",
     "resolve_model",
 ]
 
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from tether.models._fallback import FallbackModel
     from tether.models._local import LocalModel
     from tether.models._openai_compat import OpenAICompatModel
-    from tether.models._pricing import Pricing
+    from tether.models._pricing import Pricing, UnpricedModel
     from tether.models._resolve import resolve_model
     from tether.models._scripted import RecordingModel, ReplayModel, ScriptedModel
     from tether.models._text_protocol import TextProtocolModel

@@ -8,7 +8,9 @@ connection errors), or on a context-length error (another model may have a longe
 request a different model would also refuse (a bad request, auth) fails at once: falling back would
 only hide the bug and spend money. Each reply names the model that answered (`ModelReply.model`),
 so the run's trace records it per step, `RunResult.usage_by_model` splits usage by it, and the loop
-prices each step with that model's price.
+prices each step at the price of the inner model asked (or of the one the reply names, if dearer).
+Under a cost ceiling every inner model needs a price (`tether.models._pricing.require_prices`): calls
+are admitted at the dearest of them, since any may answer.
 
 A circuit breaker keeps a down model from costing its retries on every step: after
 `breaker_failures` failures in a row it is skipped for `breaker_cooldown` seconds, then tried once
@@ -114,6 +116,7 @@ class FallbackModel:
                 continue
             self._succeeded(i)
             reply.model = reply.model or model.name
+            reply.requested = model.name
             return reply
         raise self._all_failed(reasons)
 
@@ -128,6 +131,7 @@ class FallbackModel:
                 async for item in model.stream(request_for(model, request)):
                     if isinstance(item, ModelReply):
                         item.model = item.model or model.name
+                        item.requested = model.name
                     else:
                         emitted = True
                     yield item

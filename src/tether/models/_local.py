@@ -367,6 +367,8 @@ class LocalModel:
     and shared by every LocalModel with the same path, context size and threads.
     """
 
+    price = (0.0, 0.0)  # runs on this machine: a cost ceiling counts it as free
+
     def __init__(
         self,
         path: str | Path | None = None,

@@ -403,10 +403,12 @@ def _usage(u: Any) -> Usage:
     if u is None:
         return Usage()
     details = getattr(u, "prompt_tokens_details", None)  # cached prompt tokens (OpenAI, vLLM, OpenRouter)
+    cost = getattr(u, "cost", None)  # the provider's own bill in USD (OpenRouter), charged if above the table's
     return Usage(
         input_tokens=getattr(u, "prompt_tokens", 0) or 0,
         output_tokens=getattr(u, "completion_tokens", 0) or 0,
         cached_input_tokens=(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0,
+        cost_usd=float(cost) if isinstance(cost, int | float) and cost > 0 else 0.0,
     )
 
 

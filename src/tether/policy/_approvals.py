@@ -15,6 +15,7 @@ import getpass
 import inspect
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -283,11 +284,45 @@ class ApprovalBook:
     The task service: an approver returns `pending` (see `PendingApprover`), the run stops
     `awaiting_approval`, a human answers through the API -> `grant(...)`/`deny(...)`, the run resumes
     and its identical call is let through (a changed argument would need a new approval).
+
+    A run that is parked and then abandoned never comes back for its entries: a pending request, or a
+    decision for one run, is dropped `ttl` seconds after it was made (default 7 days, a durable run's
+    approval deadline), and beyond `max_pending` requests the oldest go; `forget(run_id)` drops a
+    finished run's at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, ttl: float | None = 7 * 86_400.0, max_pending: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._decisions: dict[tuple[str | None, str], ApprovalDecision] = {}
         self.pending: dict[tuple[str, str], ApprovalRequest] = {}
+        self.ttl = ttl
+        self.max_pending = max_pending
+        self._clock = clock
+        self._since: dict[tuple[str | None, str], float] = {}  # a pending request's or a run's decision's time, oldest first
+
+    def _note(self, key: tuple[str | None, str]) -> None:
+        """Stamp `key` now (moved to the end: the newest) and drop what has expired."""
+        now = self._clock()
+        self._since.pop(key, None)
+        self._since[key] = now
+        horizon = None if self.ttl is None else now - self.ttl
+        while self._since:
+            oldest, at = next(iter(self._since.items()))
+            if not ((horizon is not None and at < horizon) or len(self.pending) > self.max_pending):
+                break
+            del self._since[oldest]
+            if oldest[0] is not None:
+                self.pending.pop(oldest, None)  # type: ignore[arg-type]  # its run id is a str there
+                self._decisions.pop(oldest, None)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run's pending requests and its decisions (the run has ended)."""
+        for key in [k for k in self._since if k[0] == run_id]:
+            del self._since[key]
+        for key in [k for k in self.pending if k[0] == run_id]:
+            del self.pending[key]
+        for key in [k for k in self._decisions if k[0] == run_id]:
+            del self._decisions[key]
 
     def grant(self, tool: str, arguments: dict[str, Any], by: str, *, run_id: str | None = None) -> str:
         """Approve one exact action (for one run, or any run when run_id is None). Returns its key."""
@@ -295,6 +330,7 @@ class ApprovalBook:
         self._decisions[(run_id, key)] = ApprovalDecision("approved", by)
         if run_id is not None:
             self.pending.pop((run_id, key), None)
+            self._note((run_id, key))
         return key
 
     def deny(self, tool: str, arguments: dict[str, Any], by: str, *, run_id: str | None = None, reason: str = "") -> str:
@@ -302,6 +338,7 @@ class ApprovalBook:
         self._decisions[(run_id, key)] = ApprovalDecision("denied", by, reason)
         if run_id is not None:
             self.pending.pop((run_id, key), None)
+            self._note((run_id, key))
         return key
 
     def take(self, run_id: str, key: str) -> ApprovalDecision | None:
@@ -316,6 +353,7 @@ class ApprovalBook:
 
     def add_pending(self, req: ApprovalRequest) -> None:
         self.pending[(req.run_id, req.key)] = req
+        self._note((req.run_id, req.key))
 
     def pending_for(self, run_id: str) -> list[ApprovalRequest]:
         return [r for (rid, _), r in self.pending.items() if rid == run_id]

@@ -332,6 +332,11 @@ class SafetyPolicy:
         state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
                                          "call_id": call_id}
 
+    def bound_descendants(self, ctx: CallContext | None) -> Capabilities:
+        """The sub-agents below this run stay within its capabilities (tool permitted, ceilings, the
+        user's authorization; a tool it requires approval for is asked there, or refused)."""
+        return self.capabilities
+
     def finish_run(self, state: PolicyState | None, answer: str) -> tuple[str, list[Finding]]:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
         append the actions that were held for the user to confirm."""

@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from tether._agent import Agent
+from tether._delegation import require_agent_prices
 from tether._errors import TetherError
 from tether._limits import Limits
 from tether._refs import load_ref
+from tether.models._pricing import UnpricedModel
 
 AgentFactory = Callable[[str | None], Agent]
 
@@ -69,6 +71,10 @@ class Registry:
         agent.name = name
         if limits:
             agent.limits = narrow(agent.limits, limits)
+            try:  # a task's cost ceiling over a model with no price is refused now, not in the worker
+                require_agent_prices(agent)
+            except UnpricedModel as exc:
+                raise RegistryError(str(exc)) from exc
         _park_approvals(agent)
         return agent
 

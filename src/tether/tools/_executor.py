@@ -47,12 +47,13 @@ class CallContext:
 
 
 class Bound(Protocol):
-    """What a delegating run allows (`tether.policy.Capabilities`): a sub-agent's calls are checked
-    against each of its ancestors' before its own policy sees them, so it never gains a capability
-    a run above it lacks. A call a bound requires approval for is asked by a policy that says it
-    can (`asks_for_bounds = True`: the safety policy) and refused under any other."""
+    """What a delegating run allows (`Policy.bound_descendants`: `tether.policy.Capabilities` for the
+    safety policy, `PolicyBound` for any other): a sub-agent's calls are checked against each of its
+    ancestors' before its own policy sees them, so it never gains a capability a run above it lacks.
+    `refusal` may be a coroutine. A call a bound requires approval for is asked by a policy that says
+    it can (`asks_for_bounds = True`: the safety policy) and refused under any other."""
 
-    def refusal(self, tool: Tool, args: dict[str, Any], user: str | None) -> str | None: ...
+    def refusal(self, tool: Tool, args: dict[str, Any], user: str | None) -> str | Awaitable[str | None] | None: ...
 
     def requires_approval(self, tool: Tool) -> bool: ...
 
@@ -126,6 +127,11 @@ class Policy(Protocol):
         """Record a decision bound to exactly that pending call, used once."""
         ...
 
+    def bound_descendants(self, ctx: CallContext | None) -> Bound | None:
+        """What this policy allows the sub-agents below its run: each of their calls must pass the
+        bound too (None: no bound). Optional: a policy without it is bound as `PolicyBound` does."""
+        ...
+
 
 POLICY_HOOKS = ("start_run", "note_user", "before_call", "after_call", "label_turn", "finish_run", "dump_state",
                 "load_state", "pending", "decide")
@@ -164,10 +170,47 @@ class BasePolicy:
     def decide(self, state: Any, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         raise InvalidInput(f"no call {call_id!r} awaits approval (this policy asks for none)")
 
+    def bound_descendants(self, ctx: CallContext | None) -> Bound | None:
+        """What this policy allows the sub-agents below its run (at any depth), each of whose calls
+        must pass it too; `ctx` is this run's (None: a durable child recovered apart from it). The
+        default: a call this policy's `before_call` would refuse, or ask a person about, is refused."""
+        return PolicyBound(self, ctx)
+
+
+class PolicyBound:
+    """Any policy as a bound on the runs below its own: a descendant's call is put to the policy's
+    `before_call` as if its own run made it (with that run's state, so a per-run rule counts the
+    descendants' calls too). Refused when it refuses; refused too when it would ask a person, since
+    the person asked would be the delegating run's and the call is the sub-agent's."""
+
+    __slots__ = ("ctx", "policy")
+
+    def __init__(self, policy: Policy, ctx: CallContext | None) -> None:
+        self.policy = policy
+        self.ctx = ctx
+
+    async def refusal(self, tool: Tool, args: dict[str, Any], user: str | None) -> str | None:
+        ctx = self.ctx
+        if ctx is None:  # a durable sub-agent recovered apart from its ancestor: that policy's fresh run state
+            ctx = self.ctx = CallContext(run_id="", user=user)
+            ctx.policy_state = self.policy.start_run("", user, [], [])
+        verdict = await self.policy.before_call(tool, dict(args), ToolCall("delegated", tool.name, dict(args)), ctx)
+        if verdict.action == "refuse":
+            return f"a run above this one refuses it ({verdict.reason or verdict.decision})"
+        if verdict.action == "await_approval":
+            return f"a run above this one would ask a person about it first ({verdict.reason})"
+        return None
+
+    def requires_approval(self, tool: Tool) -> bool:
+        return False
+
 
 class AllowAll(BasePolicy):
     """No policy: every valid call runs. Opt-in only (`Agent(policy=AllowAll())`), for tests and
     trusted tool sets; the Agent's default is `tether.policy.SafetyPolicy`."""
+
+    def bound_descendants(self, ctx: CallContext | None) -> Bound | None:
+        return None  # it refuses nothing
 
 
 def check_policy(policy: object) -> Policy:
@@ -300,6 +343,8 @@ class Executor:
         for bound in ctx.bounds:
             try:
                 reason = bound.refusal(tool, args, ctx.user)
+                if not isinstance(reason, str | None):  # a coroutine (PolicyBound)
+                    reason = await reason
                 if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
                     reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
                               "which this agent's policy cannot ask for")
