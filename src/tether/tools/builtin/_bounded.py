@@ -16,7 +16,7 @@ from dataclasses import dataclass
 CHUNK_BYTES = 1 << 20
 
 
-class Budget:
+class ScanBudget:
     """How many bytes one tool call may read and how long it may take."""
 
     def __init__(self, max_bytes: int, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -61,7 +61,7 @@ class Lines:
     lines passed whole; `stopped` says why reading ended before the end of the file (None: it did
     not end early)."""
 
-    def __init__(self, fd: int, budget: Budget, cap: int) -> None:
+    def __init__(self, fd: int, budget: ScanBudget, cap: int) -> None:
         self._fd = fd
         self._budget = budget
         self._cap = max(cap, 1)
@@ -166,4 +166,4 @@ class Lines:
         return self._fill()
 
 
-__all__ = ["CHUNK_BYTES", "Budget", "Line", "Lines"]
+__all__ = ["CHUNK_BYTES", "Line", "Lines", "ScanBudget"]

@@ -41,7 +41,7 @@ from pydantic import Field
 from tether._errors import InvalidInput
 from tether.tools._base import Tool, files_source, tool, values_from
 from tether.tools._beneath import Beneath, Entry, open_entry
-from tether.tools.builtin._bounded import Budget, Lines
+from tether.tools.builtin._bounded import Lines, ScanBudget
 from tether.tools.builtin._regex import SYNTAX, LinePattern, compile_pattern
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_lin
         try:
             return _read_lines(fd, info, shown, max(offset or 1, 1), limit or DEFAULT_READ_LINES,
                                max_bytes=max_file_bytes, max_line=min(max_line_bytes, max_file_bytes),
-                               budget=Budget(max_scan_bytes, max_seconds))
+                               budget=ScanBudget(max_scan_bytes, max_seconds))
         finally:
             os.close(fd)
 
@@ -345,7 +345,7 @@ def read_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_lin
 
 
 def _read_lines(fd: int, info: os.stat_result, shown: str, start: int, count: int, *, max_bytes: int,
-                max_line: int, budget: Budget) -> str:
+                max_line: int, budget: ScanBudget) -> str:
     """Lines `start`.. of the open file `fd` (the caller's), `count` at most and `max_bytes` of text at
     most, each cut at `max_line` bytes; the file is read in chunks within `budget`, so no more than one
     chunk and one cut line are held, whatever the file is."""
@@ -598,7 +598,7 @@ def grep_tool(
         glob_filter = GlobPattern(glob) if glob else None
         by_name = glob is not None and "/" not in glob
         base_fd, info, base = _search_base(ws, path)
-        search = _Search(regex, max_matches, max_file_bytes, Budget(max_scan_bytes, max_seconds))
+        search = _Search(regex, max_matches, max_file_bytes, ScanBudget(max_scan_bytes, max_seconds))
         try:
             if not stat.S_ISDIR(info.st_mode):  # one regular file, already open
                 search.file(base_fd, base)
@@ -642,7 +642,7 @@ def grep_tool(
 class _Search:
     """One Grep call: its matches, the files it passed over, and why it stopped early (if it did)."""
 
-    def __init__(self, pattern: LinePattern, max_matches: int, max_file_bytes: int, budget: Budget) -> None:
+    def __init__(self, pattern: LinePattern, max_matches: int, max_file_bytes: int, budget: ScanBudget) -> None:
         self.pattern = pattern
         self.max_matches = max_matches
         self.max_file_bytes = max_file_bytes
