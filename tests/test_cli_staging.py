@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from pty_driver import on_a_terminal
 from rich.console import Console
 
 from tether.cli import _options as o
@@ -230,41 +231,6 @@ def test_rule_approver_asks_the_inner_approver_for_the_rest() -> None:
     assert inner.asked == 1
 
 
-def _on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], answers: dict[bytes, bytes],
-                   timeout: float = 120) -> bytes:
-    """Run `argv` on a pseudo-terminal; each time a key of `answers` appears (again), type its value."""
-    import select
-    import time
-
-    pid, fd = pty.fork()
-    if pid == 0:  # the child
-        os.chdir(cwd)
-        os.execve(argv[0], argv, env)
-    out = b""
-    seen = dict.fromkeys(answers, 0)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-            for question, answer in answers.items():
-                if out.count(question) > seen[question]:
-                    seen[question] = out.count(question)
-                    os.write(fd, answer)
-    finally:
-        os.close(fd)
-        os.waitpid(pid, 0)
-    return out
-
-
 def test_a_bug_fix_on_a_terminal_asks_once_at_the_end(project: Path, tmp_path: Path) -> None:
     from conftest import need_bubblewrap
 
@@ -277,7 +243,7 @@ def test_a_bug_fix_on_a_terminal_asks_once_at_the_end(project: Path, tmp_path: P
                                                                "'import calc; print(calc.add(2, 3))'"}, id="b1")]))
     with FakeOpenAIServer(script) as server:
         env = {**_env(server, tmp_path / "home"), "TERM": "dumb"}
-        out = _on_a_terminal([sys.executable, "-m", "tether.cli", "-p", "fix the issue"], project, env,
+        out = on_a_terminal([sys.executable, "-m", "tether.cli", "-p", "fix the issue"], project, env,
                              {b"Apply? [a]ll": b"a\n", b"which runs later": b"n\n", b"Approve?": b"n\n"})
     text = out.decode("utf-8", errors="replace")
     assert text.count("Approve?") == 0, text  # no question per call inside the staging layer

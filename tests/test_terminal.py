@@ -4,10 +4,7 @@ the functions, and through the real CLI in a pseudo-terminal with a scripted mod
 from __future__ import annotations
 
 import os
-import pty
-import select
 import sys
-import time
 import unicodedata
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
 from hypothesis import given
 from hypothesis import strategies as st
+from pty_driver import on_a_terminal
 
 from tether._terminal import INVISIBLE_RANGES, clean, show_call, show_value
 
@@ -67,34 +65,8 @@ def test_show_call_puts_each_argument_on_its_own_line() -> None:
 
 
 def _run_in_pty(argv: list[str], cwd: Path, env: dict[str, str], answer: bytes, timeout: float = 60) -> bytes:
-    """Run `argv` with a pseudo-terminal as stdin, stdout and stderr; answer the first approval
-    question with `answer`; return everything written to the terminal."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child
-        os.chdir(cwd)
-        os.execve(argv[0], argv, env)
-    out = b""
-    answered = False
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-            if not answered and b"Approve? [y/N" in out:
-                os.write(fd, answer)
-                answered = True
-    finally:
-        os.close(fd)
-        os.waitpid(pid, 0)
-    return out
+    """Run `argv` on a pseudo-terminal; answer its approval questions with `answer`."""
+    return on_a_terminal(argv, cwd, env, {b"Approve? [y/N": answer}, timeout)
 
 
 def test_the_approval_prompt_shows_the_real_command_escaped(tmp_path: Path) -> None:
