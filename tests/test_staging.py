@@ -264,3 +264,29 @@ def test_a_stage_directory_inside_the_workspace_is_left_out_of_its_copy(tmp_path
     (stage.view / "project" / "a.py").write_text("b\n")
     assert [c.path for c in stage.changes()] == ["project/a.py"]
     assert stage.apply().done == ["project/a.py"]
+
+
+def test_a_lazy_stage_copies_the_workspace_at_the_first_write_only(ws: Path, stages: Path) -> None:
+    stage = StagedWorkspace.create(ws, "lazy", root=stages, lazy=True)
+    read, write = file_tools(ws, stage=stage)[:2]
+    assert read(file_path="README.md") == "# calc\n"  # from the workspace itself: nothing copied
+    assert not stage.ready and stage.changes() == []
+    (ws / "README.md").write_text("# edited before the first write\n")
+    assert write(file_path="new.txt", content="x\n").startswith("Created")
+    assert stage.ready and not (ws / "new.txt").exists()
+    assert read(file_path="new.txt") == "x\n" and read(file_path="README.md").startswith("# edited")
+    assert [c.path for c in stage.changes()] == ["new.txt"]  # the base is the workspace at the first write
+
+
+def test_a_workspace_too_big_to_stage_fails_the_write_not_the_run(ws: Path, stages: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether._errors import OperationFailed
+    from tether.staging import _stage
+
+    monkeypatch.setattr(_stage, "MAX_FILES", 2)
+    stage = StagedWorkspace.create(ws, "big", root=stages, lazy=True)
+    read, write = file_tools(ws, stage=stage)[:2]
+    assert read(file_path="README.md") == "# calc\n"
+    with pytest.raises(OperationFailed, match="--no-stage.*nothing was written"):
+        write(file_path="new.txt", content="x\n")
+    assert not stage.ready and not (ws / "new.txt").exists()

@@ -47,7 +47,7 @@ def open_stage(opts: o.RunOptions, workspace: Path, run_id: str) -> StagedWorksp
     if not staging_wanted(opts):
         return None
     try:
-        return StagedWorkspace.create(workspace, run_id)
+        return StagedWorkspace.create(workspace, run_id, lazy=True)  # copied at the first write: reading is free
     except InvalidInput as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:

@@ -189,7 +189,7 @@ def _task_stage(workspace: Path, task_id: str) -> Any:
     except NotFound:
         pass
     try:
-        return StagedWorkspace.create(workspace, task_id)
+        return StagedWorkspace.create(workspace, task_id, lazy=True)
     except StageExists:  # made meanwhile by another worker
         return StagedWorkspace.open(task_id)
     except InvalidInput as exc:

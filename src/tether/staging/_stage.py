@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -176,14 +177,17 @@ class StagedWorkspace:
     def __init__(self, directory: Path, meta: dict[str, Any]) -> None:
         self.dir = directory
         self._meta = meta
+        self._lock = threading.Lock()
+        self._base_cache: dict[str, list[Any]] | None = None
 
     # ---- making and finding stages --------------------------------------------------------------
 
     @classmethod
     def create(cls, workspace: str | os.PathLike[str], run_id: str | None = None, *,
-               root: Path | None = None) -> StagedWorkspace:
-        """Copy `workspace` into a new stage for `run_id` (a new id when None) under `root`
-        (default `stages_dir()`). Refuses a workspace over MAX_FILES files or MAX_BYTES bytes."""
+               root: Path | None = None, lazy: bool = False) -> StagedWorkspace:
+        """A new stage of `workspace` for `run_id` (a new id when None) under `root` (default
+        `stages_dir()`), its copy made now, or with `lazy` at the first write (`make_view`): a run
+        that only reads copies nothing. The copy refuses a workspace over MAX_FILES files or MAX_BYTES."""
         real = Path(os.path.abspath(os.fspath(workspace))).resolve()
         if not real.is_dir():
             raise InvalidInput(f"workspace {real} is not an existing directory")
@@ -200,18 +204,46 @@ class StagedWorkspace:
             directory.mkdir(mode=0o700)
         except FileExistsError:
             raise StageExists(f"a stage for run {run_id} already exists ({directory})") from None
-        view = directory / "view"
-        try:  # a stage directory inside the workspace (tether run in ~) is not part of it
-            manifest, skipped = _copy_tree(real, view, exclude=base)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
         meta = {"format": STAGE_FORMAT, "run_id": run_id, "workspace": str(real), "created": time.time(),
                 "status": "staged", "passthrough": [p for p in PASSTHROUGH if os.path.lexists(real / p)],
-                "skipped": skipped, "base": manifest, "journal": []}
+                "stages": str(base), "journal": []}
         stage = cls(directory, meta)
         stage._save()
+        if not lazy:
+            try:
+                stage.make_view()
+            except BaseException:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
         return stage
+
+    @property
+    def ready(self) -> bool:
+        """Whether the copy is made (a lazy stage's is made at its first write)."""
+        return (self.dir / "made").is_dir()
+
+    def make_view(self) -> Path:
+        """Make the copy if it is not made yet (once, also across threads and processes: it is built
+        aside and renamed into place); the view's path."""
+        with self._lock:
+            if not self.ready:
+                aside = self.dir / f".making-{uuid.uuid4().hex[:8]}"
+                aside.mkdir(mode=0o700)
+                try:  # a stage directory inside the workspace (tether run in ~) is not part of it
+                    manifest, skipped = _copy_tree(self.workspace, aside / "view", exclude=Path(self._meta["stages"]))
+                    (aside / "base.json").write_text(json.dumps({"base": manifest, "skipped": skipped}))
+                    os.rename(aside, self.dir / "made")
+                    if self._meta["status"] == "discarded":  # a new copy after a discard: staged again
+                        self._meta["status"] = "staged"
+                        self._save()
+                except OSError as exc:
+                    shutil.rmtree(aside, ignore_errors=True)
+                    if not self.ready:  # not made by another process meanwhile
+                        raise OperationFailed(f"cannot stage {self.workspace}: {exc.strerror or exc}") from exc
+                except BaseException:
+                    shutil.rmtree(aside, ignore_errors=True)
+                    raise
+            return self.view
 
     @classmethod
     def open(cls, run_id: str, *, root: Path | None = None) -> StagedWorkspace:
@@ -251,8 +283,8 @@ class StagedWorkspace:
 
     @property
     def view(self) -> Path:
-        """The staged copy the run's tools work in."""
-        return self.dir / "view"
+        """The staged copy the run's tools work in (it exists once `ready`)."""
+        return self.dir / "made" / "view"
 
     @property
     def status(self) -> str:
@@ -269,7 +301,13 @@ class StagedWorkspace:
         return list(self._meta["passthrough"])
 
     def _base(self) -> dict[str, list[Any]]:
-        return self._meta["base"]
+        """The manifest taken while copying (empty before the copy is made)."""
+        if self._base_cache is None:
+            try:
+                self._base_cache = json.loads((self.dir / "made" / "base.json").read_text())["base"]
+            except FileNotFoundError:
+                return {}
+        return self._base_cache
 
     def _save(self) -> None:
         tmp = self.dir / f".stage.{uuid.uuid4().hex[:6]}.json"
@@ -410,8 +448,11 @@ class StagedWorkspace:
         return report
 
     def discard(self) -> None:
-        """Drop the staged view (what was applied stays applied; `undo` still works)."""
-        shutil.rmtree(self.view, ignore_errors=True)
+        """Drop the staged copy (what was applied stays applied; `undo` still works). A later write
+        (the next turn of a chat) makes a new copy of the workspace as it is then."""
+        with self._lock:
+            shutil.rmtree(self.dir / "made", ignore_errors=True)
+            self._base_cache = None
         if not self._meta["journal"]:  # nothing applied stays: the stage is done with
             self._meta["status"] = "discarded"
         self._save()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from tether._errors import InvalidInput
+from tether._errors import InvalidInput, OperationFailed
 from tether.tools._base import Tool, files_source, tool, values_from
 from tether.tools._beneath import Beneath, Entry, open_entry
 from tether.tools.builtin._bounded import Lines, ScanBudget
@@ -71,23 +71,45 @@ class Workspace:
     """A root directory and its files, reached only through `tether.tools._beneath` (resolved by the
     kernel at the moment of use, no symbolic link followed).
 
-    With a `stage` (tether.staging.StagedWorkspace) the files are the run's staged view: paths are shown and
-    taken as the real workspace's, reads and writes go to the view, and the directories the stage did
-    not copy (`.git`, `.venv` ...) are read from the real workspace and never written."""
+    With a `stage` (tether.staging.StagedWorkspace) the files are the run's staged view: paths are shown
+    and taken as the real workspace's, writes go to the view (made at the first one: a run that only
+    reads copies nothing) and reads too once it exists, and the directories the stage does not copy
+    (`.git`, `.venv` ...) are read from the real workspace and never written."""
 
     def __init__(self, root: str | Path, *, stage: StagedWorkspace | None = None) -> None:
         given = Path(os.path.abspath(os.fspath(root if stage is None else stage.workspace)))
-        real = given.resolve() if stage is None else stage.view
+        real = given.resolve()
         if not real.is_dir():
             raise InvalidInput(f"workspace root {given} is not an existing directory")
         self.given_root = given
-        self.root = real
-        self.shown = given.resolve()  # the root as the model sees it (the real workspace, also when staged)
-        self.files = Beneath(real)
+        self.shown = real  # the root as the model sees it (the real workspace, also when staged)
+        self.stage = stage
+        self._real = Beneath(real)
+        self._view = None if stage is None else Beneath(stage.view)
         self.passthrough: dict[str, Beneath] = {}
         if stage is not None:
-            outside = Beneath(stage.workspace)
-            self.passthrough = dict.fromkeys(stage.passthrough, outside)
+            self.passthrough = dict.fromkeys(stage.passthrough, self._real)
+
+    @property
+    def root(self) -> Path:
+        """Where the files are now: the staged view once it exists, else the workspace itself."""
+        return self.files.root
+
+    @property
+    def files(self) -> Beneath:
+        if self._view is not None and self.stage is not None and self.stage.ready:
+            return self._view
+        return self._real
+
+    def for_writing(self) -> Beneath:
+        """Where a write goes: the staged view (made now if need be), or the workspace itself."""
+        if self.stage is not None and self._view is not None:
+            try:
+                self.stage.make_view()
+            except (InvalidInput, OperationFailed) as exc:
+                raise OperationFailed(f"{exc}; nothing was written") from None
+            return self._view
+        return self._real
 
     def beneath(self, rel: str) -> Beneath:
         """Where the relative path `rel` is opened: the view, or the real workspace for a passthrough."""
@@ -101,15 +123,18 @@ class Workspace:
         if "\0" in path:
             raise InvalidInput(f"{what} contains a NUL character")
         candidate = Path(path)
-        if candidate.is_absolute() and self.given_root != self.root and _inside(candidate, self.given_root):
-            candidate = self.root / candidate.relative_to(self.given_root)
-        lexical = Path(os.path.normpath(self.root / candidate))
-        if not _inside(lexical, self.root):
+        root = self.root
+        if candidate.is_absolute():  # the workspace as given or as resolved: mapped onto where the files are
+            base = next((b for b in (self.given_root, self.shown) if b != root and _inside(candidate, b)), None)
+            if base is not None:
+                candidate = root / candidate.relative_to(base)
+        lexical = Path(os.path.normpath(root / candidate))
+        if not _inside(lexical, root):
             raise InvalidInput(
                 f"{what} '{path}' is outside the workspace root {self.shown}; "
                 "use a path relative to the root or an absolute path inside it"
             )
-        return lexical.relative_to(self.root).as_posix() or "."
+        return lexical.relative_to(root).as_posix() or "."
 
     def error(self, exc: OSError, path: str, action: str) -> ValueError:
         """The message the model sees for a failed open/replace of `path`."""
@@ -444,7 +469,7 @@ def write_tool(root: str | Path, *, protect: Sequence[str] = (), stage: StagedWo
             raise InvalidInput(f"'{file_path}' is a directory; give a file path")
         _check_writable(shown, file_path, protected)
         try:
-            existed = ws.files.replace(shown, content.encode("utf-8"), create_dirs=True)
+            existed = ws.for_writing().replace(shown, content.encode("utf-8"), create_dirs=True)
         except OSError as exc:
             raise ws.error(exc, file_path, "write") from None
         lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
@@ -498,7 +523,7 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect
             )
         updated = text.replace(old_string, new_string)
         try:
-            ws.files.replace(shown, updated.encode("utf-8"), must_exist=True)
+            ws.for_writing().replace(shown, updated.encode("utf-8"), must_exist=True)
         except OSError as exc:
             raise ws.error(exc, file_path, "write") from None
         return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown}"

@@ -249,6 +249,11 @@ def shell_tool(
         """
         if not command.strip():
             raise InvalidInput("command is empty")
+        if stage is not None:  # the staged view, made at the run's first write (this call may write)
+            try:
+                await asyncio.to_thread(stage.make_view)
+            except (InvalidInput, OperationFailed) as exc:
+                raise OperationFailed(f"{exc}; the command did not run") from None
         if not workdir.is_dir():
             raise InvalidInput(f"working directory {workdir} no longer exists")
         result = await run_command(
