@@ -92,7 +92,7 @@ def test_after_taint_every_effect_asks_by_default_and_shows_where_its_values_see
     assert world.sent == [] and decisions(p)[-1] == ("send_money", "denied:callback")
     assert [r.tool for r in asked] == ["send_money"]
     assert asked[0].provenance == {"recipient": "user", "amount": "user", "note": "untrusted"}
-    assert "recipient (user), amount (user), note (untrusted)" in asked[0].reason
+    assert "recipient: your request, amount: your request, note: text you did not write" in asked[0].reason
     refusal = [m.content for m in res.messages if m.role == "tool"][-1]
     assert "read untrusted content (read_email)" in refusal
 
@@ -104,7 +104,7 @@ def test_after_taint_untrusted_argument_needs_approval_denied_by_default() -> No
     assert world.sent == []
     assert decisions(p)[-1] == ("send_money", "denied:default")
     tool_msgs = [m.content for m in res.messages if m.role == "tool"]
-    assert "approval denied" in tool_msgs[-1] and "recipient (untrusted)" in tool_msgs[-1]
+    assert "approval denied" in tool_msgs[-1] and "recipient: text you did not write" in tool_msgs[-1]
 
 
 def test_on_untrusted_refuse_and_summarize() -> None:
