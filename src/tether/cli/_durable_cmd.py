@@ -241,28 +241,39 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
     except Exception as exc:
         return _err(f"cannot open the run database: {error_line(exc)}")
     try:
-        if run_id is None:
-            rows = store.runs(limit=limit)
-            if as_json:
-                print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
-            for r in rows if not as_json else ():
-                answer = (r.answer or "").replace("\n", " ")
-                print(clean(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
-            return 0
-        row = store.run(run_id)
-        if row is None:
-            return _err(f"no run {run_id!r}")
-        if as_json:
-            print(json_safe(json.dumps({**dataclasses.asdict(row), "events": [
-                dataclasses.asdict(e) for e in store.events(run_id)] if events else None}, ensure_ascii=False)))
-            return 0
-        for key, value in dataclasses.asdict(row).items():
-            print(clean(f"{key}: {value}"))
-        for e in store.events(run_id) if events else ():
-            print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
-        return 0
+        return _show_runs(store, run_id, events, limit, as_json)
+    except Exception as exc:  # a corrupt or half-migrated database: one line, not SQLAlchemy's dump
+        return _unreadable(store, exc)
     finally:
         store.close()
+
+
+def _unreadable(store: Any, exc: BaseException) -> int:
+    where = store.url.split("@")[-1].removeprefix("sqlite:///").removeprefix("sqlite+pysqlite:///")
+    return _err(f"cannot read the run database {where}: {error_line(exc)} (`tether doctor` checks it)")
+
+
+def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json: bool) -> int:
+    if run_id is None:
+        rows = store.runs(limit=limit)
+        if as_json:
+            print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
+        for r in rows if not as_json else ():
+            answer = (r.answer or "").replace("\n", " ")
+            print(clean(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
+        return 0
+    row = store.run(run_id)
+    if row is None:
+        return _err(f"no run {run_id!r}")
+    if as_json:
+        print(json_safe(json.dumps({**dataclasses.asdict(row), "events": [
+            dataclasses.asdict(e) for e in store.events(run_id)] if events else None}, ensure_ascii=False)))
+        return 0
+    for key, value in dataclasses.asdict(row).items():
+        print(clean(f"{key}: {value}"))
+    for e in store.events(run_id) if events else ():
+        print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
+    return 0
 
 
 def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int:
@@ -281,6 +292,8 @@ def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int
         return _err(f"cannot open the run database: {error_line(exc)}")
     try:
         rows = usage_stats(store, by, since=time.time() - days * 86_400 if days else None)
+    except Exception as exc:
+        return _unreadable(store, exc)
     finally:
         store.close()
     if as_json:
