@@ -28,6 +28,7 @@ from tether.cli._progress import EXIT_ERROR
 from tether.events import ModelCallEnded, ToolCallEnded, stored
 
 EXIT_USAGE = 2
+EXIT_CANCELLED = 130
 CLI_AGENT = "cli"
 
 Db = Annotated[str | None, typer.Option("--db", help="Run database: a SQLite path or a postgresql:// URL. "
@@ -152,6 +153,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     console = err_console()
     reporter = reporter_for(opts, console)
     opened = None
+    started: str | None = None  # the run's id once it is stored
     try:
         text = read_prompt(prompt)
         rt = _runtime(db)
@@ -164,12 +166,19 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         run_id = uuid.uuid4().hex[:12]
         state = agent.start_state(text, run_id=run_id)
         rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
+        started = run_id
         # named once it exists (a locked database fails the line above: no id of a run never made)
         console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
         rt._built[CLI_AGENT + json.dumps(config, sort_keys=True)] = agent
         result = asyncio.run(until_parked(run_id, runs.run(agent, state, on_event=reporter)))
     except CliError as exc:
         return _err(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: this process stops; the run stays where its checkpoints are
+        if started is None:
+            _err("interrupted before the run started")
+        else:
+            _err(_interrupted_line(started))
+        return EXIT_CANCELLED
     except Exception as exc:
         return _err(f"durable run failed: {error_line(exc)}")
     finally:
@@ -179,6 +188,23 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
 
             close_mcp(opened)
     return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None)
+
+
+def _interrupted_line(run_id: str) -> str:
+    """What an interrupted durable run did and how it goes on (it is not cancelled: its workflow
+    stays pending, and `tether resume` continues it from its last checkpoint)."""
+    from tether.durable import runtime
+    from tether.store._stats import run_totals
+
+    try:
+        store = runtime().store
+        spent = run_totals(store, run_id)
+        ran = sum(1 for e in store.events(run_id) if e.kind == "tool_call" and e.data.get("decision") != "awaiting_approval")
+        done = f" after {spent.model_calls} model calls and {ran} tool calls"
+    except Exception:  # the database went away too: the way on is the same
+        done = ""
+    return (f"interrupted: durable run {run_id} stopped{done}; it is saved, not cancelled: `tether resume {run_id}` "
+            f"continues it from there, `tether cancel {run_id}` ends it")
 
 
 def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
@@ -253,14 +279,20 @@ def _unreadable(store: Any, exc: BaseException) -> int:
     return _err(f"cannot read the run database {where}: {error_line(exc)} (`tether doctor` checks it)")
 
 
+FINISHED = ("completed", "stopped", "error", "cancelled")
+
+
 def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json: bool) -> int:
+    from tether.store._stats import run_totals
+
     if run_id is None:
         rows = store.runs(limit=limit)
         if as_json:
             print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
         for r in rows if not as_json else ():
             answer = (r.answer or "").replace("\n", " ")
-            print(clean(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
+            steps = r.steps if r.status in FINISHED else run_totals(store, r.run_id).model_calls  # so far
+            print(clean(f"{r.run_id}  {r.status:<17} steps={steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
         return 0
     row = store.run(run_id)
     if row is None:
