@@ -60,7 +60,7 @@ def test_ctrl_c_on_a_durable_run_says_how_to_resume_it(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert len(server.requests) == 2, proc.communicate(timeout=10)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         run_id = err.split()[2]  # "durable run ID (...)"
         assert err.splitlines()[-1] == (

@@ -338,6 +338,7 @@ def test_a_durable_run_resumed_by_another_process_continues_its_trace(tmp_path: 
     spans = [s for s in every if s.trace_id == trace_id]
     # the first segment waited for the decision until its server stopped: interrupted, not cancelled
     assert [r.attributes.get("tether.stop_reason") for r in runs] == ["interrupted", "completed"]
+    assert [r.attributes["tether.run.resumed"] for r in runs] == [False, True]  # the second, a recovery
     # one root, exported by the process that ended the run, over both segments
     (root,) = [s for s in spans if s.parent == b""]
     assert root.name == "run billing" and root.attributes["tether.stop_reason"] == "completed"

@@ -270,6 +270,7 @@ class RunSpec:
     output: OutputRun | None = None  # the run's output type (tether._output), when it has one
     bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
     agent: str = ""  # the agent's name, for traces
+    recovered: bool = False  # a durable run's workflow started again after its process stopped
 
 
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
@@ -382,7 +383,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     counted = 0
 
     provider, server = model_origin(spec.model)
-    emit(RunStarted(run_id=spec.run_id, user=spec.user, resumed=state.steps > 0 or bool(state.decisions),
+    emit(RunStarted(run_id=spec.run_id, user=spec.user,
+                    resumed=spec.recovered or state.steps > 0 or bool(state.decisions),
                     agent=spec.agent, model=spec.model.name, provider=provider, server_address=server))
     try:
         _start_policy(policy, state, ctx)
