@@ -293,8 +293,9 @@ def test_a_running_runs_duration_runs_to_now() -> None:
 
     started = time.time() - 600  # its row last changed a second after it started
     page = _render("summary", _row("running", created=started, updated=started + 1), "csrf", False, UsageRow("t_1"))
-    shown = re.search(r'<span id="duration">([\d.]+) min</span>', page)
-    assert shown and float(shown.group(1)) >= 10.0, page
+    shown = re.search(r'<span id="duration"([^>]*)>([\d.]+) min</span>', page)
+    assert shown and float(shown.group(2)) >= 10.0, page
+    assert 'hx-get="/runs/t_1/duration" hx-trigger="every 2s"' in shown.group(1)  # and it goes on between events
     done = _render("summary", _row("completed", created=started, updated=started + 1), "csrf", True, UsageRow("t_1"))
     assert '<span id="duration">1.0 s</span>' in done
 

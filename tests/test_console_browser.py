@@ -223,5 +223,18 @@ def test_the_runs_list_follows_a_run_to_its_end_without_a_reload(service: Servic
     tab.shot("runs-live")
 
 
+def test_a_waiting_runs_duration_goes_on_between_events(service: Service, tab: Tab) -> None:
+    """A run parked for a person sends no events; its page's duration still counts up."""
+    tab.login(api_key(service, "alice"))
+    tab.start("billing", "charge 99")
+    page = tab.page
+    page.wait_for_selector("#deny", timeout=30_000)
+    before = page.inner_text("#duration")
+    sync_api.expect(page.locator("#duration")).not_to_have_text(before, timeout=30_000)
+    page.click("#deny")
+    page.wait_for_selector("#timeline li.stop", timeout=30_000)
+    sync_api.expect(page.locator("#duration[hx-trigger]")).to_have_count(0, timeout=30_000)  # ended: it stops
+
+
 if os.environ.get("TETHER_CONSOLE_SLOWMO"):  # for watching by hand: TETHER_CONSOLE_SLOWMO=1 pytest ... -s
     FLAGS.remove("--headless")

@@ -7,6 +7,7 @@ server-rendered pages (Jinja2, every value escaped) with htmx 4 and its SSE exte
     GET  /runs/{id}                          a run: summary, pending approval, task state, live timeline
     GET  /runs/{id}/live                     the timeline as HTML pieces over SSE (Last-Event-ID resumes)
     GET  /runs/{id}/results/{handle}         a capped tool result in whole
+    GET  /runs/rows, /runs/{id}/duration     pieces the pages reload while a run is unfinished
     POST /runs/{id}/decide, /runs/{id}/cancel
     GET  /usage                              tokens and cost per day, agent, model, tool or run, with a chart
 
@@ -328,6 +329,15 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         return EventSourceResponse(_pieces(tasks, fragments(), user, csrf, run_id,
                                            request.headers.get("last-event-id")), ping=15, headers={
             "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    @guarded
+    async def duration(request: Request, run_id: str) -> Response:
+        """The run's duration alone, which its page reloads while the run is unfinished."""
+        user, _ = await session(request)
+        row = await tasks.get(user, run_id)
+        return HTMLResponse(str(fragments().duration(row)), headers=SECURITY_HEADERS)
+
+    app.get("/runs/{run_id}/duration", include_in_schema=False)(duration)
 
     @guarded
     async def whole_result(request: Request, run_id: str, handle: str) -> Response:
