@@ -225,3 +225,100 @@ def test_a_sub_agents_approval_is_asked_and_given_on_the_parents_page(service: S
     assert done.status_code == 303
     body = wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
     assert body["answer"] == "The biller says: Done: charged 99" and service.ledger() == ["charge 99"]
+
+
+# -- what a page shows, rendered as the server renders it (no server needed) ---------------------
+
+
+def _render(macro: str, *args: object) -> str:
+    from tether.server._console import _environment
+
+    return str(getattr(_environment().get_template("fragments.html").make_module({}), macro)(*args))
+
+
+def _row(status: str, *, error: str | None = None, created: float = 0.0, updated: float = 0.0,
+         usage: dict | None = None) -> object:
+    from tether.store._sql import RunRow
+
+    return RunRow("t_1", "calc", "alice", status, "add", "cancelled" if status == "cancelled" else None, error, None,
+                  usage or {}, 0, None, None, created, updated)
+
+
+def test_a_notice_row_shows_what_the_notice_says() -> None:
+    redacted = _render("event_row", "t_1", "notice", {"redacted": ["api_key: a secret"], "step": 1, "t": 0.5}, "3.0")
+    assert "notice: redacted: api_key: a secret" in redacted and "null" not in redacted
+    cancelled = _render("event_row", "t_1", "notice", {"cancelled": "cancelled by alice"}, "4.0")
+    assert "notice: cancelled: cancelled by alice" in cancelled
+
+
+def test_tool_arguments_are_shown_as_written_not_json_escaped() -> None:
+    row = _render("event_row", "t_1", "tool_call", {"name": "Bash", "decision": "awaiting_approval", "is_error": True,
+                                                    "arguments": {"command": "echo a > f && cat f", "timeout": 5}},
+                  "2.0")
+    assert "\\u003e" not in row and "\\u0026" not in row
+    assert "command: echo a &gt; f &amp;&amp; cat f" in row and "timeout: 5" in row  # HTML-escaped, as text
+
+
+def test_small_costs_keep_their_digits() -> None:
+    from tether.server._console import _money
+
+    assert [_money(v) for v in (0, 0.0000321, 0.00012, 1.5)] == ["$0.0000", "$0.000032", "$0.0001", "$1.5000"]
+
+
+def test_the_day_chart_is_in_date_order_and_the_tool_chart_counts_calls() -> None:
+    from tether.server._console import chart
+    from tether.store._stats import UsageRow
+
+    days = [UsageRow("2026-12-03", cost_usd=3.0), UsageRow("2026-12-01", cost_usd=2.0),
+            UsageRow("2026-12-02", cost_usd=1.0)]  # as usage_stats gives them: the dearest first
+    assert [b["label"] for b in chart(days, "day")["bars"]] == ["2026-12-01", "2026-12-02", "2026-12-03"]
+    tools = [UsageRow("Bash", tool_calls=4, tool_errors=1), UsageRow("Read", tool_calls=2)]
+    bars = chart(tools, "tool")["bars"]
+    assert [b["value"] for b in bars] == ["4 calls, 1 failed", "2 calls"] and bars[0]["width"] > bars[1]["width"] > 0
+
+
+def test_a_cancel_is_not_shown_as_an_error() -> None:
+    from tether.store._stats import UsageRow
+
+    cancelled = _render("summary", _row("cancelled", error="cancelled"), "csrf", True, UsageRow("t_1"))
+    assert 'class="error"' not in cancelled and "Error:" not in cancelled and 'id="cancelled"' in cancelled
+    failed = _render("summary", _row("error", error="run failed: boom"), "csrf", True, UsageRow("t_1"))
+    assert '<p class="error">Error: run failed: boom</p>' in failed
+
+
+def test_a_running_runs_duration_runs_to_now() -> None:
+    import time
+
+    from tether.store._stats import UsageRow
+
+    started = time.time() - 600  # its row last changed a second after it started
+    page = _render("summary", _row("running", created=started, updated=started + 1), "csrf", False, UsageRow("t_1"))
+    shown = re.search(r'<span id="duration"([^>]*)>([\d.]+) min</span>', page)
+    assert shown and float(shown.group(2)) >= 10.0, page
+    assert 'hx-get="/runs/t_1/duration" hx-trigger="every 2s"' in shown.group(1)  # and it goes on between events
+    done = _render("summary", _row("completed", created=started, updated=started + 1), "csrf", True, UsageRow("t_1"))
+    assert '<span id="duration">1.0 s</span>' in done
+
+
+# -- the same, through the server ----------------------------------------------------------------
+
+
+def test_the_runs_list_shows_a_running_runs_spend_and_reloads_itself(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    assert client.get("/favicon.ico").status_code == 200
+    run_id = start(client, "slow", "wait a lot")
+    pieces(client, run_id, until='class="model-call"')  # a model call is stored
+    listing = client.get("/runs").text
+    row = re.search(rf'<tr data-run="{run_id}">.*?</tr>', listing, re.S)
+    assert row, listing
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row.group(0))
+    assert cells[0] != "0", cells  # model calls so far, not the row's count, written when the run ends
+    assert 'id="runs-rows" hx-get="/runs/rows" hx-trigger="every 2s"' in listing  # it reloads while one runs
+    rows = client.get("/runs/rows")
+    assert rows.status_code == 200 and rows.text.startswith('<tbody id="runs-rows"') and run_id in rows.text
+    client.post(f"/runs/{run_id}/cancel", data={"csrf": csrf_of(client)})
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "cancelled")
+    assert "hx-trigger" not in client.get("/runs/rows").text  # nothing unfinished: the reloads stop
+    page = client.get(f"/runs/{run_id}").text
+    assert 'id="cancelled"' in page and "Error: cancelled" not in page

@@ -168,8 +168,10 @@ def test_the_timeline_catches_up_after_the_connection_drops(service: Service, ta
     seqs = sorted({int(i.split(".")[0]) for i in ids})
     assert seqs == list(range(seqs[0], seqs[-1] + 1)), f"a gap in the timeline: {seqs}"
     tab.shot("reconnected")
-    # what the drop itself logs: the cut stream, the extension's note of it, the refused reconnects
-    expected = ("ERR_INCOMPLETE_CHUNKED_ENCODING", "htmx:sse:error", "ERR_CONNECTION_REFUSED")
+    # what the drop itself logs: the cut stream, the extension's note of it, the refused reconnects,
+    # the duration's reloads that found no server
+    expected = ("ERR_INCOMPLETE_CHUNKED_ENCODING", "htmx:sse:error", "ERR_CONNECTION_REFUSED",
+                "htmx:error: Failed to fetch")
     tab.errors = [e for e in tab.errors if not any(x in e for x in expected)]
     httpx = pytest.importorskip("httpx")
     httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"})
@@ -200,6 +202,40 @@ def test_usage_page_draws_its_chart(service: Service, tab: Tab) -> None:
     assert tab.page.locator("#chart rect").count() == 1
     assert "add" in tab.page.inner_text("#usage")
     tab.shot("usage")
+
+
+def test_the_runs_list_follows_a_run_to_its_end_without_a_reload(service: Service, tab: Tab) -> None:
+    """The runs page, left open, reloads its rows while a run in it is unfinished: the run's status
+    turns from awaiting_approval to cancelled there, with no reload of the page."""
+    httpx = pytest.importorskip("httpx")
+    key = api_key(service, "alice")
+    tab.login(key)
+    run_id = tab.start("billing", "charge 99")
+    page = tab.page
+    page.wait_for_selector("#deny", timeout=30_000)
+    page.goto(service.url + "/runs")
+    page.evaluate("window.__same_page = 1")
+    status = page.locator(f'tr[data-run="{run_id}"] .status')
+    assert status.inner_text() == "awaiting_approval"
+    httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"})
+    sync_api.expect(status).to_have_text("cancelled", timeout=30_000)
+    assert page.evaluate("window.__same_page") == 1  # the rows changed in place
+    sync_api.expect(page.locator("#runs-rows[hx-trigger]")).to_have_count(0)  # and stop reloading: all ended
+    assert page.request.get(service.url + "/favicon.ico").status == 200
+    tab.shot("runs-live")
+
+
+def test_a_waiting_runs_duration_goes_on_between_events(service: Service, tab: Tab) -> None:
+    """A run parked for a person sends no events; its page's duration still counts up."""
+    tab.login(api_key(service, "alice"))
+    tab.start("billing", "charge 99")
+    page = tab.page
+    page.wait_for_selector("#deny", timeout=30_000)
+    before = page.inner_text("#duration")
+    sync_api.expect(page.locator("#duration")).not_to_have_text(before, timeout=30_000)
+    page.click("#deny")
+    page.wait_for_selector("#timeline li.stop", timeout=30_000)
+    sync_api.expect(page.locator("#duration[hx-trigger]")).to_have_count(0, timeout=30_000)  # ended: it stops
 
 
 if os.environ.get("TETHER_CONSOLE_SLOWMO"):  # for watching by hand: TETHER_CONSOLE_SLOWMO=1 pytest ... -s

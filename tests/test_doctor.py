@@ -53,3 +53,31 @@ def test_the_real_command_exits_by_what_is_broken(tmp_path: Path) -> None:
     bad = subprocess.run([str(tether), "doctor"], env=_env(tmp_path, OPENAI_BASE_URL="https://api.example.com/v1"),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "BROKEN" in bad.stdout, bad.stdout + bad.stderr
+
+
+def _corrupt_store(path: Path) -> None:
+    """A run store whose schema reads but whose last data pages are garbage (a disk that lost writes)."""
+    from tether.store import RunStore
+
+    store = RunStore(str(path))
+    for i in range(200):
+        store.create_run(f"r{i}", "agent", "alice", "x" * 2000)
+    store.close()
+    size = path.stat().st_size
+    with path.open("r+b") as fh:
+        fh.seek(size - 4096 * 20)
+        fh.write(b"\xff" * 4096 * 10)
+
+
+def test_a_corrupt_run_store_is_broken_and_the_runs_commands_say_so_in_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    _corrupt_store(db)
+    checks = {c.part: c for c in run_checks(_env(tmp_path, TETHER_DB=str(db)), load_model=False)}
+    assert checks["run store"].state == "broken" and "corrupt" in checks["run store"].detail, checks["run store"]
+    tether = Path(sys.executable).with_name("tether")
+    for args in (["runs"], ["runs", "stats"]):
+        done = subprocess.run([str(tether), *args, "--db", str(db)], env=_env(tmp_path), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr == f"tether: cannot read the run database {db}: DatabaseError: database disk image is " \
+                              "malformed (`tether doctor` checks it)\n", (args, done.stderr)

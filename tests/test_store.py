@@ -138,3 +138,28 @@ def test_idempotent_tool_acts_once_per_key_through_the_store(tmp_path):
     again = asyncio.run(Executor([idempotent(charge, RunStore(str(tmp_path / "runs.db")).idempotency())]).execute(
         ToolCall("call_0", "charge", {"amount": 99}), ctx, 0))
     assert [first.content, second.content, again.content] == ["charged 99"] * 3 and charges == [99, 99]
+
+
+def test_usage_stats_count_tool_errors_in_every_grouping(where):
+    """A failed tool call counts as an error by day, agent and run as well as by tool; a call parked for
+    approval is neither a call nor an error."""
+    from tether.store._stats import GROUPS, usage_stats
+
+    store = RunStore(where)
+    store.create_run("r1", "agent", "alice", "do it")
+    events = [TraceEvent("model_call", 1, 0.1, 0.1, {"model": "m", "input_tokens": 3, "output_tokens": 1}),
+              TraceEvent("tool_call", 1, 0.2, 0.05, {"name": "Bash", "is_error": True}),
+              TraceEvent("tool_call", 1, 0.3, 0.05, {"name": "Bash", "is_error": False}),
+              TraceEvent("tool_call", 1, 0.4, 0.0, {"name": "Bash", "is_error": True,
+                                                     "decision": "awaiting_approval"})]
+    store.add_events("r1", events, 0)
+    state = RunState("r1", "alice", usage=Usage(3, 1, model_calls=1, tool_calls=2), steps=1)
+    store.finish_run(RunResult("r1", StopReason.COMPLETED, "done", usage=state.usage, trace=events, steps=1,
+                               state=state))
+    for by in GROUPS:
+        if by == "model":
+            continue
+        (row,) = usage_stats(store, by)
+        assert (row.tool_calls, row.tool_errors) == (2, 1), by
+    assert usage_stats(store, "run", user="bob") == []
+    store.close()

@@ -145,7 +145,7 @@ class Agent(Generic[OutputT]):
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
-            output=None if self._output is None else OutputRun(self._output, self.output_retries),
+            output=None if self._output is None else OutputRun(self._output, self.output_retries), agent=self.name,
         )
 
     async def arun(

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from tether._admission import Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
@@ -272,6 +273,8 @@ class RunSpec:
     stream_text: bool = False
     output: OutputRun | None = None  # the run's output type (tether._output), when it has one
     bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
+    agent: str = ""  # the agent's name, for traces
+    recovered: bool = False  # a durable run's workflow started again after its process stopped
 
 
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
@@ -386,7 +389,10 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         else None
     counted = 0
 
-    emit(RunStarted(run_id=spec.run_id, user=spec.user, resumed=state.steps > 0 or bool(state.decisions)))
+    provider, server = model_origin(spec.model)
+    emit(RunStarted(run_id=spec.run_id, user=spec.user,
+                    resumed=spec.recovered or state.steps > 0 or bool(state.decisions),
+                    agent=spec.agent, model=spec.model.name, provider=provider, server_address=server))
     try:
         _start_policy(policy, state, ctx)
         start = getattr(spec.context, "start", None)  # a builder with per-run state
@@ -497,7 +503,11 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 break
     except (_Cancelled, asyncio.CancelledError):
         stop = StopReason.CANCELLED
-        error = spec.cancel.reason if spec.cancel is not None and spec.cancel.reason else "cancelled"
+        if spec.cancel is not None and spec.cancel.cancelled:
+            error = spec.cancel.reason or "cancelled"
+        else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
+            error = INTERRUPTED
+
         emit(Notice(notice={"cancelled": error}))
     except Exception as exc:  # a failing step runner, context builder, policy or event sink
         stop, error = StopReason.ERROR, f"run failed: {type(exc).__name__}: {exc}"
@@ -881,7 +891,28 @@ def _model_call_ended(reply: ModelReply, model: Model, purpose: str) -> ModelCal
     return ModelCallEnded(model=reply.model or model.name, input_tokens=reply.usage.input_tokens,
                           output_tokens=reply.usage.output_tokens, cost_usd=reply.usage.cost_usd,
                           tool_calls=len(reply.tool_calls), text_chars=len(reply.text), purpose=purpose,
-                          final=purpose == "final")
+                          final=purpose == "final", finish_reason=reply.finish_reason)
+
+
+# GenAI semantic conventions' provider names of tether's model adapters (by class: no import of them here)
+_PROVIDERS = {"OpenAICompatModel": "openai", "AnthropicModel": "anthropic", "LocalModel": "tether.local",
+              "ScriptedModel": "tether.scripted", "ReplayModel": "tether.scripted"}
+INTERRUPTED = "interrupted"  # a cancelled run's reason when its process stopped it, not a person or a token
+
+
+def model_origin(model: Model) -> tuple[str, str]:
+    """A model's provider name (as the GenAI semantic conventions spell it; "" when unknown) and its
+    server's host ("" when local), looking through wrappers (`.inner`) to the adapter."""
+    for _ in range(4):
+        provider = _PROVIDERS.get(type(model).__name__)
+        if provider is not None:
+            url = getattr(model, "base_url", None)
+            return provider, (urlsplit(url).hostname or "") if isinstance(url, str) else ""
+        inner = getattr(model, "inner", None)
+        if inner is None:
+            break
+        model = inner
+    return "", ""
 
 
 def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:

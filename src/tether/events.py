@@ -96,6 +96,10 @@ class RunStarted(BaseEvent):
     run_id: str = ""
     user: str | None = None
     resumed: bool = False  # continued from a RunState that had run before
+    agent: str = ""  # the agent's name (Agent.name)
+    model: str = ""  # the run's model, and where it is served (for traces: GenAI provider, server host)
+    provider: str = ""
+    server_address: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -117,6 +121,7 @@ class ModelCallEnded(BaseEvent):
     text_chars: int = 0
     purpose: str = "step"  # also "lost": a durable call a crash cut off, charged at its admitted maximum
     final: bool = False
+    finish_reason: str = ""  # the provider's (stop, tool_calls, end_turn, length, ...), "" when it gave none
 
 
 @dataclass(slots=True, kw_only=True)

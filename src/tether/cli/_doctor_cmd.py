@@ -3,7 +3,7 @@ that is configured is broken.
 
 Checks: the Bash sandbox (bubblewrap runs a command here), the models configured in the
 environment (an endpoint without a key is broken), the embedded model (loads and answers), the run
-store (the default database, or $TETHER_DB, opens and takes a write). Nothing that is merely absent
+store (the default database, or $TETHER_DB, opens, takes a write, and its pages read back whole). Nothing that is merely absent
 fails the check: only what is configured and does not work.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tether.models._resolve import configured_endpoints, local_status
 from tether.store._sql import default_database_path
@@ -70,13 +71,35 @@ def database_check(env: Mapping[str, str]) -> Check:
         from tether.store._sql import RunStore
 
         store = RunStore(where)
-        with store.engine.begin() as conn:  # a write: a read-only or full disk shows here
-            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS tether_doctor (x INTEGER)")
-        store.close()
     except Exception as exc:
         state = "broken" if configured else "missing"
         return Check("run store", state, f"{_redact(where)}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    try:
+        with store.engine.begin() as conn:  # a write: a read-only or full disk shows here
+            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS tether_doctor (x INTEGER)")
+            problem = _integrity(conn, store.engine.dialect.name)
+    except Exception as exc:  # it opened, so it is there: what fails now is broken, configured or not
+        orig = getattr(exc, "orig", None)
+        shown = orig if isinstance(orig, BaseException) else exc
+        problem = f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0]}"
+    finally:
+        store.close()
+    if problem:
+        return Check("run store", "broken", f"{_redact(where)}: {problem} (move it aside, or restore a copy)")
     return Check("run store", "ok", _redact(where))
+
+
+def _integrity(conn: Any, dialect: str) -> str:
+    """What is wrong with the database's pages ("" when nothing): SQLite's quick_check reads every
+    page; any database, a read of every table tether writes (the commands' first queries)."""
+    if dialect == "sqlite":
+        found = [line for row in conn.exec_driver_sql("PRAGMA quick_check(3)") for line in str(row[0]).splitlines()
+                 if not line.startswith("*** in database")]
+        if found != ["ok"]:
+            return ("corrupt: " + "; ".join(found))[:200]
+    for table in ("tether_runs", "tether_events"):
+        conn.exec_driver_sql(f"SELECT count(*) FROM {table}").all()
+    return ""
 
 
 def _redact(url: str) -> str:

@@ -32,6 +32,7 @@ from tether.cli._stage_cmd import open_stage, review
 from tether.events import ModelCallEnded, ToolCallEnded, stored
 
 EXIT_USAGE = 2
+EXIT_CANCELLED = 130
 CLI_AGENT = "cli"
 
 Db = Annotated[str | None, typer.Option("--db", help="Run database: a SQLite path or a postgresql:// URL. "
@@ -162,6 +163,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     reporter = reporter_for(opts, console)
     opened = None
     stage = None
+    started: str | None = None  # the run's id once it is stored
     try:
         text = read_prompt(prompt)
         rt = _runtime(db)
@@ -177,6 +179,7 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         runs = DurableRuns(rt)
         state = agent.start_state(text, run_id=run_id)
         rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
+        started = run_id
         # named once it exists (a locked database fails the line above: no id of a run never made)
         console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
         rt._built[CLI_AGENT + json.dumps(config, sort_keys=True)] = agent
@@ -184,6 +187,13 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     except CliError as exc:
         _drop_unused(stage)
         return _err(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: this process stops; the run stays where its checkpoints are
+        if started is None:
+            _drop_unused(stage)
+            _err("interrupted before the run started")
+        else:
+            _err(_interrupted_line(started))
+        return EXIT_CANCELLED
     except Exception as exc:
         _drop_unused(stage)
         return _err(f"durable run failed: {error_line(exc)}")
@@ -203,6 +213,23 @@ def _drop_unused(stage: Any) -> None:
     """A run that failed to start leaves no empty stage behind."""
     if stage is not None and not stage.changes():
         stage.remove()
+
+
+def _interrupted_line(run_id: str) -> str:
+    """What an interrupted durable run did and how it goes on (it is not cancelled: its workflow
+    stays pending, and `tether resume` continues it from its last checkpoint)."""
+    from tether.durable import runtime
+    from tether.store._stats import run_totals
+
+    try:
+        store = runtime().store
+        spent = run_totals(store, run_id)
+        ran = sum(1 for e in store.events(run_id) if e.kind == "tool_call" and e.data.get("decision") != "awaiting_approval")
+        done = f" after {spent.model_calls} model calls and {ran} tool calls"
+    except Exception:  # the database went away too: the way on is the same
+        done = ""
+    return (f"interrupted: durable run {run_id} stopped{done}; it is saved, not cancelled: `tether resume {run_id}` "
+            f"continues it from there, `tether cancel {run_id}` ends it")
 
 
 def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
@@ -273,28 +300,45 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
     except Exception as exc:
         return _err(f"cannot open the run database: {error_line(exc)}")
     try:
-        if run_id is None:
-            rows = store.runs(limit=limit)
-            if as_json:
-                print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
-            for r in rows if not as_json else ():
-                answer = (r.answer or "").replace("\n", " ")
-                print(clean(f"{r.run_id}  {r.status:<17} steps={r.steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
-            return 0
-        row = store.run(run_id)
-        if row is None:
-            return _err(f"no run {run_id!r}")
-        if as_json:
-            print(json_safe(json.dumps({**dataclasses.asdict(row), "events": [
-                dataclasses.asdict(e) for e in store.events(run_id)] if events else None}, ensure_ascii=False)))
-            return 0
-        for key, value in dataclasses.asdict(row).items():
-            print(clean(f"{key}: {value}"))
-        for e in store.events(run_id) if events else ():
-            print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
-        return 0
+        return _show_runs(store, run_id, events, limit, as_json)
+    except Exception as exc:  # a corrupt or half-migrated database: one line, not SQLAlchemy's dump
+        return _unreadable(store, exc)
     finally:
         store.close()
+
+
+def _unreadable(store: Any, exc: BaseException) -> int:
+    where = store.url.split("@")[-1].removeprefix("sqlite:///").removeprefix("sqlite+pysqlite:///")
+    return _err(f"cannot read the run database {where}: {error_line(exc)} (`tether doctor` checks it)")
+
+
+FINISHED = ("completed", "stopped", "error", "cancelled")
+
+
+def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json: bool) -> int:
+    from tether.store._stats import run_totals
+
+    if run_id is None:
+        rows = store.runs(limit=limit)
+        if as_json:
+            print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
+        for r in rows if not as_json else ():
+            answer = (r.answer or "").replace("\n", " ")
+            steps = r.steps if r.status in FINISHED else run_totals(store, r.run_id).model_calls  # so far
+            print(clean(f"{r.run_id}  {r.status:<17} steps={steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
+        return 0
+    row = store.run(run_id)
+    if row is None:
+        return _err(f"no run {run_id!r}")
+    if as_json:
+        print(json_safe(json.dumps({**dataclasses.asdict(row), "events": [
+            dataclasses.asdict(e) for e in store.events(run_id)] if events else None}, ensure_ascii=False)))
+        return 0
+    for key, value in dataclasses.asdict(row).items():
+        print(clean(f"{key}: {value}"))
+    for e in store.events(run_id) if events else ():
+        print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
+    return 0
 
 
 def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int:
@@ -313,6 +357,8 @@ def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int
         return _err(f"cannot open the run database: {error_line(exc)}")
     try:
         rows = usage_stats(store, by, since=time.time() - days * 86_400 if days else None)
+    except Exception as exc:
+        return _unreadable(store, exc)
     finally:
         store.close()
     if as_json:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from types import FrameType
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from tether.server._keys import ServiceTables
     from tether.server._tasks import Drained
 
+EXIT_ERROR = 1
 EXIT_USAGE = 2
 GlobalConcurrency = Annotated[int | None, typer.Option(
     "--global-concurrency", min=1, help="Tasks running at once across every worker on the database.")]
@@ -67,18 +70,46 @@ def serve_cmd(db: str | None, agents: str, host: str, port: int, workers: int, g
             tasks.begin_drain()  # at the signal, not once the connections are closed
             super().handle_exit(sig, frame)
 
+    try:  # bound here, before saying where it serves: uvicorn would print its raw OSError, then exit
+        listener = _listen(host, port)
+    except OSError as exc:
+        return _fail(f"cannot serve on {host}:{port}: {_bind_error(exc, port)}", EXIT_ERROR)
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace))
     print(f"tether: serving on http://{host}:{port} ({workers} worker slots)", file=sys.stderr)
     # uvicorn re-raises the signal it stopped on once it is done; it has been handled, so let it pass
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
+        listener.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not server.started:
-        return _fail(f"could not serve on {host}:{port}", 3)
+        return _fail(f"could not serve on {host}:{port}", EXIT_ERROR)
     return _stopped(tasks.drained)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (a name, an IPv4 or an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if ":" not in host and host not in ("", "0.0.0.0"):
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_error(exc: OSError, port: int) -> str:
+    """Why a port could not be bound, and what to do, in a few words."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use by another process (stop it, or choose another --port)"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges; choose another --port)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "this machine has no such address (--host takes one of its own, or 0.0.0.0 for all)"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    return exc.strerror or str(exc)
 
 
 def worker_cmd(db: str | None, agents: str, concurrency: int, grace: int, global_concurrency: int | None = None) -> int:

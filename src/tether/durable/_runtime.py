@@ -201,6 +201,10 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
                                       state=state)
         rt.store.finish_run(result, first_seq=events.base)
         return to_jsonable(result)
+    # past pending already (running, parked): a process ran it before and stopped, and this is a
+    # recovery, which replays from the start
+    row = rt.store.run(run_id)
+    spec.recovered = row is not None and row.status != "pending"
     rt.store.set_running(run_id)
     result = await run_loop(spec, state)
     task = asyncio.current_task()

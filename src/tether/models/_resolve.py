@@ -156,6 +156,8 @@ def _openai_compat(
         try:
             return OpenAICompatModel.from_env(name, base_url=base_url, api_key=api_key, env=env, **options)
         except ValueError as exc:
+            if name and ":" in name:  # PROVIDER:NAME with a provider tether does not know: say how it was read
+                raise ModelConfigError(_unknown_provider(name, str(exc))) from exc
             raise ModelConfigError(f"{HOW_TO_CONFIGURE} ({exc})") from exc
     prefix = family.upper()
     home, default = (OPENAI_URL, OPENAI_DEFAULT_MODEL) if family == "openai" else (OPENROUTER_URL,
@@ -171,6 +173,15 @@ def _openai_compat(
         return OpenAICompatModel(name or default, base_url=url, api_key=key, env={}, **options)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from exc
+
+
+def _unknown_provider(name: str, why: str) -> str:
+    """One line for `X:NAME` where X is not a provider and no endpoint is configured (a mistyped
+    provider, most often), instead of the paragraph on configuring a model."""
+    head = name.partition(":")[0]
+    return (f"model {name!r}: {head!r} is not a provider ({', '.join(PROVIDERS)}), so the whole of it was read as "
+            f"a model name for the default OpenAI-compatible endpoint, and none is configured ({why.split(':')[0]}). "
+            "Write PROVIDER:NAME, or set OPENAI_API_KEY (OPENAI_BASE_URL for a local server)")
 
 
 def _anthropic(

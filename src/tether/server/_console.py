@@ -7,6 +7,7 @@ server-rendered pages (Jinja2, every value escaped) with htmx 4 and its SSE exte
     GET  /runs/{id}                          a run: summary, pending approval, task state, live timeline
     GET  /runs/{id}/live                     the timeline as HTML pieces over SSE (Last-Event-ID resumes)
     GET  /runs/{id}/results/{handle}         a capped tool result in whole
+    GET  /runs/rows, /runs/{id}/duration     pieces the pages reload while a run is unfinished
     POST /runs/{id}/decide, /runs/{id}/cancel
     GET  /usage                              tokens and cost per day, agent, model, tool or run, with a chart
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -67,7 +69,38 @@ def _tokens(usage: dict[str, Any]) -> str:
 
 
 def _money(value: Any) -> str:
-    return f"${float(value or 0):.4f}"
+    """Dollars to four places, or to two significant digits below $0.0001 (a small model's call)."""
+    v = float(value or 0)
+    if 0 < abs(v) < 0.0001:
+        return f"${v:.{1 - math.floor(math.log10(abs(v)))}f}"
+    return f"${v:.4f}"
+
+
+def _plain(value: Any) -> str:
+    """A value as a person reads it: text as it is (no JSON escapes), a list of texts one per line,
+    anything else as JSON with its characters unescaped."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _notice(d: dict[str, Any]) -> str:
+    """A notice event's own keys ({"redacted": [...]}, {"cancelled": why}, ...), without its timing."""
+    return "; ".join(f"{k}: {_plain(v)}" for k, v in d.items() if k not in ("step", "t", "duration")) or "(empty)"
+
+
+def _arguments(arguments: Any) -> str:
+    """A tool call's arguments, one per line, each value as _plain shows it: the exact command."""
+    if not isinstance(arguments, dict):
+        return _plain(arguments)
+    return "\n".join(f"{k}: {_plain(v)}" for k, v in arguments.items())
+
+
+def _elapsed(row: Any) -> float:
+    """How long a run has taken: to its last update once finished, to now while it is not."""
+    return (row.updated_at if row.status in FINISHED else time.time()) - row.created_at
 
 
 def _seconds(value: Any) -> str:
@@ -87,17 +120,25 @@ def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
                       trim_blocks=True, lstrip_blocks=True)
     env.globals.update(tokens=_tokens, money=_money, seconds=_seconds, when=_when, at=_at, origin_words=ORIGIN_WORDS,
-                       leaves=leaves)
+                       leaves=leaves, notice=_notice, arguments=_arguments, elapsed=_elapsed, finished=FINISHED)
     return env
 
 
-def chart(rows: list[UsageRow], width: int = 640) -> dict[str, Any]:
-    """A horizontal bar chart of cost per group (tokens when nothing cost anything), as SVG geometry."""
-    by_cost = any(r.cost_usd for r in rows)
-    values = [(r.key, r.cost_usd if by_cost else r.input_tokens + r.output_tokens) for r in rows[:20]]
-    left, top = 160, max((v for _, v in values), default=0) or 1
-    bars = [{"label": key[:24], "y": i * 22, "width": round((width - left - 90) * v / top, 1),
-             "value": _money(v) if by_cost else f"{int(v):,} tokens"} for i, (key, v) in enumerate(values)]
+def chart(rows: list[UsageRow], by: str = "", width: int = 640) -> dict[str, Any]:
+    """A horizontal bar chart of cost per group (tokens when nothing cost anything, tool calls when no
+    tokens either: the tool groups), as SVG geometry; days in date order, other groups as given."""
+    if any(r.cost_usd for r in rows):
+        values = [(r.key, r.cost_usd, _money(r.cost_usd)) for r in rows]
+    elif any(r.input_tokens + r.output_tokens for r in rows):
+        values = [(r.key, r.input_tokens + r.output_tokens, f"{r.input_tokens + r.output_tokens:,} tokens")
+                  for r in rows]
+    else:
+        values = [(r.key, r.tool_calls, f"{r.tool_calls:,} calls" + (f", {r.tool_errors:,} failed" if r.tool_errors
+                                                                      else "")) for r in rows]
+    values = sorted(values, key=lambda v: v[0])[-20:] if by == "day" else values[:20]  # the last 20 days
+    left, top = 160, max((v for _, v, _ in values), default=0) or 1
+    bars = [{"label": key[:24], "y": i * 22, "width": round((width - left - 90) * v / top, 1), "value": label}
+            for i, (key, v, label) in enumerate(values)]
     return {"width": width, "height": max(22 * len(bars), 22), "left": left, "bars": bars}
 
 
@@ -209,9 +250,9 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
-    @app.get("/runs", include_in_schema=False)
-    async def runs(request: Request) -> Response:
-        user, csrf = await session(request)
+    async def runs_listed(request: Request, user: str) -> dict[str, Any]:
+        """The runs page's rows for its query, with what the unfinished ones have spent so far (their
+        row's usage is written when they end) and the query that reloads the same rows."""
         q = request.query_params
         status = q.get("status") if q.get("status") in STATUSES else None
         agent = q.get("agent") if q.get("agent") in tasks.registry.names() else None
@@ -220,10 +261,33 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         except ValueError:
             before = None
         rows = await tasks.list(user, status, PAGE, before, agent)
+        live = {r.run_id: await tasks.db(run_totals, tasks.rt.store, r.run_id) for r in rows if r.status not in FINISHED}
         next_before = rows[-1].created_at if len(rows) == PAGE else None
         next_query = urlencode({k: v for k, v in (("status", status), ("agent", agent), ("before", next_before)) if v})
-        return page("runs.html", user=user, csrf=csrf, runs=rows, statuses=STATUSES, status=status,
-                    agents=tasks.registry.names(), agent=agent, next_before=next_before, next_query=next_query)
+        this_query = urlencode({k: v for k, v in (("status", status), ("agent", agent), ("before", before)) if v})
+        return {"runs": rows, "live": live, "status": status, "agent": agent, "next_before": next_before,
+                "next_query": next_query, "this_query": this_query}
+
+    @app.get("/runs", include_in_schema=False)
+    async def runs(request: Request) -> Response:
+        user, csrf = await session(request)
+        return page("runs.html", user=user, csrf=csrf, statuses=STATUSES, agents=tasks.registry.names(),
+                    **await runs_listed(request, user))
+
+    @app.get("/runs/rows", include_in_schema=False)
+    async def runs_rows(request: Request) -> Response:
+        """The runs table's body alone: the page reloads it every few seconds while a run in it is
+        unfinished (the returned body stops asking once none is)."""
+        user, _ = await session(request)
+        listed = await runs_listed(request, user)
+        html = fragments().runs_rows(listed["runs"], listed["live"], listed["this_query"], bool(listed["status"]
+                                                                                                  or listed["agent"]))
+        return HTMLResponse(str(html), headers=SECURITY_HEADERS)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response((HERE / "static" / "favicon.svg").read_bytes(), media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/runs/new", include_in_schema=False)
     async def new_run(request: Request) -> Response:
@@ -267,6 +331,15 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
             "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
     @guarded
+    async def duration(request: Request, run_id: str) -> Response:
+        """The run's duration alone, which its page reloads while the run is unfinished."""
+        user, _ = await session(request)
+        row = await tasks.get(user, run_id)
+        return HTMLResponse(str(fragments().duration(row)), headers=SECURITY_HEADERS)
+
+    app.get("/runs/{run_id}/duration", include_in_schema=False)(duration)
+
+    @guarded
     async def whole_result(request: Request, run_id: str, handle: str) -> Response:
         user, _ = await session(request)
         await tasks.get(user, run_id)
@@ -305,7 +378,10 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
             days = None
         since = time.time() - days * 86_400 if days else None
         rows = await tasks.db(usage_stats, tasks.rt.store, by, since=since, user=user)
-        return page("usage.html", user=user, csrf=csrf, rows=rows, by=by, days=days, groups=GROUPS, chart=chart(rows))
+        if by == "day":  # in date order, as the chart
+            rows.sort(key=lambda r: r.key)
+        return page("usage.html", user=user, csrf=csrf, rows=rows, by=by, days=days, groups=GROUPS,
+                    chart=chart(rows, by))
 
 
 async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,

@@ -55,6 +55,7 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
     clause = " AND ".join(where)
     rows: dict[str, UsageRow] = {}
     if by in ("day", "agent", "run"):
+        errors = _tool_errors(store, clause, params)
         for run_id, agent, created, usage in store._rows(
                 f"SELECT run_id, agent, created_at, usage FROM tether_runs WHERE {clause}", params):
             key = {"day": time.strftime("%Y-%m-%d", time.gmtime(created)), "agent": agent, "run": run_id}[by]
@@ -62,7 +63,8 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
             rows.setdefault(key, UsageRow(key)).add(UsageRow(
                 key, runs=1, model_calls=int(u.get("model_calls", 0)), input_tokens=int(u.get("input_tokens", 0)),
                 cached_input_tokens=int(u.get("cached_input_tokens", 0)), output_tokens=int(u.get("output_tokens", 0)),
-                cost_usd=float(u.get("cost_usd", 0.0)), tool_calls=int(u.get("tool_calls", 0))))
+                cost_usd=float(u.get("cost_usd", 0.0)), tool_calls=int(u.get("tool_calls", 0)),
+                tool_errors=errors.get(run_id, 0)))
     else:
         kind = "model_call" if by == "model" else "tool_call"
         seen: dict[str, set[str]] = {}
@@ -77,10 +79,27 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
                 row.add_call(d)
             elif d.get("decision") != "awaiting_approval":  # a parked call has not run (yet)
                 row.tool_calls += 1
-                row.tool_errors += bool(d.get("is_error"))
+                row.tool_errors += _failed(d)
         for key, runs in seen.items():
             rows[key].runs = len(runs)
     return sorted(rows.values(), key=lambda r: (-r.cost_usd, -(r.input_tokens + r.output_tokens), r.key))
+
+
+def _tool_errors(store: RunStore, clause: str, params: dict[str, Any]) -> dict[str, int]:
+    """Failed tool calls per run of those `clause` selects: a run's usage counts its tool calls but not
+    their errors, which only its tool_call events record."""
+    out: dict[str, int] = {}
+    for run_id, data in store._rows(
+            f"SELECT run_id, data FROM tether_events WHERE kind = 'tool_call' AND run_id IN "
+            f"(SELECT run_id FROM tether_runs WHERE {clause})", params):
+        if _failed(_json(data)):
+            out[run_id] = out.get(run_id, 0) + 1
+    return out
+
+
+def _failed(event: dict[str, Any]) -> bool:
+    """Whether a tool_call event records a call that ran and failed (a parked call has not run yet)."""
+    return event.get("decision") != "awaiting_approval" and bool(event.get("is_error"))
 
 
 def run_totals(store: RunStore, run_id: str, through: int | None = None) -> UsageRow:
