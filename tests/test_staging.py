@@ -287,6 +287,6 @@ def test_a_workspace_too_big_to_stage_fails_the_write_not_the_run(ws: Path, stag
     stage = StagedWorkspace.create(ws, "big", root=stages, lazy=True)
     read, write = file_tools(ws, stage=stage)[:2]
     assert read(file_path="README.md") == "# calc\n"
-    with pytest.raises(OperationFailed, match="--no-stage.*nothing was written"):
+    with pytest.raises(OperationFailed, match=r"--no-stage.*nothing was written"):
         write(file_path="new.txt", content="x\n")
     assert not stage.ready and not (ws / "new.txt").exists()
