@@ -28,7 +28,7 @@ from tether.tools._executor import Executor, Policy
 
 if TYPE_CHECKING:
     from tether.policy import ApprovalDecision, ApprovalRequest, Approver
-    from tether.staging import Stage
+    from tether.staging import StagedWorkspace
 
 DEFAULT_MAX_STEPS = 60  # a CLI run's model calls unless --max-steps: a 24-file change fits (library: Limits' 20)
 DEFAULT_MAX_SECONDS = 600.0  # a CLI run's wall-clock limit unless --max-seconds / TETHER_MAX_SECONDS say otherwise
@@ -65,7 +65,7 @@ def workspace_of(opts: RunOptions) -> Path:
 
 def build_tools(spec: str | None, workspace: Path, *, allow_net: bool = False, pass_env: Sequence[str] = (),
                 protect: Sequence[str] = (), readable: Sequence[str] = (),
-                warn: Callable[[str], None] | None = None, stage: Stage | None = None) -> list[Tool]:
+                warn: Callable[[str], None] | None = None, stage: StagedWorkspace | None = None) -> list[Tool]:
     """Tools for a comma list of tool-set names (see TOOL_SETS); duplicates are kept once. `pass_env`,
     `protect` and `readable`: Bash's extra environment variable names, read-only workspace paths and
     host paths it may read; `stage`: the run's staged view the file tools and Bash work in (tether.staging)."""
@@ -167,7 +167,7 @@ def build_model(opts: RunOptions, announce: Callable[[str], None] | None = None)
 
 
 def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None, pause: Pause | None = None,
-                notices: list[str] | None = None, stage: Stage | None = None) -> Agent:
+                notices: list[str] | None = None, stage: StagedWorkspace | None = None) -> Agent:
     """The agent the options describe. Raises CliError with a message for the user. `pause` is
     entered while a person is asked to approve a call (the progress spinner stops meanwhile).
     `notices` collects what the caller should say once the run starts (Bash not sandboxed), so a

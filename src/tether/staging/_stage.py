@@ -302,12 +302,13 @@ class StagedWorkspace:
 
     def _base(self) -> dict[str, list[Any]]:
         """The manifest taken while copying (empty before the copy is made)."""
-        if self._base_cache is None:
+        cached = self._base_cache
+        if cached is None:
             try:
-                self._base_cache = json.loads((self.dir / "made" / "base.json").read_text())["base"]
+                cached = self._base_cache = json.loads((self.dir / "made" / "base.json").read_text())["base"]
             except FileNotFoundError:
                 return {}
-        return self._base_cache
+        return cached
 
     def _save(self) -> None:
         tmp = self.dir / f".stage.{uuid.uuid4().hex[:6]}.json"
