@@ -43,7 +43,7 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-async def wait_dead(pid: int, within: float = 5.0) -> bool:
+async def wait_dead(pid: int, within: float = 30.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not alive(pid):
@@ -66,7 +66,7 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-async def none_left(marker: str, within: float = 5.0) -> bool:
+async def none_left(marker: str, within: float = 30.0) -> bool:  # generous: a busy machine reaps slowly
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not processes_with(marker):
