@@ -32,6 +32,7 @@ from tether.events import ToolCallEnded
 
 if TYPE_CHECKING:
     from tether import Agent
+    from tether._types import RunResult
 
 # Newer typers vendor click, older ones use the click package: find its error classes through a public name.
 UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -67,8 +68,8 @@ def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
         raise CliError(f"cannot write the trace file {opts.trace}: {exc}") from exc
 
 
-def execute(opts: o.RunOptions, prompt: str) -> int:
-    """One run, start to exit code."""
+def execute(opts: o.RunOptions, prompt: str, db: str | None = None) -> int:
+    """One run, start to exit code; recorded in the run store (`db`, else the default) unless --no-store."""
     console = err_console()
     reporter = reporter_for(opts, console)
     try:
@@ -104,7 +105,18 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
     if not shown and any(isinstance(e, ToolCallEnded) and e.name == "Bash" for e in result.events):
         for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
             reporter.announce(line)
-    return report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+    code = report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
+    _record(result, text, opts, db, console)  # after the answer is out: the store never delays it
+    return code
+
+
+def _record(result: RunResult, prompt: str, opts: o.RunOptions, db: str | None, console: Console) -> None:
+    from tether.cli._record import recorder
+
+    keeper = recorder(opts.no_store, db, console)
+    if keeper is not None:
+        keeper.record(result, prompt)
+        keeper.close()
 
 
 def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: Any, console: Console) -> int:
@@ -157,11 +169,17 @@ def execute_chat(opts: o.RunOptions) -> int:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     for line in notices:  # a conversation: said once it starts
         reporter.announce(line)
+    from tether.cli._record import recorder
+
+    keeper = recorder(opts.no_store, None, console)  # each turn is a run of its own in the store
     try:
-        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw)
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw,
+                    on_turn=keeper.record if keeper is not None else None)
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     finally:
+        if keeper is not None:
+            keeper.close()
         if trace is not None:
             trace.close()
         if agent.executor is not None:
@@ -205,6 +223,7 @@ def root(
     mcp: o.Mcp = None,
     compact: o.Compact = False,
     plan: o.Plan = False,
+    no_store: o.NoStore = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -221,7 +240,7 @@ def root(
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet,
-                    output_schema=output_schema, mcp=mcp, compact=compact, plan=plan)
+                    output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_store=no_store)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -263,6 +282,7 @@ def run_command(
     mcp: o.Mcp = None,
     compact: o.Compact = False,
     plan: o.Plan = False,
+    no_store: o.NoStore = False,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -273,7 +293,7 @@ def run_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan))
+        plan=plan, no_store=no_store))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
@@ -281,7 +301,7 @@ def run_command(
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
                                      param_hint="PROMPT")
         prompt = "-"
-    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt, db))
 
 
 @app.command("chat")
@@ -310,13 +330,15 @@ def chat_command(
     quiet: o.Quiet = False,
     mcp: o.Mcp = None,
     compact: o.Compact = False,
+    no_store: o.NoStore = False,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
-        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact))
+        env=env, protect=protect, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
+        no_store=no_store))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

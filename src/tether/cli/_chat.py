@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from rich.markup import escape
@@ -16,7 +17,7 @@ from rich.markup import escape
 from tether._agent import Agent
 from tether._terminal import clean
 from tether._trace import JsonlTraceWriter
-from tether._types import Message
+from tether._types import Message, RunResult
 from tether.cli._progress import EXIT_CANCELLED, EXIT_OK, Reporter
 from tether.cli._runner import report, run_turn
 
@@ -42,8 +43,10 @@ def chat(
     trace: JsonlTraceWriter | None = None,
     stdin: TextIO | None = None,
     raw: bool = False,
+    on_turn: Callable[[RunResult, str], None] | None = None,
 ) -> int:
-    """Run the conversation; returns the exit code of the last turn (0 when there was none)."""
+    """Run the conversation; returns the exit code of the last turn (0 when there was none).
+    `on_turn` gets each turn's result and line once its answer is shown (the run store's record)."""
     stdin = stdin or sys.stdin
     assert stdin is not None, "no standard input"
     interactive = stdin.isatty() and sys.stdout.isatty()
@@ -75,3 +78,5 @@ def chat(
             result = runner.run(run_turn(agent, text, history=history, reporter=reporter, trace=trace))
             history = result.messages
             code = report(result, reporter, as_json=as_json, raw=raw)
+            if on_turn is not None:
+                on_turn(result, text)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from tether.models._resolve import configured_endpoints, local_status
 from tether.store._sql import default_database_path
@@ -69,6 +70,8 @@ def database_check(env: Mapping[str, str]) -> Check:
     try:
         from tether.store._sql import RunStore
 
+        if not configured:  # the default's folder is made on first use (a path given never is)
+            Path(where).parent.mkdir(parents=True, exist_ok=True)
         store = RunStore(where)
         with store.engine.begin() as conn:  # a write: a read-only or full disk shows here
             conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS tether_doctor (x INTEGER)")

@@ -77,6 +77,8 @@ Plan = Annotated[bool, typer.Option(
     "--plan", help="Plan mode: the model writes the whole plan as a program before any tool runs; tether runs it "
     "with every value's sources tracked, reading untrusted text only through a tool-free reader "
     "(docs/plan-mode.md). Needs a model that writes code.")]
+NoStore = Annotated[bool, typer.Option(
+    "--no-store", help="Do not record this run in the run store (`tether runs`); TETHER_STORE=off does the same.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -109,6 +111,7 @@ class RunOptions:
     mcp: Path | None = None
     compact: bool = False
     plan: bool = False
+    no_store: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""
