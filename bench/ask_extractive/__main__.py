@@ -7,6 +7,8 @@ nothing in tether was tuned on it. Reported per variant: the share of answerable
 answer contains the answer text, the share of unanswerable ones answered "not found in the index",
 and seconds per answer (retrieval included, the index build not).
 
+Tuning used only the development set, dev/ (`--dev`: 4 other documents, 25 questions).
+
 Variants: `extractive` (the sentence scorer alone, what `tether ask` does with the tiny model),
 `extractive+choice` (the embedded model picks among the scorer's top 3, its reply held to their
 numbers by a grammar), `pipeline` (the old `ask --pipeline`: one tool-free call of the embedded
@@ -86,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agentic", type=int, default=0, help="run the agentic mode on the first N questions")
     parser.add_argument("--cap", type=float, default=120.0, help="seconds per agentic answer (default 120)")
     parser.add_argument("--k", type=int, default=5, help="passages per question (default 5, as `tether ask`)")
-    parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--dev", action="store_true", help="the development set (dev/: for tuning; never "
+                        "written to results.json)")
+    parser.add_argument("--out", type=Path, help="where to write the JSON (default results.json, none with --dev)")
     args = parser.parse_args(argv)
+    data = HERE / "dev" if args.dev else HERE
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if args.agentic and "agentic" not in variants:
         variants.append("agentic")
-    questions = json.loads((HERE / "questions.json").read_text())
+    questions = json.loads((data / "questions.json").read_text())
 
     os.environ["TETHER_HOME"] = home = tempfile.mkdtemp(prefix="bench-ask-")
     from tether._limits import Limits
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     idx = Index.open(Path(home) / "index")
-    idx.ingest(HERE / "docs")
+    idx.ingest(data / "docs")
     idx.search("warm up", 1)  # the dense encoder loads once, as in one `tether ask` process
     index_seconds = time.perf_counter() - start
 
@@ -132,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "command": "python -m bench.ask_extractive " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "index": {"documents": len(list((HERE / "docs").glob("*.md"))), "retriever": "best",
+        "index": {"documents": len(list((data / "docs").glob("*.md"))), "retriever": "best",
                   "build_seconds": round(index_seconds, 3)},
         "k": k,
         "summary": {name: r["summary"] for name, r in results.items()},
         "variants": results,
     }
-    args.out.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    out_path = args.out or (None if args.dev else HERE / "results.json")
+    if out_path is not None:
+        out_path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(out["summary"], indent=2))
     return 0
 

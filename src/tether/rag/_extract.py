@@ -34,13 +34,30 @@ QUESTION_WORDS = frozenset([
     "can", "could", "would", "should", "has", "have", "had", "were", "its", "tell", "me", "please", "name",
     "called", "kind", "type"])
 QUERY_STOP = STOPWORDS | QUESTION_WORDS
+# The stemmer leaves irregular past forms alone; the common ones, as the verb a question asks with.
+IRREGULAR = {
+    "won": "win", "began": "begin", "begun": "begin", "built": "build", "bought": "buy", "brought": "bring",
+    "came": "come", "chose": "choose", "chosen": "choose", "drew": "draw", "drawn": "draw", "drove": "drive",
+    "driven": "drive", "fell": "fall", "fallen": "fall", "felt": "feel", "found": "find", "flew": "fly",
+    "flown": "fly", "gave": "give", "given": "give", "went": "go", "gone": "go", "grew": "grow", "grown": "grow",
+    "held": "hold", "kept": "keep", "knew": "know", "known": "know", "led": "lead", "left": "leave", "lost": "lose",
+    "made": "make", "meant": "mean", "met": "meet", "paid": "pay", "ran": "run", "rose": "rise", "risen": "rise",
+    "said": "say", "sang": "sing", "sung": "sing", "sat": "sit", "saw": "see", "seen": "see", "sent": "send",
+    "sold": "sell", "shot": "shoot", "spoke": "speak", "spoken": "speak", "spent": "spend", "stood": "stand",
+    "taught": "teach", "thought": "think", "told": "tell", "took": "take", "taken": "take", "wore": "wear",
+    "worn": "wear", "wrote": "write", "written": "write", "fought": "fight", "caught": "catch", "struck": "strike",
+    "sank": "sink", "sunk": "sink", "shook": "shake", "swam": "swim", "threw": "throw", "thrown": "throw",
+}
 SENTENCE_WEIGHT = 0.7  # the rest is the passage's (context the sentence leaves implicit)
 FLOOR = 0.5  # under this share of the question's weight covered: not found
 SECOND_WITHIN = 0.9  # a second sentence is quoted when it scores this close to the best
 QUOTE_CHARS = 400
 
-# A sentence ends at . ! ? (then a space and a capital, digit or quote) or at a line break.
-_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+# A sentence ends at . ! ? (then a space and a capital, digit or quote); a paragraph, a heading or a
+# list item at a line break. Other line breaks are wrapped text, inside a sentence.
+_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
+_BLOCK = re.compile(r"\n\s*\n|\n(?=\s*(?:#{1,6}\s|[-*+]\s|\d+[.)]\s|>))")
+_WORDS = re.compile(r"[a-z]+")
 _MARKUP = re.compile(r"^\s*(?:#{1,6}\s+|[-*+]\s+|\d+[.)]\s+|>\s*)")
 
 
@@ -85,16 +102,21 @@ def split_sentences(text: str) -> list[str]:
     """The sentences and lines of a passage, markup bullets and heading marks removed; pieces of
     fewer than two words left out (a heading alone is context, not an answer)."""
     out = []
-    for piece in _SPLIT.split(text):
-        piece = _MARKUP.sub("", piece or "").strip()
-        if len(piece.split()) >= 2:
-            out.append(" ".join(piece.split()))
+    for block in _BLOCK.split(text):
+        for piece in _SPLIT.split(" ".join(_MARKUP.sub("", block).split())):
+            if len(piece.split()) >= 2:
+                out.append(piece)
     return out
+
+
+def _terms(text: str, stopwords: frozenset[str] = STOPWORDS) -> list[str]:
+    """Stemmed words, irregular past forms brought to their verb ("won" meets "win")."""
+    return stemmed_tokens(_WORDS.sub(lambda m: IRREGULAR.get(m[0], m[0]), text.lower()), stopwords)
 
 
 def question_terms(question: str) -> set[str]:
     """The stemmed words of a question that say what it is about."""
-    return set(stemmed_tokens(question, QUERY_STOP))
+    return set(_terms(question, QUERY_STOP))
 
 
 def score_sentences(question: str, hits: Sequence[Hit]) -> list[Sentence]:
@@ -102,11 +124,13 @@ def score_sentences(question: str, hits: Sequence[Hit]) -> list[Sentence]:
     wanted = question_terms(question)
     pieces: list[tuple[int, str, set[str]]] = []
     contexts: dict[int, set[str]] = {}
+    topics: dict[int, set[str]] = {}
     for n, hit in enumerate(hits, start=1):
         name = PurePath(hit.source).stem.replace("_", " ").replace("-", " ") if hit.source else ""
-        contexts[n] = set(stemmed_tokens(f"{hit.heading} {name} {hit.text}", STOPWORDS))
+        topics[n] = set(_terms(f"{hit.heading} {name}"))
+        contexts[n] = topics[n] | set(_terms(hit.text))
         for sentence in split_sentences(hit.text):
-            pieces.append((n, sentence, set(stemmed_tokens(sentence, STOPWORDS))))
+            pieces.append((n, sentence, set(_terms(sentence))))
     if not wanted or not pieces:
         return []
     total = len(pieces)
@@ -118,7 +142,8 @@ def score_sentences(question: str, hits: Sequence[Hit]) -> list[Sentence]:
     for order, (n, sentence, terms) in enumerate(pieces):
         if not terms - wanted:  # nothing but the question's own words: it cannot hold the answer
             continue
-        covered = sum(weight[t] for t in wanted & terms) / whole
+        # what the passage is about (its heading, its file's name) is what its sentences' "it" means
+        covered = sum(weight[t] for t in wanted & (terms | topics[n])) / whole
         context = sum(weight[t] for t in wanted & contexts[n]) / whole
         score = SENTENCE_WEIGHT * covered + (1 - SENTENCE_WEIGHT) * context
         scored.append((score, -order, Sentence(sentence, n, round(score, 6), round(covered, 6))))
