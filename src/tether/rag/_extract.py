@@ -68,7 +68,7 @@ class Sentence:
     text: str
     passage: int
     score: float
-    covered: float  # the share of the question's weight the sentence itself covers
+    covered: float  # the share of the question's weight the sentence's own words cover (none: no answer)
 
 
 @dataclass(slots=True)
@@ -133,6 +133,7 @@ def score_sentences(question: str, hits: Sequence[Hit]) -> list[Sentence]:
             pieces.append((n, sentence, set(_terms(sentence))))
     if not wanted or not pieces:
         return []
+    asking = set(_terms(" ".join(QUESTION_WORDS)))
     total = len(pieces)
     # rarer among the candidates weighs more; a question word no candidate has weighs most and is
     # never covered, which is what makes "not found" possible
@@ -140,12 +141,15 @@ def score_sentences(question: str, hits: Sequence[Hit]) -> list[Sentence]:
     whole = sum(weight.values())
     scored = []
     for order, (n, sentence, terms) in enumerate(pieces):
-        if not terms - wanted:  # nothing but the question's own words: it cannot hold the answer
+        if not terms - wanted - asking:  # nothing but the question's own words: it cannot hold the answer
             continue
         # what the passage is about (its heading, its file's name) is what its sentences' "it" means
-        covered = sum(weight[t] for t in wanted & (terms | topics[n])) / whole
+        topical = sum(weight[t] for t in wanted & (terms | topics[n])) / whole
         context = sum(weight[t] for t in wanted & contexts[n]) / whole
-        score = SENTENCE_WEIGHT * covered + (1 - SENTENCE_WEIGHT) * context
+        score = SENTENCE_WEIGHT * topical + (1 - SENTENCE_WEIGHT) * context
+        covered = sum(weight[t] for t in wanted & terms) / whole
+        if covered == 0:  # none of the question's words: what it is about alone does not answer
+            continue
         scored.append((score, -order, Sentence(sentence, n, round(score, 6), round(covered, 6))))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return [s for _, _, s in scored]
@@ -160,7 +164,7 @@ def extract_answer(question: str, hits: Sequence[Hit], *, floor: float = FLOOR) 
         return answer
     best = ranked[0]
     answer.quotes.append(best)
-    if len(ranked) > 1 and ranked[1].score >= best.score * SECOND_WITHIN:
+    if len(ranked) > 1 and ranked[1].score >= best.score * SECOND_WITHIN and ranked[1].covered > 0:
         answer.quotes.append(ranked[1])
     return answer
 
@@ -175,7 +179,7 @@ async def achoose(answer: ExtractiveAnswer, model: Model, *, among: int = 3) -> 
     found", the model only chooses."""
     if not answer.found:
         return answer
-    options = [c for c in answer.candidates[:among] if c.score >= FLOOR]
+    options = [c for c in answer.candidates[:among] if c.score >= FLOOR and c.covered > 0]
     if len(options) < 2:
         return answer
     listed = "\n".join(f"{i}. {clip(c.text, QUOTE_CHARS)}" for i, c in enumerate(options, start=1))
