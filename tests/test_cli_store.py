@@ -97,3 +97,39 @@ def test_reading_a_store_that_cannot_be_opened_is_an_error(tmp_path: Path) -> No
         [line] = proc.stderr.strip().splitlines()
         assert line.startswith("tether: cannot open the run store") and "does not exist" in line
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_the_console_shows_cli_runs_to_the_user_of_the_login_name(tmp_path: Path) -> None:
+    import getpass
+    import importlib.util
+    import re
+
+    import pytest
+
+    for module in ("httpx", "dbos", "fastapi", "jinja2"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (tether[serve])")
+    import httpx
+    from test_service import Service
+
+    svc = Service(tmp_path)
+    with FakeOpenAIServer([chat_completion("Quellport")]) as server:
+        env = {**svc.env, "OPENROUTER_API_KEY": "sk-test", "OPENROUTER_BASE_URL": server.base_url}
+        env = {k: v for k, v in env.items() if k not in ("TETHER_DB", "TETHER_STORE", "TETHER_MODEL")}
+        run = tether(["-p", "capital of Zorbania?", "--tools", "none"], cwd=tmp_path, env=env)
+    assert (run.returncode, run.stdout) == (0, "Quellport\n"), run.stderr
+    svc.start()
+    try:
+        key = svc.key(getpass.getuser())["Authorization"].removeprefix("Bearer ")
+        client = httpx.Client(base_url=svc.url, timeout=30)
+        token = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
+        assert token
+        assert client.post("/login", data={"csrf": token.group(1), "key": key}).status_code == 303
+        listing = client.get("/runs")
+        assert listing.status_code == 200 and "capital of Zorbania?" in listing.text
+        run_id = re.search(r'href="/runs/([0-9a-f]{12})"', listing.text)
+        assert run_id
+        page = client.get(f"/runs/{run_id.group(1)}")
+        assert page.status_code == 200 and "Quellport" in page.text
+    finally:
+        svc.stop()
