@@ -32,7 +32,6 @@ from tether.events import ToolCallEnded
 
 if TYPE_CHECKING:
     from tether import Agent
-    from tether._types import RunResult
 
 # Newer typers vendor click, older ones use the click package: find its error classes through a public name.
 UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -83,6 +82,11 @@ def execute(opts: o.RunOptions, prompt: str, db: str | None = None) -> int:
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     if opts.plan:
         return _execute_plan(agent, text, opts, reporter, console)
+    from tether.cli._record import recorder
+
+    keeper = recorder(opts.no_store, db, console)
+    if keeper is not None:
+        keeper.open_soon()
     shown = console.is_terminal or opts.verbose or opts.yes
     if shown:
         # Up front where it can matter: to a person, or with --yes (unconfined commands then run unasked).
@@ -106,17 +110,10 @@ def execute(opts: o.RunOptions, prompt: str, db: str | None = None) -> int:
         for line in notices:  # otherwise once the run asked for Bash: why those calls were refused
             reporter.announce(line)
     code = report(result, reporter, as_json=opts.json, as_output=opts.output_schema is not None, raw=opts.raw)
-    _record(result, text, opts, db, console)  # after the answer is out: the store never delays it
-    return code
-
-
-def _record(result: RunResult, prompt: str, opts: o.RunOptions, db: str | None, console: Console) -> None:
-    from tether.cli._record import recorder
-
-    keeper = recorder(opts.no_store, db, console)
-    if keeper is not None:
-        keeper.record(result, prompt)
+    if keeper is not None:  # after the answer is out: the store never delays it
+        keeper.record(result, text)
         keeper.close()
+    return code
 
 
 def _execute_plan(agent: Agent[Any], text: str, opts: o.RunOptions, reporter: Any, console: Console) -> int:
@@ -172,6 +169,8 @@ def execute_chat(opts: o.RunOptions) -> int:
     from tether.cli._record import recorder
 
     keeper = recorder(opts.no_store, None, console)  # each turn is a run of its own in the store
+    if keeper is not None:
+        keeper.open_soon()
     try:
         return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw,
                     on_turn=keeper.record if keeper is not None else None)

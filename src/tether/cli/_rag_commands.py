@@ -295,7 +295,7 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
             from tether.rag._rerank import RerankedSearch
 
             searchable = RerankedSearch(idx, reranker)
-        if extract or getattr(model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
+        if model is None or getattr(model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
             return _answer_extractively(question, searchable, k, as_json, told=not extract)
         error: str | None = None
         if pipeline:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -45,16 +46,36 @@ class RunRecorder:
         self.console = console
         self.store: RunStore | None = None
         self.failed = False
+        self._opening: threading.Thread | None = None
+        self._open_error: Exception | None = None
+
+    def open_soon(self) -> None:
+        """Open the store on a thread while the run works (importing SQLAlchemy and checking the
+        schema take a few hundred ms), so that only the write is left once the answer is out."""
+        self._opening = threading.Thread(target=self._open, name="tether-run-store", daemon=True)
+        self._opening.start()
+
+    def _open(self) -> None:
+        try:
+            from tether.cli._durable_cmd import database
+            from tether.store import RunStore
+
+            self.store = RunStore(database(self.db))
+        except Exception as exc:  # told when the run is recorded, after its answer
+            self._open_error = exc
 
     def record(self, result: RunResult, prompt: str) -> None:
         if self.failed:  # said once; a chat does not repeat it every turn
             return
         try:
-            if self.store is None:
-                from tether.cli._durable_cmd import database
-                from tether.store import RunStore
-
-                self.store = RunStore(database(self.db))
+            if self._opening is not None:
+                self._opening.join()
+                self._opening = None
+            elif self.store is None and self._open_error is None:
+                self._open()
+            if self._open_error is not None:
+                raise self._open_error
+            assert self.store is not None
             self.store.record_run(result, agent=CLI_AGENT, user=_login(), prompt=prompt)
         except Exception as exc:
             from tether.cli._durable_cmd import error_line
@@ -65,6 +86,9 @@ class RunRecorder:
                                markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
         if self.store is not None:
             self.store.close()
             self.store = None
