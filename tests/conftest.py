@@ -3,7 +3,10 @@ must mean a change broke something, not that a new random example turned up); lo
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 try:
     from hypothesis import settings
@@ -22,6 +25,11 @@ if settings is not None:
 # is a failure: a missing part must not turn a red run green.
 
 import pytest
+
+# Every CLI run is recorded in the run store by default (its default file is under XDG_DATA_HOME):
+# the tests' runs, in process or in a child, go to a throwaway folder, never the user's data dir.
+os.environ["XDG_DATA_HOME"] = _DATA = tempfile.mkdtemp(prefix="tether-tests-data-")
+atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CI_PROVIDES = ("bubblewrap", "bwrap", "TETHER_TEST_POSTGRES", "PostgreSQL", "npm ci", "llama-cpp-python",

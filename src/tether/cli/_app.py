@@ -69,8 +69,8 @@ def open_trace(opts: o.RunOptions) -> JsonlTraceWriter | None:
         raise CliError(f"cannot write the trace file {opts.trace}: {exc}") from exc
 
 
-def execute(opts: o.RunOptions, prompt: str) -> int:
-    """One run, start to exit code."""
+def execute(opts: o.RunOptions, prompt: str, db: str | None = None) -> int:
+    """One run, start to exit code; recorded in the run store (`db`, else the default) unless --no-store."""
     console = err_console()
     reporter = reporter_for(opts, console)
     run_id = new_run_id()
@@ -92,6 +92,11 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
         return _fail(console, "interrupted before the run started", EXIT_CANCELLED)
     if opts.plan:
         return _execute_plan(agent, text, opts, reporter, console)
+    from tether.cli._record import recorder
+
+    keeper = recorder(opts.no_store, db, console)
+    if keeper is not None:
+        keeper.open_soon()
     shown = console.is_terminal or opts.verbose or opts.yes
     if shown:
         # Up front where it can matter: to a person, or with --yes (unconfined commands then run unasked).
@@ -123,6 +128,9 @@ def execute(opts: o.RunOptions, prompt: str) -> int:
               "terminal, with --allow RULE, or --yes. Refused: " + ", ".join(
                   f"{e.name}({_short(e.arguments)})" for e in unasked[:5]))
         code = code or EXIT_UNASKED
+    if keeper is not None:  # after the answer is out: the store never delays it
+        keeper.record(result, text)
+        keeper.close()
     if stage is not None:
         review(stage, opts, console)
     return code
@@ -189,16 +197,24 @@ def execute_chat(opts: o.RunOptions) -> int:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     for line in notices:  # a conversation: said once it starts
         reporter.announce(line)
+    from tether.cli._record import recorder
+
+    keeper = recorder(opts.no_store, None, console)  # each turn is a run of its own in the store
+    if keeper is not None:
+        keeper.open_soon()
 
     def after_turn(interactive: bool) -> None:  # on a terminal, each turn's changes are reviewed after its answer
         if stage is not None and interactive:
             review(stage, opts, console)
 
     try:
-        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw, after_turn=after_turn)
+        return chat(agent, reporter, as_json=opts.json, trace=trace, raw=opts.raw,
+                    on_turn=keeper.record if keeper is not None else None, after_turn=after_turn)
     except KeyboardInterrupt:
         return _fail(console, "interrupted", EXIT_CANCELLED)
     finally:
+        if keeper is not None:
+            keeper.close()
         if trace is not None:
             trace.close()
         if agent.executor is not None:
@@ -248,6 +264,7 @@ def root(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    no_store: o.NoStore = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -265,7 +282,7 @@ def root(
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
-                    apply=apply, allow=allow)
+                    apply=apply, allow=allow, no_store=no_store)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -311,6 +328,7 @@ def run_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    no_store: o.NoStore = False,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -321,7 +339,7 @@ def run_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan, no_stage=no_stage, apply=apply, allow=allow))
+        plan=plan, no_stage=no_stage, apply=apply, allow=allow, no_store=no_store))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
@@ -329,7 +347,7 @@ def run_command(
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
                                      param_hint="PROMPT")
         prompt = "-"
-    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt))
+    raise typer.Exit(durable_cmd.execute_durable(opts, prompt, db) if durable else execute(opts, prompt, db))
 
 
 @app.command("chat")
@@ -362,6 +380,7 @@ def chat_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    no_store: o.NoStore = False,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
@@ -369,7 +388,7 @@ def chat_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
-        no_stage=no_stage, apply=apply, allow=allow))
+        no_stage=no_stage, apply=apply, allow=allow, no_store=no_store))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

@@ -17,7 +17,7 @@ from rich.markup import escape
 from tether._agent import Agent
 from tether._terminal import clean
 from tether._trace import JsonlTraceWriter
-from tether._types import Message
+from tether._types import Message, RunResult
 from tether.cli._progress import EXIT_CANCELLED, EXIT_OK, Reporter
 from tether.cli._runner import report, run_turn
 
@@ -43,10 +43,12 @@ def chat(
     trace: JsonlTraceWriter | None = None,
     stdin: TextIO | None = None,
     raw: bool = False,
+    on_turn: Callable[[RunResult, str], None] | None = None,
     after_turn: Callable[[bool], None] | None = None,
 ) -> int:
     """Run the conversation; returns the exit code of the last turn (0 when there was none).
-    `after_turn(interactive)` runs after each turn's answer (the review of staged changes)."""
+    `on_turn` gets each turn's result and line once its answer is shown (the run store's record);
+    `after_turn(interactive)` runs after that (the review of staged changes)."""
     stdin = stdin or sys.stdin
     assert stdin is not None, "no standard input"
     interactive = stdin.isatty() and sys.stdout.isatty()
@@ -78,5 +80,7 @@ def chat(
             result = runner.run(run_turn(agent, text, history=history, reporter=reporter, trace=trace))
             history = result.messages
             code = report(result, reporter, as_json=as_json, raw=raw)
+            if on_turn is not None:
+                on_turn(result, text)
             if after_turn is not None:
                 after_turn(interactive)

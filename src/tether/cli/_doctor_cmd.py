@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tether.models._resolve import configured_endpoints, local_status
@@ -70,6 +71,8 @@ def database_check(env: Mapping[str, str]) -> Check:
     try:
         from tether.store._sql import RunStore
 
+        if not configured:  # the default's folder is made on first use (a path given never is)
+            Path(where).parent.mkdir(parents=True, exist_ok=True)
         store = RunStore(where)
     except Exception as exc:
         state = "broken" if configured else "missing"

@@ -59,6 +59,13 @@ def error_line(exc: BaseException) -> str:
     return clean(f"{type(shown).__name__}: {first}"[:300])
 
 
+def open_error(exc: BaseException) -> str:
+    """One line for a run store that cannot be opened."""
+    from tether._errors import OperationFailed
+
+    return str(exc) if isinstance(exc, OperationFailed) else f"cannot open the run database: {error_line(exc)}"
+
+
 def _config(opts: o.RunOptions) -> dict[str, Any]:
     """The options a resumed run needs to rebuild its agent (no API key, no trace file)."""
     out: dict[str, Any] = {}
@@ -298,7 +305,7 @@ def runs_cmd(run_id: str | None, events: bool, limit: int, as_json: bool, db: st
     try:
         store = RunStore(database(db))
     except Exception as exc:
-        return _err(f"cannot open the run database: {error_line(exc)}")
+        return _err(open_error(exc))
     try:
         return _show_runs(store, run_id, events, limit, as_json)
     except Exception as exc:  # a corrupt or half-migrated database: one line, not SQLAlchemy's dump
@@ -322,6 +329,8 @@ def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json
         rows = store.runs(limit=limit)
         if as_json:
             print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
+        if not rows and not as_json:
+            print(clean(f"no runs stored in {store.url.removeprefix('sqlite:///').split('@')[-1]}"))
         for r in rows if not as_json else ():
             answer = (r.answer or "").replace("\n", " ")
             steps = r.steps if r.status in FINISHED else run_totals(store, r.run_id).model_calls  # so far
@@ -354,7 +363,7 @@ def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int
     try:
         store = RunStore(database(db))
     except Exception as exc:
-        return _err(f"cannot open the run database: {error_line(exc)}")
+        return _err(open_error(exc))
     try:
         rows = usage_stats(store, by, since=time.time() - days * 86_400 if days else None)
     except Exception as exc:
@@ -420,7 +429,7 @@ def register(app: typer.Typer) -> None:
              days: Annotated[float | None, typer.Option("--days", min=0, help="With `runs stats`: the last N days only.",
                                                         show_default=False)] = None,
              db: Db = None) -> None:
-        """List durable runs, newest first, or show one (with --events, its step events). `tether runs stats`:
+        """List stored runs (every CLI run unless --no-store, durable and service runs), newest first, or show one (with --events, its step events). `tether runs stats`:
         tokens and cost per day, agent, model, tool or run (--by)."""
         if run_id == "stats":
             raise typer.Exit(stats_cmd(by, days, json_out, db))

@@ -92,6 +92,8 @@ Allow = Annotated[list[str] | None, typer.Option(
     "--allow", help="Approve calls matching RULE for this run without asking, e.g. 'Bash(pytest *)' or "
     "'Bash(git status)' (a shell-style pattern over the command). Repeat for more.", metavar="RULE",
     show_default=False)]
+NoStore = Annotated[bool, typer.Option(
+    "--no-store", help="Do not record this run in the run store (`tether runs`); TETHER_STORE=off does the same.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 
 
@@ -128,6 +130,7 @@ class RunOptions:
     no_stage: bool = False
     apply: bool = False
     allow: tuple[str, ...] | None = None
+    no_store: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

@@ -212,13 +212,19 @@ def _reranker(spec: str | None, model_spec: str | None, max_tokens: int | None):
     return CrossEncoderReranker(spec)
 
 
-def _resolve(model_spec: str | None):
+def _resolve(model_spec: str | None, brief_if_tiny: bool = False):
+    """The model the spec (or the environment) names; its notices on stderr (with `brief_if_tiny`,
+    only the first for the embedded model: its paragraph on agent work does not apply)."""
     from tether.models._resolve import resolve_model
 
+    said: list[str] = []
     try:
-        return resolve_model(model_spec, announce=lambda m: _err(m.removeprefix("tether: ")))
+        model = resolve_model(model_spec, announce=lambda m: said.append(m.removeprefix("tether: ")))
     except Exception as exc:  # configuration errors: name them plainly
         raise CommandError(f"cannot set up the model: {exc}") from exc
+    for line in said[:1] if brief_if_tiny and getattr(model, "tiny", False) else said:
+        _err(line)
+    return model
 
 
 @_exit_codes
@@ -273,24 +279,33 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
 
 @_exit_codes
 def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k: int, as_json: bool,
-            rerank: str | None = None, max_tokens: int | None = None) -> int:
+            rerank: str | None = None, max_tokens: int | None = None, extract: bool = False) -> int:
+    from tether.context import ContextOverflow
+    from tether.models._base import ModelError
     from tether.rag._answer import agentic
     from tether.rag._answer import pipeline as run_pipeline
 
     if not question.strip():
         raise CommandError("the question is empty")
     with _open_existing(index) as idx:
-        model = _resolve(model_spec)
+        model = None if extract else _resolve(model_spec, brief_if_tiny=True)
         searchable: Any = idx
         reranker = _reranker(rerank, model_spec, max_tokens) if rerank else None
         if reranker is not None:
             from tether.rag._rerank import RerankedSearch
 
             searchable = RerankedSearch(idx, reranker)
+        if model is None or getattr(model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
+            return _answer_extractively(question, searchable, k, as_json, told=not extract)
         error: str | None = None
         if pipeline:
-            out = run_pipeline(question, searchable, model, k=k)
-            answer, status, hits = out.answer, "completed", out.hits
+            try:
+                out = run_pipeline(question, searchable, model, k=k)
+                answer, status, hits = out.answer, "completed", out.hits
+            except (ContextOverflow, ModelError) as exc:  # over the window: a stop, as in the agentic mode
+                if isinstance(exc, ModelError) and "context" not in str(exc).lower():
+                    raise
+                answer, status, hits, error = "", "error", [], f"{type(exc).__name__}: {exc}"
         else:
             result = agentic(question, searchable, model, k=k)
             answer, status, hits, error = result.answer, result.stop_reason.value, [], result.error
@@ -304,6 +319,24 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
     elif answer.strip():
         print(clean(answer))
     return EXIT_OK if status == "completed" else EXIT_STOPPED
+
+
+def _answer_extractively(question: str, searchable: Any, k: int, as_json: bool, told: bool) -> int:
+    """The sentences of the top passages that best answer, quoted with their sources; no model call."""
+    from tether.rag._extract import extract_answer
+
+    if told and not as_json:
+        _err("the embedded model cannot write answers from passages: quoting the sentences that answer "
+             "(--model for a capable one)")
+    answer = extract_answer(question, searchable.search(question, k))
+    if as_json:
+        print(json.dumps({"answer": answer.text(), "stop_reason": "completed", "found": answer.found, "quotes": [
+            {"text": q.text, "passage": q.passage, "source": answer.hits[q.passage - 1].source, "score": q.score}
+            for q in answer.quotes], "passages": [{"id": h.id, "source": h.source, "score": h.score}
+                                                  for h in answer.hits]}))
+    else:
+        print(clean(answer.text(_shown_source)))
+    return EXIT_OK
 
 
 @_exit_codes
@@ -402,9 +435,12 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
         rerank: RerankOption = None,
         max_tokens: Annotated[int | None, typer.Option(help="Token budget for --rerank llm.", min=1)] = None,
+        extract: Annotated[bool, typer.Option("--extract", help="Quote the sentences of the passages that best "
+                                              "answer, with no model call (what the embedded model does).")] = False,
     ) -> None:
-        """Answer a question from an index, citing passages like [2]."""
-        raise typer.Exit(ask_cmd(question, index, pipeline, model, k, as_json, rerank, max_tokens))
+        """Answer a question from an index, citing passages like [2]. With the embedded model (or --extract):
+        the sentences that best answer, quoted with their sources, or "not found in the index"."""
+        raise typer.Exit(ask_cmd(question, index, pipeline, model, k, as_json, rerank, max_tokens, extract))
 
     @app.command("eval-retrieval")
     def eval_retrieval(

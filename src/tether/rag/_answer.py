@@ -9,6 +9,7 @@ from typing import Any
 
 from tether._limits import Limits
 from tether._types import ModelReply, ModelRequest, RunResult
+from tether.context import ContextOverflow
 from tether.models._base import Model
 from tether.rag._base import Hit
 from tether.rag._prompt import AGENT_INSTRUCTIONS, build_messages
@@ -25,7 +26,8 @@ class PipelineAnswer:
 async def apipeline(question: str, index: Searchable, model: Model, *, k: int = 5,
                     max_output_tokens: int | None = 512) -> PipelineAnswer:
     """Retrieve the top `k` passages, then ask the model once, without tools. With a model that
-    knows its context window, the last passages are left out until the prompt and the reply fit."""
+    knows its context window, the last passages are left out until the prompt and the reply fit;
+    ContextOverflow when even one does not."""
     hits = index.search(question, k)
     messages = build_messages(question, hits)
     window = getattr(model, "context_window", None)
@@ -34,9 +36,17 @@ async def apipeline(question: str, index: Searchable, model: Model, *, k: int = 
 
         counter = counter_for(model.name)
         room = window - (max_output_tokens or 512)
-        while len(hits) > 1 and sum(message_tokens(counter, m) for m in messages) > room * 0.9:
+
+        def needed() -> int:
+            return sum(message_tokens(counter, m) for m in messages)
+
+        while len(hits) > 1 and needed() > room * 0.9:
             hits = hits[:-1]  # the estimate may be off by a little: keep a tenth in reserve
             messages = build_messages(question, hits)
+        if needed() > room:  # even the question and one passage: the model would refuse the request
+            raise ContextOverflow(f"the question and {'one passage' if hits else 'its prompt'} need about "
+                                  f"{needed()} tokens, over the {room} that {model.name}'s context window of {window} "
+                                  f"leaves beside the reply; ask a shorter question")
     request = ModelRequest(messages, max_output_tokens=max_output_tokens, temperature=0.0)
     reply = await model.complete(request)
     return PipelineAnswer(reply.text.strip(), hits, reply)

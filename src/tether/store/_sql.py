@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from tether._errors import OperationFailed
 from tether._types import RunResult, RunState, to_json, to_jsonable
 from tether.events import TraceEvent
 from tether.store._migrations import migrate
@@ -33,15 +34,17 @@ def default_database_path(env: Mapping[str, str] | None = None) -> Path:
 
 def engine_url(where: str | os.PathLike[str] | None) -> str:
     """A database URL from a path, a `sqlite://`/`postgresql://` URL, or None (the default file)."""
-    if where is None:
-        where = default_database_path()
-    text = os.fspath(where)
+    where = os.fspath(default_database_path()) if where is None else os.fspath(where)
+    text = where
     if text.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + text.split("://", 1)[1]
     if "://" in text:
         return text
     path = Path(text).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if where == os.fspath(default_database_path()):
+        path.parent.mkdir(parents=True, exist_ok=True)  # the default's folder is ours to make
+    elif not path.parent.is_dir():  # a typo in a path given should not quietly make a new, empty store
+        raise OperationFailed(f"cannot open the run store {text}: the directory {path.parent} does not exist")
     return f"sqlite:///{path.resolve()}"
 
 
@@ -159,18 +162,34 @@ class RunStore:
         """The run's outcome, its final state and its events (all but the first `stored_events`,
         which `add_events` wrote already; the first of the trace is seq `first_seq`), in one
         transaction."""
-        status = "awaiting_approval" if result.stop_reason.value == "awaiting_approval" else (
-            "completed" if result.completed else "cancelled" if result.stop_reason.value == "cancelled"
-            else "stopped" if result.stop_reason.value != "error" else "error")
         with self.engine.begin() as conn:
+            self._finish(conn, result, _status(result), stored_events, first_seq)
+
+    def record_run(self, result: RunResult, *, agent: str, user: str | None, prompt: str,
+                   config: dict[str, Any] | None = None) -> None:
+        """A finished in-memory run (`tether -p`): its row, outcome, state and events in one
+        transaction, written once it ended (nothing on its per-step path). Nothing can resume it, so
+        a run that stopped awaiting an approval is stored as `stopped`."""
+        status = _status(result)
+        with self.engine.begin() as conn:
+            now = time.time()
             conn.execute(sa.text(
-                "UPDATE tether_runs SET status = :s, stop_reason = :sr, error = :e, answer = :a, usage = :u,"
-                " steps = :n, pending = NULL, state = :st, findings = :f, updated_at = :t WHERE run_id = :r"),
-                {"s": status, "sr": result.stop_reason.value, "e": result.error, "a": result.answer,
-                 "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
-                 "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
-                 "r": result.run_id})
-            self._events(conn, result.run_id, _without_text(result.trace)[stored_events:], first_seq + stored_events)
+                "INSERT INTO tether_runs (run_id, agent, user_id, status, prompt, usage, config, created_at,"
+                " updated_at) VALUES (:r, :a, :u, 'pending', :p, '{}', :c, :t, :t)"),
+                {"r": result.run_id, "a": agent, "u": user, "p": prompt, "c": json.dumps(config) if config else None,
+                 "t": now})
+            self._finish(conn, result, "stopped" if status == "awaiting_approval" else status, 0, 0)
+
+    def _finish(self, conn: sa.Connection, result: RunResult, status: str, stored_events: int,
+                first_seq: int) -> None:
+        conn.execute(sa.text(
+            "UPDATE tether_runs SET status = :s, stop_reason = :sr, error = :e, answer = :a, usage = :u,"
+            " steps = :n, pending = NULL, state = :st, findings = :f, updated_at = :t WHERE run_id = :r"),
+            {"s": status, "sr": result.stop_reason.value, "e": result.error, "a": result.answer,
+             "u": to_json(result.usage), "n": result.steps, "f": json.dumps(list(result.findings)),
+             "st": result.state.to_json() if result.state is not None else None, "t": time.time(),
+             "r": result.run_id})
+        self._events(conn, result.run_id, _without_text(result.trace)[stored_events:], first_seq + stored_events)
 
     def add_events(self, run_id: str, events: list[TraceEvent], first_seq: int) -> None:
         """Events `first_seq`.. of a run (a replay writing them again changes nothing)."""
@@ -294,6 +313,15 @@ class StoreIdempotency:
     def put(self, key: str, value: str) -> None:
         self.store._write("INSERT INTO tether_idempotency (key, value, created_at) VALUES (:k, :v, :t)"
                           " ON CONFLICT DO NOTHING", {"k": key, "v": value, "t": time.time()})
+
+
+def _status(result: RunResult) -> str:
+    """The run row's status for how the run ended."""
+    reason = result.stop_reason.value
+    if reason == "awaiting_approval":
+        return reason
+    return "completed" if result.completed else "cancelled" if reason == "cancelled" else \
+        "error" if reason == "error" else "stopped"
 
 
 def _row(r: Any) -> RunRow:
