@@ -10,6 +10,8 @@ a tool or a model does here raises into the loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import types
 from collections.abc import Awaitable, Callable, Generator, Iterable
@@ -20,6 +22,7 @@ from typing import Any, Literal, Protocol
 from tether._errors import AwaitingApproval, InvalidInput, InvalidType
 from tether._types import ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
+from tether.tools._context import CancelSignal
 from tether.tools._results import (
     DEFAULT_MAX_RESULT_CHARS,
     HANDLES_KEY,
@@ -201,8 +204,25 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+class ToolCancelled(asyncio.CancelledError):
+    """A call cancelled while it ran (or before its tool started): still a cancellation, carrying the
+    call's truthful answer in `result` (finished after the cancel, stopped, not run, or left running)."""
+
+    def __init__(self, result: ToolResult) -> None:
+        super().__init__(result.content)
+        self.result = result
+
+
+CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled sync tool's thread may take to end and be reported
+
+
 class Executor:
-    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop."""
+    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop.
+
+    A cancelled call raises `ToolCancelled` (an `asyncio.CancelledError`) carrying its answer: an async
+    tool is cancelled the asyncio way; a sync tool's `ToolContext.cancel_event` is set and its thread is
+    given `cancel_grace` seconds to end, after which it is reported as left running.
+    """
 
     def __init__(
         self,
@@ -214,7 +234,9 @@ class Executor:
         default_timeout: float | None = 120.0,
         max_workers: int = 8,
         read_result: bool = True,
+        cancel_grace: float = CANCEL_GRACE_SECONDS,
     ) -> None:
+        self.cancel_grace = cancel_grace
         self.results: Results = results if results is not None else ResultStore()
         self.max_result_chars = max_result_chars
         self.default_timeout = default_timeout
@@ -309,6 +331,9 @@ class Executor:
                 return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
+        except asyncio.CancelledError:  # e.g. while a person was being asked
+            raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                                            "cancelled")) from None
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", "refused:policy_error")
@@ -319,12 +344,31 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
-            result = await self._run(tool, args, call, ctx, index)
-        else:
-            result = await step(functools.partial(self._run, tool, args, call, ctx, index))
+        cancelled: list[tuple[ToolResult, bool]] = []  # filled by _run when the call is cancelled
+        try:
+            if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
+                result = await self._run(tool, args, call, ctx, index, cancelled)
+            else:
+                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled))
+        except asyncio.CancelledError:
+            if cancelled:
+                answer, ended = cancelled[0]
+                answer = self._checked(tool, call, answer, verdict.decision, ctx)
+                if ended:  # said after the policy's check, which may rewrite the content
+                    answer.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
+                                      f"{answer.content.removeprefix('ERROR: ')}" if answer.is_error else
+                                      f"'{call.name}' finished after it was cancelled: {answer.content}")
+                raise ToolCancelled(answer) from None
+            if step is _direct:  # _run did not start the tool
+                raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
+                                                "started", "cancelled")) from None
+            raise  # cancelled in the step runner: whether the tool ran is not known here
+        return self._checked(tool, call, result, verdict.decision, ctx)
+
+    def _checked(self, tool: Tool, call: ToolCall, result: ToolResult, decision: str, ctx: CallContext) -> ToolResult:
+        """A result as the model sees it: labelled with the policy's decision and checked by its after-hook."""
         if not result.is_error:
-            result.decision = verdict.decision
+            result.decision = decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
             ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         try:
@@ -333,17 +377,23 @@ class Executor:
             return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                f"{type(exc).__name__}: {exc}", "withheld:policy_error")
 
-    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int) -> ToolResult:
+    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int,
+                   cancelled: list[tuple[ToolResult, bool]] | None = None) -> ToolResult:
+        """Run the tool itself, bounded by its timeout. When the call is cancelled, its answer (and
+        whether the tool ran to its end) goes into `cancelled` before the cancellation goes on."""
+        signal: CancelSignal | None = None
         if tool.context_param is not None:
             args = dict(args)
+            signal = CancelSignal()
             # run_id:step:index, not call.id: call ids are only unique within one reply
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
-                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra,
+                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
             timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
+        future: concurrent.futures.Future[Any] | None = None
         try:
             if tool.is_async:
                 work = tool.fn(**args)
@@ -366,13 +416,15 @@ class Executor:
                     async with asyncio.timeout(timeout):
                         value = await work
             else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
+                future = self._pool.submit(functools.partial(tool.fn, **args))
                 # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
                 async with asyncio.timeout(timeout):
-                    if self._pool is None:
-                        self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
-                    value = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, functools.partial(tool.fn, **args))
+                    value = await asyncio.wrap_future(future)
         except TimeoutError:
+            if signal is not None:
+                signal.set()  # abandoned, but a tool that watches its context can still stop
             if not tool.is_async:
                 self._abandon_pool()
             return self._error(
@@ -380,12 +432,48 @@ class Executor:
                 "request or another approach.", "timeout",
             )
         except asyncio.CancelledError:
+            if signal is not None:
+                signal.set()
+            if cancelled is not None:
+                cancelled.append(await self._after_cancel(tool, call, ctx, future))
             raise
         except AwaitingApproval as exc:  # its work waits for a person (a sub-agent parked on an approval)
             return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision="awaiting_approval",
                               parked=exc.parked)
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
+        return self._result(tool, call, ctx, value)
+
+    async def _after_cancel(self, tool: Tool, call: ToolCall, ctx: CallContext,
+                            future: concurrent.futures.Future[Any] | None) -> tuple[ToolResult, bool]:
+        """A cancelled call's answer and whether its tool ran to its end. An async tool was stopped where
+        it was awaiting; a sync tool's thread cannot be stopped, so it is given `cancel_grace` seconds
+        (its context's cancel signal is set) and reported as it ended: its result, or left running."""
+        if future is None:
+            return self._error(call, f"'{call.name}' was cancelled while it ran and was stopped before it "
+                               "finished", "cancelled"), False
+        if future.cancel():  # still queued for a worker thread
+            return self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                               "cancelled"), False
+        if not future.done():
+            ending = asyncio.wrap_future(future)
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting (the first goes on)
+                await asyncio.wait({ending}, timeout=self.cancel_grace)
+            if not ending.cancel():  # done: its outcome is read from `future` below
+                ending.exception()
+        if not future.done():
+            self._abandon_pool()  # its thread stays busy: the next calls get fresh workers
+            return self._error(call, f"'{call.name}' was cancelled while it ran and did not stop within "
+                               f"{self.cancel_grace:g} s: it was left running and may still take effect",
+                               "cancelled"), False
+        try:
+            value = future.result()
+        except BaseException as exc:  # whatever the tool raised is its answer
+            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed"), True
+        return self._result(tool, call, ctx, value), True
+
+    def _result(self, tool: Tool, call: ToolCall, ctx: CallContext, value: Any) -> ToolResult:
+        """A tool's return value as a result: shaped into text and capped (the full text under a handle)."""
         untrusted = None
         if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
