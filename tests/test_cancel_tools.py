@@ -8,6 +8,7 @@ waits on a clock here only catch hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -263,3 +264,30 @@ def test_run_process_timeout_and_a_missing_program_are_clear_errors(tmp_path: Pa
     ctx.cancel_event.set()
     with pytest.raises(OperationFailed, match="not started: the call was cancelled"):
         run_process(["true"], ctx)
+
+
+async def test_an_async_tool_that_ignores_its_cancellation_is_abandoned_and_said_to_be_unknown() -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def stubborn(x: int) -> str:
+        """Swallows its cancellation and waits for the test."""
+        entered.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+        return "late"
+
+    token = CancelToken()
+    task = asyncio.create_task(agent_for([stubborn], [call("stubborn", x=1)], cancel_grace=0.01).arun(
+        "go", cancel=token))
+    await entered.wait()
+    token.cancel()
+    try:
+        result = await asyncio.wait_for(task, HANG)  # not held up by the tool: it is abandoned
+    finally:
+        release.set()
+    assert result.stop_reason is StopReason.CANCELLED
+    [answer] = tool_messages(result)
+    assert answer.content == ("ERROR: not finished: the run was cancelled while it ran (whether it took effect "
+                              "is not known)")

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -372,7 +372,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     direct = type(spec.step_runner) is DirectStepRunner
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
-    under_way: set[int] = set()  # the calls of the turn given to the executor (an unanswered one may have run)
+    under_way: list[bool] = []  # which of them were given to the executor (an unanswered one may have run)
     deadline = _Deadline(budget.remaining_seconds())
     # Token and cost ceilings: each call is sized and its output capped before it is sent.
     lim = spec.limits
@@ -461,8 +461,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 stop = StopReason.COMPLETED
                 break
             calls = reply.tool_calls
-            results: list[ToolResult | None] = [None] * len(calls)
+            results: list[ToolResult | None] = [None] * (n := len(calls))
             pending = results  # (read by the cleanup below if this turn is interrupted)
+            under_way = [False] * n
 
             # 4. Never run a tool whose result no model call would read.
             stop = budget.exceeded()
@@ -475,7 +476,6 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            under_way = set()
             work = _run_tools(spec, calls, results, ctx, budget, loops, emit, under_way)
             stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
             _answer_turn(messages, calls, results, "not run: the run is stopping")
@@ -591,7 +591,7 @@ async def _with_cancel(spec: RunSpec, work: Awaitable[T], grace: float | None = 
 ABANDON_SECONDS = 1.0  # past the executor's grace: work that ignores its cancellation is abandoned
 
 
-async def _let_end(tasks: list[asyncio.Future[Any]], grace: float) -> None:
+async def _let_end(tasks: Sequence[asyncio.Future[Any]], grace: float) -> None:
     """Wait for cancelled work to end, so every call gets its answer (a sync tool's thread is given
     the executor's `grace`); work still running `ABANDON_SECONDS` later ignored its cancellation."""
     running = [t for t in tasks if not t.done()]
@@ -613,11 +613,11 @@ async def _run_tools(
     budget: Budget,
     loops: LoopDetector,
     emit: Callable[..., None],
-    under_way: set[int],
+    under_way: list[bool],
 ) -> StopReason | None:
     """Apply the per-call guards, run what may run (concurrently, bounded); `results[i]` is filled
     in place as call `i` finishes (or is cancelled: `ToolCancelled` carries its answer), so an
-    interrupted turn keeps what came back; `under_way` gets each call given to the executor."""
+    interrupted turn keeps what came back; `under_way[i]` is set once call `i` is given to the executor."""
     stop: StopReason | None = None
     to_run: list[int] = []
     left = budget.tool_calls_left()
@@ -648,7 +648,7 @@ async def _run_tools(
         call = calls[i]
         started = budget.elapsed()
         emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=i))
-        under_way.add(i)
+        under_way[i] = True
         try:
             if direct:
                 result = await spec.executor.execute(call, ctx, i)
@@ -945,14 +945,14 @@ def _task_state(context: ContextBuilder) -> dict | None:
 
 
 def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str,
-                 under_way: Container[int] = (), why_under_way: str = "") -> None:
+                 under_way: Sequence[bool] = (), why_under_way: str = "") -> None:
     """Append one tool message per call, in call order: its result, or an error saying `why` there is none
-    (`why_under_way` for a call in `under_way`), so the transcript stays valid for every provider."""
+    (`why_under_way` for a call marked in `under_way`), so the transcript stays valid for every provider."""
     for i, (call, result) in enumerate(zip(calls, results, strict=True)):
         if result is not None:
             messages.append(result.to_message())
         else:
-            text = why_under_way if i in under_way else why
+            text = why_under_way if i < len(under_way) and under_way[i] else why
             messages.append(Message("tool", f"ERROR: {text}", tool_call_id=call.id, name=call.name))
 
 

@@ -213,6 +213,7 @@ class ToolCancelled(asyncio.CancelledError):
         self.result = result
 
 
+_NOT_ENDED = object()  # a cancelled sync tool's thread did not end within the grace
 CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled sync tool's thread may take to end and be reported
 
 
@@ -290,6 +291,30 @@ class Executor:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    async def _late(self, call: ToolCall, future: concurrent.futures.Future[Any],
+                    cancelled: list[ToolResult | None]) -> Any:
+        """After a sync call was cancelled (its context's signal set): its tool's value, or the exception
+        it raised, if its thread ends within `cancel_grace` seconds (noted None: that result is late);
+        otherwise `_NOT_ENDED`, its answer noted (not run, or left running)."""
+        if future.cancel():  # still queued for a worker thread
+            cancelled.append(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                                         "cancelled"))
+            return _NOT_ENDED
+        if not future.done():
+            ending = asyncio.wrap_future(future)
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting (the first goes on)
+                await asyncio.wait({ending}, timeout=self.cancel_grace)
+            if not ending.cancel():  # done: its outcome is read from `future` below
+                ending.exception()
+        if not future.done():
+            self._abandon_pool()  # its thread stays busy: the next calls get fresh workers
+            cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and did not stop within "
+                                         f"{self.cancel_grace:g} s: it was left running and may still take effect",
+                                         "cancelled"))
+            return _NOT_ENDED
+        cancelled.append(None)
+        return future.result()
+
     def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
         return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
                           decision=decision)
@@ -344,43 +369,42 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        cancelled: list[tuple[ToolResult, bool]] = []  # filled by _run when the call is cancelled
+        # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
+        # returns is late), else the answer of a call that did not finish
+        cancelled: list[ToolResult | None] = []
         try:
             if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
                 result = await self._run(tool, args, call, ctx, index, cancelled)
             else:
                 result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled))
         except asyncio.CancelledError:
-            if cancelled:
-                answer, ended = cancelled[0]
-                answer = self._checked(tool, call, answer, verdict.decision, ctx)
-                if ended:  # said after the policy's check, which may rewrite the content
-                    answer.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
-                                      f"{answer.content.removeprefix('ERROR: ')}" if answer.is_error else
-                                      f"'{call.name}' finished after it was cancelled: {answer.content}")
-                raise ToolCancelled(answer) from None
+            if cancelled and cancelled[0] is not None:
+                raise ToolCancelled(cancelled[0]) from None
             if step is _direct:  # _run did not start the tool
                 raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
                                                 "started", "cancelled")) from None
             raise  # cancelled in the step runner: whether the tool ran is not known here
-        return self._checked(tool, call, result, verdict.decision, ctx)
-
-    def _checked(self, tool: Tool, call: ToolCall, result: ToolResult, decision: str, ctx: CallContext) -> ToolResult:
-        """A result as the model sees it: labelled with the policy's decision and checked by its after-hook."""
         if not result.is_error:
-            result.decision = decision
+            result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
             ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         try:
-            return self.policy.after_call(tool, result, ctx)
+            result = self.policy.after_call(tool, result, ctx)
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
-            return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
-                               f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+            result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
+                                 f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
+            result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
+                              f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
+                              f"'{call.name}' finished after it was cancelled: {result.content}")
+            raise ToolCancelled(result)
+        return result
 
     async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int,
-                   cancelled: list[tuple[ToolResult, bool]] | None = None) -> ToolResult:
-        """Run the tool itself, bounded by its timeout. When the call is cancelled, its answer (and
-        whether the tool ran to its end) goes into `cancelled` before the cancellation goes on."""
+                   cancelled: list[ToolResult | None] | None = None) -> ToolResult:
+        """Run the tool itself, bounded by its timeout. A cancelled call is noted in `cancelled`: a sync
+        tool whose thread ends within the grace returns its (late) result, noted None; otherwise the
+        call's answer is noted and the cancellation goes on."""
         signal: CancelSignal | None = None
         if tool.context_param is not None:
             args = dict(args)
@@ -393,7 +417,6 @@ class Executor:
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
             timeout = ctx.seconds_left if timeout is None else min(timeout, ctx.seconds_left)
-        future: concurrent.futures.Future[Any] | None = None
         try:
             if tool.is_async:
                 work = tool.fn(**args)
@@ -419,9 +442,18 @@ class Executor:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
                 future = self._pool.submit(functools.partial(tool.fn, **args))
-                # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
-                async with asyncio.timeout(timeout):
-                    value = await asyncio.wrap_future(future)
+                try:
+                    # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
+                    async with asyncio.timeout(timeout):
+                        value = await asyncio.wrap_future(future)
+                except asyncio.CancelledError:  # not the timeout's own: that one leaves as TimeoutError
+                    if signal is not None:
+                        signal.set()
+                    if cancelled is None:
+                        raise
+                    value = await self._late(call, future, cancelled)
+                    if value is _NOT_ENDED:
+                        raise
         except TimeoutError:
             if signal is not None:
                 signal.set()  # abandoned, but a tool that watches its context can still stop
@@ -432,48 +464,18 @@ class Executor:
                 "request or another approach.", "timeout",
             )
         except asyncio.CancelledError:
-            if signal is not None:
-                signal.set()
-            if cancelled is not None:
-                cancelled.append(await self._after_cancel(tool, call, ctx, future))
+            if tool.is_async:  # (a sync call's cancellation was handled where it waited)
+                if signal is not None:
+                    signal.set()
+                if cancelled is not None:
+                    cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and was stopped "
+                                                 "before it finished", "cancelled"))
             raise
         except AwaitingApproval as exc:  # its work waits for a person (a sub-agent parked on an approval)
             return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision="awaiting_approval",
                               parked=exc.parked)
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
-        return self._result(tool, call, ctx, value)
-
-    async def _after_cancel(self, tool: Tool, call: ToolCall, ctx: CallContext,
-                            future: concurrent.futures.Future[Any] | None) -> tuple[ToolResult, bool]:
-        """A cancelled call's answer and whether its tool ran to its end. An async tool was stopped where
-        it was awaiting; a sync tool's thread cannot be stopped, so it is given `cancel_grace` seconds
-        (its context's cancel signal is set) and reported as it ended: its result, or left running."""
-        if future is None:
-            return self._error(call, f"'{call.name}' was cancelled while it ran and was stopped before it "
-                               "finished", "cancelled"), False
-        if future.cancel():  # still queued for a worker thread
-            return self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
-                               "cancelled"), False
-        if not future.done():
-            ending = asyncio.wrap_future(future)
-            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting (the first goes on)
-                await asyncio.wait({ending}, timeout=self.cancel_grace)
-            if not ending.cancel():  # done: its outcome is read from `future` below
-                ending.exception()
-        if not future.done():
-            self._abandon_pool()  # its thread stays busy: the next calls get fresh workers
-            return self._error(call, f"'{call.name}' was cancelled while it ran and did not stop within "
-                               f"{self.cancel_grace:g} s: it was left running and may still take effect",
-                               "cancelled"), False
-        try:
-            value = future.result()
-        except BaseException as exc:  # whatever the tool raised is its answer
-            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed"), True
-        return self._result(tool, call, ctx, value), True
-
-    def _result(self, tool: Tool, call: ToolCall, ctx: CallContext, value: Any) -> ToolResult:
-        """A tool's return value as a result: shaped into text and capped (the full text under a handle)."""
         untrusted = None
         if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
