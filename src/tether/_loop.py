@@ -565,8 +565,8 @@ async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[...
 
 async def _with_cancel(spec: RunSpec, work: Awaitable[T], grace: float | None = None) -> T:
     """Await `work`, abandoning (cancelling) it if the run is cancelled meanwhile. With `grace` (a
-    turn's tools), the cancelled work is awaited until it ends, so each call's answer says what
-    happened (a sync tool gets its cancel signal and `grace` seconds to finish)."""
+    turn's tools), the cancelled work is awaited until it ends (a bounded wait, see `_let_end`), so
+    each call's answer says what happened (a sync tool gets its cancel signal and `grace` seconds)."""
     if spec.cancel is None:
         return await work
     task = asyncio.ensure_future(work)
@@ -678,11 +678,12 @@ async def _run_tools(
         tasks = [asyncio.ensure_future(bounded(i)) for i in to_run]
         try:
             await asyncio.gather(*tasks)
-        finally:  # one failed (or the turn was cancelled): stop the others too, and let each answer
+        except BaseException:  # one failed (or the turn was cancelled): stop the others too, and let each answer
             for task in tasks:
                 if not task.cancelling():  # once: a second cancel cuts a sync tool's grace short
                     task.cancel()
             await _let_end(tasks, spec.executor.cancel_grace)
+            raise
     budget.usage.tool_calls += len(to_run)
 
     # Calls that await approval, one at a time in call order (a durable run parks here, holding no
