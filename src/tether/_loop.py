@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -59,7 +59,7 @@ from tether.events import (
 )
 from tether.models._base import Model
 from tether.models._pricing import Pricing, charge, require_prices
-from tether.tools._executor import Bound, CallContext, Executor, Policy, PolicyBound, ToolStepFn
+from tether.tools._executor import Bound, CallContext, Executor, Policy, PolicyBound, ToolCancelled, ToolStepFn
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
@@ -380,6 +380,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     direct = type(spec.step_runner) is DirectStepRunner
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
     pending: list[ToolResult | None] | None = None  # their results while they run
+    under_way: list[bool] = []  # which of them were given to the executor (an unanswered one may have run)
     deadline = _Deadline(budget.remaining_seconds())
     # Token and cost ceilings: each call is sized and its output capped before it is sent.
     lim = spec.limits
@@ -476,8 +477,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 stop = StopReason.COMPLETED
                 break
             calls = reply.tool_calls
-            results: list[ToolResult | None] = [None] * len(calls)
+            results: list[ToolResult | None] = [None] * (n := len(calls))
             pending = results  # (read by the cleanup below if this turn is interrupted)
+            under_way = [False] * n
 
             # 4. Never run a tool whose result no model call would read.
             stop = budget.exceeded()
@@ -490,8 +492,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            work = _run_tools(spec, calls, results, ctx, budget, loops, emit)
-            stop = await (work if spec.cancel is None else _with_cancel(spec, work))
+            work = _run_tools(spec, calls, results, ctx, budget, loops, emit, under_way)
+            stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
             _answer_turn(messages, calls, results, "not run: the run is stopping")
             if (note := policy.label_turn(ctx.policy_state, [r for r in results if r is not None])):
                 messages.append(Message("user", note, name=NOTE_NAME))
@@ -515,11 +517,13 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     finally:
         deadline.close()
     if pending is not None:
-        # Interrupted mid-turn: keep the results that came back, answer the rest, so the transcript
-        # stays valid for every provider (each call answered once, in order).
+        # Interrupted mid-turn: keep the results that came back (a cancelled call's says whether it
+        # finished), answer the rest, so the transcript stays valid for every provider (each call
+        # answered once, in order).
         found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
         why = "cancelled" if stop is StopReason.CANCELLED else "stopped by an error"
-        _answer_turn(messages, calls, pending, f"not run or not finished: the run was {why}")
+        _answer_turn(messages, calls, pending, f"not run: the run was {why}", under_way,
+                     f"not finished: the run was {why} while it ran (whether it took effect is not known)")
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop is not None and stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
@@ -579,21 +583,46 @@ async def _stream_model(spec: RunSpec, request: ModelRequest, emit: Callable[...
     return final
 
 
-async def _with_cancel(spec: RunSpec, work: Awaitable[T]) -> T:
-    """Await `work`, abandoning (cancelling) it if the run is cancelled meanwhile."""
+async def _with_cancel(spec: RunSpec, work: Awaitable[T], grace: float | None = None) -> T:
+    """Await `work`, abandoning (cancelling) it if the run is cancelled meanwhile. With `grace` (a
+    turn's tools), the cancelled work is awaited until it ends (a bounded wait, see `_let_end`), so
+    each call's answer says what happened (a sync tool gets its cancel signal and `grace` seconds)."""
     if spec.cancel is None:
         return await work
     task = asyncio.ensure_future(work)
     waiter = asyncio.ensure_future(spec.cancel.wait())
+    stopped = False
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:  # also when this task itself is cancelled: leave no orphaned work behind
         waiter.cancel()
         if not task.done():
+            stopped = True
             task.cancel()
-    if task.cancelled() or not task.done():
+            if grace is not None:
+                await _let_end([task], grace)
+    if stopped or task.cancelled() or not task.done():
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the run is cancelled whatever the work ended with
         raise _Cancelled
     return task.result()
+
+
+ABANDON_SECONDS = 1.0  # past the executor's grace: work that ignores its cancellation is abandoned
+
+
+async def _let_end(tasks: Sequence[asyncio.Future[Any]], grace: float) -> None:
+    """Wait for cancelled work to end, so every call gets its answer (a sync tool's thread is given
+    the executor's `grace`); work still running `ABANDON_SECONDS` later ignored its cancellation."""
+    running = [t for t in tasks if not t.done()]
+    if not running:
+        return
+    try:
+        await asyncio.wait(running, timeout=grace + ABANDON_SECONDS)
+    except asyncio.CancelledError:  # cancelled again (a second Ctrl-C): stop waiting for threads too
+        for task in running:
+            task.cancel()
+        raise
 
 
 async def _run_tools(
@@ -604,9 +633,11 @@ async def _run_tools(
     budget: Budget,
     loops: LoopDetector,
     emit: Callable[..., None],
+    under_way: list[bool],
 ) -> StopReason | None:
     """Apply the per-call guards, run what may run (concurrently, bounded); `results[i]` is filled
-    in place as call `i` finishes, so an interrupted turn keeps what came back."""
+    in place as call `i` finishes (or is cancelled: `ToolCancelled` carries its answer), so an
+    interrupted turn keeps what came back; `under_way[i]` is set once call `i` is given to the executor."""
     stop: StopReason | None = None
     to_run: list[int] = []
     left = budget.tool_calls_left()
@@ -637,10 +668,16 @@ async def _run_tools(
         call = calls[i]
         started = budget.elapsed()
         emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=i))
-        if direct:
-            result = await spec.executor.execute(call, ctx, i)
-        else:
-            result = await spec.executor.execute(call, ctx, i, step_of(i))
+        under_way[i] = True
+        try:
+            if direct:
+                result = await spec.executor.execute(call, ctx, i)
+            else:
+                result = await spec.executor.execute(call, ctx, i, step_of(i))
+        except ToolCancelled as cancelled:  # its answer says whether it finished after the cancel
+            results[i] = cancelled.result
+            emit(_tool_call_ended(call, cancelled.result), started)
+            raise
         results[i] = result
         emit(_tool_call_ended(call, result), started)
         if result.decision == "awaiting_approval":
@@ -661,9 +698,12 @@ async def _run_tools(
         tasks = [asyncio.ensure_future(bounded(i)) for i in to_run]
         try:
             await asyncio.gather(*tasks)
-        finally:  # one failed (or the turn was cancelled): stop the others too
+        except BaseException:  # one failed (or the turn was cancelled): stop the others too, and let each answer
             for task in tasks:
-                task.cancel()
+                if not task.cancelling():  # once: a second cancel cuts a sync tool's grace short
+                    task.cancel()
+            await _let_end(tasks, spec.executor.cancel_grace)
+            raise
     budget.usage.tool_calls += len(to_run)
 
     # Calls that await approval, one at a time in call order (a durable run parks here, holding no
@@ -763,13 +803,17 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         ctx.step = steps.get(call_id, budget.steps)  # the call's own idempotency key: run:step:index
         started = budget.elapsed()
         emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=index))
-        result = await spec.step_runner.tool_step(ctx.step, index, call,
-                                                  lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+        slot = next(j for j in range(turn + 1, len(messages))
+                    if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
+        try:
+            result = await spec.step_runner.tool_step(ctx.step, index, call,
+                                                      lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+        except ToolCancelled as cancelled:  # its answer replaces "awaiting approval" all the same
+            messages[slot] = cancelled.result.to_message()
+            raise
         budget.usage.tool_calls += 1
         if result.parked is not None:
             state.children[call_id] = result.parked
-        slot = next(j for j in range(turn + 1, len(messages))
-                    if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
         messages[slot] = result.to_message()
         emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or "")))
         emit(_tool_call_ended(call, result), started)
@@ -943,14 +987,16 @@ def _task_state(context: ContextBuilder) -> dict | None:
     return get() if get is not None else None
 
 
-def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str) -> None:
+def _answer_turn(messages: list[Message], calls: list[ToolCall], results: list[ToolResult | None], why: str,
+                 under_way: Sequence[bool] = (), why_under_way: str = "") -> None:
     """Append one tool message per call, in call order: its result, or an error saying `why` there is none
-    (so the transcript stays valid for every provider)."""
-    for call, result in zip(calls, results, strict=True):
+    (`why_under_way` for a call marked in `under_way`), so the transcript stays valid for every provider."""
+    for i, (call, result) in enumerate(zip(calls, results, strict=True)):
         if result is not None:
             messages.append(result.to_message())
         else:
-            messages.append(Message("tool", f"ERROR: {why}", tool_call_id=call.id, name=call.name))
+            text = why_under_way if i < len(under_way) and under_way[i] else why
+            messages.append(Message("tool", f"ERROR: {text}", tool_call_id=call.id, name=call.name))
 
 
 _args_json = dumps_fn(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False, default=str), built once

@@ -10,6 +10,8 @@ a tool or a model does here raises into the loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import types
 from collections.abc import Awaitable, Callable, Generator, Iterable
@@ -20,6 +22,7 @@ from typing import Any, Literal, Protocol
 from tether._errors import AwaitingApproval, InvalidInput, InvalidType
 from tether._types import ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
+from tether.tools._context import CancelSignal
 from tether.tools._results import (
     DEFAULT_MAX_RESULT_CHARS,
     HANDLES_KEY,
@@ -244,8 +247,26 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+class ToolCancelled(asyncio.CancelledError):
+    """A call cancelled while it ran (or before its tool started): still a cancellation, carrying the
+    call's truthful answer in `result` (finished after the cancel, stopped, not run, or left running)."""
+
+    def __init__(self, result: ToolResult) -> None:
+        super().__init__(result.content)
+        self.result = result
+
+
+_NOT_ENDED = object()  # a cancelled sync tool's thread did not end within the grace
+CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled sync tool's thread may take to end and be reported
+
+
 class Executor:
-    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop."""
+    """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop.
+
+    A cancelled call raises `ToolCancelled` (an `asyncio.CancelledError`) carrying its answer: an async
+    tool is cancelled the asyncio way; a sync tool's `ToolContext.cancel_event` is set and its thread is
+    given `cancel_grace` seconds to end, after which it is reported as left running.
+    """
 
     def __init__(
         self,
@@ -257,7 +278,9 @@ class Executor:
         default_timeout: float | None = 120.0,
         max_workers: int = 8,
         read_result: bool = True,
+        cancel_grace: float = CANCEL_GRACE_SECONDS,
     ) -> None:
+        self.cancel_grace = cancel_grace
         self.results: Results = results if results is not None else ResultStore()
         self.max_result_chars = max_result_chars
         self.default_timeout = default_timeout
@@ -311,6 +334,30 @@ class Executor:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    async def _late(self, call: ToolCall, future: concurrent.futures.Future[Any],
+                    cancelled: list[ToolResult | None]) -> Any:
+        """After a sync call was cancelled (its context's signal set): its tool's value, or the exception
+        it raised, if its thread ends within `cancel_grace` seconds (noted None: that result is late);
+        otherwise `_NOT_ENDED`, its answer noted (not run, or left running)."""
+        if future.cancel():  # still queued for a worker thread
+            cancelled.append(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                                         "cancelled"))
+            return _NOT_ENDED
+        if not future.done():
+            ending = asyncio.wrap_future(future)
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting (the first goes on)
+                await asyncio.wait({ending}, timeout=self.cancel_grace)
+            if not ending.cancel():  # done: its outcome is read from `future` below
+                ending.exception()
+        if not future.done():
+            self._abandon_pool()  # its thread stays busy: the next calls get fresh workers
+            cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and did not stop within "
+                                         f"{self.cancel_grace:g} s: it was left running and may still take effect",
+                                         "cancelled"))
+            return _NOT_ENDED
+        cancelled.append(None)
+        return future.result()
+
     def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
         return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
                           decision=decision)
@@ -354,6 +401,9 @@ class Executor:
                 return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
+        except asyncio.CancelledError:  # e.g. while a person was being asked
+            raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                                            "cancelled")) from None
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", "refused:policy_error")
@@ -364,27 +414,50 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
-            result = await self._run(tool, args, call, ctx, index)
-        else:
-            result = await step(functools.partial(self._run, tool, args, call, ctx, index))
+        # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
+        # returns is late), else the answer of a call that did not finish
+        cancelled: list[ToolResult | None] = []
+        try:
+            if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
+                result = await self._run(tool, args, call, ctx, index, cancelled)
+            else:
+                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled))
+        except asyncio.CancelledError:
+            if cancelled and cancelled[0] is not None:
+                raise ToolCancelled(cancelled[0]) from None
+            if step is _direct:  # _run did not start the tool
+                raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
+                                                "started", "cancelled")) from None
+            raise  # cancelled in the step runner: whether the tool ran is not known here
         if not result.is_error:
             result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
             ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         try:
-            return self.policy.after_call(tool, result, ctx)
+            result = self.policy.after_call(tool, result, ctx)
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
-            return self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
-                               f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+            result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
+                                 f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
+            result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
+                              f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
+                              f"'{call.name}' finished after it was cancelled: {result.content}")
+            raise ToolCancelled(result)
+        return result
 
-    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int) -> ToolResult:
+    async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int,
+                   cancelled: list[ToolResult | None] | None = None) -> ToolResult:
+        """Run the tool itself, bounded by its timeout. A cancelled call is noted in `cancelled`: a sync
+        tool whose thread ends within the grace returns its (late) result, noted None; otherwise the
+        call's answer is noted and the cancellation goes on."""
+        signal: CancelSignal | None = None
         if tool.context_param is not None:
             args = dict(args)
+            signal = CancelSignal()
             # run_id:step:index, not call.id: call ids are only unique within one reply
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
-                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra,
+                idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
@@ -411,13 +484,24 @@ class Executor:
                     async with asyncio.timeout(timeout):
                         value = await work
             else:
-                # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
-                async with asyncio.timeout(timeout):
-                    if self._pool is None:
-                        self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
-                    value = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, functools.partial(tool.fn, **args))
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="tether-tool")
+                future = self._pool.submit(functools.partial(tool.fn, **args))
+                try:
+                    # asyncio.timeout schedules one timer handle; wait_for would create a task per call.
+                    async with asyncio.timeout(timeout):
+                        value = await asyncio.wrap_future(future)
+                except asyncio.CancelledError:  # not the timeout's own: that one leaves as TimeoutError
+                    if signal is not None:
+                        signal.set()
+                    if cancelled is None:
+                        raise
+                    value = await self._late(call, future, cancelled)
+                    if value is _NOT_ENDED:
+                        raise
         except TimeoutError:
+            if signal is not None:
+                signal.set()  # abandoned, but a tool that watches its context can still stop
             if not tool.is_async:
                 self._abandon_pool()
             return self._error(
@@ -425,6 +509,12 @@ class Executor:
                 "request or another approach.", "timeout",
             )
         except asyncio.CancelledError:
+            if tool.is_async:  # (a sync call's cancellation was handled where it waited)
+                if signal is not None:
+                    signal.set()
+                if cancelled is not None:
+                    cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and was stopped "
+                                                 "before it finished", "cancelled"))
             raise
         except AwaitingApproval as exc:  # its work waits for a person (a sub-agent parked on an approval)
             return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision="awaiting_approval",
