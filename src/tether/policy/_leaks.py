@@ -29,11 +29,13 @@ from pathlib import PurePosixPath
 from tether.policy._output_filter import SECRET_PATTERNS
 
 # 8+ characters: shorter values (`true`, `1`, `8080`, `admin`) are too common to hunt for, and their
-# encodings too short to match exactly. Under 16 characters a value must also mix two kinds of
-# character (lower, upper, digit, symbol), so plain words (`localhost`, `production`, `postgres`)
-# are not secrets while `hunter2hunter2` and `db.internal:5432` are.
+# encodings too short to match exactly. Under 16 characters a value must also have a run of letters
+# and digits that mixes kinds (lower, upper, digit): words and numbers joined by punctuation
+# (`localhost`, `production`, `eu-west-1`, `db.internal:5432`) are settings, `hunter2!`,
+# `pG7-pass-99` and `Wq8vL2nZ` are secrets. From 16 characters on, any value is.
 MIN_SECRET = 8
 PLAIN_WORD_MAX = 16
+_ALNUM_RUN = re.compile(r"[^\W_]+")
 _INVISIBLE = {"Cf", "Cc", "Zl", "Zp", "Co", "Cs", "Cn"}  # format (zero-width, bidi, tags), control, ...
 # the value of "password: X", "the API key is X": the last token of the match
 _VALUE = re.compile(r"(?:[:=]|\bis\b|\bwas\b)\s*[\"'`]?([^\s\"'`,;]+)\s*$", re.IGNORECASE)
@@ -101,9 +103,11 @@ def is_secret_value(value: str) -> bool:
         return False
     if len(value) >= PLAIN_WORD_MAX:
         return True
-    kinds = (any(c.islower() for c in value), any(c.isupper() for c in value),
-             any(c.isdigit() for c in value), any(not c.isalnum() for c in value))
-    return sum(kinds) >= 2
+    for run in _ALNUM_RUN.findall(value):
+        kinds = any(c.islower() for c in run) + any(c.isupper() for c in run) + any(c.isdigit() for c in run)
+        if kinds >= 2:
+            return True
+    return False
 
 
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----([\s\S]*?)-----END \1-----")
@@ -265,11 +269,16 @@ def find_leaks(text: str, secrets: Mapping[str, str]) -> list[Leak]:
     if not secrets or not text:
         return []
     skel, where = _skeleton(text)
+    # every needle is MIN_SECRET+ long: one whose first MIN_SECRET characters are nowhere in the text
+    # is passed over without a search (a set lookup instead of a scan of the text)
+    grams = {skel[i:i + MIN_SECRET] for i in range(len(skel) - MIN_SECRET + 1)}
     spans: list[Leak] = []
     for value, source in secrets.items():
         if len(value) < MIN_SECRET:
             continue
         for key, how in encodings(value):
+            if key[:MIN_SECRET] not in grams:
+                continue
             at = skel.find(key)
             while at != -1:
                 spans.append(Leak(where[at], where[at + len(key) - 1] + 1, source, how))
