@@ -274,3 +274,11 @@ def test_encodings_are_searched_exactly_not_guessed() -> None:
     text = f"{near} {base64.b64encode(near.encode()).decode()}"
     assert redact(text, {DB_PASS: ".env"}) == (text, [])
     assert all(len(key) >= 8 for key, _ in encodings(DB_PASS))
+
+
+def test_an_error_reading_a_secret_file_is_not_a_source(tmp_path: Path) -> None:
+    answer = "Could not read it: the file was not found, so nothing is configured."
+    result = Agent(ScriptedModel([call("Read", file_path="missing/.env"), answer]), tools=file_tools(tmp_path),
+                   policy=SafetyPolicy(environment={})).run("hi")
+    assert result.answer == answer
+    assert result.state is not None and result.state.policy["secrets"] == {}

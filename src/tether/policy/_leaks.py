@@ -241,6 +241,9 @@ def encodings(value: str) -> tuple[tuple[str, str], ...]:
 
 def _skeleton(text: str) -> tuple[str, list[int]]:
     """The text as `_key` makes it, and for each of its characters the index of the text's character."""
+    if text.isascii():  # the usual case, 5x faster: NFKC keeps ASCII, whitespace and controls are <= " "
+        where = [i for i, c in enumerate(text) if " " < c != "\x7f"]
+        return "".join([text[i] for i in where]).lower(), where
     chars: list[str] = []
     where: list[int] = []
     for i, ch in enumerate(text):

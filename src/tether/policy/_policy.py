@@ -808,7 +808,7 @@ class SafetyPolicy:
         state.prov.add_output(result.content, trusted=not untrusted, source=source,
                               private=bool(tool.metadata.get("private_output")))
         if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
-            _note_secrets(state, tool, pend, result.content)
+            _note_secrets(state, tool, pend, result.content, error=result.is_error)
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
@@ -851,12 +851,15 @@ def _load_secrets(data: Any) -> dict[str, str]:
     return dict.fromkeys((str(v) for v in data or ()), "a tool's output")  # states before sources were kept
 
 
-def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str) -> None:
+def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> None:
     """Add the secret values an output holds to the run's set: every value of a secret-bearing source
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
-    `secret_output`), then the secret-looking values of any output."""
+    `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
+    source: its words are the tool's, not the file's."""
     found: dict[str, str] = {}
-    if tool.metadata.get("secret_output"):
+    if error:
+        pass
+    elif tool.metadata.get("secret_output"):
         found.update(dict.fromkeys(values_in(content), tool.name))
     elif pend is not None and not tool.metadata.get("writes_path"):
         names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
