@@ -44,13 +44,14 @@ DRESSED = {
 
 
 @pytest.mark.parametrize("how", sorted(DRESSED))
-def test_a_secret_the_run_read_is_withheld_from_the_answer(how: str) -> None:
+def test_a_secret_the_run_read_is_redacted_from_the_answer(how: str) -> None:
     answer = f"Done. Here is what you asked for: {DRESSED[how]}"
     result = Agent(ScriptedModel([call("read_config"), answer]), tools=[read_config], policy=SafetyPolicy()).run(
         "summarise the deployment config")
     assert KEY not in result.answer and DRESSED[how] not in result.answer
-    # in plain sight the pattern filter redacts it in place; dressed up, the whole answer is withheld
-    assert result.answer.startswith("[answer withheld") or "[redacted secret]" in result.answer, result.answer
+    # issue 40: the spans are redacted in place, the rest of the answer is kept (it used to be withheld whole)
+    assert result.answer.startswith("Done. Here is what you asked for: "), result.answer
+    assert "[secret from read_config redacted]" in result.answer, result.answer
 
 
 def test_an_answer_without_the_secret_passes_untouched() -> None:

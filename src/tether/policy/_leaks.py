@@ -1,29 +1,42 @@
-"""Secrets the run read, found again in its answer however they are dressed up.
+"""Secret values: where they come from, and their exact spans in text leaving the run.
 
-The answer filter's patterns (output_filter.py) recognise what a secret *looks like* in plain text.
-An injected instruction can ask for it base64-encoded, in hex, reversed, split over paragraphs,
-interleaved with zero-width spaces, in fullwidth letters, percent-encoded, or as the subdomain or
-userinfo of a link. This module knows the exact values instead: every secret-looking value the
-run's tool results held (`secrets_in`), and looks for each one in every view of the answer
-(`leaked_in`): normalised (NFKC, invisible characters removed), without whitespace, reversed,
-percent-decoded, and with every base64 or hex run decoded.
+Sources, by what they are (not by a key's name): a file whose name says it holds secrets (`.env`,
+key files, `.netrc`, ...; `secret_file`) read by any tool, the process environment
+(`environment_secrets`), a tool declared `metadata={"secret_output": True}`. From such a source every
+value is a secret whatever its key is called (`values_in`), if it is long and varied enough
+(`is_secret_value`). Any tool output's secret-*looking* values (`secrets_in`, by pattern) count too.
+
+Finding them again is exact matching, not guessing: each value's encodings are computed
+(`encodings`: base64 and base32 at every alignment, hex, rot13, URL-encoding, character codes,
+spaced-out characters, each of the value and of its reverse) and searched for in a skeleton of the
+text (NFKC, invisible characters and whitespace removed, lower-cased) that maps back to the text's
+own characters, so `redact` replaces just those spans and keeps the rest.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
+import codecs
+import functools
+import os
 import re
 import unicodedata
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from tether.policy._output_filter import SECRET_PATTERNS
 
-MIN_SECRET = 8  # shorter values are too common to hunt for
+# 8+ characters: shorter values (`true`, `1`, `8080`, `admin`) are too common to hunt for, and their
+# encodings too short to match exactly. Under 16 characters a value must also have a run of letters
+# and digits that mixes kinds (lower, upper, digit): words and numbers joined by punctuation
+# (`localhost`, `production`, `eu-west-1`, `db.internal:5432`) are settings, `hunter2!`,
+# `pG7-pass-99` and `Wq8vL2nZ` are secrets. From 16 characters on, any value is.
+MIN_SECRET = 8
+PLAIN_WORD_MAX = 16
+_ALNUM_RUN = re.compile(r"[^\W_]+")
 _INVISIBLE = {"Cf", "Cc", "Zl", "Zp", "Co", "Cs", "Cn"}  # format (zero-width, bidi, tags), control, ...
-_B64 = re.compile(r"[A-Za-z0-9+/_-]{12,}={0,2}")
-_HEX = re.compile(r"(?:[0-9a-fA-F]{2}){8,}")
 # the value of "password: X", "the API key is X": the last token of the match
 _VALUE = re.compile(r"(?:[:=]|\bis\b|\bwas\b)\s*[\"'`]?([^\s\"'`,;]+)\s*$", re.IGNORECASE)
 
@@ -39,7 +52,7 @@ def _squash(text: str) -> str:
 
 
 def secrets_in(text: str) -> set[str]:
-    """The secret-looking values in a text (whitespace inside them removed)."""
+    """The secret-looking values in a text, by pattern (whitespace inside them removed)."""
     out: set[str] = set()
     plain = normalise(text)
     for label, pattern in SECRET_PATTERNS:
@@ -56,61 +69,249 @@ def secrets_in(text: str) -> set[str]:
     return out
 
 
-def _decoded(runs: Iterable[str], decode) -> str:  # type: ignore[no-untyped-def]
-    parts = []
-    for run in runs:
-        try:
-            parts.append(decode(run))
-        except (binascii.Error, ValueError, UnicodeDecodeError):
+# -- sources ----------------------------------------------------------------------------------------
+
+# Files that hold secrets, by name. Templates (`.env.example`, `.env.sample`, ...) hold placeholders;
+# public keys (`id_rsa.pub`) and certificates are public.
+_SECRET_NAMES = re.compile(
+    r"(?i)^(?:\.env(?:\.(?!(?:example|sample|template|dist|defaults?)$)[\w.-]+)?|[\w.-]+\.env|"
+    r"[\w.-]+\.(?:pem|key|p12|pfx|kdbx|keystore|jks)|id_(?:rsa|dsa|ecdsa|ed25519)(?:_[\w-]+)?|"
+    r"\.netrc|_netrc|\.pgpass|\.my\.cnf|\.npmrc|\.pypirc|\.git-credentials|\.htpasswd|\.dockercfg|"
+    r"credentials(?:\.json|\.ya?ml|\.toml|\.ini)?|secrets?(?:\.json|\.ya?ml|\.toml|\.ini|\.txt)?|"
+    r"[\w.-]*[._-](?:token|api_?key|password|passwd)(?:\.txt)?|(?:token|api_?key|password|passwd)\.txt)$")
+_PUBLIC = re.compile(r"(?i)\.(?:pub|crt|cer|csr)$")
+_TOKEN = re.compile(r"""[^\s'"`<>|;&()=]+""")  # a path-like word in a command line or an argument
+
+
+def secret_file(path: str) -> str | None:
+    """The file's name if it says the file holds secrets (`.env`, `prod.env`, `id_rsa`, `server.key`,
+    `.netrc`, `.pgpass`, `credentials`, `secrets.yaml`, `*.kdbx`, ...), else None."""
+    name = PurePosixPath(path.strip().replace("\\", "/")).name
+    if not name or _PUBLIC.search(name) or not _SECRET_NAMES.match(name):
+        return None
+    return name
+
+
+def secret_files_named(text: str) -> list[str]:
+    """The secret files a command line or an argument names (`cat .env | base64` -> ['.env'])."""
+    return list(dict.fromkeys(n for w in _TOKEN.findall(text) if (n := secret_file(w)) is not None))
+
+
+def is_secret_value(value: str) -> bool:
+    """Long and varied enough to be a secret rather than a common setting (see MIN_SECRET)."""
+    if len(value) < MIN_SECRET:
+        return False
+    if len(value) >= PLAIN_WORD_MAX:
+        return True
+    for run in _ALNUM_RUN.findall(value):
+        kinds = any(c.islower() for c in run) + any(c.isupper() for c in run) + any(c.isdigit() for c in run)
+        if kinds >= 2:
+            return True
+    return False
+
+
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----([\s\S]*?)-----END \1-----")
+_ASSIGN = re.compile(r"""^\s*(?:export\s+|set\s+)?["']?[\w.\-\[\]/@ ]{1,80}?["']?\s*(?:=|:(?!//))\s*(.*?)\s*,?\s*$""")
+_URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:([^/\s@]+)@", re.IGNORECASE)
+_NETRC_KEYS = {"login", "password", "account"}
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'`":
+        return value[1:-1]
+    return re.sub(r"\s+#.*$", "", value)  # an unquoted value's inline comment
+
+
+def values_in(text: str, name: str = "") -> list[str]:
+    """Every value a secret-bearing text holds, whatever its key: the right-hand side of each
+    assignment (dotenv, ini, yaml, JSON lines), `.netrc` login/password/account words, a `.pgpass`
+    line's password, a private key's body, a URL's password; in a file of bare lines (a token file),
+    each line. Only values `is_secret_value` accepts."""
+    found: list[str] = []
+    lower = name.lower()
+    for m in _PEM.finditer(text):
+        if "PRIVATE" in m.group(1) or ("PUBLIC" not in m.group(1) and "CERTIFICATE" not in m.group(1)):
+            body = "".join(line for line in m.group(2).splitlines() if ":" not in line)
+            found.append(_squash(body))
+    rest = _PEM.sub("\n", text)
+    if lower in (".netrc", "_netrc"):
+        words = rest.split()
+        found += [words[i + 1] for i, w in enumerate(words[:-1]) if w in _NETRC_KEYS]
+    bare: list[str] = []
+    for line in rest.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;[" or line.startswith("//"):
             continue
-    return "\n".join(parts)
+        if lower == ".pgpass" and line.count(":") >= 4:
+            found.append(line.rsplit(":", 1)[1])
+            continue
+        m = _ASSIGN.match(line)
+        if m is not None:
+            found.append(_unquote(m.group(1).strip()))
+        elif lower not in (".netrc", "_netrc"):
+            bare.append(line)
+    if not found:  # a whole-secret file: its content, line by line
+        found = bare
+    found += [m.group(1) for v in list(found) for m in _URL_PASSWORD.finditer(v)]
+    return list(dict.fromkeys(v for v in found if is_secret_value(v)))
 
 
-def _b64(run: str) -> str:
-    padded = run + "=" * (-len(run) % 4)
-    raw = base64.urlsafe_b64decode(padded.replace("+", "-").replace("/", "_"))
-    return raw.decode("utf-8", "ignore")
+# Variables every process has, public by definition; any other environment value is a secret.
+_PUBLIC_ENV = re.compile(
+    r"^(?:PATH|HOME|PWD|OLDPWD|SHELL|SHLVL|USER|USERNAME|LOGNAME|HOSTNAME|HOST|LANG|LANGUAGE|LC_\w+|TERM|"
+    r"TERM_\w+|COLORTERM|TZ|TMPDIR|TEMP|TMP|DISPLAY|EDITOR|VISUAL|PAGER|MAIL|_|PS[1-4]|XDG_\w+|"
+    r"VIRTUAL_ENV|CONDA_\w+|PYTHON\w*|PYTEST_\w+|PIP_\w+|DEBIAN_FRONTEND|CI|SSH_TTY|MANPATH|INFOPATH)$")
 
 
-def _hex(run: str) -> str:
-    return bytes.fromhex(run).decode("utf-8", "ignore")
-
-
-def _runs(pattern: re.Pattern[str], *texts: str) -> list[str]:
-    """Candidate encoded runs, and their pieces between slashes (a URL's `/` is also base64's)."""
+def environment_secrets(environ: Mapping[str, str]) -> list[str]:
+    """The process environment's values that count as secrets: all but the public variables above and
+    values that are file-system paths (a CA bundle's location is no secret)."""
     out = []
-    for text in texts:
-        for run in pattern.findall(text):
-            out.append(run)
-            out += [piece for piece in run.split("/") if len(piece) >= 12]
+    for key, value in environ.items():
+        if _PUBLIC_ENV.match(key) or not is_secret_value(value):
+            continue
+        if all(part.startswith(("/", "~")) for part in value.split(os.pathsep) if part):
+            continue
+        out.append(value)
     return out
 
 
-def views(answer: str) -> dict[str, str]:
-    """The answer as a reader could reassemble it, by how it was dressed up."""
-    plain = normalise(answer)
-    flat = _squash(plain)
-    return {
-        "as written": plain,
-        "split by whitespace": flat,
-        "reversed": flat[::-1],
-        "percent-encoded": _squash(urllib.parse.unquote(plain)),
-        "base64": _squash(_decoded(_runs(_B64, flat, plain), _b64)),
-        "hex": _squash(_decoded(_runs(_HEX, flat, plain), _hex)),
-    }
+# -- finding them again -------------------------------------------------------------------------------
+
+
+def _key(text: str) -> str:
+    """A needle or a text as the skeleton holds it: NFKC, no invisible characters or whitespace, lower."""
+    out = []
+    for ch in unicodedata.normalize("NFKC", text):
+        if ch.isspace() or unicodedata.category(ch) in _INVISIBLE:
+            continue
+        low = ch.lower()
+        out.append(low if len(low) == 1 else ch)
+    return "".join(out)
+
+
+def _cores(raw: bytes, bits: int, encode: Callable[[bytes], bytes]) -> list[str]:
+    """The characters of `raw`'s encoding that depend on its bytes alone, at every alignment it can
+    have inside a longer encoded text (base64: 3, base32: 5)."""
+    group = 3 if bits == 6 else 5
+    out = []
+    for k in range(group):
+        enc = encode(b"\0" * k + raw).decode("ascii")
+        start = -(-8 * k // bits)
+        end = (8 * k + 8 * len(raw)) // bits
+        out.append(enc[start:end])
+    return out
+
+
+_CODE_SEPARATORS = (",", ";", ".", "-", "|", "/", ":", "_", "")
+_SPACERS = (".", "-", "_", ",", "|", "/", "*", ":", ";", "+", "·", "•", "")
+
+
+def _forms(value: str) -> list[tuple[str, str]]:
+    """(encoded text, how) for one string."""
+    raw = value.encode("utf-8")
+    out = [(value, "as written"), (base64.b64encode(raw).decode(), "base64"),
+           (base64.urlsafe_b64encode(raw).decode(), "base64"), (base64.b32encode(raw).decode(), "base32"),
+           (raw.hex(), "hex"), (codecs.encode(value, "rot13"), "rot13"),
+           (urllib.parse.quote(value, safe=""), "URL-encoded"), ("".join(f"%{b:02x}" for b in raw), "URL-encoded")]
+    out += [(c, "base64") for c in _cores(raw, 6, base64.b64encode) + _cores(raw, 6, base64.urlsafe_b64encode)]
+    out += [(c, "base32") for c in _cores(raw, 5, base64.b32encode)]
+    codes = [str(ord(c)) for c in value]
+    out += [(sep.join(codes), "character codes") for sep in _CODE_SEPARATORS]
+    out += [(sep.join(f"0x{b:02x}" for b in raw), "character codes") for sep in (",", ";", "")]
+    out += [(sep.join(f"{b:02x}" for b in raw), "hex") for sep in (":", "-", ",")]
+    out += [("".join(f"{pre}{b:02x}" for b in raw), "character codes") for pre in ("\\x", "\\u00", "&#x")]
+    out += [("".join(f"&#{ord(c)};" for c in value), "character codes")]
+    out += [(sep.join(value), "spaced out") for sep in _SPACERS if sep]
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def encodings(value: str) -> tuple[tuple[str, str], ...]:
+    """Every supported encoding of `value` and of its reverse, as skeleton keys: (key, how)."""
+    out: dict[str, str] = {}
+    for form, prefix in ((value, ""), (value[::-1], "reversed")):
+        for text, how in _forms(form):
+            key = _key(text)
+            if len(key) >= MIN_SECRET and key not in out:
+                label = how if not prefix else "reversed" if how == "as written" else f"{how} of it reversed"
+                out[key] = label
+    return tuple(sorted(out.items(), key=lambda kv: -len(kv[0])))
+
+
+def _skeleton(text: str) -> tuple[str, list[int]]:
+    """The text as `_key` makes it, and for each of its characters the index of the text's character."""
+    if text.isascii():  # the usual case, 5x faster: NFKC keeps ASCII, whitespace and controls are <= " "
+        where = [i for i, c in enumerate(text) if " " < c != "\x7f"]
+        return "".join([text[i] for i in where]).lower(), where
+    chars: list[str] = []
+    where: list[int] = []
+    for i, ch in enumerate(text):
+        for c in unicodedata.normalize("NFKC", ch):
+            if c.isspace() or unicodedata.category(c) in _INVISIBLE:
+                continue
+            low = c.lower()
+            chars.append(low if len(low) == 1 else c)
+            where.append(i)
+    return "".join(chars), where
+
+
+@dataclass(frozen=True, slots=True)
+class Leak:
+    """A span of text that is a known secret value, or an exact encoding of one."""
+
+    start: int
+    end: int
+    source: str  # where the value was read: ".env", "the environment", a tool's name
+    how: str  # "as written", "base64", "rot13 of it reversed", ...
+
+
+def find_leaks(text: str, secrets: Mapping[str, str]) -> list[Leak]:
+    """The spans of `text` that hold a value of `secrets` (value -> source) or an encoding of one, in
+    order; overlapping spans are merged (the first's source and encoding named)."""
+    if not secrets or not text:
+        return []
+    skel, where = _skeleton(text)
+    # every needle is MIN_SECRET+ long: one whose first MIN_SECRET characters are nowhere in the text
+    # is passed over without a search (a set lookup instead of a scan of the text)
+    grams = {skel[i:i + MIN_SECRET] for i in range(len(skel) - MIN_SECRET + 1)}
+    spans: list[Leak] = []
+    for value, source in secrets.items():
+        if len(value) < MIN_SECRET:
+            continue
+        for key, how in encodings(value):
+            if key[:MIN_SECRET] not in grams:
+                continue
+            at = skel.find(key)
+            while at != -1:
+                spans.append(Leak(where[at], where[at + len(key) - 1] + 1, source, how))
+                at = skel.find(key, at + 1)
+    spans.sort(key=lambda s: (s.start, -s.end))
+    merged: list[Leak] = []
+    for span in spans:
+        if merged and span.start < merged[-1].end:
+            last = merged[-1]
+            if span.end > last.end:
+                merged[-1] = Leak(last.start, span.end, last.source, last.how)
+            continue
+        merged.append(span)
+    return merged
+
+
+def redact(text: str, secrets: Mapping[str, str]) -> tuple[str, list[Leak]]:
+    """`text` with each secret span replaced by `[secret from <source> redacted]`; the rest unchanged."""
+    leaks = find_leaks(text, secrets)
+    if not leaks:
+        return text, []
+    out: list[str] = []
+    last = 0
+    for leak in leaks:
+        out += [text[last:leak.start], f"[secret from {leak.source} redacted]"]
+        last = leak.end
+    out.append(text[last:])
+    return "".join(out), leaks
 
 
 def leaked_in(answer: str, secrets: Iterable[str]) -> list[str]:
-    """How each known secret appears in the answer (e.g. "base64"), one entry per secret found."""
-    wanted = [s for s in secrets if len(s) >= MIN_SECRET]
-    if not wanted:
-        return []
-    seen = views(answer)
-    out = []
-    for secret in wanted:
-        how = next((name for name, text in seen.items() if secret in text), None)
-        if how is None and secret.lower() != secret:
-            how = next((name for name, text in seen.items() if secret.lower() in text.lower()), None)
-        if how is not None:
-            out.append(how)
-    return out
+    """How each known secret appears in the answer (e.g. "base64"), one entry per span found."""
+    return [leak.how for leak in find_leaks(answer, dict.fromkeys(secrets, ""))]

@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import re
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,15 @@ from tether.policy._authz import Authorizer, check_tool
 from tether.policy._canonical import action_key, canonical_json, leaves
 from tether.policy._capabilities import Capabilities, Capability
 from tether.policy._egress import EgressPolicy, find_urls, host_of, looks_like_url
-from tether.policy._leaks import leaked_in, secrets_in
+from tether.policy._leaks import (
+    environment_secrets,
+    find_leaks,
+    redact,
+    secret_file,
+    secret_files_named,
+    secrets_in,
+    values_in,
+)
 from tether.policy._output_filter import Finding, filter_output, scan
 from tether.policy._provenance import SAFE_ORIGINS, Origin, Provenance, is_money, words
 from tether.tools._base import Tool
@@ -107,7 +116,9 @@ def wrap_untrusted(text: str, source: str) -> str:
 
 
 STATE_VERSION = 1
-MAX_SECRETS = 500  # secret-looking values kept per run (each is hunted for in the answer)
+MAX_SECRETS = 500  # secret values kept per run (each is hunted for in the answer and in arguments)
+# `path:line:text`, a line of Grep's output (or grep's): the file it came from says if it is secret
+_GREP_LINE = re.compile(r"^([^:\n]+):\d+:(.*)$", re.MULTILINE)
 
 
 @dataclass
@@ -156,7 +167,8 @@ class PolicyState:
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     written_paths: set[str] = field(default_factory=set)  # files written after taint from others' content
     labels: dict[str, str] = field(default_factory=dict)  # call id -> tool, untrusted results of this turn
-    secrets: set[str] = field(default_factory=set)  # secret-looking values the run's tool results held
+    # secret values the run's tool results held -> where they were read (".env", a tool's name)
+    secrets: dict[str, str] = field(default_factory=dict)
     asked: int = 0  # approvals asked of a person or an approver in this run
     denied: int = 0  # of them, denied
 
@@ -172,7 +184,7 @@ class PolicyState:
             "approved": sorted(self.approved), "done": sorted(self.done), "trusted_handles": sorted(self.trusted_handles),
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
-            "secrets": sorted(self.secrets), "asked": self.asked, "denied": self.denied,
+            "secrets": dict(sorted(self.secrets.items())), "asked": self.asked, "denied": self.denied,
         }
 
     @classmethod
@@ -193,7 +205,7 @@ class PolicyState:
             decisions={str(k): dict(v) for k, v in dict(data.get("decisions", {})).items()},
             written_paths={str(p) for p in data.get("written_paths", ())},
             labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
-            secrets={str(v) for v in data.get("secrets", ())},
+            secrets=_load_secrets(data.get("secrets")),
             asked=int(data.get("asked", 0)), denied=int(data.get("denied", 0)),
         )
 
@@ -255,6 +267,7 @@ class SafetyPolicy:
         clock: Callable[[], float] = time.monotonic,
         max_approvals: int | None = 20,
         max_denials: int | None = 5,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -278,6 +291,8 @@ class SafetyPolicy:
         # a run that keeps asking (40 injected payments: 651 prompts over 16 runs) ends instead
         self.max_approvals = max_approvals
         self.max_denials = max_denials
+        # whose values are secrets in every run (None: this process's environment, read when used)
+        self.environment = environment
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         # per tool name: (tool, capability, the guards that apply); see _plan
         self._plans: dict[str, tuple[Tool, Capability, tuple[Callable[[_Call], Stop | None], ...]]] = {}
@@ -345,18 +360,18 @@ class SafetyPolicy:
             # held actions carry the model's arguments: they are filtered with the answer
             answer = answer.rstrip() + "\n\nNot done, waiting for your confirmation:\n" + "\n".join(
                 f"- {h}" for h in state.held)
-        text, findings = filter_output(answer, egress=self.egress)
+        # the exact spans of secret values the run read, and of their encodings: redacted, the rest kept
+        text, leaks = redact(answer, self.secrets_of(state))
+        findings = [Finding("secret", f"({leak.how})", f"a secret value read from {leak.source} ({leak.how}); "
+                                                       "secrets must not leave the run") for leak in leaks]
+        text, more = filter_output(text, egress=self.egress)
+        findings += more
         if state is not None and state.tainted:
             text, more = self._constructed_links(state, text)
             findings = [*findings, *more]
-        if state is not None and (how := leaked_in(text, state.secrets)):
-            # a secret the run read, dressed up (encoded, reversed, split, invisible characters): the
-            # whole answer is withheld, since what else it encodes cannot be known
-            ways = ", ".join(sorted(set(how)))
-            findings = [*findings, Finding("secret", "(answer withheld)",
-                                           f"it holds {len(how)} secret(s) the run read ({ways})")]
-            text = (f"[answer withheld: it contains {len(how)} secret value(s) read during the run, "
-                    f"written {ways}]")
+        if leaks and not _REDACTED.sub("", text).strip(_FILLER):
+            sources = ", ".join(sorted({leak.source for leak in leaks}))
+            text = f"[answer withheld: it held only secret values read during the run (from {sources})]"
         if findings:
             self.audit.record(AuditRecord(
                 run_id=run_id, tool="(answer)", decision="redacted", user=state.user if state else None,
@@ -384,6 +399,16 @@ class SafetyPolicy:
                 why = "private data" if private else "data the model added after reading untrusted content"
                 findings.append(Finding("link", url[:80], f"link to '{host}' carries {why}"))
         return text, findings
+
+    def secrets_of(self, state: PolicyState | None) -> dict[str, str]:
+        """The secret values a run knows (value -> where it was read): the environment's, and those its
+        tools read; not those the user wrote in the request (the user has them)."""
+        env = self.environment if self.environment is not None else os.environ
+        known = dict.fromkeys(environment_secrets(env), "the environment")
+        if state is None:
+            return known
+        known.update(state.secrets)
+        return {v: s for v, s in known.items() if not state.prov.user.has_text(v)}
 
     @staticmethod
     def _state(ctx: CallContext) -> PolicyState:
@@ -548,9 +573,16 @@ class SafetyPolicy:
         """Secrets and exfiltration links in arguments the user did not write."""
         if not self.scan_arguments or (c.checked_effect is Effect.READ_ONLY and not c.egress_paths):
             return None
+        meta = c.tool.metadata
+        # a workspace file tool may write a value read from the workspace back into it (it is there
+        # already); a tool declared `secret_sink` takes secrets by design (a login)
+        secrets = {} if meta.get("writes_path") or meta.get("secret_sink") else self.secrets_of(c.state)
         for path, value in leaves(c.args):
             if not isinstance(value, str) or c.trace.get(path) is Origin.USER:
                 continue
+            if secrets and (leaks := find_leaks(value, secrets)):
+                return Stop("refused:secret", f"argument '{path}' carries a secret value read from "
+                                              f"{leaks[0].source} ({leaks[0].how}); secrets must not leave the run")
             for _, _, f in scan(value, egress=self.egress):
                 if f.kind == "secret":
                     return Stop("refused:secret", f"argument '{path}' {f.reason}")
@@ -776,7 +808,7 @@ class SafetyPolicy:
         state.prov.add_output(result.content, trusted=not untrusted, source=source,
                               private=bool(tool.metadata.get("private_output")))
         if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
-            state.secrets.update(sorted(secrets_in(result.content))[:MAX_SECRETS - len(state.secrets)])
+            _note_secrets(state, tool, pend, result.content, error=result.is_error)
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
@@ -807,6 +839,42 @@ class SafetyPolicy:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_REDACTED = re.compile(r"\[(?:secret from [^\]]*|redacted [a-z ]+)\]")  # the placeholders the answer filter writes
+_FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secrets only
+# arguments naming what a call reads: a file's path, a command line
+_READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
+
+
+def _load_secrets(data: Any) -> dict[str, str]:
+    if isinstance(data, dict):
+        return {str(k): str(v) for k, v in data.items()}
+    return dict.fromkeys((str(v) for v in data or ()), "a tool's output")  # states before sources were kept
+
+
+def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> None:
+    """Add the secret values an output holds to the run's set: every value of a secret-bearing source
+    whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
+    `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
+    source: its words are the tool's, not the file's."""
+    found: dict[str, str] = {}
+    if error:
+        pass
+    elif tool.metadata.get("secret_output"):
+        found.update(dict.fromkeys(values_in(content), tool.name))
+    elif pend is not None and not tool.metadata.get("writes_path"):
+        names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
+        if names:
+            found.update(dict.fromkeys(values_in(content, names[0]), names[0]))
+    for m in _GREP_LINE.finditer(content):
+        if (name := secret_file(m.group(1))) is not None:
+            for value in values_in(m.group(2), name):
+                found.setdefault(value, name)
+    for value in sorted(secrets_in(content)):
+        found.setdefault(value, tool.name)
+    for value, source in found.items():
+        if len(state.secrets) >= MAX_SECRETS:
+            break
+        state.secrets.setdefault(value, source)
 
 
 def plain_args(args: dict[str, Any]) -> dict[str, Any]:
