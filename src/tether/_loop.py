@@ -59,7 +59,15 @@ from tether.events import (
 )
 from tether.models._base import Model
 from tether.models._pricing import Pricing, charge, require_prices
-from tether.tools._executor import Bound, CallContext, Executor, Policy, PolicyBound, ToolCancelled, ToolStepFn
+from tether.tools._executor import (
+    Bound,
+    CallContext,
+    Executor,
+    Policy,
+    PolicyBound,
+    ToolCancelled,
+    ToolStepFn,
+)
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
