@@ -20,6 +20,8 @@ EXPECTED = {
     StopReason.APPROVAL_BUDGET: 3,
     StopReason.AWAITING_APPROVAL: 4,
     StopReason.CANCELLED: 130,
+    StopReason.INPUT_REFUSED: 6,  # the safety filter refused the request (--strictness)
+    StopReason.OUTPUT_REFUSED: 6,  # ... or withheld the answer
 }
 
 

@@ -248,12 +248,14 @@ def root(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    strictness: o.Strictness = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
 
     `tether -p "PROMPT"` runs one task and prints only the final answer on stdout. Exit codes: 0
-    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 130 cancelled.
+    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 5 calls refused for
+    want of a terminal, 6 refused or withheld by the safety filter (--strictness), 130 cancelled.
     """
     if version:
         from tether import __version__
@@ -265,7 +267,7 @@ def root(
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
-                    apply=apply, allow=allow)
+                    apply=apply, allow=allow, strictness=strictness)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -311,6 +313,7 @@ def run_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    strictness: o.Strictness = None,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -321,7 +324,7 @@ def run_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan, no_stage=no_stage, apply=apply, allow=allow))
+        plan=plan, no_stage=no_stage, apply=apply, allow=allow, strictness=strictness))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
@@ -362,6 +365,7 @@ def chat_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
+    strictness: o.Strictness = None,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
@@ -369,7 +373,7 @@ def chat_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
-        no_stage=no_stage, apply=apply, allow=allow))
+        no_stage=no_stage, apply=apply, allow=allow, strictness=strictness))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

@@ -93,6 +93,10 @@ Allow = Annotated[list[str] | None, typer.Option(
     "'Bash(git status)' (a shell-style pattern over the command). Repeat for more.", metavar="RULE",
     show_default=False)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
+Strictness = Annotated[str | None, typer.Option(
+    "--strictness", help="Screen each request (before any model call) and the final answer with tether's safety "
+    "filter: off, lenient, standard or strict (docs/safety.md). A refused request or withheld answer exits 6. "
+    "Default: $TETHER_STRICTNESS, then off.", show_default=False)]
 
 
 @dataclass(slots=True)
@@ -128,6 +132,7 @@ class RunOptions:
     no_stage: bool = False
     apply: bool = False
     allow: tuple[str, ...] | None = None
+    strictness: str | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

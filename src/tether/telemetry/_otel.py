@@ -30,6 +30,7 @@ from tether.events import (
     ApprovalRequested,
     BaseEvent,
     Error,
+    FilterVerdict,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -144,6 +145,12 @@ class OtelObserver:
                 run.span.add_event("tether.notice", {k: _attribute(v) for k, v in event.notice.items()})
             case Error():
                 run.span.add_event("tether.error", {"error.message": event.error})
+            case FilterVerdict():
+                run.span.add_event("tether.filter_verdict", {
+                    "tether.filter.side": event.side, "tether.filter.score": event.score,
+                    "tether.filter.threshold": event.threshold, "tether.filter.flagged": event.flagged,
+                    "tether.filter.reasons": list(event.reasons), "tether.filter.matched": list(event.matched),
+                    "tether.filter.cached": event.cached})
             case RunStopped():
                 self._stop(run_id, run, event)
 
