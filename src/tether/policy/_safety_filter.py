@@ -88,7 +88,10 @@ def _has_secret(text: str) -> bool:
 
 
 def _exfil_link(text: str) -> bool:
-    return any(f.kind in ("markdown_image", "html_image", "encoded_url") for _, _, f in scan(text))
+    """An image a viewer would fetch, or a URL carrying an encoded blob, on another host (a relative
+    image path fetches nothing outside)."""
+    return any(f.kind in ("markdown_image", "html_image", "encoded_url") and "//" in text[start:end]
+               for start, end, f in scan(text))
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (
@@ -127,51 +130,58 @@ REFUSE_PHRASES: tuple[str, ...] = (
     "ignore the above instructions", "do anything now", "developer mode enabled",
 )
 
-# A user's request. Tuned against bench/safety_filter (benign coding and ops requests that say
-# "ignore", "password", "delete", "system prompt" for good reasons): a user overriding their *own*
-# earlier words ("ignore my previous instructions") is not an override.
+# A user's request. Weights tuned on bench/safety_filter/requests.jsonl (benign coding and ops
+# requests that say "ignore", "password", "delete", "system prompt" for good reasons) and checked on a
+# held-out set: a user overriding their *own* earlier words ("ignore my previous instructions") is
+# not an override; words that are also ordinary tech ("developer mode", "[INST]") weigh little alone.
 INPUT_RULES: tuple[Rule, ...] = (
     phrase_rule(REFUSE_PHRASES),
     Rule("override", r"\b(?:ignore|disregard|forget|bypass|override)\b(?!\s+(?:my|our)\b)[^.\n]{0,40}"
          r"\b(?:previous|prior|above|earlier|preceding|your|all)\b[^.\n]{0,20}"
          r"\b(?:instructions?|prompts?|directions|guidelines)\b"
          r"|\b(?:ignore|disregard|forget|bypass)\b[^.\n]{0,20}\byour (?:rules|guidelines|restrictions|programming|"
-         r"safety|filters?)", 0.7, "tries to override earlier instructions"),
-    Rule("role_hijack", r"\byou are (?:now|no longer)\b|\bact as (?:an? )?(?:unrestricted|unfiltered|jailbroken|evil)"
-         r"|\bpretend (?:that )?you (?:have no|are not bound|don't have)|(?-i:\bDAN\b)|\bjailbr(?:eak|oken)"
-         r"|\bdeveloper mode\b|\bno (?:ethical|moral) (?:guidelines|constraints|restrictions)"
-         r"|\bwithout (?:any )?(?:restrictions|filters|censorship|limitations)\b",
-         0.55, "tries to change the assistant's role"),
+         r"safety|filters?)|\bforget everything you (?:were|have been) told", 0.85,
+         "tries to override earlier instructions"),
+    Rule("role_hijack", r"\byou are no longer\b|\bact as (?:an? )?(?:unrestricted|unfiltered|jailbroken|evil)"
+         r"|\bpretend (?:that )?you (?:have no|are not bound|don't have)|(?-i:\bDAN\b)"
+         r"|\bno (?:ethical|moral) (?:guidelines|constraints|restrictions)", 0.75,
+         "tries to change the assistant's role"),
+    Rule("role_words", r"\byou are now\b|\bjailbr(?:eak|oken)|\bdeveloper mode\b"
+         r"|\bwithout (?:any )?(?:restrictions|filters|censorship|limitations)\b", 0.3,
+         "uses words of role-change attempts"),
     Rule("system_prompt", r"\b(?:reveal|print|show|repeat|leak|output|tell me|what is|what's|give me)\b.{0,30}"
-         r"\b(?:your (?:system prompt|instructions|initial prompt|hidden instructions|rules)|"
-         r"(?:the )?(?:text|words|everything) above)", 0.5, "asks for the system prompt"),
+         r"\byour (?:system prompt|initial prompt|hidden instructions|original instructions)", 0.75,
+         "asks for the system prompt"),
+    Rule("prompt_words", r"\b(?:reveal|print|show|repeat|leak|output)\b.{0,30}\b(?:your (?:instructions|rules)|"
+         r"(?:the )?(?:text|words|everything) above)", 0.3, "asks to repeat instructions or earlier text"),
     Rule("secrecy", r"\b(?:do not|don't|never) (?:tell|inform|mention|reveal)\b.{0,30}\b(?:user|anyone|human)\b",
          0.5, "asks to hide actions from the user"),
     Rule("exfil_verbs", r"\b(?:send|forward|post|upload|transfer|email)\b.{0,60}\b(?:password|credentials?|api key|"
-         r"secret|token|security code|iban|credit card)", 0.45, "asks to send credentials or financial data"),
-    Rule("fake_markup", r"<\|im_(?:start|end)\|>|<\|(?:system|endoftext)\|>|\[/?INST\]|<<SYS>>|<\s*/?\s*system\s*>",
-         0.6, "carries chat-format control tokens"),
-    Rule("new_instructions", r"\b(?:new|updated|important) (?:instructions?|orders)\b", 0.35,
+         r"secret|token|security code|iban|credit card)", 0.5, "asks to send credentials or financial data"),
+    Rule("fake_markup", r"<\|im_start\|>\s*system|<<SYS>>|<\|system\|>", 0.7, "carries chat-format system markers"),
+    Rule("markup_words", r"<\|im_(?:start|end)\|>|<\|endoftext\|>|\[/?INST\]|<\s*/?\s*system\s*>", 0.3,
+         "carries chat-format control tokens"),
+    Rule("new_instructions", r"\b(?:new|updated|important) (?:instructions?|orders)\b", 0.3,
          "announces new instructions"),
-    Rule("malware", r"\b(?:write|create|build|make|code|develop)\b.{0,30}\b(?:ransomware|keylogger|malware|botnet|"
-         r"credential stealer|rootkit)\b", 0.5, "asks for malicious software"),
+    Rule("malware", r"\b(?:write|create|build|make|code|develop)\b\s+(?:me\s+)?(?:an?\s+|some\s+)?(?:[\w-]+\s+){0,2}"
+         r"(?:ransomware|keylogger|malware|botnet|credential stealer|rootkit)\b", 0.7, "asks for malicious software"),
 )
 
 # A final answer (after the policy's redaction): what should not reach the user even so.
 OUTPUT_RULES: tuple[Rule, ...] = (
-    Rule("secret", _has_secret, 0.6, "contains what looks like a secret"),
-    Rule("exfil_link", _exfil_link, 0.5, "contains an image or link that would send data outside"),
-    Rule("prompt_leak", r"\b(?:my|the) (?:system prompt|hidden instructions|initial instructions)\b.{0,20}"
-         r"\b(?:is|are|says|reads)\b|\bhere (?:is|are) my (?:system prompt|instructions)", 0.5,
+    Rule("secret", _has_secret, 0.8, "contains what looks like a secret"),
+    Rule("exfil_link", _exfil_link, 0.8, "contains an image or link that would send data outside"),
+    Rule("prompt_leak", r"\bmy (?:system prompt|hidden instructions|initial instructions|instructions)\b.{0,20}"
+         r"\b(?:is|are|says|reads)\b|\bhere (?:is|are) my (?:system prompt|instructions)", 0.75,
          "reveals the system prompt"),
     Rule("jailbroken", r"\bdeveloper mode (?:enabled|output)|\U0001F513|(?-i:\bDAN:)|\bas an? (?:unrestricted|"
          r"unfiltered|jailbroken) (?:ai|assistant|model)\b|\bi have no (?:restrictions|ethical guidelines)",
-         0.7, "speaks as a jailbroken persona"),
+         0.85, "speaks as a jailbroken persona"),
     Rule("sent_secret", r"\b(?:i have|i've|i)\b.{0,20}\b(?:sent|forwarded|emailed|uploaded|posted)\b.{0,60}"
-         r"\b(?:password|credentials?|api key|secret|token|security code)", 0.45,
+         r"\b(?:password|credentials?|api key|secret|token|security code)", 0.6,
          "says it sent credentials somewhere"),
-    Rule("destructive", r"\brm\s+-(?:rf|fr|r\s+-f)\s+(?:/|~|\$HOME)(?:\s|$|\*)|:\(\)\s*\{\s*:\|:&\s*\};:"
-         r"|\bmkfs(?:\.\w+)?\s+/dev/[sh]d|\bdd\s+if=/dev/(?:zero|u?random)\s+of=/dev/[sh]d", 0.5,
+    Rule("destructive", r"\brm\s+-(?:rf|fr|r\s+-f)\s+(?:/|~|\$HOME)(?:\s|$|\*|`)|:\(\)\s*\{\s*:\|:&\s*\};:"
+         r"|\bmkfs(?:\.\w+)?\s+/dev/[sh]d|\bdd\s+if=/dev/(?:zero|u?random)\s+of=/dev/[sh]d", 0.7,
          "suggests a command that destroys a system"),
 )
 
