@@ -293,6 +293,9 @@ def test_cli_strictness_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert build_strictness(RunOptions(strictness="off")) is None
     with pytest.raises(CliError, match="--strictness must be one of off, lenient, standard, strict"):
         build_strictness(RunOptions(strictness="max"))
+    with pytest.raises(CliError, match="does not apply to plan mode"):
+        build_strictness(RunOptions(strictness="strict", plan=True))
+    assert build_strictness(RunOptions(plan=True)) is None  # $TETHER_STRICTNESS=lenient: not plan mode's
 
 
 def test_cli_refuses_before_any_request_to_the_model(tmp_path: Path) -> None:

@@ -218,7 +218,9 @@ def build_strictness(opts: RunOptions) -> str | None:
     value = (opts.strictness or os.environ.get("TETHER_STRICTNESS") or "off").strip().lower()
     if value not in STRICTNESS_CHOICES:
         raise CliError(f"--strictness must be one of {', '.join(STRICTNESS_CHOICES)}, got {value!r}", exit_code=2)
-    return None if value == "off" else value
+    if opts.plan and opts.strictness is not None and value != "off":
+        raise CliError("--strictness does not apply to plan mode yet: drop --plan or --strictness", exit_code=2)
+    return None if value == "off" or opts.plan else value
 
 
 def load_output_schema(path: Path | None) -> Any:
