@@ -156,9 +156,9 @@ class Agent(Generic[OutputT]):
         return RunSpec(
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
+            input_filter=self.input_filter, output_filter=self.output_filter,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
             output=None if self._output is None else OutputRun(self._output, self.output_retries),
-            input_filter=self.input_filter, output_filter=self.output_filter,
         )
 
     async def arun(

@@ -272,10 +272,10 @@ class RunSpec:
     cancel: CancelToken | None = None
     on_event: EventSink | None = None
     stream_text: bool = False
-    output: OutputRun | None = None  # the run's output type (tether._output), when it has one
-    bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
     input_filter: SafetyFilter | None = None  # screens the new request before any model call
     output_filter: SafetyFilter | None = None  # screens the final answer
+    output: OutputRun | None = None  # the run's output type (tether._output), when it has one
+    bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
 
 
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted

@@ -141,16 +141,16 @@ class OtelObserver:
             case ApprovalDecided():
                 run.span.add_event("tether.approval_decided", {"tether.call.id": event.call_id,
                                                                "tether.approved": event.approved, "tether.by": event.by})
-            case Notice():
-                run.span.add_event("tether.notice", {k: _attribute(v) for k, v in event.notice.items()})
-            case Error():
-                run.span.add_event("tether.error", {"error.message": event.error})
             case FilterVerdict():
                 run.span.add_event("tether.filter_verdict", {
                     "tether.filter.side": event.side, "tether.filter.score": event.score,
                     "tether.filter.threshold": event.threshold, "tether.filter.flagged": event.flagged,
                     "tether.filter.reasons": list(event.reasons), "tether.filter.matched": list(event.matched),
                     "tether.filter.cached": event.cached})
+            case Notice():
+                run.span.add_event("tether.notice", {k: _attribute(v) for k, v in event.notice.items()})
+            case Error():
+                run.span.add_event("tether.error", {"error.message": event.error})
             case RunStopped():
                 self._stop(run_id, run, event)
 
