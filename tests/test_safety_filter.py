@@ -357,3 +357,17 @@ def test_verdict_is_a_span_event() -> None:
     assert "matches a phrase on the refuse list" in event.attributes["tether.filter.reasons"]  # type: ignore[operator]
     assert run.attributes is not None and run.attributes["tether.stop_reason"] == "input_refused"
 
+
+
+def test_console_row_and_sse_event_for_a_verdict() -> None:
+    pytest.importorskip("jinja2")
+    from tether.server._console import _environment
+    from tether.server._events import derive
+
+    event = FilterVerdict(side="input", score=1.0, threshold=0.6, flagged=True, reasons=["says <b>ignore</b>"],
+                          matched=["refuse_list"], cached=True)
+    assert derive(event, None) == [("filter_verdict", event.data)]
+    row = str(_environment().get_template("fragments.html").make_module({}).event_row(
+        "run1", "filter_verdict", {**event.data, "t": 0.0, "step": 0}, "3.0"))
+    assert "input filter: refused" in row and "score 1.0 / threshold 0.6" in row and "cached" in row
+    assert "says &lt;b&gt;ignore&lt;/b&gt;" in row and "<b>ignore" not in row
