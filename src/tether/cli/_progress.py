@@ -83,6 +83,8 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
     """One line saying why a run that did not complete stopped, and what it found."""
     found = _plural(len(result.findings), "finding")
     where = "partial answer on stdout" if result.answer.strip() and answer_shown else "no answer"
+    if result.stop_reason in (StopReason.INPUT_REFUSED, StopReason.OUTPUT_REFUSED) and where != "no answer":
+        where = "the filter's message on stdout"
     done = f"after {_plural(result.steps, 'step')} and {_plural(result.usage.tool_calls, 'tool call')}"
     reason = result.stop_reason
     if reason in BUDGET_STOPS:
