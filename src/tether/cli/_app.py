@@ -227,6 +227,7 @@ def root(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -248,7 +249,6 @@ def root(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
-    strictness: o.Strictness = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -263,11 +263,12 @@ def root(
         typer.echo(f"tether {__version__}")
         raise typer.Exit(0)
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+                    strictness=strictness,
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
-                    apply=apply, allow=allow, strictness=strictness)
+                    apply=apply, allow=allow)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -292,6 +293,7 @@ def run_command(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -313,7 +315,6 @@ def run_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
-    strictness: o.Strictness = None,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -321,10 +322,11 @@ def run_command(
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        strictness=strictness,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan, no_stage=no_stage, apply=apply, allow=allow, strictness=strictness))
+        plan=plan, no_stage=no_stage, apply=apply, allow=allow))
     if durable and opts.plan:
         raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
     if prompt is None:
@@ -346,6 +348,7 @@ def chat_command(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -365,15 +368,15 @@ def chat_command(
     no_stage: o.NoStage = False,
     apply: o.Apply = False,
     allow: o.Allow = None,
-    strictness: o.Strictness = None,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        strictness=strictness,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
-        no_stage=no_stage, apply=apply, allow=allow, strictness=strictness))
+        no_stage=no_stage, apply=apply, allow=allow))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

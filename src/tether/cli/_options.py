@@ -111,6 +111,7 @@ class RunOptions:
     max_seconds: float | None = None
     model_timeout: float | None = None
     max_cost: float | None = None
+    strictness: str | None = None
     tools: str | None = None
     workspace: Path | None = None
     json: bool = False
@@ -132,7 +133,6 @@ class RunOptions:
     no_stage: bool = False
     apply: bool = False
     allow: tuple[str, ...] | None = None
-    strictness: str | None = None
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""
