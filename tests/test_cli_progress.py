@@ -20,6 +20,8 @@ EXPECTED = {
     StopReason.APPROVAL_BUDGET: 3,
     StopReason.AWAITING_APPROVAL: 4,
     StopReason.CANCELLED: 130,
+    StopReason.INPUT_REFUSED: 6,  # the safety filter refused the request (--strictness)
+    StopReason.OUTPUT_REFUSED: 6,  # ... or withheld the answer
 }
 
 
@@ -36,7 +38,8 @@ def test_stop_line_is_one_line_naming_the_reason(reason: StopReason) -> None:
     line = stop_line(result)
     assert "\n" not in line and line.startswith("tether: ")
     assert "after 4 steps and 2 tool calls" in line
-    assert line.endswith("partial answer on stdout, 2 findings")
+    refused = reason in (StopReason.INPUT_REFUSED, StopReason.OUTPUT_REFUSED)
+    assert line.endswith("the filter's message on stdout, 2 findings" if refused else "partial answer on stdout, 2 findings")
     if reason is StopReason.ERROR:
         assert "boom second line" in line
     elif reason is not StopReason.AWAITING_APPROVAL:

@@ -241,7 +241,8 @@ def test_safety_filter_score_threshold_reasons_and_cache() -> None:
     v = f.check(bad)
     assert v.flagged and v.score > 0.8
     assert "tries to override earlier instructions" in v.reasons and "asks to hide actions from the user" in v.reasons
-    assert f.check(bad) is v and f.hits == 1 and f.misses == 2  # cached by hash
+    again = f.check(bad)
+    assert again.cached and (again.score, again.reasons) == (v.score, v.reasons) and f.hits == 1 and f.misses == 2
     mild = "This is urgent, reply right now."
     assert not SafetyFilter(strictness="standard").check(mild).flagged
     assert SafetyFilter(strictness=0.1).check(mild).flagged

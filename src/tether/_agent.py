@@ -46,6 +46,11 @@ class Agent(Generic[OutputT]):
     `output_type` (a pydantic model, dataclass, TypedDict, primitive, list or union; see
     `tether._output`) makes `result.output` a validated value of that type; an invalid answer goes
     back to the model with its errors up to `output_retries` times.
+
+    `input_filter` screens the request before any model call (refused: stop reason `input_refused`,
+    no model call), `output_filter` the final answer (withheld: `output_refused`): each is a
+    strictness ("lenient", "standard", "strict"), True (standard), a `tether.policy.SafetyFilter`, or a
+    list of your own rules (regexes or functions of the text). Off by default; see docs/safety.md.
     """
 
     model: Model
@@ -68,11 +73,18 @@ class Agent(Generic[OutputT]):
     name: str = "agent"  # identifies this agent's durable runs, so a restarted process can recover them
     output_type: type[OutputT] | None = None
     output_retries: int = 2
+    input_filter: Any = None  # tether.policy.as_filter(..., "input"): None/False/"off" for none
+    output_filter: Any = None
     _output: OutputType[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.output_type is not None:
             self._output = OutputType.of(self.output_type)
+        if self.input_filter is not None or self.output_filter is not None:
+            from tether.policy._safety_filter import as_filter
+
+            self.input_filter = as_filter(self.input_filter, "input")
+            self.output_filter = as_filter(self.output_filter, "output")
         if self.output_retries < 0:
             raise InvalidInput(f"output_retries must be >= 0, got {self.output_retries}")
         if self.policy is None:
@@ -144,6 +156,7 @@ class Agent(Generic[OutputT]):
         return RunSpec(
             model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
+            input_filter=self.input_filter, output_filter=self.output_filter,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
             output=None if self._output is None else OutputRun(self._output, self.output_retries), agent=self.name,
         )

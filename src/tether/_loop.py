@@ -47,6 +47,7 @@ from tether.events import (
     ApprovalRequested,
     BaseEvent,
     Error,
+    FilterVerdict,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -72,6 +73,7 @@ from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
     from tether._output import OutputRun
+    from tether.policy._safety_filter import SafetyFilter
 
 EventSink = Callable[[TraceEvent], None]
 T = TypeVar("T")
@@ -279,6 +281,8 @@ class RunSpec:
     cancel: CancelToken | None = None
     on_event: EventSink | None = None
     stream_text: bool = False
+    input_filter: SafetyFilter | None = None  # screens the new request before any model call
+    output_filter: SafetyFilter | None = None  # screens the final answer
     output: OutputRun | None = None  # the run's output type (tether._output), when it has one
     bounds: tuple[Bound, ...] = ()  # a sub-agent's: its ancestors' capabilities (tools.Bound)
     agent: str = ""  # the agent's name, for traces
@@ -412,7 +416,9 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         parked = await _resume_decided(spec, state, ctx, budget, emit) if state.decisions else False
         if parked:
             stop = StopReason.AWAITING_APPROVAL
-        while not parked:
+        elif spec.input_filter is not None and (refused := _screen_input(spec, messages, emit)) is not None:
+            stop, answer, error = StopReason.INPUT_REFUSED, *refused  # no model call at all
+        while stop is None:
             # 1. Guards, before every model call.
             if spec.cancel is not None and spec.cancel.cancelled:
                 raise _Cancelled
@@ -535,7 +541,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
 
     # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
     if stop is not None and stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                                         StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID) \
+                                         StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID,
+                                         StopReason.INPUT_REFUSED) \
             and spec.limits.final_answer:
         answer = await _final_answer(spec, context, messages, stop, budget, emit, admission,
                                      [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
@@ -550,6 +557,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
     if spec.output is not None:
         stop, error, output = spec.output.finish(stop, error, answer)
+    if answer and spec.output_filter is not None and stop is not StopReason.INPUT_REFUSED:
+        answer, stop, error, output = _screen_output(spec, answer, stop, error, output, budget, emit)
 
     # 8. Everything the run knows goes back into its state (once, not per step).
     state.findings.extend(_finding(c, r) for c, r in found)
@@ -571,6 +580,48 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     )
     emit(RunStopped(stop_reason=result.stop_reason.value, steps=result.steps))
     return result
+
+
+REFUSED_ANSWER = "I can't help with this request: the input filter refused it ({reasons}). Nothing was sent to the model."
+WITHHELD_ANSWER = "[The answer was withheld by the output filter: {reasons}.]"
+
+
+def _screen_input(spec: RunSpec, messages: list[Message], emit: Callable[..., None]) -> tuple[str, str] | None:
+    """The input filter's verdict on the run's new request (the last message, when the user wrote
+    it); refused: (answer, error), and the request leaves the transcript so no later turn sends it."""
+    last = messages[-1] if messages else None
+    if spec.input_filter is None or last is None or last.role != "user" or last.name in (NOTE_NAME,):
+        return None
+    verdict = spec.input_filter.check(last.content)
+    emit(FilterVerdict(side="input", score=verdict.score, threshold=verdict.threshold, flagged=verdict.flagged,
+                       reasons=list(verdict.reasons), matched=list(verdict.matched), cached=verdict.cached))
+    if not verdict.flagged:
+        return None
+    messages.pop()
+    reasons = "; ".join(verdict.reasons)
+    return REFUSED_ANSWER.format(reasons=reasons), f"refused by the input filter: {reasons}"
+
+
+def _screen_output(spec: RunSpec, answer: str, stop: StopReason, error: str | None, output: object, budget: Budget,
+                   emit: Callable[..., None]) -> tuple[str, StopReason, str | None, object]:
+    """The output filter's verdict on the answer leaving the run: withheld (with the matched rules'
+    reasons) when flagged; a completed run then stops `output_refused`. A rule that fails withholds too."""
+    assert spec.output_filter is not None
+    started = budget.elapsed()
+    try:
+        verdict = spec.output_filter.check(answer)
+    except Exception as exc:  # a user's rule: the answer does not leave unchecked
+        why = f"output filter failed: {type(exc).__name__}: {exc}"
+        emit(Error(error=why))
+        return WITHHELD_ANSWER.format(reasons=why), StopReason.ERROR, why, None
+    emit(FilterVerdict(side="output", score=verdict.score, threshold=verdict.threshold, flagged=verdict.flagged,
+                       reasons=list(verdict.reasons), matched=list(verdict.matched), cached=verdict.cached), started)
+    if not verdict.flagged:
+        return answer, stop, error, output
+    reasons = "; ".join(verdict.reasons)
+    if stop is StopReason.COMPLETED:
+        stop, error = StopReason.OUTPUT_REFUSED, f"the output filter withheld the answer: {reasons}"
+    return WITHHELD_ANSWER.format(reasons=reasons), stop, error, None
 
 
 def _call_model(spec: RunSpec, request: ModelRequest, emit: Callable[..., None]) -> Awaitable[ModelReply]:

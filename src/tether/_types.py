@@ -37,6 +37,8 @@ class StopReason(enum.StrEnum):
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting_approval"
     OUTPUT_INVALID = "output_invalid"  # an output type was asked for; no reply validated against it
+    INPUT_REFUSED = "input_refused"  # the input filter refused the request: no model call was made
+    OUTPUT_REFUSED = "output_refused"  # the output filter withheld the final answer
     ERROR = "error"
 
 

@@ -211,9 +211,24 @@ class CriticReviewed(BaseEvent):
     input_tokens: int = 0
 
 
+@dataclass(slots=True, kw_only=True)
+class FilterVerdict(BaseEvent):
+    """The safety filter's verdict on the user's request (`input`) or the final answer (`output`)."""
+
+    kind: Literal["filter_verdict"] = "filter_verdict"  # pyright: ignore[reportIncompatibleVariableOverride]
+    side: str = "input"  # input | output
+    score: float = 0.0
+    threshold: float = 0.0
+    flagged: bool = False  # score >= threshold: the request was refused, or the answer withheld
+    reasons: list[str] = field(default_factory=list)  # the matched rules' reasons
+    matched: list[str] = field(default_factory=list)  # the matched rules' names
+    cached: bool = False  # answered from the verdict cache
+
+
 Event = Annotated[
     Union[RunStarted, ModelCallStarted, ModelCallEnded, TextStreamed, ToolCallStarted,  # noqa: UP007
-          ToolCallEnded, ApprovalRequested, ApprovalDecided, Notice, Error, RunStopped, CriticReviewed],
+          ToolCallEnded, ApprovalRequested, ApprovalDecided, Notice, Error, RunStopped, CriticReviewed,
+          FilterVerdict],
     Field(discriminator="kind"),
 ]
 EVENT_TYPES: dict[str, type[Any]] = {tp.__dataclass_fields__["kind"].default: tp for tp in get_args(get_args(Event)[0])}

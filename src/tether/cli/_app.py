@@ -243,6 +243,7 @@ def root(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -270,7 +271,8 @@ def root(
     """Run a bounded, tool-using LLM agent.
 
     `tether -p "PROMPT"` runs one task and prints only the final answer on stdout. Exit codes: 0
-    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 130 cancelled.
+    completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval, 5 calls refused for
+    want of a terminal, 6 refused or withheld by the safety filter (--strictness), 130 cancelled.
     """
     if version:
         from tether import __version__
@@ -278,6 +280,7 @@ def root(
         typer.echo(f"tether {__version__}")
         raise typer.Exit(0)
     opts = _options(model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+                    strictness=strictness,
                     max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools,
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
@@ -307,6 +310,7 @@ def run_command(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -336,6 +340,7 @@ def run_command(
     """Run one task and print only its final answer (same as `tether -p PROMPT`)."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        strictness=strictness,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
@@ -361,6 +366,7 @@ def chat_command(
     max_seconds: o.MaxSeconds = None,
     model_timeout: o.ModelTimeout = None,
     max_cost: o.MaxCost = None,
+    strictness: o.Strictness = None,
     tools: o.Tools = None,
     workspace: o.Workspace = None,
     json: o.Json = False,
@@ -385,6 +391,7 @@ def chat_command(
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
         model=model, base_url=base_url, api_key=api_key, max_steps=max_steps, max_tokens=max_tokens,
+        strictness=strictness,
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,

@@ -202,11 +202,25 @@ def build_agent(opts: RunOptions, announce: Callable[[str], None] | None = None,
     policy = build_policy(opts, pause)
     # With no tools there are no results to page through, so no read_result tool either.
     executor = None if tools else Executor([], policy=policy, read_result=False)
+    strictness = build_strictness(opts)
     agent = Agent(model, tools=tools, instructions=instructions, limits=limits, policy=policy, executor=executor,
-                  output_type=load_output_schema(opts.output_schema), context=context, pricing=pricing)
+                  output_type=load_output_schema(opts.output_schema), context=context, pricing=pricing,
+                  input_filter=strictness, output_filter=strictness)
     if mcp is not None:
         adopt(mcp, agent.executor)
     return agent
+
+
+def build_strictness(opts: RunOptions) -> str | None:
+    """`--strictness` (else $TETHER_STRICTNESS) as the filters' setting; None: off."""
+    from tether.policy._safety_filter import STRICTNESS_CHOICES
+
+    value = (opts.strictness or os.environ.get("TETHER_STRICTNESS") or "off").strip().lower()
+    if value not in STRICTNESS_CHOICES:
+        raise CliError(f"--strictness must be one of {', '.join(STRICTNESS_CHOICES)}, got {value!r}", exit_code=2)
+    if opts.plan and opts.strictness is not None and value != "off":
+        raise CliError("--strictness does not apply to plan mode yet: drop --plan or --strictness", exit_code=2)
+    return None if value == "off" or opts.plan else value
 
 
 def load_output_schema(path: Path | None) -> Any:

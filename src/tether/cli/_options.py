@@ -95,6 +95,10 @@ Allow = Annotated[list[str] | None, typer.Option(
 NoStore = Annotated[bool, typer.Option(
     "--no-store", help="Do not record this run in the run store (`tether runs`); TETHER_STORE=off does the same.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
+Strictness = Annotated[str | None, typer.Option(
+    "--strictness", help="Screen each request (before any model call) and the final answer with tether's safety "
+    "filter: off, lenient, standard or strict (docs/safety.md). A refused request or withheld answer exits 6. "
+    "Default: $TETHER_STRICTNESS, then off.", show_default=False)]
 
 
 @dataclass(slots=True)
@@ -109,6 +113,7 @@ class RunOptions:
     max_seconds: float | None = None
     model_timeout: float | None = None
     max_cost: float | None = None
+    strictness: str | None = None
     tools: str | None = None
     workspace: Path | None = None
     json: bool = False

@@ -20,6 +20,7 @@ from tether.events import (
     ApprovalRequested,
     CriticReviewed,
     Error,
+    FilterVerdict,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -38,6 +39,7 @@ EXIT_ERROR = 1
 EXIT_BUDGET = 3
 EXIT_APPROVAL = 4
 EXIT_UNASKED = 5  # calls needed approval and nobody could be asked (no terminal): they did not run
+EXIT_REFUSED = 6  # the safety filter refused the request (no model call) or withheld the answer
 EXIT_CANCELLED = 130
 
 BUDGET_STOPS = {
@@ -68,6 +70,8 @@ def exit_code(result: RunResult) -> int:
         return EXIT_APPROVAL
     if result.stop_reason is StopReason.CANCELLED:
         return EXIT_CANCELLED
+    if result.stop_reason in (StopReason.INPUT_REFUSED, StopReason.OUTPUT_REFUSED):
+        return EXIT_REFUSED
     return EXIT_ERROR
 
 
@@ -79,6 +83,8 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
     """One line saying why a run that did not complete stopped, and what it found."""
     found = _plural(len(result.findings), "finding")
     where = "partial answer on stdout" if result.answer.strip() and answer_shown else "no answer"
+    if result.stop_reason in (StopReason.INPUT_REFUSED, StopReason.OUTPUT_REFUSED) and where != "no answer":
+        where = "the filter's message on stdout"
     done = f"after {_plural(result.steps, 'step')} and {_plural(result.usage.tool_calls, 'tool call')}"
     reason = result.stop_reason
     if reason in BUDGET_STOPS:
@@ -89,6 +95,10 @@ def stop_line(result: RunResult, answer_shown: bool = True) -> str:
         head = f"cancelled ({result.error or 'cancelled'}) {done}"
     elif reason is StopReason.AWAITING_APPROVAL:
         head = f"stopped {done}: a tool call awaits approval ({result.error or 'rerun with --yes to approve'})"
+    elif reason is StopReason.INPUT_REFUSED:
+        head = f"request refused (input_refused) {done}: {result.error or 'the input filter refused it'}"
+    elif reason is StopReason.OUTPUT_REFUSED:
+        head = f"answer withheld (output_refused) {done}: {result.error or 'the output filter withheld it'}"
     elif reason is StopReason.OUTPUT_INVALID:
         head = f"no valid output (output_invalid) {done}: {result.error or 'the answer did not validate'}"
     else:
@@ -218,6 +228,15 @@ class Reporter:
             self.console.print(f"[dim]· critic: {'ok' if event.ok else escape(_short(event.reasons, 200))}[/]",
                                highlight=False)
 
+    def _filter(self, event: FilterVerdict) -> None:
+        what = ("refused" if event.side == "input" else "withheld") if event.flagged else "passed"
+        line = f"{event.side} filter {what}: score {event.score:.2f} / {event.threshold:.2f}" + (
+            f" ({'; '.join(event.reasons)})" if event.reasons else "") + (" [cached]" if event.cached else "")
+        if event.flagged:
+            self.console.print(f"[red]! {escape(clean(line))}[/]", highlight=False)
+        elif self.verbose:
+            self.console.print(f"[dim]· {escape(clean(line))}[/]", highlight=False)
+
     def _nothing(self, event: object) -> None:
         """Kinds the live view shows through others (a start opens what its end prints; the stop is the
         summary; streamed text is printed by the runner)."""
@@ -227,7 +246,7 @@ class Reporter:
         RunStarted: _nothing, ModelCallStarted: _nothing, ModelCallEnded: _model_ended, TextStreamed: _nothing,
         ToolCallStarted: _tool_started, ToolCallEnded: _tool_ended, ApprovalRequested: _approval_requested,
         ApprovalDecided: _approval_decided, Notice: _notice, Error: _error, RunStopped: _nothing,
-        CriticReviewed: _critic,
+        CriticReviewed: _critic, FilterVerdict: _filter,
     }
 
     def summary(self, result: RunResult) -> None:

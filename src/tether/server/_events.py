@@ -30,6 +30,7 @@ from tether.events import (
     BaseEvent,
     CriticReviewed,
     Error,
+    FilterVerdict,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -72,13 +73,13 @@ def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
         case RunStopped():
             return [("answer", {"answer": answer or "", "stop_reason": event.stop_reason}), (event.kind, event.data)]
         case (RunStarted() | ModelCallStarted() | ModelCallEnded() | ToolCallStarted() | ToolCallEnded() | Notice()
-              | Error() | CriticReviewed() | TextStreamed()):
+              | Error() | CriticReviewed() | TextStreamed() | FilterVerdict()):
             return [(event.kind, event.data)]
     raise InvalidType(f"an event type the stream does not handle: {type(event).__name__}")
 
 
 HANDLED = (RunStarted, ModelCallStarted, ModelCallEnded, ToolCallStarted, ToolCallEnded, ApprovalRequested,
-           ApprovalDecided, Notice, Error, RunStopped, CriticReviewed, TextStreamed)
+           ApprovalDecided, Notice, Error, RunStopped, CriticReviewed, TextStreamed, FilterVerdict)
 
 
 def stored_event(kind: str, data: dict[str, Any]) -> BaseEvent:

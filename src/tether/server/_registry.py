@@ -10,6 +10,8 @@ TOML (`tether serve --agents agents.toml`):
                                           # reviewed and applied through /v1/tasks/ID/changes and /apply
     instructions = "Answer briefly."
     limits = { max_steps = 10, max_seconds = 120 }
+    strictness = "standard"               # the safety filter on each request and answer: off (default),
+                                          # lenient, standard, strict; or { input = "strict", output = "off" }
 
     [agents.assistant.policy]             # optional: the safety policy (tether.policy.SafetyPolicy)
     unlisted = "inherit"                  # tools not under [..policy.tools]: their own declarations
@@ -128,7 +130,7 @@ def _from_toml(path: Path) -> Registry:
     agents = data.get("agents")
     if not isinstance(agents, dict) or not agents:
         raise RegistryError(f"{path}: no [agents.NAME] tables")
-    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy", "staged"}
+    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy", "staged", "strictness"}
     factories: dict[str, AgentFactory] = {}
     staged: dict[str, Any] = {}
     for name, cfg in agents.items():
@@ -161,6 +163,7 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any], *, staged: bool = 
         if cfg.get("model"):
             parse_spec(str(cfg["model"]))
         policy_from_toml(cfg.get("policy"), tool_names)
+        filters = strictness_from_toml(cfg.get("strictness"))
     except (RegistryError, CliError, ModelConfigError) as exc:
         raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
 
@@ -173,7 +176,7 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any], *, staged: bool = 
             raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
         policy = policy_from_toml(cfg.get("policy"), {t.name for t in tools})  # per run: its state is the run's
         return Agent(model, tools=tools, instructions=str(cfg.get("instructions") or ""), limits=limits, user=user,
-                     name=name, policy=policy)
+                     name=name, policy=policy, input_filter=filters["input"], output_filter=filters["output"])
 
     return build
 
@@ -196,6 +199,25 @@ def _task_stage(workspace: Path, task_id: str) -> Any:
         raise RegistryError(f"cannot stage {workspace} for task {task_id}: {exc}") from exc
     except OSError as exc:
         raise RegistryError(f"cannot stage {workspace} for task {task_id}: {exc.strerror or exc}") from exc
+
+
+def strictness_from_toml(value: Any) -> dict[str, str | None]:
+    """An agent's `strictness`: one setting for both filters, or a table {input, output}; "off" or
+    absent: no filter on that side."""
+    from tether.policy._safety_filter import STRICTNESS_CHOICES
+
+    table = value if isinstance(value, dict) else {"input": value, "output": value}
+    bad = sorted(set(table) - {"input", "output"})
+    if bad:
+        raise RegistryError(f"strictness has unknown keys {bad}; known: ['input', 'output']")
+    out: dict[str, str | None] = {}
+    for side in ("input", "output"):
+        got = table.get(side)
+        if got is not None and got not in STRICTNESS_CHOICES:
+            raise RegistryError(f"strictness{'' if table is not value else '.' + side} must be one of "
+                                f"{list(STRICTNESS_CHOICES)}, got {got!r}")
+        out[side] = None if got in (None, "off") else str(got)
+    return out
 
 
 POLICY_KEYS = {"unlisted", "egress", "tools"}

@@ -38,6 +38,7 @@ from tether.events import (
     ApprovalRequested,
     BaseEvent,
     Error,
+    FilterVerdict,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -196,6 +197,12 @@ class OtelObserver:
             case ApprovalDecided():
                 run.span.add_event("tether.approval_decided", {"tether.call.id": event.call_id,
                                                                "tether.approved": event.approved, "tether.by": event.by})
+            case FilterVerdict():
+                run.span.add_event("tether.filter_verdict", {
+                    "tether.filter.side": event.side, "tether.filter.score": event.score,
+                    "tether.filter.threshold": event.threshold, "tether.filter.flagged": event.flagged,
+                    "tether.filter.reasons": list(event.reasons), "tether.filter.matched": list(event.matched),
+                    "tether.filter.cached": event.cached})
             case Notice():
                 if isinstance(reason := event.notice.get("cancelled"), str):
                     run.cancel_reason = reason
