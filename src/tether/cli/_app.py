@@ -2,7 +2,8 @@
 
 stdout carries only the answer (or `--json`); progress, tool activity and errors go to stderr.
 Exit codes: 0 completed, 1 error, 2 usage error, 3 budget or loop stop, 4 awaiting approval,
-5 calls refused because nobody could approve them (no terminal), 130 cancelled (Ctrl-C).
+5 calls refused because nobody could approve them (no terminal), 6 refused or withheld by the safety
+filter (--strictness), 130 cancelled (Ctrl-C).
 """
 
 from __future__ import annotations
