@@ -600,7 +600,11 @@ class Interpreter:
                 raise ProgramError(f".{func.attr}() takes no keyword arguments here", line)
             if func.attr in MUTATORS and isinstance(receiver.v, (list, dict)):
                 got = self._change(receiver, func.attr, args, pc, line)
-                self._label(name, chose | receiver.caps)  # which items it changed depends on the container's shape
+                # what changed depends on the container's shape, and on the arguments' (how many items
+                # extend adds, at which index insert puts one); which item remove takes, on every item
+                shape = deep_caps(receiver) | deep_caps(args[0]) if func.attr == "remove" else \
+                    Caps.union(a.caps for a in args[:1]) if func.attr != "append" else NONE
+                self._label(name, chose | receiver.caps | shape)
                 return got
             return self._method(receiver, func.attr, args, pc, func, node)
         if not isinstance(func, ast.Name):
