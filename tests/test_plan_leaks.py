@@ -354,5 +354,5 @@ def test_an_oversized_input_fails_before_the_plan_runs() -> None:
         nested = [nested]
     for big in (10 ** 5000, nested):
         interp = Interpreter(set(), _no_tools, env={"n": tag(big, Caps.of("tool:bank"))})
-        with pytest.raises(ProgramError, match="bits|nested"):
+        with pytest.raises(ProgramError, match=r"bits|nested"):
             asyncio.run(interp.run("final_answer(n)"))
