@@ -356,3 +356,32 @@ def test_an_oversized_input_fails_before_the_plan_runs() -> None:
         interp = Interpreter(set(), _no_tools, env={"n": tag(big, Caps.of("tool:bank"))})
         with pytest.raises(ProgramError, match=r"bits|nested"):
             asyncio.run(interp.run("final_answer(n)"))
+
+
+def test_an_error_on_private_data_is_withheld_even_from_a_trusted_tool() -> None:
+    @tool
+    def get_balance() -> float:
+        """The account's balance (private to the user)."""
+        return 1810.25
+
+    get_balance.metadata["private_output"] = True
+    planner = ScriptedModel([plan('b = get_balance()\nx = {"a": 1}[str(b)]\nfinal_answer(x)'), plan('final_answer("x")')])
+    PlanMode(planner, [get_balance], trusted_tools=["get_balance"]).run("Anything.")
+    retry = planner.requests[1].messages[-1].content
+    assert "1810" not in retry and "line 2: KeyError" in retry and "private data" in retry, retry
+
+
+def test_items_and_changing_methods_run_as_in_python() -> None:
+    calls: list[str] = []
+
+    async def count(name: str, args: dict[str, Value], pc: Caps) -> Value:
+        calls.append(name)
+        return tag("k", Caps.of("tool:key"))
+
+    interp = Interpreter({"key"}, count)
+    asyncio.run(interp.run('d = {"k": 1}\nd[key()] += 1\nx = [1, 2]\nx[0] = 5\nq = [1, 2, 3]\ny = q.pop()\n'
+                           'q.insert(0, 9)\nq.remove(1)\nd.update({"j": [1]})\nd["j"].extend([2, 3])\n'
+                           'z = d.setdefault("n", 0)\nfinal_answer([d, x, q, y, z])'))
+    assert interp.answer is not None and plain(interp.answer) == [{"k": 2, "j": [1, 2, 3], "n": 0}, [5, 2], [9, 2], 3, 0]
+    assert calls == ["key"]  # the key of `d[key()] += 1` is evaluated once
+    assert "tool:key" in deep_caps(interp.env["d"]).sources

@@ -68,12 +68,12 @@ class ProgramError(TetherError):
 
     def for_planner(self, seen: frozenset[str]) -> str:
         """What the planner is told: the whole message when every source it was computed from is in
-        `seen` (what the planner may read), else only the error's kind and line."""
-        if self.caps.sources <= seen:
+        `seen` (what the planner may read) and none is private, else only the error's kind and line."""
+        if self.caps.sources <= seen and self.caps.readers is None:
             return str(self)
         where = f"line {self.line}: " if self.line else ""
-        return (f"{where}{self.kind} (the message depends on {', '.join(sorted(self.caps.sources - seen))} "
-                "and is withheld)")
+        why = ", ".join(sorted(self.caps.sources - seen)) or "private data"
+        return f"{where}{self.kind} (the message depends on {why} and is withheld)"
 
 
 class LimitError(ProgramError):
@@ -246,8 +246,11 @@ class Interpreter:
                 got = self._binop(op, self._load(name, node), await self.expr(value, pc), node)
                 self._store(target, got, pc)
             case ast.AugAssign(target=ast.Subscript() as target, op=op, value=value):
-                old = await self.expr(ast.Subscript(target.value, target.slice, ast.Load(), lineno=node.lineno), pc)
-                await self._store_item(target, self._binop(op, old, await self.expr(value, pc), node), pc)
+                name, box, chose = await self._container(target.value, pc)
+                key = await self.expr(target.slice, pc)  # each evaluated once, as in Python
+                old = self._pick(box, key, chose, node.lineno).with_caps(box.caps | key.caps)
+                self._put(name, box, chose, key, self._binop(op, old, await self.expr(value, pc), node), pc,
+                          node.lineno)
             case ast.AugAssign():
                 raise ProgramError("only a name or an item can be updated with +=", node.lineno)
             case ast.Expr(value=value):
@@ -348,9 +351,11 @@ class Interpreter:
 
     async def _store_item(self, target: ast.Subscript, value: Value, pc: Caps) -> None:
         name, box, chose = await self._container(target.value, pc)
-        key = await self.expr(target.slice, pc)
+        self._put(name, box, chose, await self.expr(target.slice, pc), value, pc, target.lineno)
+
+    def _put(self, name: str, box: Value, chose: Caps, key: Value, value: Value, pc: Caps, line: int) -> None:
+        """`box[key] = value`, `box` being reached from `name` (labelled with what chose the slot)."""
         chose = chose | box.caps | key.caps
-        line = target.lineno
         item = fresh(value).with_caps(pc)
         if isinstance(box.v, dict):
             if not isinstance(key.v, str):
