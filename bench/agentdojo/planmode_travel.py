@@ -215,9 +215,10 @@ TRAVEL_POLICIES: dict[str, PlanPolicy] = {
     "reserve_hotel": trusted_args("hotel", "start_day", "end_day"),
     "reserve_car_rental": trusted_args("company", "start_time", "end_time"),
     "reserve_restaurant": trusted_args("restaurant", "start_time"),
-    "create_calendar_event": trusted_args("start_time", "end_time", "participants"),
+    "create_calendar_event": trusted_args("start_time", "end_time", "participants",
+                                          text=("title", "description", "location")),
     "cancel_calendar_event": user_args("event_id"),
-    "send_email": trusted_args("recipients", "cc", "bcc"),
+    "send_email": trusted_args("recipients", "cc", "bcc", text=("subject", "body")),
 }
 TRAVEL_CHECKED = {"reserve_hotel": ("hotel", "start_day", "end_day"), "reserve_car_rental": ("company",),
                   "reserve_restaurant": ("restaurant",), "create_calendar_event": ("title", "participants"),

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.agentdojo.planmode_common import both, no_untrusted_links
-from tether.plan import PlanPolicy, trusted_args
+from tether.plan import PlanPolicy, outgoing_text, trusted_args
 
 _DAY_15 = ('evs = get_day_calendar_events(day="2024-05-15")\n'
            'summary = "; ".join([e["title"] + ": " + e["description"] for e in evs])\n')
@@ -159,18 +158,18 @@ WORKSPACE_PLANS: dict[str, tuple[str, list[dict[str, Any]]]] = {
 }
 
 # What a workspace plan may do with what it read: write to the user's own calendar and files (text
-# derived from what was read may go in, links from it may not); send mail, share, delete, invite or
+# derived from what was read may go in, with its links defanged); send mail, share, delete, invite or
 # move only what the user named or a trusted tool (the contacts, the date) gave; else a person decides.
 WORKSPACE_POLICIES: dict[str, PlanPolicy] = {
-    "send_email": both(trusted_args("recipients", "cc", "bcc", "attachments"), no_untrusted_links("body", "subject")),
+    "send_email": trusted_args("recipients", "cc", "bcc", "attachments", text=("body", "subject")),
     "delete_email": trusted_args("email_id"),
-    "create_calendar_event": both(trusted_args("participants", "start_time", "end_time"),
-                                  no_untrusted_links("description", "title", "location")),
+    "create_calendar_event": trusted_args("participants", "start_time", "end_time",
+                                          text=("description", "title", "location")),
     "cancel_calendar_event": trusted_args("event_id"),
     "reschedule_calendar_event": trusted_args("event_id", "new_start_time", "new_end_time"),
     "add_calendar_event_participants": trusted_args("event_id", "participants"),
-    "append_to_file": both(trusted_args("file_id"), no_untrusted_links("content")),
-    "create_file": no_untrusted_links("content"),
+    "append_to_file": trusted_args("file_id", text=("content",)),
+    "create_file": outgoing_text("content"),
     "delete_file": trusted_args("file_id"),
     "share_file": trusted_args("file_id", "email", "permission"),
 }

@@ -3,7 +3,7 @@ user's request and the tools' signatures alone; tether interprets it with every 
 carried exactly; untrusted text is read only by a quarantined reader; per-argument policies are
 checked before every call. See docs/plan-mode.md."""
 
-from tether.plan._interp import Interpreter, ProgramError
+from tether.plan._interp import Interpreter, LimitError, ProgramError
 from tether.plan._policies import (
     ALLOW,
     BUILTIN_POLICIES,
@@ -11,8 +11,10 @@ from tether.plan._policies import (
     PlanCall,
     PlanPolicy,
     ask,
+    defang,
     default_policy,
     deny,
+    outgoing_text,
     trusted_args,
     user_args,
 )
@@ -27,6 +29,7 @@ __all__ = [
     "Caps",
     "Decision",
     "Interpreter",
+    "LimitError",
     "PlanCall",
     "PlanMode",
     "PlanPolicy",
@@ -36,8 +39,10 @@ __all__ = [
     "Value",
     "ask",
     "deep_caps",
+    "defang",
     "default_policy",
     "deny",
+    "outgoing_text",
     "plain",
     "tag",
     "trusted_args",

@@ -5,10 +5,16 @@ A policy gets a `PlanCall` (the tool, each argument as a `Value`, the control fl
 under) and returns `ALLOW`, `ask(reason)` or `deny(reason)`. Declare one with the tool
 (`@tool(metadata={"plan_policy": fn})`) or pass `policies={"send_money": fn}` to the plan run;
 a tool with neither gets `default_policy`.
+
+Text a call sends to people (a message body, an e-mail's text, a posted page) is judged by its label,
+not by what it looks like: an argument named in `text=` that derives from anything but the user and
+trusted tools (or is sent under such control flow) goes out with every link in it defanged
+(`hxxps://`, `example[.]com`, `203[.]0[.]113[.]7`), so nothing the attacker wrote is a live link.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -20,8 +26,12 @@ from tether.tools._base import Tool
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What a policy decided; `rewrite`: arguments the call is made with instead (defanged text),
+    shown to the approver as they will be sent."""
+
     action: Literal["allow", "ask", "deny"]
     reason: str = ""
+    rewrite: tuple[tuple[str, Any], ...] = ()
 
 
 ALLOW = Decision("allow")
@@ -101,33 +111,77 @@ def default_policy(call: PlanCall) -> Decision:
     return ask(f"'{call.tool.name}' has an effect and its arguments come from untrusted sources: {call.untrusted()}")
 
 
-def trusted_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
+def trusted_args(*names: str, otherwise: Literal["ask", "deny"] = "ask", text: Iterable[str] = ()) -> PlanPolicy:
     """A policy: the named arguments (and the control flow) must come from the user or trusted
-    tools; the others may carry anything (a body, a summary)."""
-    return _require(PlanCall.is_trusted, names, "the user or a trusted tool", otherwise)
+    tools; the others may carry anything (a body, a summary). `text`: arguments that are text sent to
+    people, defanged when they derive from anything else (`outgoing_text`)."""
+    return _require(PlanCall.is_trusted, names, "the user or a trusted tool", otherwise, tuple(text))
 
 
-def user_args(*names: str, otherwise: Literal["ask", "deny"] = "ask") -> PlanPolicy:
+def user_args(*names: str, otherwise: Literal["ask", "deny"] = "ask", text: Iterable[str] = ()) -> PlanPolicy:
     """A policy: the named arguments (all when none are named; and the control flow) must come from
-    the user's request."""
-    return _require(PlanCall.from_user, names, "the user's request", otherwise)
+    the user's request. `text` as for `trusted_args`."""
+    return _require(PlanCall.from_user, names, "the user's request", otherwise, tuple(text))
+
+
+def outgoing_text(*names: str) -> PlanPolicy:
+    """A policy: the named arguments are text sent to people (a body, an e-mail's text). Allowed;
+    when one derives from a source outside the trusted ones, or is sent under control flow that
+    does, every link in it is defanged (`defang`) before the call is made."""
+    def check(call: PlanCall) -> Decision:
+        return Decision("allow", "", _defanged(call, names))
+    return check
+
+
+def _defanged(call: PlanCall, names: Iterable[str]) -> tuple[tuple[str, Any], ...]:
+    from tether.plan._values import plain
+
+    out = []
+    for n in names:
+        if n in call.args and not call.is_trusted(n):
+            v = plain(call.args[n])
+            new = defang(v) if isinstance(v, str) else [defang(x) if isinstance(x, str) else x for x in v] \
+                if isinstance(v, list) else v
+            if new != v:
+                out.append((n, new))
+    return tuple(out)
 
 
 def _require(test: Callable[..., bool], names: tuple[str, ...], where: str,
-             otherwise: Literal["ask", "deny"]) -> PlanPolicy:
+             otherwise: Literal["ask", "deny"], text: tuple[str, ...] = ()) -> PlanPolicy:
     def check(call: PlanCall) -> Decision:
+        rewrite = _defanged(call, text)
         if test(call, *names):
-            return ALLOW
+            return Decision("allow", "", rewrite)
         why = f"{', '.join(names) or 'every argument'} must come from {where}: {call.untrusted()}"
-        return ask(why) if otherwise == "ask" else deny(why)
+        return Decision("ask", why, rewrite) if otherwise == "ask" else deny(why)
     return check
+
+
+_ZW = "[\u200b-\u200d\u2060\ufeff\u00ad]*"  # invisible characters a link could hide its dots behind
+_DOT = "[.\u3002\uff0e\uff61]"  # a dot, and the full stops that browsers read as one
+# a dot with something before it and a letter after: every host name (secure-systems-252.pl,
+# www.x.com, a .zip), file names and abbreviations too (better a "report[.]pdf" than a live link)
+_HOST_DOT = re.compile(f"(?<=\\S){_ZW}{_DOT}{_ZW}(?=[^\\W\\d_])")
+_IP = re.compile(f"\\d+(?:{_ZW}{_DOT}{_ZW}\\d+){{3}}")
+_SCHEME = re.compile(r"(?i)\b(ht|f)tp(s?)(:)|:(//)")
+
+
+def defang(text: str) -> str:
+    """`text` with no live link: schemes become `hxxp(s)`/`fxp` and `[:]//`, the dots of host names
+    and IP addresses `[.]` (any `name.tld/...`, with or without a scheme or `www.`)."""
+    text = _IP.sub(lambda m: re.sub(f"{_ZW}{_DOT}{_ZW}", "[.]", m.group(0)), text)
+    text = _HOST_DOT.sub("[.]", text)
+    return _SCHEME.sub(lambda m: f"{'hx' if m.group(1).lower() == 'ht' else 'fx'}xp{m.group(2)}[:]"
+                       if m.group(1) else "[:]//", text)
 
 
 def _reads(call: PlanCall) -> Decision:
     return ALLOW
 
 
-# The built-in tools: reads run; a write's path must be trusted (its content may be anything);
+# The built-in tools: reads run; a write's path must be trusted (its content may be anything, and is not
+# defanged: it is the user's file, not a message);
 # a shell command built from untrusted content is refused.
 BUILTIN_POLICIES: dict[str, PlanPolicy] = {
     "Read": _reads, "Glob": _reads, "Grep": _reads, "calculator": _reads,
