@@ -290,3 +290,17 @@ def test_a_workspace_too_big_to_stage_fails_the_write_not_the_run(ws: Path, stag
     with pytest.raises(OperationFailed, match=r"--no-stage.*nothing was written"):
         write(file_path="new.txt", content="x\n")
     assert not stage.ready and not (ws / "new.txt").exists()
+
+
+def test_caches_a_command_leaves_are_never_shown_nor_applied(ws: Path, stages: Path) -> None:
+    (ws / "src" / "__pycache__").mkdir()
+    (ws / "src" / "__pycache__" / "calc.cpython-311.pyc").write_bytes(b"old byte code")
+    stage = StagedWorkspace.create(ws, "caches", root=stages)
+    assert not (stage.view / "src" / "__pycache__").exists()  # not copied
+    for rel in ("src/__pycache__/calc.cpython-311.pyc", ".pytest_cache/v/cache/nodeids", "stray.pyc"):
+        (stage.view / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stage.view / rel).write_bytes(b"planted byte code")
+    assert stage.changes() == []
+    stage.apply()
+    assert (ws / "src" / "__pycache__" / "calc.cpython-311.pyc").read_bytes() == b"old byte code"
+    assert not (ws / "stray.pyc").exists()
