@@ -81,3 +81,61 @@ def test_a_corrupt_run_store_is_broken_and_the_runs_commands_say_so_in_one_line(
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr == f"tether: cannot read the run database {db}: DatabaseError: database disk image is " \
                               "malformed (`tether doctor` checks it)\n", (args, done.stderr)
+
+
+# ---- probes: one real request to each configured model, one span to the collector ----------------
+
+
+def test_the_probe_sends_each_configured_model_one_real_request(tmp_path: Path) -> None:
+    from fake_openai_server import FakeOpenAIServer, Reply, chat_completion
+
+    with FakeOpenAIServer([chat_completion("ok", prompt_tokens=9, completion_tokens=1)]) as good:
+        env = _env(tmp_path, OPENAI_API_KEY="sk-test", OPENAI_BASE_URL=good.base_url)
+        (check,) = [c for c in run_checks(env, load_model=False, probe=True) if c.part == "model openai"]
+    assert check.state == "ok" and "(10 tokens)" in check.detail, check
+    assert good.requests[0].body["max_tokens"] == 1
+    with FakeOpenAIServer([Reply.error(401, "invalid api key")] * 3) as bad:
+        env = _env(tmp_path, OPENAI_API_KEY="sk-wrong", OPENAI_BASE_URL=bad.base_url)
+        (check,) = [c for c in run_checks(env, load_model=False, probe=True) if c.part == "model openai"]
+        unprobed = [c for c in run_checks(env, load_model=False, probe=False) if c.part == "model openai"]
+    assert check.state == "broken" and "one-token request failed" in check.detail and "check the key" in check.detail
+    assert unprobed[0].state == "ok"  # without the probe only the configuration is read
+
+
+def test_the_probe_exports_one_span_to_the_collector_or_says_it_could_not(tmp_path: Path) -> None:
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    import pytest
+
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="tether[otel] is not installed")
+    paths: list[str] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    collector = HTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}")
+        (ok,) = [c for c in run_checks(env, load_model=False, probe=True) if c.part == "telemetry"]
+    finally:
+        collector.shutdown()
+    assert ok.state == "ok" and paths == ["/v1/traces"], ok
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{dead}")
+    (broken,) = [c for c in run_checks(env, load_model=False, probe=True) if c.part == "telemetry"]
+    assert broken.state == "broken" and "could not be exported" in broken.detail
+    (absent,) = [c for c in run_checks(_env(tmp_path), load_model=False, probe=True) if c.part == "telemetry"]
+    assert absent.state == "missing"

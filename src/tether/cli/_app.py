@@ -412,13 +412,16 @@ def models_command(ctx: typer.Context) -> None:
 
 
 @app.command("doctor")
-def doctor_command() -> None:
-    """Check the sandbox, the models and keys configured, the embedded model and the run store; exit 1
-    when a configured part is broken."""
+def doctor_command(
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Send each configured model one real "
+                                        "one-token request, and the OTLP collector one span (default: on).")] = True,
+) -> None:
+    """Check the sandbox, the models and keys configured (one real request each), the embedded model, the
+    run store and telemetry; exit 1 when a configured part is broken."""
     from tether._terminal import clean
     from tether.cli._doctor_cmd import doctor
 
-    raise typer.Exit(doctor(lambda line: typer.echo(clean(line))))
+    raise typer.Exit(doctor(lambda line: typer.echo(clean(line)), probe=probe))
 
 
 def _root_options(ctx: typer.Context) -> o.RunOptions:

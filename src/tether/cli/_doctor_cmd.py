@@ -2,9 +2,11 @@
 that is configured is broken.
 
 Checks: the Bash sandbox (bubblewrap runs a command here), the models configured in the
-environment (an endpoint without a key is broken), the embedded model (loads and answers), the run
-store (the default database, or $TETHER_DB, opens, takes a write, and its pages read back whole). Nothing that is merely absent
-fails the check: only what is configured and does not work.
+environment (an endpoint without a key is broken; with `probe`, each answers one real one-token
+request, its tokens counted), the embedded model (loads and answers), the run store (the default
+database, or $TETHER_DB, opens, takes a write, and its pages read back whole), and telemetry (with
+`probe`, one span exported to the configured OTLP collector). Nothing that is merely absent fails the
+check: only what is configured and does not work.
 """
 
 from __future__ import annotations
@@ -34,19 +36,87 @@ def sandbox_check() -> Check:
     return Check("sandbox", "missing", f"{problem}: Bash runs unconfined and every call needs approval; {INSTALL_HINT}")
 
 
-def model_checks(env: Mapping[str, str]) -> list[Check]:
+def model_checks(env: Mapping[str, str], probe: bool = False) -> list[Check]:
     out = []
     for e in configured_endpoints(env):
         if e.name != "local" and not e.key_set and "localhost" not in e.base_url and "127.0.0.1" not in e.base_url:
             out.append(Check(f"model {e.name}", "broken", f"{e.default_model} at {e.base_url} has no API key "
                                                             f"(from {e.source})"))
+            continue
+        where = f"{e.default_model} at {e.base_url} (key {'set' if e.key_set else 'not needed'}; from {e.source})"
+        problem, answered = _ask_one_token(f"{e.name}:{e.default_model}", env) if probe else (None, "")
+        if problem is not None:
+            out.append(Check(f"model {e.name}", "broken", f"{where}: {problem}; check the key, the base URL and the "
+                                                          "model name (or --model)"))
         else:
-            out.append(Check(f"model {e.name}", "ok", f"{e.default_model} at {e.base_url} (key "
-                                                      f"{'set' if e.key_set else 'not needed'}; from {e.source})"))
+            out.append(Check(f"model {e.name}", "ok", where + (f"; {answered}" if answered else "")))
     if not out:
         out.append(Check("models", "missing", "none configured (OPENAI_API_KEY, OPENROUTER_API_KEY, "
                                               "ANTHROPIC_API_KEY or TETHER_MODEL): tether uses the embedded model"))
     return out
+
+
+PROBE_SECONDS = 20.0  # one probe's deadline: a model or collector slower than this is reported broken
+
+
+def _ask_one_token(spec: str, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """Send `spec` one real request for one token: (problem or None, what it answered)."""
+    import asyncio
+    import time
+
+    from tether._types import Message, ModelRequest
+    from tether.models._resolve import resolve_model
+
+    async def ask() -> Any:
+        model = resolve_model(spec, env=env, deadline=PROBE_SECONDS)
+        try:
+            return await model.complete(ModelRequest([Message("user", "Reply with the word ok.")],
+                                                     max_output_tokens=1))
+        finally:
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+
+    started = time.monotonic()
+    try:
+        reply = asyncio.run(ask())
+    except Exception as exc:
+        return f"a one-token request failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}", ""
+    used = reply.usage.input_tokens + reply.usage.output_tokens
+    return None, f"answered a one-token request in {time.monotonic() - started:.1f} s ({used} tokens)"
+
+
+def telemetry_check(env: Mapping[str, str], probe: bool = False) -> Check:
+    """The OTLP collector the environment names: with `probe`, one span exported to it."""
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return Check("telemetry", "missing", "no OTEL_EXPORTER_OTLP_ENDPOINT: spans are not exported")
+    if not probe:
+        return Check("telemetry", "ok", f"spans go to {endpoint}")
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SpanExportResult
+    except ImportError:
+        return Check("telemetry", "broken", f"{endpoint} is set but the otel extra is missing: "
+                                            "pip install 'tether[otel]'")
+    url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or endpoint.rstrip("/") + "/v1/traces"
+    provider = TracerProvider()
+    with provider.get_tracer("tether.doctor").start_as_current_span("tether doctor") as span:
+        pass
+    exporter = OTLPSpanExporter(endpoint=url, timeout=PROBE_SECONDS)
+    try:
+        result = exporter.export([span])  # type: ignore[list-item]  # an ended SDK span is readable
+    except Exception as exc:
+        result, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "the collector refused it or did not answer"
+    finally:
+        exporter.shutdown()
+    if result is SpanExportResult.SUCCESS:
+        return Check("telemetry", "ok", f"one span exported to {url}")
+    return Check("telemetry", "broken", f"one span could not be exported to {url} ({why}); check the "
+                                        "collector and OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
 def embedded_check(load: bool = True) -> Check:
@@ -114,14 +184,17 @@ def _redact(url: str) -> str:
     return url
 
 
-def run_checks(env: Mapping[str, str] | None = None, *, load_model: bool = True) -> list[Check]:
+def run_checks(env: Mapping[str, str] | None = None, *, load_model: bool = True, probe: bool = False) -> list[Check]:
     env = os.environ if env is None else env
-    return [sandbox_check(), *model_checks(env), embedded_check(load_model), database_check(env)]
+    return [sandbox_check(), *model_checks(env, probe), embedded_check(load_model), database_check(env),
+            telemetry_check(env, probe)]
 
 
-def doctor(out: Callable[[str], None], env: Mapping[str, str] | None = None, *, load_model: bool = True) -> int:
-    """Print the checks; 0 when nothing configured is broken, else 1."""
-    checks = run_checks(env, load_model=load_model)
+def doctor(out: Callable[[str], None], env: Mapping[str, str] | None = None, *, load_model: bool = True,
+           probe: bool = False) -> int:
+    """Print the checks; 0 when nothing configured is broken, else 1. `probe`: send each configured model
+    one real one-token request and the collector one span."""
+    checks = run_checks(env, load_model=load_model, probe=probe)
     mark = {"ok": "ok     ", "missing": "missing", "broken": "BROKEN "}
     for c in checks:
         out(f"{mark[c.state]} {c.part:<16} {c.detail}")
