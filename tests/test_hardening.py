@@ -350,3 +350,22 @@ def test_the_spinner_stops_while_an_approval_is_asked() -> None:
 
     asyncio.run(main())
     assert seen == [True, True]
+
+
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path) -> None:
+    """A Ctrl-C delivered while the command's modules import (deterministically: an import hook raises
+    SIGINT when tether.cli._app starts importing) ends with exit 130 and one line, no traceback."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import signal, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'tether.cli._app':\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Interrupt())\n")
+    for argv in ([sys.executable, "-P", "-m", "tether.cli", "--version"], [sys.executable, "-P", "-m", "tether", "--version"]):
+        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(PYTHONPATH=f"{hook}:{REPO / 'src'}"),
+                              capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (130, "tether: interrupted\n"), (argv, done.stderr)

@@ -7,8 +7,10 @@ if _sys.argv[:1] == ["-m"]:
     # package): the working directory, which the agent writes, may be on sys.path. Refuse if something
     # was already imported from it, else drop it before anything else is imported.
     from tether._start import guard_module_run as _guard
+    from tether._start import quiet_ctrl_c_while_starting as _quiet
 
     _guard()
+    _quiet()
 
 from tether import _compat, models
 from tether._agent import Agent

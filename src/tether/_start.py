@@ -57,3 +57,26 @@ def guard_module_run() -> None:
                          f"{SAFE_WAY}\n")
         sys.exit(1)
     sys.path[:] = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) not in roots]
+
+
+def quiet_ctrl_c_while_starting() -> None:
+    """Until the command's `main` takes over (`ctrl_c_is_main_s`), Ctrl-C during start-up (the imports
+    take a second or more on a busy machine) exits 130 with one line instead of a traceback."""
+    import signal
+
+    def interrupted(signum: int, frame: object) -> None:
+        sys.stderr.write("tether: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    interrupted.tether_start = True  # type: ignore[attr-defined]  # recognised by ctrl_c_is_main_s
+    signal.signal(signal.SIGINT, interrupted)
+
+
+def ctrl_c_is_main_s() -> None:
+    """Give Ctrl-C back to Python's KeyboardInterrupt, which `main` answers (cancelling a run cleanly);
+    only the start-up handler above is replaced, never one an embedding program installed."""
+    import signal
+
+    if getattr(signal.getsignal(signal.SIGINT), "tether_start", False):
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -453,6 +453,9 @@ def _telemetry_from_env() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `tether` script and of `python -m tether`: every bad input ends in one
     line on stderr and a non-zero exit code, never a traceback."""
+    from tether._start import ctrl_c_is_main_s
+
+    ctrl_c_is_main_s()  # start-up is over: Ctrl-C is a KeyboardInterrupt again, answered below
     _telemetry_from_env()
     try:
         code = app(args=argv, prog_name="tether", standalone_mode=False)
