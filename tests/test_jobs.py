@@ -274,3 +274,10 @@ def test_a_durable_run_killed_while_its_job_runs_does_not_run_the_job_twice(tmp_
     assert fresh.returncode == 0, text
     assert ledger.read_text().splitlines() == ["ran jobs1:1:0"]  # once, never again after the restart
     assert "it was not run again (idempotency key jobs1:1:0)" in text
+
+
+def test_the_on_call_example_with_a_query_metrics_job_replays() -> None:
+    out = subprocess.run([sys.executable, "-m", "tether", "eval", str(ROOT / "examples/ops_assistant/jobs.toml")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok  latency-metrics-job" in out.stdout and "ok  metrics-job-checked" in out.stdout
