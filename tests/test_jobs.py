@@ -280,4 +280,4 @@ def test_the_on_call_example_with_a_query_metrics_job_replays() -> None:
     out = subprocess.run([sys.executable, "-m", "tether", "eval", str(ROOT / "examples/ops_assistant/jobs.toml")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "ok  latency-metrics-job" in out.stdout and "ok  metrics-job-checked" in out.stdout
+    assert "ok  latency-metrics-job" in out.stderr and "ok  metrics-job-checked" in out.stderr
