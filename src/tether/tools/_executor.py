@@ -329,6 +329,8 @@ class Executor:
         gone = set(remove)
         tools = {n: t for n, t in self.tools.items() if n not in gone or (auto_reader and n == "read_result")}
         tools.update((t.name, t) for t in add)
+        if any(is_job(t) for t in tools.values()):
+            tools.update((t.name, t) for t in job_tools() if t.name not in tools)
         specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
         self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
         self.tools = tools
