@@ -204,17 +204,18 @@ async def test_cancelling_the_run_cancels_its_running_job() -> None:
 
 async def test_a_state_with_a_job_round_trips_and_a_continued_run_never_runs_it_again() -> None:
     runs: list[str] = []
+    started = asyncio.Event()
 
     @tool(job=True, effect="reversible")
     async def restart(service: str, ctx: ToolContext) -> str:
         """Restart a service (slow)."""
         runs.append(ctx.idempotency_key)
+        started.set()
         await asyncio.Event().wait()
         return "restarted"
 
     async def once_started(request: ModelRequest) -> str:
-        while not runs:
-            await asyncio.sleep(0)
+        await started.wait()
         return "done?"
 
     first = await asyncio.wait_for(agent_for([restart], [call("restart", service="api"), once_started, "partial"],
