@@ -282,3 +282,17 @@ def test_the_on_call_example_with_a_query_metrics_job_replays() -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok  latency-metrics-job" in out.stderr and "ok  metrics-job-checked" in out.stderr
+
+
+def test_the_service_streams_job_events_and_the_console_shows_them() -> None:
+    pytest.importorskip("fastapi")
+    from tether.server._console import _environment
+    from tether.server._events import derive
+
+    started = JobStarted(job_id="J1-0", name="query_metrics", call_id="c1", arguments={"service": "api"}, key="r:1:0")
+    ended = JobEnded(job_id="J1-0", name="query_metrics", status="done", result_chars=10, preview="p99 250 ms")
+    assert derive(started, None) == [("job_started", started.data)] and derive(ended, None) == [("job_ended", ended.data)]
+    rows = _environment().get_template("fragments.html").make_module({})
+    shown = [str(rows.event_row("r", e.kind, e.data, 1)) for e in (started, ended)]
+    assert "job J1-0</b> started: query_metrics" in shown[0] and "r:1:0" in shown[0]
+    assert "job J1-0</b> done: query_metrics" in shown[1] and "p99 250 ms" in shown[1]
