@@ -488,18 +488,18 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             if reply.text:
                 answer = reply.text
             emit(_model_call_ended(reply, spec.model, "step"), started)
-            if not reply.tool_calls and jobs is not None and (unseen := jobs.unseen()):
-                # A job the model has not seen is pending: rather than end with an answer that ignores
-                # it, the loop waits for the next one (a job_wait call, no model call spent) and the
-                # model is asked again with its result.
-                wait = ToolCall(f"job_wait-{budget.steps}", "job_wait", {})
-                messages[-1].tool_calls.append(wait)
-                reply = replace(reply, tool_calls=[wait])
-                emit(Notice(notice={"waiting_for_jobs": [r["id"] for r in unseen]}))
 
             # 3. No tool calls: the model has answered. With an output type the answer must validate
             #    (tether._output): an invalid one goes back to the model with its errors, a bounded
             #    number of times, each retry a model call within the budget.
+            #    But while a job the model has not seen is pending (docs/jobs.md), the run does not end
+            #    with an answer that ignores it: the loop waits for the next job (a job_wait call added to
+            #    the reply, no model call spent) and the model is asked again with its result.
+            if not reply.tool_calls and jobs is not None and (unseen := jobs.unseen()):
+                wait = ToolCall(f"job_wait-{budget.steps}", "job_wait", {})
+                messages[-1].tool_calls.append(wait)
+                reply = replace(reply, tool_calls=[wait])
+                emit(Notice(notice={"waiting_for_jobs": [r["id"] for r in unseen]}))
             if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
                 if verdict == "retry":
                     emit(Notice(notice={"output_invalid": spec.output.errors}))
