@@ -296,3 +296,19 @@ def test_the_service_streams_job_events_and_the_console_shows_them() -> None:
     shown = [str(rows.event_row("r", e.kind, e.data, 1)) for e in (started, ended)]
     assert "job J1-0</b> started: query_metrics" in shown[0] and "r:1:0" in shown[0]
     assert "job J1-0</b> done: query_metrics" in shown[1] and "p99 250 ms" in shown[1]
+
+
+async def test_a_jobs_untrusted_output_taints_the_run_when_the_model_is_given_it() -> None:
+    from tether.policy import SafetyPolicy
+
+    @tool(job=True, effect="read_only", untrusted_output=True)
+    async def fetch_report(url: str) -> str:
+        """Fetch a long report (slow)."""
+        return "report body"
+
+    agent = Agent(Steps([call("fetch_report", url="https://example.com/r"), "waiting", "the report says: report body"]),
+                  tools=[fetch_report], policy=SafetyPolicy())
+    result = await asyncio.wait_for(agent.arun("read the report"), HANG)
+    assert result.stop_reason is StopReason.COMPLETED, result.error
+    assert result.tainted  # given to the model through job_wait, checked by the policy as fetch_report's output
+    assert any("report body" in m.content for m in result.messages if m.role == "tool" and m.name == "job_wait")
