@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,3 +37,23 @@ def build_agent(model: Model, *, user: str | None = None, approver: Approver | N
                   limits=limits or Limits(max_steps=20, max_tokens=200_000, max_seconds=120), policy=policy,
                   user=user)
     return agent
+
+
+JOB_INSTRUCTIONS = INSTRUCTIONS + (
+    " query_metrics runs as a background job (it can take minutes on the real metrics store): start it, go on "
+    "with the logs meanwhile, and use its result when it comes."
+)
+
+
+def build_agent_with_jobs(model: Model, *, user: str | None = None, approver: Approver | None = None,
+                          limits: Limits | None = None, wrap_tools: Callable[[list[Tool]], list[Tool]] = list,
+                          ops: Ops | None = None) -> Agent:
+    """The same assistant with `query_metrics` declared as a job (docs/jobs.md): its call returns a job id
+    at once, the model reads logs while it runs, and the run waits for it before it ends."""
+    ops = ops or Ops.load()
+    tools = [dataclasses.replace(t, metadata={**t.metadata, "job": True}) if t.name == "query_metrics" else t
+             for t in build_tools(ops)]
+    policy = SafetyPolicy(capabilities=Capabilities(capabilities(ops), unlisted="inherit"), approver=approver,
+                          untrusted_tools={"search_logs"})
+    return Agent(model, tools=wrap_tools(tools), instructions=JOB_INSTRUCTIONS,
+                 limits=limits or Limits(max_steps=20, max_tokens=200_000, max_seconds=600), policy=policy, user=user)

@@ -147,7 +147,7 @@ class Agent(Generic[OutputT]):
             findings=list(state.findings), policy=state.policy, handles=list(state.handles),
             task_state=state.task_state, pending=[dict(p) for p in state.pending],
             decisions=[dict(d) for d in state.decisions] if prompt is None else [],
-            children=copy.deepcopy(state.children),
+            children=copy.deepcopy(state.children), jobs=copy.deepcopy(state.jobs),
         )
 
     def _spec(self, run_id: str, cancel: CancelToken | None, on_event: Callable[[TraceEvent], None] | None,

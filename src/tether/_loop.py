@@ -48,6 +48,8 @@ from tether.events import (
     BaseEvent,
     Error,
     FilterVerdict,
+    JobEnded,
+    JobStarted,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -69,6 +71,7 @@ from tether.tools._executor import (
     ToolCancelled,
     ToolStepFn,
 )
+from tether.tools._jobs import JOBS_KEY, Jobs, is_job
 from tether.tools._results import HANDLES_KEY
 
 if TYPE_CHECKING:
@@ -388,6 +391,15 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
             _observe(spec.run_id, event)
 
+    # Background jobs (tether.tools._jobs), when the agent has a job tool; their records are the state's.
+    jobs: Jobs | None = None
+    if any(is_job(t) for t in spec.executor.tools.values()):
+        def job_event(what: str, data: dict[str, Any]) -> None:
+            emit(JobStarted(**data) if what == "started" else JobEnded(**data))
+
+        jobs = ctx.extra[JOBS_KEY] = Jobs(state.jobs, ledger=getattr(spec.step_runner, "job_ledger", None),
+                                          emit=job_event, seconds_left=budget.remaining_seconds)
+
     context: ContextBuilder = spec.context
     direct = type(spec.step_runner) is DirectStepRunner
     calls: list[ToolCall] = []  # the current turn's calls, answered in order
@@ -480,6 +492,14 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 3. No tool calls: the model has answered. With an output type the answer must validate
             #    (tether._output): an invalid one goes back to the model with its errors, a bounded
             #    number of times, each retry a model call within the budget.
+            #    But while a job the model has not seen is pending (docs/jobs.md), the run does not end
+            #    with an answer that ignores it: the loop waits for the next job (a job_wait call added to
+            #    the reply, no model call spent) and the model is asked again with its result.
+            if not reply.tool_calls and jobs is not None and (unseen := jobs.unseen()):
+                wait = ToolCall(f"job_wait-{budget.steps}", "job_wait", {})
+                messages[-1].tool_calls.append(wait)
+                reply = replace(reply, tool_calls=[wait])
+                emit(Notice(notice={"waiting_for_jobs": [r["id"] for r in unseen]}))
             if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
                 if verdict == "retry":
                     emit(Notice(notice={"output_invalid": spec.output.errors}))
@@ -530,6 +550,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
         emit(Error(error=error))
     finally:
         deadline.close()
+    if jobs is not None:  # a run that ends leaves no job running (a cancelled run's jobs are cancelled here)
+        await jobs.close(spec.executor.cancel_grace)
     if pending is not None:
         # Interrupted mid-turn: keep the results that came back (a cancelled call's says whether it
         # finished), answer the rest, so the transcript stays valid for every provider (each call
@@ -701,7 +723,8 @@ async def _run_tools(
     to_run: list[int] = []
     left = budget.tool_calls_left()
     for i, call in enumerate(calls):
-        verdict = loops.check(call.name, call.arguments)
+        # waiting on a job again is progress, not a loop
+        verdict = loops.check(call.name, call.arguments) if call.name != "job_wait" else "run"
         if verdict == "stop":
             stop = StopReason.LOOP_DETECTED
             results[i] = ToolResult(call.id, call.name, "ERROR: repeated identical call; the run is stopping.",

@@ -117,6 +117,9 @@ class ToolResult:
     parked: dict[str, Any] | None = None
     # what the tool knew of this output's origin (`tether.tools.ToolOutput`): None, its declaration decides
     untrusted: bool | None = None
+    # a job this result started or delivered (tether.tools._jobs): {"id", "status", ...}; recorded with the
+    # result, so a replayed durable run knows which jobs the model has seen without running anything
+    job: dict[str, Any] | None = None
 
     def to_message(self) -> Message:
         return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)
@@ -311,6 +314,9 @@ class RunState:
     # sub-agent runs parked on an approval: the parent's call id -> {"agent": name, "state": the child's
     # RunState as JSON}; its pending calls show in `pending` as "PARENT_CALL/CHILD_CALL"
     children: dict[str, Any] = field(default_factory=dict)
+    # background jobs (tether.tools._jobs): one dict each: id, tool, arguments, call_id, key (its idempotency
+    # key), status (running, done, failed, cancelled, lost), seen (the model was given its result), result
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
         """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its

@@ -225,10 +225,35 @@ class FilterVerdict(BaseEvent):
     cached: bool = False  # answered from the verdict cache
 
 
+@dataclass(slots=True, kw_only=True)
+class JobStarted(BaseEvent):
+    """A job tool's call started its job in the background (docs/jobs.md); the call was answered at once."""
+
+    kind: Literal["job_started"] = "job_started"  # pyright: ignore[reportIncompatibleVariableOverride]
+    job_id: str = ""
+    name: str = ""
+    call_id: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    key: str = ""  # its idempotency key (run:step:index)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobEnded(BaseEvent):
+    """A job ended: done, failed, cancelled or lost (its process died while it ran)."""
+
+    kind: Literal["job_ended"] = "job_ended"  # pyright: ignore[reportIncompatibleVariableOverride]
+    job_id: str = ""
+    name: str = ""
+    status: str = ""
+    is_error: bool = False
+    result_chars: int = 0
+    preview: str = ""
+
+
 Event = Annotated[
     Union[RunStarted, ModelCallStarted, ModelCallEnded, TextStreamed, ToolCallStarted,  # noqa: UP007
           ToolCallEnded, ApprovalRequested, ApprovalDecided, Notice, Error, RunStopped, CriticReviewed,
-          FilterVerdict],
+          FilterVerdict, JobStarted, JobEnded],
     Field(discriminator="kind"),
 ]
 EVENT_TYPES: dict[str, type[Any]] = {tp.__dataclass_fields__["kind"].default: tp for tp in get_args(get_args(Event)[0])}

@@ -21,6 +21,8 @@ from tether.events import (
     CriticReviewed,
     Error,
     FilterVerdict,
+    JobEnded,
+    JobStarted,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -237,6 +239,13 @@ class Reporter:
         elif self.verbose:
             self.console.print(f"[dim]· {escape(clean(line))}[/]", highlight=False)
 
+    def _job(self, event: JobStarted | JobEnded) -> None:
+        if isinstance(event, JobStarted):
+            line = f"job {event.job_id} started: {event.name}"
+        else:
+            line = f"job {event.job_id} {event.status}: {event.name} ({event.result_chars} chars)"
+        self.console.print(f"[dim]· {escape(clean(line))}[/]", highlight=False)
+
     def _nothing(self, event: object) -> None:
         """Kinds the live view shows through others (a start opens what its end prints; the stop is the
         summary; streamed text is printed by the runner)."""
@@ -246,7 +255,7 @@ class Reporter:
         RunStarted: _nothing, ModelCallStarted: _nothing, ModelCallEnded: _model_ended, TextStreamed: _nothing,
         ToolCallStarted: _tool_started, ToolCallEnded: _tool_ended, ApprovalRequested: _approval_requested,
         ApprovalDecided: _approval_decided, Notice: _notice, Error: _error, RunStopped: _nothing,
-        CriticReviewed: _critic, FilterVerdict: _filter,
+        CriticReviewed: _critic, FilterVerdict: _filter, JobStarted: _job, JobEnded: _job,
     }
 
     def summary(self, result: RunResult) -> None:

@@ -102,14 +102,24 @@ class DbosStepRunner:
         self.clock.at = max(self.clock.at, float(out["at"]))
         return from_jsonable(ModelReply, out["reply"])
 
-    async def tool_step(self, step: int, index: int, call: ToolCall,
-                        run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
+    @property
+    def job_ledger(self) -> Any:
+        """Where a job's idempotency key is written before it runs (tether.tools._jobs): a job found
+        there by a recovered run was started by a process that died, and is reported lost, not run again."""
+        return self.runtime.store.idempotency()
+
+    def tool_step(self, step: int, index: int, call: ToolCall,
+                  run: Callable[[], Awaitable[ToolResult]]) -> Awaitable[ToolResult]:
+        # The reserved step id is taken now, not when the step starts: a job's step may start after
+        # the next turn has reserved its own.
+        return self._tool_step(self._reserved.pop(index, None), call, run)
+
+    async def _tool_step(self, reserved: Any, call: ToolCall, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
         async def tool() -> dict[str, Any]:
             result = await run()
             return {"result": to_jsonable(result), "at": time.time()}
 
         options: Any = {"name": f"tool:{call.name}"}
-        reserved = self._reserved.pop(index, None)
         work = reserved.run_async(options, tool) if reserved is not None else DBOS.run_step_async(options, tool)
         out = await self._step(work)
         self.clock.at = max(self.clock.at, float(out["at"]))

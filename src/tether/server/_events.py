@@ -31,6 +31,8 @@ from tether.events import (
     CriticReviewed,
     Error,
     FilterVerdict,
+    JobEnded,
+    JobStarted,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -73,13 +75,14 @@ def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
         case RunStopped():
             return [("answer", {"answer": answer or "", "stop_reason": event.stop_reason}), (event.kind, event.data)]
         case (RunStarted() | ModelCallStarted() | ModelCallEnded() | ToolCallStarted() | ToolCallEnded() | Notice()
-              | Error() | CriticReviewed() | TextStreamed() | FilterVerdict()):
+              | Error() | CriticReviewed() | TextStreamed() | FilterVerdict() | JobStarted() | JobEnded()):
             return [(event.kind, event.data)]
     raise InvalidType(f"an event type the stream does not handle: {type(event).__name__}")
 
 
 HANDLED = (RunStarted, ModelCallStarted, ModelCallEnded, ToolCallStarted, ToolCallEnded, ApprovalRequested,
-           ApprovalDecided, Notice, Error, RunStopped, CriticReviewed, TextStreamed, FilterVerdict)
+           ApprovalDecided, Notice, Error, RunStopped, CriticReviewed, TextStreamed, FilterVerdict, JobStarted,
+           JobEnded)
 
 
 def stored_event(kind: str, data: dict[str, Any]) -> BaseEvent:

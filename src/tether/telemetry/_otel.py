@@ -39,6 +39,8 @@ from tether.events import (
     BaseEvent,
     Error,
     FilterVerdict,
+    JobEnded,
+    JobStarted,
     ModelCallEnded,
     ModelCallStarted,
     Notice,
@@ -203,6 +205,8 @@ class OtelObserver:
                     "tether.filter.threshold": event.threshold, "tether.filter.flagged": event.flagged,
                     "tether.filter.reasons": list(event.reasons), "tether.filter.matched": list(event.matched),
                     "tether.filter.cached": event.cached})
+            case JobStarted() | JobEnded():
+                run.span.add_event(f"tether.{event.kind}", {k: _attribute(v) for k, v in event.data.items()})
             case Notice():
                 if isinstance(reason := event.notice.get("cancelled"), str):
                     run.cancel_reason = reason

@@ -92,6 +92,7 @@ def tool(
     timeout: float | None = None,
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
+    job: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -106,13 +107,16 @@ def tool(
     timeout: float | None = None,
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
+    job: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a typed function; the schema comes from its hints and docstring.
 
     `Literal[...]` becomes an enum, `Annotated[int, Field(ge=1)]` becomes minimum, defaults and
     `X | None` are kept. Use as `@tool` or `@tool(effect="irreversible", timeout=5)`. Without an
     `effect` the tool runs as read-only, but after taint the safety policy checks its calls as if
-    it were reversible (declare `effect="read_only"` for a tool that changes nothing).
+    it were reversible (declare `effect="read_only"` for a tool that changes nothing). `job=True`
+    runs each call in the background and answers it at once with a job id (docs/jobs.md; the same
+    as `metadata={"job": True}`).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -130,7 +134,7 @@ def tool(
             timeout=timeout,
             max_result_chars=max_result_chars,
             context_param=context_param,
-            metadata=dict(metadata or {}),
+            metadata={**(metadata or {}), **({"job": True} if job else {})},
         )
 
     if fn is not None:

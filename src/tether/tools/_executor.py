@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import types
 from collections.abc import Awaitable, Callable, Generator, Iterable
@@ -23,6 +24,7 @@ from tether._errors import AwaitingApproval, InvalidInput, InvalidType
 from tether._types import ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
 from tether.tools._context import CancelSignal
+from tether.tools._jobs import JOBS_KEY, JobNote, Jobs, is_job, job_tools
 from tether.tools._results import (
     DEFAULT_MAX_RESULT_CHARS,
     HANDLES_KEY,
@@ -290,6 +292,8 @@ class Executor:
             if t.name in self.tools:
                 raise InvalidInput(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
+        if any(is_job(t) for t in self.tools.values()):  # an agent with a job tool can check and wait on jobs
+            self.tools.update((t.name, t) for t in job_tools() if t.name not in self.tools)
         self._specs = [t.spec for t in self.tools.values()]
         self._specs_with_reader = self._specs
         if read_result and "read_result" not in self.tools:
@@ -325,6 +329,8 @@ class Executor:
         gone = set(remove)
         tools = {n: t for n, t in self.tools.items() if n not in gone or (auto_reader and n == "read_result")}
         tools.update((t.name, t) for t in add)
+        if any(is_job(t) for t in tools.values()):
+            tools.update((t.name, t) for t in job_tools() if t.name not in tools)
         specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
         self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
         self.tools = tools
@@ -414,6 +420,11 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
+        jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
+        if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
+            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", tool.untrusted_output,
+                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index),
+                              step)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []
@@ -433,6 +444,10 @@ class Executor:
             result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
             ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
+        if result.job is not None and isinstance(jobs := ctx.extra.get(JOBS_KEY), Jobs):
+            jobs.note(result.job)  # from the recorded result: a replay knows what the model was given
+            if result.job.get("handle"):  # a job's capped result, now the run's to read back
+                ctx.extra.setdefault(HANDLES_KEY, set()).add(result.job["handle"])
         try:
             result = self.policy.after_call(tool, result, ctx)
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
@@ -442,6 +457,21 @@ class Executor:
             result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
                               f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
                               f"'{call.name}' finished after it was cancelled: {result.content}")
+            raise ToolCancelled(result)
+        return result
+
+    async def _run_job(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext,
+                       index: int) -> ToolResult:
+        """A job's run: `_run`, its cancellation carrying the job's truthful answer (`ToolCancelled`)."""
+        cancelled: list[ToolResult | None] = []
+        try:
+            result = await self._run(tool, args, call, ctx, index, cancelled)
+        except asyncio.CancelledError:
+            if cancelled and cancelled[0] is not None:
+                raise ToolCancelled(cancelled[0]) from None
+            raise
+        if cancelled:  # its thread ended within the grace, after the cancel
+            result.content = f"'{call.name}' finished after it was cancelled: {result.content}"
             raise ToolCancelled(result)
         return result
 
@@ -521,9 +551,11 @@ class Executor:
                               parked=exc.parked)
         except Exception as exc:
             return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
-        untrusted = None
+        untrusted = job = None
         if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
+        elif type(value) is JobNote:  # job_status / job_wait: the job as the model now knows it
+            value, untrusted, job = value.text, value.untrusted or None, value.job or None
         try:
             text = shape(value)
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
@@ -531,4 +563,5 @@ class Executor:
                                "failed")
         limit = tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results, ctx.user)
-        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted)
+        return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,
+                          job=job)
