@@ -16,6 +16,7 @@ from dbos import DBOSClient, DBOSPortableJSONSerializer
 from tether._errors import InvalidInput, NotFound, OperationFailed
 from tether._loop import ChildRun, DirectStepRunner, run_loop
 from tether._types import Message, ModelReply, RunResult, RunState, ToolCall, ToolResult, from_jsonable
+from tether.policy._policy import NOTE_PREFIX
 from tether.store._sql import engine_url
 
 
@@ -121,6 +122,11 @@ async def fork(agent: Any, database: str | os.PathLike[str] | None, run_id: str,
     return await run_loop(spec, state)
 
 
+def said_by_user(m: Message) -> bool:
+    """A user-role message the user wrote (not tether's note on untrusted results after a turn)."""
+    return m.role == "user" and not m.content.startswith(NOTE_PREFIX)
+
+
 def model_turns(messages: list[Message]) -> list[int]:
     """The index of each model call's reply in a stored transcript (call k's reply is the k-th
     assistant message; its input is everything before it)."""
@@ -130,7 +136,7 @@ def model_turns(messages: list[Message]) -> list[int]:
 def fork_state(state: RunState, step: int, *, run_id: str, message: str | None = None) -> RunState:
     """A new run's state from a stored run's state (its final or parked one), as it stood after model
     call `step` and that call's tools: the transcript up to model call `step + 1`, with `message`
-    (if given) in place of its last user message. Works for any stored run, durable or not, since it
+    (if given) in place of its last user message (tether's notes are not the user's). Works for any stored run, durable or not, since it
     needs only the stored messages; nothing is replayed. The safety state is the original's as the
     run left it (its taint, its loop counts), never less than it was at `step`; the fork's usage
     counts its own calls only."""
@@ -145,7 +151,7 @@ def fork_state(state: RunState, step: int, *, run_id: str, message: str | None =
     if message is not None:
         if not message.strip():
             raise InvalidInput("the edited message is empty: write the text the model should see, or leave it out")
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        users = [i for i, m in enumerate(messages) if said_by_user(m)]
         if users:
             messages[users[-1]] = Message.user(message)
         else:

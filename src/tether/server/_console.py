@@ -42,7 +42,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from tether._errors import InvalidInput, TetherError
 from tether._types import to_jsonable
-from tether.durable._fork import fork_state
+from tether.durable._fork import fork_state, said_by_user
 from tether.policy._canonical import leaves
 from tether.server._events import FINISHED, parse_last_id, stream
 from tether.server._tasks import TaskError, Tasks
@@ -497,7 +497,7 @@ async def _fork(tasks: Tasks, user: str, row: Any, form: dict[str, str]) -> str:
     message = form.get("message", "").replace("\r\n", "\n")
     try:
         new = fork_state(state, step, run_id=task_id, message=None)
-        users = [m for m in new.messages if m.role == "user"]
+        users = [m for m in new.messages if said_by_user(m)]
         if message.strip() and (not users or message != users[-1].content):  # unchanged: no edit
             new = fork_state(state, step, run_id=task_id, message=message)
     except InvalidInput as exc:
@@ -507,7 +507,7 @@ async def _fork(tasks: Tasks, user: str, row: Any, form: dict[str, str]) -> str:
                               "forked_from": {"run": row.run_id, "step": step}}
     if row.agent in tasks.registry.staged:
         config["task_id"] = task_id
-    prompt = next((m.content for m in reversed(new.messages) if m.role == "user"), row.prompt)
+    prompt = next((m.content for m in reversed(new.messages) if said_by_user(m)), row.prompt)
     await tasks.db(tasks._admit, user, task_id, {"agent": row.agent, "prompt": prompt}, config)
     try:
         with SetWorkflowID(task_id):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether._types import Message
-from tether.durable._fork import model_turns
+from tether.durable._fork import model_turns, said_by_user
 from tether.events import TraceEvent
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"  # telemetry's switch (tether.telemetry)
@@ -82,12 +82,12 @@ def transcript(messages: list[Message], events: list[TraceEvent]) -> Transcript:
         data = {**(ev.data if ev else {}), "duration": ev.duration if ev else 0.0, "t": ev.t if ev else 0.0}
         sent = [shown(i, messages[i]) for i in range(start, at)]
         upto = turns[k + 1] if k + 1 < len(turns) else len(messages)
-        last = next((messages[i].content for i in range(upto - 1, -1, -1) if messages[i].role == "user"), "")
+        last = next((messages[i].content for i in range(upto - 1, -1, -1) if said_by_user(messages[i])), "")
         out.calls.append(Call(k + 1, data, sent, at, shown(at, messages[at]),
                               last if len(last) <= SHOWN_CHARS else ""))
         start = at + 1
     out.extra = [shown(i, messages[i]) for i in range(start, len(messages))]
-    users = [i for i in range(turns[0] if turns else len(messages)) if messages[i].role == "user"]
+    users = [i for i in range(turns[0] if turns else len(messages)) if said_by_user(messages[i])]
     out.prompt = shown(users[-1], messages[users[-1]]) if users else None
     return out
 
