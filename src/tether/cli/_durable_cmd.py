@@ -389,8 +389,9 @@ def fork_cmd(run_id: str | None, at: int | None, message: str | None, model: str
     # a durable run kept its options; a `tether -p` run did not: it forks with the defaults (and --model)
     fields = {k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(o.RunOptions)}}
     paths = ("workspace", "output_schema", "mcp")
-    opts = o.RunOptions(**{k: (Path(v) if k in paths and v else tuple(v) if isinstance(v, list) else v)
-                           for k, v in fields.items()})
+    values: dict[str, Any] = {k: (Path(v) if k in paths and v else tuple(v) if isinstance(v, list) else v)
+                              for k, v in fields.items()}
+    opts = o.RunOptions(**values)
     if model:
         opts.model = model
     if as_json:
