@@ -385,6 +385,8 @@ def test_a_fork_from_a_step_runs_with_the_edited_message_and_is_linked_both_ways
     assert f'forked from <a href="/runs/{run_id}">{run_id}</a> at step 3' in page
     assert "Write about &lt;cats&gt;" in page
     assert len(re.findall(r'<div class="card call" data-step="[1-9]', page)) == 4  # three kept, one new
+    assert page.count(f"kept from run {run_id} (not made again)") == 3  # their figures are the parent's
+    assert "kept from run" not in page.split('id="call-4"')[1]
     assert re.search(rf'Forks of this run: <a href="/runs/{fork_id}">', client.get(f"/runs/{run_id}").text)
     listed = client.get("/runs").text
     row = re.search(rf'<tr data-run="{fork_id}">.*?</tr>', listed, re.S)

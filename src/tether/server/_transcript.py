@@ -72,14 +72,15 @@ def shown(index: int, m: Message) -> Shown:
 
 def transcript(messages: list[Message], events: list[TraceEvent]) -> Transcript:
     """The run's model calls with their messages: call k gets the messages after call k-1's reply
-    (what was new to it) and its own reply; the figures come from the k-th model_call event."""
+    (what was new to it) and its own reply; the figures come from its model_call event (step k),
+    which a fork does not have for the calls it kept from its parent."""
     turns = model_turns(messages)
-    figures = [e for e in events if e.kind == "model_call"]
+    figures = {e.step: e for e in events if e.kind == "model_call"}  # call k's event has step k
     out = Transcript()
     start = 0
     for k, at in enumerate(turns):
-        ev = figures[k] if k < len(figures) else None
-        data = {**(ev.data if ev else {}), "duration": ev.duration if ev else 0.0, "t": ev.t if ev else 0.0}
+        ev = figures.get(k + 1)  # none for the calls a fork kept from its parent
+        data = {**ev.data, "duration": ev.duration, "t": ev.t} if ev else {}
         sent = [shown(i, messages[i]) for i in range(start, at)]
         upto = turns[k + 1] if k + 1 < len(turns) else len(messages)
         last = next((messages[i].content for i in range(upto - 1, -1, -1) if said_by_user(messages[i])), "")
