@@ -16,13 +16,15 @@ pytest.importorskip("dbos")
 pytest.importorskip("fastapi")
 pytest.importorskip("jinja2")
 
-from test_service import Service, wait_status  # noqa: E402
+from test_service import ROOT, Service, wait_status  # noqa: E402
+
+CONSOLE_AGENTS = f"{ROOT / 'tests' / 'console_agents.py'}:AGENTS"  # the service tests' agents and two more
 
 
 def running(home: Path) -> Iterator[Service]:
     """A server of its own (the tests count a user's runs), stopped after."""
     svc = Service(home)
-    svc.start()
+    svc.start(CONSOLE_AGENTS)
     try:
         yield svc
     finally:
@@ -322,3 +324,74 @@ def test_the_runs_list_shows_a_running_runs_spend_and_reloads_itself(service: Se
     assert "hx-trigger" not in client.get("/runs/rows").text  # nothing unfinished: the reloads stop
     page = client.get(f"/runs/{run_id}").text
     assert 'id="cancelled"' in page and "Error: cancelled" not in page
+
+
+def test_a_run_page_shows_each_model_calls_messages_escaped_and_pages_a_long_one(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    run_id = start(client, "writer", "Write <i>three</i> notes")
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    html = client.get(f"/runs/{run_id}").text
+    calls = re.findall(r'<div class="card call" data-step="(\d+)"', html)
+    assert calls == ["0", "1", "2", "3", "4"]  # the task, then four model calls
+    call2 = html.split('id="call-2"')[1].split('id="call-3"')[0]
+    assert "Step 2: noting." in call2 and "noted step 1" in call2  # its reply, and the tool result new to it
+    assert "&#34;n&#34;: 2" in call2 or "&quot;n&quot;: 2" in call2 or '"n": 2' not in call2  # arguments escaped
+    assert "Write &lt;i&gt;three&lt;/i&gt; notes" in html and "<i>three</i>" not in html
+    assert "&lt;b&gt;bold?&lt;/b&gt;" in html and "<b>bold?</b>" not in html
+    long = re.search(r'hx-get="(/runs/[^"]+/messages/(\d+))"', html)
+    assert long and re.search(r"show all 7,5\d\d characters", html)
+    shown = re.search(rf'<pre class="msg-text" id="msg-{long.group(2)}">(.*?)</pre>', html, re.S)
+    assert shown and len(shown.group(1)) < 4_200  # 4,000 characters, escaped
+    whole = client.get(long.group(1), headers={"HX-Request": "true"})
+    assert whole.status_code == 200 and whole.text.startswith(f'<pre class="msg-text" id="msg-{long.group(2)}">Step 3: noting. &lt;b&gt;')
+    assert len(whole.text) > 7_500
+    assert client.get(long.group(1)).headers["content-type"].startswith("text/plain")
+    other = login(service, api_key(service, "bob"))
+    assert other.get(long.group(1)).status_code == 404  # another user's message does not exist for them
+    assert client.get(f"/runs/{run_id}/messages/999").status_code == 404
+
+
+def test_the_waterfall_lays_out_calls_in_time_and_nests_a_sub_agent_under_its_tool_call(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    run_id = start(client, "crew", "add for me")
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    html = client.get(f"/runs/{run_id}").text
+    bars = re.findall(r'<g class="span span-(\w+)" data-kind="\w+" data-depth="(\d)"', html)
+    assert bars == [("model", "0"), ("tool", "0"), ("subagent", "1"), ("model", "2"), ("tool", "2"), ("model", "2"),
+                    ("model", "0")], bars
+    assert "sub-agent helper" in html and "tool helper" in html and "tool add" in html
+
+
+def test_a_fork_from_a_step_runs_with_the_edited_message_and_is_linked_both_ways(service: Service) -> None:
+    key = api_key(service, "alice")
+    client = login(service, key)
+    run_id = start(client, "writer", "Write three notes")
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    token = csrf_of(client, f"/runs/{run_id}")
+    forged = client.post(f"/runs/{run_id}/fork", data={"csrf": "x", "step": "3"})
+    assert forged.status_code == 403
+    bob = login(service, api_key(service, "bob"))
+    assert bob.post(f"/runs/{run_id}/fork", data={"csrf": csrf_of(bob), "step": "3"}).status_code == 404
+    too_far = client.post(f"/runs/{run_id}/fork", data={"csrf": token, "step": "9"})
+    assert too_far.status_code == 422 and "fork at a step in 0..3" in too_far.text
+    done = client.post(f"/runs/{run_id}/fork", data={"csrf": token, "step": "3", "message": "Write about <cats>"})
+    assert done.status_code == 303, done.text
+    fork_id = done.headers["location"].rsplit("/", 1)[1]
+    body = wait_status(service, {"Authorization": f"Bearer {key}"}, fork_id, "completed")
+    assert body["answer"] == "Done with: Write about <cats>"
+    page = client.get(f"/runs/{fork_id}").text
+    assert f'forked from <a href="/runs/{run_id}">{run_id}</a> at step 3' in page
+    assert "Write about &lt;cats&gt;" in page
+    assert len(re.findall(r'<div class="card call" data-step="[1-9]', page)) == 4  # three kept, one new
+    assert page.count(f"kept from run {run_id} (not made again)") == 3  # their figures are the parent's
+    assert "kept from run" not in page.split('id="call-4"')[1]
+    assert re.search(rf'Forks of this run: <a href="/runs/{fork_id}">', client.get(f"/runs/{run_id}").text)
+    listed = client.get("/runs").text
+    row = re.search(rf'<tr data-run="{fork_id}">.*?</tr>', listed, re.S)
+    assert row and f"forked from <a href=\"/runs/{run_id}\">{run_id}</a> at step 3" in row.group(0)
+    unchanged = client.post(f"/runs/{run_id}/fork", data={"csrf": token, "step": "1", "message": "Write three notes"})
+    second = unchanged.headers["location"].rsplit("/", 1)[1]
+    assert wait_status(service, {"Authorization": f"Bearer {key}"}, second, "completed")["answer"] == \
+        "Done with: Write three notes"

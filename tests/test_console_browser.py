@@ -240,3 +240,82 @@ def test_a_waiting_runs_duration_goes_on_between_events(service: Service, tab: T
 
 if os.environ.get("TETHER_CONSOLE_SLOWMO"):  # for watching by hand: TETHER_CONSOLE_SLOWMO=1 pytest ... -s
     FLAGS.remove("--headless")
+
+
+SHOTS = Path(os.environ.get("TETHER_SHOTS", str(ARTIFACTS)))  # where the transcript/waterfall/fork shots go
+
+
+def finished_page(tab: Tab, service: Service, key: str, run_id: str) -> None:
+    """The run's page once the run is done (its transcript is stored when it stops)."""
+    wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "completed")
+    tab.page.goto(f"{tab.base}/runs/{run_id}")
+
+
+def test_a_transcript_is_readable_and_a_long_message_shows_in_whole_on_demand(service: Service, tab: Tab) -> None:
+    key = api_key(service, "alice")
+    tab.login(key)
+    run_id = tab.start("writer", "Write <img src=x onerror=\"window.__pwned=1\"> three notes")
+    finished_page(tab, service, key, run_id)
+    page = tab.page
+    assert page.locator("#transcript .call").count() == 5  # the task and four model calls
+    call2 = page.locator("#call-2")
+    assert "Step 2: noting." in call2.inner_text() and "noted step 1" in call2.inner_text()
+    assert "calls note" in call2.inner_text()
+    assert "<img src=x" in page.locator("#call-1 .sent").inner_text()  # the task, shown as text
+    long = page.locator("#call-3 .reply pre.msg-text")
+    before = len(long.inner_text())
+    assert 4_000 <= before < 4_100
+    page.locator("#call-3 .show-all").click()
+    page.wait_for_function("document.querySelector('#call-3 .reply pre.msg-text').innerText.length > 7000")
+    assert page.evaluate("window.__pwned") is None
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#call-2").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "transcript.png"), full_page=True)
+
+
+def test_the_waterfall_nests_a_sub_agents_run_under_its_tool_call(service: Service, tab: Tab) -> None:
+    key = api_key(service, "alice")
+    tab.login(key)
+    run_id = tab.start("crew", "add for me")
+    finished_page(tab, service, key, run_id)
+    page = tab.page
+    kinds = page.eval_on_selector_all("#waterfall g.span", "els => els.map(e => e.dataset.kind + e.dataset.depth)")
+    assert kinds == ["model0", "tool0", "subagent1", "model2", "tool2", "model2", "model0"], kinds
+    box = {k: page.locator(f"#waterfall g.span >> nth={i} >> rect").bounding_box() for i, k in
+           ((1, "tool"), (2, "sub"), (3, "child_model"), (6, "last"))}
+    assert box["sub"] and box["tool"] and box["child_model"] and box["last"]
+    assert box["tool"]["x"] <= box["child_model"]["x"] < box["last"]["x"]  # the child ran inside its tool call
+    label = page.locator("#waterfall g.span >> nth=3 >> text.label").bounding_box()
+    top = page.locator("#waterfall g.span >> nth=0 >> text.label").bounding_box()
+    assert label and top and label["x"] > top["x"]  # indented under the tool call
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#waterfall").screenshot(path=str(SHOTS / "waterfall.png"))
+
+
+def test_a_fork_from_step_3_continues_with_the_edited_message(service: Service, tab: Tab) -> None:
+    key = api_key(service, "alice")
+    tab.login(key)
+    run_id = tab.start("writer", "Write three notes")
+    finished_page(tab, service, key, run_id)
+    page = tab.page
+    page.locator("#call-3 details.fork summary").click()
+    box = page.locator("#call-3 textarea[name=message]")
+    assert box.input_value() == "Write three notes"
+    box.fill("Write about <b>cats</b>")
+    page.locator("#call-3 .fork-button").click()
+    page.wait_for_url(re.compile(r".*/runs/t_[^/]+$"))
+    fork_id = page.url.rsplit("/", 1)[1]
+    assert fork_id != run_id
+    page.wait_for_selector("#answer", timeout=30_000)  # over the live stream
+    assert page.locator("#answer").inner_text() == "Done with: Write about <b>cats</b>"
+    assert page.locator("#forked-from").inner_text() == f"forked from {run_id} at step 3"
+    page.goto(f"{tab.base}/runs/{fork_id}")
+    assert page.locator("#transcript .call").count() == 5  # the task, three kept calls, one new
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "fork.png"), full_page=True)
+    page.goto(f"{tab.base}/runs")
+    row = page.locator(f"tr[data-run='{fork_id}'] .forked-from")
+    assert row.inner_text() == f"forked from {run_id} at step 3"
+    page.screenshot(path=str(SHOTS / "fork-in-runs-list.png"), full_page=True)
+    page.goto(f"{tab.base}/runs/{run_id}")
+    assert fork_id in page.locator("#forks").inner_text()

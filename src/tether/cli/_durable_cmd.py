@@ -82,7 +82,8 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     from tether.policy import ApprovalBook, PendingApprover
 
     paths = ("workspace", "output_schema", "mcp")
-    fields: dict[str, Any] = {k: (Path(v) if k in paths and v else v) for k, v in config.items() if k != "stage"}
+    fields: dict[str, Any] = {k: (Path(v) if k in paths and v else v) for k, v in config.items()
+                              if k not in ("stage", "forked_from")}
     opts = o.RunOptions(**fields)
     stage = None
     if config.get("stage"):  # the run's staged copy of its workspace, made when it started
@@ -159,8 +160,10 @@ async def until_parked(run_id: str, work: Any) -> Any:
             task.cancel()
 
 
-def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
-    """`tether run --durable`: one run as a DBOS workflow, every step checkpointed."""
+def execute_durable(opts: o.RunOptions, prompt: str, db: str | None, fork: Any = None) -> int:
+    """`tether run --durable`: one run as a DBOS workflow, every step checkpointed. `fork`: a
+    function from the new run's id to its RunState and the config keys that say what it forked
+    (`tether runs fork`), instead of a fresh state from `prompt`."""
     from tether.cli._build import CliError, workspace_of
     from tether.cli._runner import report
     from tether.durable import DurableRuns, attach
@@ -172,10 +175,11 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
     stage = None
     started: str | None = None  # the run's id once it is stored
     try:
-        text = read_prompt(prompt)
+        text = read_prompt(prompt) if fork is None else prompt
         rt = _runtime(db)
         config = _config(opts)
         run_id = uuid.uuid4().hex[:12]
+        forked, extra = fork(run_id) if fork is not None else (None, {})
         stage = open_stage(opts, workspace_of(opts), run_id)  # reviewed when the run ends, here or at resume
         if stage is not None:
             config["stage"] = stage.run_id
@@ -184,8 +188,8 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None) -> int:
         attach(agent, rt.config)
         rt.agents.pop(CLI_AGENT, None)  # runs are rebuilt from their own options, not this agent
         runs = DurableRuns(rt)
-        state = agent.start_state(text, run_id=run_id)
-        rt.store.create_run(run_id, CLI_AGENT, state.user, text, config=config)
+        state = agent.start_state(text, run_id=run_id) if forked is None else forked
+        rt.store.create_run(run_id, CLI_AGENT, state.user, text, config={**config, **extra})
         started = run_id
         # named once it exists (a locked database fails the line above: no id of a run never made)
         console.print(f"durable run {run_id} ({rt.url.split('@')[-1]})", style="dim", highlight=False, markup=False)
@@ -331,10 +335,13 @@ def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json
             print(json_safe(json.dumps([dataclasses.asdict(r) for r in rows], ensure_ascii=False)))
         if not rows and not as_json:
             print(clean(f"no runs stored in {store.url.removeprefix('sqlite:///').split('@')[-1]}"))
+        forked = store.forked_from([r.run_id for r in rows]) if not as_json else {}
         for r in rows if not as_json else ():
             answer = (r.answer or "").replace("\n", " ")
             steps = r.steps if r.status in FINISHED else run_totals(store, r.run_id).model_calls  # so far
-            print(clean(f"{r.run_id}  {r.status:<17} steps={steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}"))
+            f = forked.get(r.run_id)
+            parent = f"  (forked from {f.get('run')} at step {f.get('step')})" if f else ""
+            print(clean(f"{r.run_id}  {r.status:<17} steps={steps:<3} {r.prompt[:40]!r:<44} {answer[:40]}{parent}"))
         return 0
     row = store.run(run_id)
     if row is None:
@@ -348,6 +355,55 @@ def _show_runs(store: Any, run_id: str | None, events: bool, limit: int, as_json
     for e in store.events(run_id) if events else ():
         print(clean(f"  [{e.step}] {e.t:8.3f}s {e.kind:<11} {json.dumps(e.data, ensure_ascii=False)}"))
     return 0
+
+
+def fork_cmd(run_id: str | None, at: int | None, message: str | None, model: str | None, as_json: bool,
+             db: str | None) -> int:
+    """`tether runs fork RUN --at STEP`: a new durable run from step STEP of a stored CLI run (durable
+    or not), with an edited last user message or another model if given, run here to its end."""
+    from tether._errors import TetherError
+    from tether.durable._fork import fork_state
+    from tether.store import RunStore
+
+    if not run_id or at is None:
+        return _err("usage: tether runs fork RUN_ID --at STEP [--message TEXT] [--model SPEC]")
+    try:
+        store = RunStore(database(db))
+    except Exception as exc:
+        return _err(open_error(exc))
+    try:
+        row, state, config = store.run(run_id), store.state(run_id), store.config(run_id) or {}
+    finally:
+        store.close()
+    if row is None:
+        return _err(f"no run {run_id} is stored (`tether runs` lists them)")
+    if row.agent != CLI_AGENT:
+        return _err(f"run {run_id} is a run of the service's agent {row.agent!r}: fork it from the console "
+                    "(its agent is built by `tether serve`, not here)")
+    if state is None:
+        return _err(f"run {run_id} has no stored transcript yet (it is still running): fork it once it stopped or parked")
+    try:
+        fork_state(state, at, run_id="check", message=message)  # a wrong step or message, said before starting
+    except TetherError as exc:
+        return _err(str(exc))
+    # a durable run kept its options; a `tether -p` run did not: it forks with the defaults (and --model)
+    fields = {k: v for k, v in config.items() if k in {f.name for f in dataclasses.fields(o.RunOptions)}}
+    paths = ("workspace", "output_schema", "mcp")
+    values: dict[str, Any] = {k: (Path(v) if k in paths and v else tuple(v) if isinstance(v, list) else v)
+                              for k, v in fields.items()}
+    opts = o.RunOptions(**values)
+    if model:
+        opts.model = model
+    if as_json:
+        opts.json = True
+    print(clean(f"tether: forking run {run_id} at step {at}" + (" with its options" if fields else
+                " with the default options (a `tether -p` run keeps none)")), file=sys.stderr)
+
+    def start(new_id: str) -> tuple[Any, dict[str, Any]]:
+        return fork_state(state, at, run_id=new_id, message=message), {"forked_from": {"run": run_id, "step": at}}
+
+    prompt = message or row.prompt
+    return execute_durable(opts, prompt, db, fork=start)
 
 
 def stats_cmd(by: str, days: float | None, as_json: bool, db: str | None) -> int:
@@ -422,15 +478,28 @@ def register(app: typer.Typer) -> None:
 
     @app.command("runs")
     def runs(run_id: Annotated[str | None, typer.Argument(help="Show this run.", show_default=False)] = None,
+             fork_run: Annotated[str | None, typer.Argument(help="With `runs fork`: the run to fork.",
+                                                            show_default=False)] = None,
              events: Annotated[bool, typer.Option("--events", "-e", help="Print the run's events.")] = False,
              limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs to list.")] = 20,
              json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
              by: Annotated[str, typer.Option("--by", help="With `runs stats`: day, agent, model, tool or run.")] = "day",
              days: Annotated[float | None, typer.Option("--days", min=0, help="With `runs stats`: the last N days only.",
                                                         show_default=False)] = None,
+             at: Annotated[int | None, typer.Option("--at", min=0, help="With `runs fork RUN`: the step to fork "
+                                                    "from (keeps model calls 1..STEP).", show_default=False)] = None,
+             message: Annotated[str | None, typer.Option("--message", help="With `runs fork`: the last user "
+                                                         "message, edited.", show_default=False)] = None,
+             model: Annotated[str | None, typer.Option("--model", help="With `runs fork`: another model.",
+                                                       show_default=False)] = None,
              db: Db = None) -> None:
         """List stored runs (every CLI run unless --no-store, durable and service runs), newest first, or show one (with --events, its step events). `tether runs stats`:
-        tokens and cost per day, agent, model, tool or run (--by)."""
+        tokens and cost per day, agent, model, tool or run (--by). `tether runs fork RUN --at STEP [--message TEXT]
+        [--model SPEC]`: a new durable run from step STEP of RUN."""
+        if run_id == "fork":
+            raise typer.Exit(fork_cmd(fork_run, at, message, model, json_out, db))
+        if fork_run is not None or at is not None or message is not None or model is not None:
+            raise typer.Exit(_err("RUN_ID, --at, --message and --model go with `tether runs fork RUN_ID --at STEP`"))
         if run_id == "stats":
             raise typer.Exit(stats_cmd(by, days, json_out, db))
         raise typer.Exit(runs_cmd(run_id, events, limit, json_out, db))

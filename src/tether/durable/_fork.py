@@ -16,6 +16,7 @@ from dbos import DBOSClient, DBOSPortableJSONSerializer
 from tether._errors import InvalidInput, NotFound, OperationFailed
 from tether._loop import ChildRun, DirectStepRunner, run_loop
 from tether._types import Message, ModelReply, RunResult, RunState, ToolCall, ToolResult, from_jsonable
+from tether.policy._policy import NOTE_PREFIX
 from tether.store._sql import engine_url
 
 
@@ -119,3 +120,43 @@ async def fork(agent: Any, database: str | os.PathLike[str] | None, run_id: str,
     spec.step_runner = ReplayStepRunner(recorded, step)
     spec.context = _AddMessage(spec.context, step, message)
     return await run_loop(spec, state)
+
+
+def said_by_user(m: Message) -> bool:
+    """A user-role message the user wrote (not tether's note on untrusted results after a turn)."""
+    return m.role == "user" and not m.content.startswith(NOTE_PREFIX)
+
+
+def model_turns(messages: list[Message]) -> list[int]:
+    """The index of each model call's reply in a stored transcript (call k's reply is the k-th
+    assistant message; its input is everything before it)."""
+    return [i for i, m in enumerate(messages) if m.role == "assistant"]
+
+
+def fork_state(state: RunState, step: int, *, run_id: str, message: str | None = None) -> RunState:
+    """A new run's state from a stored run's state (its final or parked one), as it stood after model
+    call `step` and that call's tools: the transcript up to model call `step + 1`, with `message`
+    (if given) in place of its last user message (tether's notes are not the user's). Works for any stored run, durable or not, since it
+    needs only the stored messages; nothing is replayed. The safety state is the original's as the
+    run left it (its taint, its loop counts), never less than it was at `step`; the fork's usage
+    counts its own calls only."""
+    turns = model_turns(state.messages)
+    if not 0 <= step < len(turns):
+        last = len(turns) - 1
+        raise InvalidInput(f"run {state.run_id} has {len(turns)} model calls; fork at a step in 0..{last} "
+                           "(step N keeps model calls 1..N and runs call N+1 anew)" if last >= 0 else
+                           f"run {state.run_id} made no model call to fork from")
+    messages = [Message(m.role, m.content, list(m.tool_calls), m.tool_call_id, m.name)
+                for m in state.messages[:turns[step]]]
+    if message is not None:
+        if not message.strip():
+            raise InvalidInput("the edited message is empty: write the text the model should see, or leave it out")
+        users = [i for i, m in enumerate(messages) if said_by_user(m)]
+        if users:
+            messages[users[-1]] = Message.user(message)
+        else:
+            messages.append(Message.user(message))
+    return RunState(run_id=run_id, user=state.user, messages=messages, steps=step,
+                    loop_counts=dict(state.loop_counts), loop_warned=list(state.loop_warned),
+                    policy=state.policy, handles=list(state.handles), task_state=state.task_state,
+                    tainted=state.tainted)

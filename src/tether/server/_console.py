@@ -4,7 +4,10 @@ server-rendered pages (Jinja2, every value escaped) with htmx 4 and its SSE exte
     GET  /login, POST /login, POST /logout   an API key opens a session (cookie: HttpOnly, SameSite=Strict)
     GET  /runs                               the user's runs (?status=, ?agent=, ?before= for the next page)
     GET  /runs/new, POST /runs               start a run from a form
-    GET  /runs/{id}                          a run: summary, pending approval, task state, live timeline
+    GET  /runs/{id}                          a run: summary, pending approval, task state, transcript,
+                                             waterfall, live timeline
+    GET  /runs/{id}/messages/{index}         one transcript message in whole (the page shows 4,000 characters)
+    POST /runs/{id}/fork                     a new run from step N of this one (optionally an edited message)
     GET  /runs/{id}/live                     the timeline as HTML pieces over SSE (Last-Event-ID resumes)
     GET  /runs/{id}/results/{handle}         a capped tool result in whole
     GET  /runs/rows, /runs/{id}/duration     pieces the pages reload while a run is unfinished
@@ -24,6 +27,7 @@ import json
 import math
 import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,10 +40,13 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 
-from tether._errors import TetherError
+from tether._errors import InvalidInput, TetherError
+from tether._types import to_jsonable
+from tether.durable._fork import fork_state, said_by_user
 from tether.policy._canonical import leaves
 from tether.server._events import FINISHED, parse_last_id, stream
 from tether.server._tasks import TaskError, Tasks
+from tether.server._transcript import MAX_DEPTH, show_content, spans, transcript, waterfall
 from tether.store._stats import GROUPS, UsageRow, run_totals, usage_stats
 
 HERE = Path(__file__).parent / "console"
@@ -262,10 +269,11 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
             before = None
         rows = await tasks.list(user, status, PAGE, before, agent)
         live = {r.run_id: await tasks.db(run_totals, tasks.rt.store, r.run_id) for r in rows if r.status not in FINISHED}
+        forked = await tasks.db(tasks.rt.store.forked_from, [r.run_id for r in rows])
         next_before = rows[-1].created_at if len(rows) == PAGE else None
         next_query = urlencode({k: v for k, v in (("status", status), ("agent", agent), ("before", next_before)) if v})
         this_query = urlencode({k: v for k, v in (("status", status), ("agent", agent), ("before", before)) if v})
-        return {"runs": rows, "live": live, "status": status, "agent": agent, "next_before": next_before,
+        return {"runs": rows, "live": live, "forked": forked, "status": status, "agent": agent, "next_before": next_before,
                 "next_query": next_query, "this_query": this_query}
 
     @app.get("/runs", include_in_schema=False)
@@ -281,7 +289,8 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         user, _ = await session(request)
         listed = await runs_listed(request, user)
         html = fragments().runs_rows(listed["runs"], listed["live"], listed["this_query"], bool(listed["status"]
-                                                                                                  or listed["agent"]))
+                                                                                                  or listed["agent"]),
+                                     listed["forked"])
         return HTMLResponse(str(html), headers=SECURITY_HEADERS)
 
     @app.get("/favicon.ico", include_in_schema=False)
@@ -314,8 +323,16 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         findings = await tasks.db(tasks.rt.store.findings, run_id)
         state = await tasks.db(tasks.rt.store.state, run_id)
         spent = await tasks.db(run_totals, tasks.rt.store, run_id)
+        store = tasks.rt.store
+        events = await tasks.db(store.events, run_id)
+        children = await tasks.db(_children, store, run_id, 1)
+        forked = (await tasks.db(store.forked_from, [run_id])).get(run_id)
+        forks = await tasks.db(store.forks, run_id, user)
+        content = show_content()
         return page("run.html", user=user, csrf=csrf, row=row, finished=row.status in FINISHED, findings=findings,
-                    task_state=_task_state(state), spent=spent)
+                    task_state=_task_state(state), spent=spent, content=content,
+                    transcript=transcript(state.messages, events) if state is not None and content else None,
+                    waterfall=waterfall(spans(events, children)), forked=forked, forks=forks)
 
     app.get("/runs/{run_id}", include_in_schema=False)(run_page)
 
@@ -349,6 +366,32 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         return PlainTextResponse(text, headers={**SECURITY_HEADERS, "Content-Type": "text/plain; charset=utf-8"})
 
     app.get("/runs/{run_id}/results/{handle}", include_in_schema=False)(whole_result)
+
+    @guarded
+    async def whole_message(request: Request, run_id: str, index: int) -> Response:
+        """One message of the run's transcript in whole: a piece of HTML for the page's "show all"
+        (an htmx request), the plain text otherwise."""
+        user, _ = await session(request)
+        await tasks.get(user, run_id)
+        state = await tasks.db(tasks.rt.store.state, run_id)
+        if not show_content() or state is None or not 0 <= index < len(state.messages):
+            raise TaskError(404, f"no message {index} in the stored transcript of run {run_id}")
+        text = state.messages[index].content or ""
+        if request.headers.get("hx-request"):
+            return HTMLResponse(f'<pre class="msg-text" id="msg-{index}">{escape(text)}</pre>', headers=SECURITY_HEADERS)
+        return PlainTextResponse(text, headers={**SECURITY_HEADERS, "Content-Type": "text/plain; charset=utf-8"})
+
+    app.get("/runs/{run_id}/messages/{index}", include_in_schema=False)(whole_message)
+
+    @guarded
+    async def fork(request: Request, run_id: str) -> Response:
+        """A new run of the same agent from step N of this one (the owner's own runs only)."""
+        user, _, form = await posted(request)
+        row = await tasks.get(user, run_id)
+        new_id = await _fork(tasks, user, row, form)
+        return back(f"/runs/{quote(new_id, safe='')}")
+
+    app.post("/runs/{run_id}/fork", include_in_schema=False)(fork)
 
     @guarded
     async def decide(request: Request, run_id: str) -> Response:
@@ -421,6 +464,59 @@ async def _pieces(tasks: Tasks, parts: Any, user: str, csrf: str, run_id: str,
             html.append(str(parts.task_panel(findings, _task_state(state), oob=True)))
         yield {"id": item["id"], "data": "".join(html)}
     yield {"event": "end", "data": ""}
+
+
+def _children(store: Any, run_id: str, depth: int) -> list[tuple[Any, list[Any], list[Any]]]:
+    """The run's sub-agent runs in the order they started: (row, events, their own sub-agent runs)."""
+    if depth > MAX_DEPTH:
+        return []
+    rows = sorted(store.runs(parent=run_id, limit=200), key=lambda r: r.created_at)
+    return [(r, store.events(r.run_id), _children(store, r.run_id, depth + 1)) for r in rows]
+
+
+async def _fork(tasks: Tasks, user: str, row: Any, form: dict[str, str]) -> str:
+    """Start the fork `form` asks for (step, optional edited last user message) as a task of its own,
+    queued like any other; its config names the run and step it came from."""
+    from dbos import SetWorkflowID
+
+    from tether.durable._runtime import run_workflow
+
+    assert tasks.rt is not None
+    store = tasks.rt.store
+    if row.agent not in tasks.registry.names():
+        raise TaskError(422, f"the agent {row.agent!r} of run {row.run_id} is not served here, so it cannot be forked "
+                             "here (`tether runs fork` forks CLI runs)")
+    state = await tasks.db(store.state, row.run_id)
+    if state is None:
+        raise TaskError(409, f"run {row.run_id} has no stored transcript yet: fork it once it has stopped or parked")
+    try:
+        step = int(form.get("step", ""))
+    except ValueError:
+        raise TaskError(422, "say which step to fork from (a whole number)") from None
+    task_id = "t_" + uuid.uuid4().hex[:16]
+    message = form.get("message", "").replace("\r\n", "\n")
+    try:
+        new = fork_state(state, step, run_id=task_id, message=None)
+        users = [m for m in new.messages if said_by_user(m)]
+        if message.strip() and (not users or message != users[-1].content):  # unchanged: no edit
+            new = fork_state(state, step, run_id=task_id, message=message)
+    except InvalidInput as exc:
+        raise TaskError(422, str(exc)) from None
+    parent = await tasks.db(store.config, row.run_id) or {}
+    config: dict[str, Any] = {"user": user, "limits": parent.get("limits"), "metadata": parent.get("metadata") or {},
+                              "forked_from": {"run": row.run_id, "step": step}}
+    if row.agent in tasks.registry.staged:
+        config["task_id"] = task_id
+    prompt = next((m.content for m in reversed(new.messages) if said_by_user(m)), row.prompt)
+    await tasks.db(tasks._admit, user, task_id, {"agent": row.agent, "prompt": prompt}, config)
+    try:
+        with SetWorkflowID(task_id):
+            await tasks.queue.enqueue_async(run_workflow, {"agent": row.agent, "state": to_jsonable(new),
+                                                           "started_at": time.time()})
+    except Exception:
+        await tasks.db(store.set_status, task_id, "error")
+        raise
+    return task_id
 
 
 def _task_state(state: Any) -> str:

@@ -260,6 +260,29 @@ class RunStore:
         rows = self._rows("SELECT config FROM tether_runs WHERE run_id = :r", {"r": run_id})
         return json.loads(rows[0][0]) if rows and rows[0][0] else None
 
+    def forked_from(self, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """For each of `run_ids` that is a fork: {"run": parent id, "step": N} (kept in its config)."""
+        if not run_ids:
+            return {}
+        names = {f"r{i}": r for i, r in enumerate(run_ids)}
+        rows = self._rows(f"SELECT run_id, config FROM tether_runs WHERE run_id IN ({', '.join(':' + n for n in names)})"
+                          " AND config IS NOT NULL", names)
+        found = {r: json.loads(c).get("forked_from") for r, c in rows}
+        return {r: f for r, f in found.items() if isinstance(f, dict)}
+
+    def forks(self, run_id: str, user: str | None) -> list[tuple[str, int]]:
+        """(fork id, step) of `user`'s runs forked from `run_id`, oldest first (a scan of the user's
+        runs with a config: for a page, not a step)."""
+        who = "user_id = :u" if user is not None else "user_id IS NULL"
+        rows = self._rows(f"SELECT run_id, config FROM tether_runs WHERE {who} AND config LIKE :p ORDER BY created_at",
+                          {"u": user, "p": '%"forked_from"%'})
+        out = []
+        for fork_id, config in rows:
+            f = json.loads(config).get("forked_from")
+            if isinstance(f, dict) and f.get("run") == run_id:
+                out.append((fork_id, int(f.get("step", 0))))
+        return out
+
     def next_seq(self, run_id: str) -> int:
         """The seq the run's next event gets (0 for a run with none)."""
         [(top,)] = self._rows("SELECT MAX(seq) FROM tether_events WHERE run_id = :r", {"r": run_id})
