@@ -282,3 +282,13 @@ def test_an_error_reading_a_secret_file_is_not_a_source(tmp_path: Path) -> None:
                    policy=SafetyPolicy(environment={})).run("hi")
     assert result.answer == answer
     assert result.state is not None and result.state.policy["secrets"] == {}
+
+
+def test_an_endpoint_address_in_the_environment_is_no_secret_but_a_password_inside_one_is() -> None:
+    from tether.policy._leaks import environment_secrets
+
+    found = environment_secrets({"OPENROUTER_BASE_URL": "http://127.0.0.1:43123/v1",
+                                 "API_BASE": "https://api.example-llm.com/v1/chat",
+                                 "DATABASE_URL": "postgres://app:Wq8vL2nZ-pass@db.internal:5432/app",
+                                 "OPENAI_API_KEY": "sk-proj-Abc123Def456Ghi789"})
+    assert sorted(found) == ["Wq8vL2nZ-pass", "sk-proj-Abc123Def456Ghi789"]

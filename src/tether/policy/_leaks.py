@@ -114,6 +114,7 @@ _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----([\s\S]*?)-----END \1-----")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+|set\s+)?["']?[\w.\-\[\]/@ ]{1,80}?["']?\s*(?:=|:(?!//))\s*(.*?)\s*,?\s*$""")
 _URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:([^/\s@]+)@", re.IGNORECASE)
 _NETRC_KEYS = {"login", "password", "account"}
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
 
 def _unquote(value: str) -> str:
@@ -164,13 +165,17 @@ _PUBLIC_ENV = re.compile(
 
 
 def environment_secrets(environ: Mapping[str, str]) -> list[str]:
-    """The process environment's values that count as secrets: all but the public variables above and
-    values that are file-system paths (a CA bundle's location is no secret)."""
+    """The process environment's values that count as secrets: all but the public variables above,
+    values that are file-system paths (a CA bundle's location is no secret) and URLs (an endpoint's
+    address is no secret: OPENAI_BASE_URL; the password inside one, `postgres://u:PASS@h/db`, is)."""
     out = []
     for key, value in environ.items():
         if _PUBLIC_ENV.match(key) or not is_secret_value(value):
             continue
         if all(part.startswith(("/", "~")) for part in value.split(os.pathsep) if part):
+            continue
+        if _URL.fullmatch(value.strip()):  # an address (a base URL) is no secret; a password inside one is
+            out += [m.group(1) for m in _URL_PASSWORD.finditer(value) if is_secret_value(m.group(1))]
             continue
         out.append(value)
     return out
