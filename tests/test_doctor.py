@@ -139,3 +139,36 @@ def test_the_probe_exports_one_span_to_the_collector_or_says_it_could_not(tmp_pa
     assert broken.state == "broken" and "could not be exported" in broken.detail
     (absent,) = [c for c in run_checks(_env(tmp_path), load_model=False, probe=True) if c.part == "telemetry"]
     assert absent.state == "missing"
+
+
+def test_the_store_check_takes_a_real_write_so_a_locked_store_is_broken(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "runs.db"
+    env = _env(tmp_path, TETHER_DB=str(db))
+    (ok,) = [c for c in run_checks(env, load_model=False) if c.part == "run store"]
+    assert ok.state == "ok"
+    holder = sqlite3.connect(db, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing, or a stuck one
+    try:
+        (locked,) = [c for c in run_checks(env, load_model=False) if c.part == "run store"]
+    finally:
+        holder.rollback()
+        holder.close()
+    assert locked.state == "broken" and "locked" in locked.detail, locked
+    tables = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE name = 'tether_doctor'").fetchall()
+    assert tables == []  # the write was rolled back
+
+
+def test_a_bad_encoder_file_is_broken_with_the_fix(tmp_path: Path) -> None:
+    import pytest
+
+    pytest.importorskip("onnxruntime", reason="the rag extra is not installed")
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not an onnx graph")
+    os.environ["TETHER_EMBED_MODEL"] = str(bad)
+    try:
+        (check,) = [c for c in run_checks(_env(tmp_path), load_model=True, probe=True) if c.part == "encoder"]
+    finally:
+        del os.environ["TETHER_EMBED_MODEL"]
+    assert check.state == "broken" and "TETHER_EMBED_MODEL" in check.detail, check

@@ -119,6 +119,30 @@ def telemetry_check(env: Mapping[str, str], probe: bool = False) -> Check:
                                         "collector and OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
+def encoder_check(probe: bool = False) -> Check:
+    """The dense retrieval encoder (the `rag` extra): which graph runs here, and with `probe`, that it
+    loads and embeds a text."""
+    try:
+        from tether.rag._encoder import MiniLMEncoder, find_model_file
+    except ImportError:
+        return Check("encoder", "missing", "the rag extra is not installed (pip install 'tether[rag]')")
+    try:
+        source = find_model_file()
+        if not probe:
+            return Check("encoder", "ok", f"{source}")
+        import time
+
+        started = time.monotonic()
+        encoder = MiniLMEncoder()
+        encoder.embed(["tether doctor"])
+    except Exception as exc:
+        return Check("encoder", "broken", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}; unset "
+                                          "TETHER_EMBED_MODEL or point it at an all-MiniLM-L6-v2 ONNX export")
+    kind = "int8" if encoder.model_path != source else "float"
+    return Check("encoder", "ok", f"{kind} graph {encoder.model_path.name}: loaded and embedded a text in "
+                                  f"{time.monotonic() - started:.1f} s")
+
+
 def embedded_check(load: bool = True) -> Check:
     status = local_status()
     if not status.available:
@@ -148,8 +172,16 @@ def database_check(env: Mapping[str, str]) -> Check:
         state = "broken" if configured else "missing"
         return Check("run store", state, f"{_redact(where)}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     try:
-        with store.engine.begin() as conn:  # a write: a read-only or full disk shows here
-            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS tether_doctor (x INTEGER)")
+        with store.engine.connect() as conn:
+            # a real write, rolled back: a read-only file, a full disk or a store another process holds
+            # locked shows here (a TEMP table would not touch the database file)
+            trans = conn.begin()
+            try:  # a statement that writes takes the write lock, whether or not a row matches
+                if store.engine.dialect.name == "sqlite":
+                    conn.exec_driver_sql("PRAGMA busy_timeout=2000")  # a held lock: said in 2 s, not the store's 30
+                conn.exec_driver_sql("UPDATE tether_runs SET status = status WHERE 1 = 0")
+            finally:
+                trans.rollback()
             problem = _integrity(conn, store.engine.dialect.name)
     except Exception as exc:  # it opened, so it is there: what fails now is broken, configured or not
         orig = getattr(exc, "orig", None)
@@ -187,7 +219,7 @@ def _redact(url: str) -> str:
 def run_checks(env: Mapping[str, str] | None = None, *, load_model: bool = True, probe: bool = False) -> list[Check]:
     env = os.environ if env is None else env
     return [sandbox_check(), *model_checks(env, probe), embedded_check(load_model), database_check(env),
-            telemetry_check(env, probe)]
+            telemetry_check(env, probe), encoder_check(probe and load_model)]
 
 
 def doctor(out: Callable[[str], None], env: Mapping[str, str] | None = None, *, load_model: bool = True,
