@@ -86,6 +86,18 @@ def pieces(client: httpx.Client, run_id: str, last_id: str | None = None, until:
     return out
 
 
+def sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The data of each event of an SSE stream (data lines joined), pings left out."""
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+
+
 def test_login_needs_a_valid_key_and_the_forms_token(service: Service) -> None:
     key = api_key(service, "alice")
     anonymous = httpx.Client(base_url=service.url)
@@ -316,12 +328,17 @@ def test_the_runs_list_shows_a_running_runs_spend_and_reloads_itself(service: Se
     assert row, listing
     cells = re.findall(r'<td class="num">([^<]*)</td>', row.group(0))
     assert cells[0] != "0", cells  # model calls so far, not the row's count, written when the run ends
-    assert 'id="runs-rows" hx-get="/runs/rows" hx-trigger="every 2s"' in listing  # it reloads while one runs
+    assert 'hx-sse:connect="/runs/rows/live"' in listing  # its rows come over SSE
     rows = client.get("/runs/rows")
     assert rows.status_code == 200 and rows.text.startswith('<tbody id="runs-rows"') and run_id in rows.text
-    client.post(f"/runs/{run_id}/cancel", data={"csrf": csrf_of(client)})
+    with client.stream("GET", "/runs/rows/live", timeout=60) as live:
+        assert live.status_code == 200 and live.headers["content-type"].startswith("text/event-stream")
+        events = sse_data(live.iter_lines())
+        assert run_id in next(events)  # the table at once
+        client.post(f"/runs/{run_id}/cancel", data={"csrf": csrf_of(client)})
+        # then again when they change (and only then): the run's status turns cancelled
+        assert any(f'data-run="{run_id}"' in rows and ">cancelled<" in rows for rows in events)
     wait_status(service, {"Authorization": f"Bearer {key}"}, run_id, "cancelled")
-    assert "hx-trigger" not in client.get("/runs/rows").text  # nothing unfinished: the reloads stop
     page = client.get(f"/runs/{run_id}").text
     assert 'id="cancelled"' in page and "Error: cancelled" not in page
 

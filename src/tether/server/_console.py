@@ -21,6 +21,7 @@ only the service's own scripts and styles, so markup that got past escaping stil
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import json
@@ -54,6 +55,7 @@ SESSION_COOKIE = "tether_session"
 LOGIN_COOKIE = "tether_login_csrf"
 SESSION_HOURS = 12
 PAGE = 25
+ROWS_EVERY = 1.0  # seconds between looks at an open runs page's rows (sent only when they change)
 STATUSES = ("pending", "running", "awaiting_approval", "completed", "stopped", "error", "cancelled")
 ORIGIN_WORDS = {"user": "the user's words", "trusted": "a trusted tool", "untrusted": "untrusted content",
                 "model": "the model (no source found)", "neutral": "no information (empty, yes/no)"}
@@ -282,16 +284,35 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
         return page("runs.html", user=user, csrf=csrf, statuses=STATUSES, agents=tasks.registry.names(),
                     **await runs_listed(request, user))
 
+    async def rows_html(request: Request, user: str, *, table: bool = False) -> str:
+        listed = await runs_listed(request, user)
+        macro = fragments().runs_table if table else fragments().runs_rows
+        return str(macro(listed["runs"], listed["live"], listed["this_query"], bool(listed["status"] or listed["agent"]),
+                         listed["forked"]))
+
     @app.get("/runs/rows", include_in_schema=False)
     async def runs_rows(request: Request) -> Response:
-        """The runs table's body alone: the page reloads it every few seconds while a run in it is
-        unfinished (the returned body stops asking once none is)."""
+        """The runs table's body alone."""
         user, _ = await session(request)
-        listed = await runs_listed(request, user)
-        html = fragments().runs_rows(listed["runs"], listed["live"], listed["this_query"], bool(listed["status"]
-                                                                                                  or listed["agent"]),
-                                     listed["forked"])
-        return HTMLResponse(str(html), headers=SECURITY_HEADERS)
+        return HTMLResponse(await rows_html(request, user), headers=SECURITY_HEADERS)
+
+    @app.get("/runs/rows/live", include_in_schema=False)
+    async def runs_rows_live(request: Request) -> Response:
+        """The runs table over SSE: sent again whenever it changes (a run's status or spend so far, a
+        new run), looked at once a second while the page is open."""
+        user, _ = await session(request)
+
+        async def changes() -> AsyncIterator[dict[str, str]]:
+            last = ""
+            while not await request.is_disconnected():
+                html = await rows_html(request, user, table=True)
+                if html != last:
+                    last = html
+                    yield {"data": html}
+                await asyncio.sleep(ROWS_EVERY)
+
+        return EventSourceResponse(changes(), ping=15, headers={"Cache-Control": "no-store",
+                                                                "X-Content-Type-Options": "nosniff"})
 
     @app.get("/favicon.ico", include_in_schema=False)
     async def favicon() -> Response:
