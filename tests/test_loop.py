@@ -579,3 +579,19 @@ def test_cancel_from_another_thread_interrupts_a_synchronous_run() -> None:
     assert done, "the run did not end after the cancel"
     assert done[0].stop_reason is StopReason.CANCELLED
     assert done[0].error == "stopped from a thread"
+
+
+def test_limits_can_be_set_for_one_run() -> None:
+    """`run(..., limits=)` bounds that run instead of the agent's limits; the next run has the agent's."""
+    from tether import Agent, Limits, ScriptedModel, StopReason, call, tool
+
+    @tool
+    def noop() -> str:
+        """Nothing."""
+        return "ok"
+
+    script = [call("noop"), call("noop"), call("noop"), "done"]
+    agent = Agent(ScriptedModel(script * 2), tools=[noop], limits=Limits(max_steps=10))
+    capped = agent.run("go", limits=Limits(max_steps=2))
+    assert capped.stop_reason is StopReason.MAX_STEPS and capped.steps <= 2
+    assert agent.limits.max_steps == 10

@@ -151,10 +151,10 @@ class Agent(Generic[OutputT]):
         )
 
     def _spec(self, run_id: str, cancel: CancelToken | None, on_event: Callable[[TraceEvent], None] | None,
-              stream_text: bool) -> RunSpec:
+              stream_text: bool, limits: Limits | None = None) -> RunSpec:
         assert self.executor is not None
         return RunSpec(
-            model=self.model, executor=self.executor, limits=self.limits, run_id=run_id,
+            model=self.model, executor=self.executor, limits=limits or self.limits, run_id=run_id,
             user=self.user, clock=self.clock, pricing=self.pricing, step_runner=self.step_runner,
             input_filter=self.input_filter, output_filter=self.output_filter,
             context=self.context, cancel=cancel, on_event=on_event, stream_text=stream_text,
@@ -170,18 +170,24 @@ class Agent(Generic[OutputT]):
         cancel: CancelToken | None = None,
         on_event: Callable[[TraceEvent], None] | None = None,
         stream_text: bool = False,
+        limits: Limits | None = None,
     ) -> RunResult[OutputT]:
         """Run to a stop reason. `state=result.state` continues a conversation with everything the
         run knew (budget, loop counts, taint, handles); a bare transcript continues through
         `state=agent.state_from(messages)`. `on_event` gets every event's envelope as it happens
-        (`tether.events.typed` gives the typed event); `stream_text` adds the model's text deltas."""
+        (`tether.events.typed` gives the typed event); `stream_text` adds the model's text deltas.
+        `limits`: this run's limits instead of the agent's (not for a durable agent, whose recovered
+        runs are rebuilt from the agent)."""
         run_id = run_id or uuid.uuid4().hex[:12]
-        if self.limits.max_cost_usd is not None:
+        if limits is not None and self.durable is not None:
+            raise InvalidInput("limits= on run() is not taken by a durable agent (a recovered run is rebuilt from "
+                               "the agent): set Agent(limits=...)")
+        if (limits or self.limits).max_cost_usd is not None:
             require_agent_prices(self)
         start = self.start_state(prompt, state=state, run_id=run_id)
         if self.durable is not None:
             return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
-        return await run_loop(self._spec(run_id, cancel, on_event, stream_text), start)
+        return await run_loop(self._spec(run_id, cancel, on_event, stream_text, limits), start)
 
     def run(
         self,
@@ -192,6 +198,7 @@ class Agent(Generic[OutputT]):
         cancel: CancelToken | None = None,
         on_event: Callable[[TraceEvent], None] | None = None,
         stream_text: bool = False,
+        limits: Limits | None = None,
     ) -> RunResult[OutputT]:
         """Synchronous `arun`: runs on its own event loop, and closes the model's connections before
         that loop ends. Inside a running event loop, `await agent.arun(...)` instead."""
@@ -199,7 +206,8 @@ class Agent(Generic[OutputT]):
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self._run_closing(self.arun(prompt, state=state, run_id=run_id, cancel=cancel,
-                                                           on_event=on_event, stream_text=stream_text)))
+                                                           on_event=on_event, stream_text=stream_text,
+                                                           limits=limits)))
         raise OperationFailed("Agent.run() was called inside a running event loop (Jupyter, an async server, "
                            "a coroutine): use `await agent.arun(...)` there")
 
@@ -219,11 +227,12 @@ class Agent(Generic[OutputT]):
         run_id: str | None = None,
         cancel: CancelToken | None = None,
         stream_text: bool = True,
+        limits: Limits | None = None,
     ) -> AsyncIterator[TraceEvent | RunResult[OutputT]]:
         """Yield each TraceEvent as it happens (text deltas too), then the RunResult."""
         queue: asyncio.Queue[TraceEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(self.arun(prompt, state=state, run_id=run_id, cancel=cancel,
-                                               on_event=queue.put_nowait, stream_text=stream_text))
+                                               on_event=queue.put_nowait, stream_text=stream_text, limits=limits))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (event := await queue.get()) is not None:
