@@ -5,6 +5,7 @@ whose provider tether does not know. (A corrupt run store: tests/test_doctor.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -62,7 +63,7 @@ def test_ctrl_c_on_a_durable_run_says_how_to_resume_it(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
-        run_id = err.split()[2]  # "durable run ID (...)"
+        run_id = re.search(r"^durable run (\w+) \(", err, re.M).group(1)  # type: ignore[union-attr]  # (a notice may come first)
         assert err.splitlines()[-1] == (
             f"tether: interrupted: durable run {run_id} stopped after 1 model calls and 1 tool calls; it is saved, not "
             f"cancelled: `tether resume {run_id}` continues it from there, `tether cancel {run_id}` ends it"), err
