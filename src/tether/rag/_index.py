@@ -52,7 +52,7 @@ from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
 from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag._encoder import Embedder
-from tether.rag._loaders import SUPPORTED, Section, load_file
+from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
 from tether.rag._settings import BEST
 
 # Called as progress(done, total) while passages are embedded (done counts passages).
@@ -353,6 +353,8 @@ class Index:
         root = Path(path).expanduser().resolve()
         if not root.exists():
             raise MissingFile(f"{path}: no such file or folder")
+        if not root.is_dir():
+            refuse_special(root)  # a FIFO, socket or device: refused before it is opened
         with self._lock, self._writing():
             return self._ingest(root, delete_missing)
 
@@ -372,13 +374,13 @@ class Index:
             source = f.as_posix()
             seen.add(source)
             try:
-                data = f.read_bytes()
+                data = read_regular(f)
                 digest = hashlib.sha256(data).hexdigest()
                 old = self._db.execute("SELECT hash FROM sources WHERE path = ?", (source,)).fetchone()
                 if old and old[0] == digest:
                     report.unchanged.append(source)
                     continue
-                chunks = chunk_sections(source, load_file(f), self.chunk_tokens, self.overlap)
+                chunks = chunk_sections(source, load_file(f, data), self.chunk_tokens, self.overlap)
             except Exception as e:  # one bad file must not stop a folder ingest
                 report.skipped.append(f"{source}: {e}")
                 continue
