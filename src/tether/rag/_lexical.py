@@ -175,16 +175,20 @@ class BM25Retriever:
                 new_terms.append(self.vocab.setdefault(term, len(self.vocab)))
                 new_docs.append(d)
                 new_tf.append(c)
-        self._rebuild(np.concatenate([terms, np.frombuffer(new_terms, dtype=np.int64)]),
-                      np.concatenate([docs, np.frombuffer(new_docs, dtype=np.int64)]),
-                      np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int64).astype(np.float32)]),
+        nt, nd = np.frombuffer(new_terms, dtype=np.int64), np.frombuffer(new_docs, dtype=np.int64)
+        first = np.lexsort((nd, nt))
+        # The kept postings are in (term, passage) order and the new passages come after all of
+        # them: a stable sort by term merges the two sorted runs (timsort: linear, not n log n).
+        terms, docs = np.concatenate([terms, nt[first]]), np.concatenate([docs, nd[first]])
+        tf = np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int64)[first].astype(np.float32)])
+        order = np.argsort(terms, kind="stable")
+        self._rebuild(terms[order], docs[order], tf[order],
                       np.concatenate([doclen, np.asarray([len(t) for t in corpus], dtype=np.float32)]))
 
     def _rebuild(self, terms: np.ndarray, docs: np.ndarray, tf: np.ndarray, doclen: np.ndarray) -> None:
-        """Postings (BM25, Lucene variant, as bm25s computes it) from (term, passage, count) triples."""
+        """Postings (BM25, Lucene variant, as bm25s computes it) from (term, passage, count) triples
+        in (term, passage) order."""
         n, n_terms = len(doclen), len(self.vocab)
-        order = np.lexsort((docs, terms))
-        terms, docs, tf = terms[order], docs[order], tf[order]
         df = np.bincount(terms, minlength=n_terms)
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])

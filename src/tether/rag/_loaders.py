@@ -190,16 +190,22 @@ def decode_text(data: bytes, name: str = "file") -> str:
 
 
 def read_regular(path: str | Path) -> bytes:
-    """The bytes of a regular file. A FIFO, socket or device is refused before it is opened (reading
-    one can wait forever); the open does not block and is checked again (the path may change)."""
+    """The bytes of a regular file, opened without blocking and refused unless `fstat` says it is
+    one (a FIFO found in a folder walk would otherwise wait for a writer forever). A path given by
+    the user goes through `refuse_special` first, so a device is never opened."""
     path = Path(path)
-    refuse_special(path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        kind = _special_kind(os.fstat(fd).st_mode)
-        if kind is None:
-            return fh.read()
-    raise UnsupportedFile(_not_regular(path, kind))
+    try:
+        info = os.fstat(fd)
+        kind = _special_kind(info.st_mode)
+        if kind is not None:
+            raise UnsupportedFile(_not_regular(path, kind))
+        parts = [os.read(fd, info.st_size + 1)]  # one read for a file that did not grow meanwhile
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 20))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def refuse_special(path: str | Path) -> None:
@@ -228,6 +234,7 @@ def load_file(path: str | Path, data: bytes | None = None) -> list[Section]:
     if ext not in SUPPORTED:
         raise UnsupportedFile(f"{path}: unsupported file type {ext or '(none)'}; supported: {', '.join(sorted(SUPPORTED))}")
     if data is None:
+        refuse_special(path)
         data = read_regular(path)
     if ext in PDF:
         return parse_pdf(path, data)
