@@ -158,29 +158,30 @@ class BM25Retriever:
         resulting store would: only `texts` are tokenized, the weights of every posting are
         recomputed from the stored term counts (idf and the mean length change with any passage)."""
         post = self._post
-        terms = np.repeat(np.arange(len(post.indptr) - 1, dtype=np.int64), np.diff(post.indptr))
-        docs, tf, doclen = post.indices, self._tf, self._doclen
+        # 32-bit ids and counts: a store's postings take half the memory (2**31 passages is far off)
+        terms = np.repeat(np.arange(len(post.indptr) - 1, dtype=np.int32), np.diff(post.indptr))
+        docs, tf, doclen = post.indices.astype(np.int32, copy=False), self._tf, self._doclen
         if len(dropped):
-            gone = np.asarray(dropped, dtype=np.int64)
+            gone = np.asarray(dropped, dtype=np.int32)
             keep = ~np.isin(docs, gone)
             terms, docs, tf = terms[keep], docs[keep], tf[keep]
-            docs = docs - np.searchsorted(gone, docs)
+            docs = (docs - np.searchsorted(gone, docs)).astype(np.int32)
             doclen = np.delete(doclen, gone)
         corpus = stem_many(texts) if self.stem else [word_tokens(t) for t in texts]
         n_old = len(doclen)
-        # typed arrays, not lists of ints: a million postings in 24 MB rather than 100
-        new_terms, new_docs, new_tf = array("q"), array("q"), array("q")
+        # typed arrays, not lists of ints: a million postings in 12 MB rather than 100
+        new_terms, new_docs, new_tf = array("i"), array("i"), array("i")
         for d, toks in enumerate(corpus, start=n_old):
             for term, c in Counter(toks).items():
                 new_terms.append(self.vocab.setdefault(term, len(self.vocab)))
                 new_docs.append(d)
                 new_tf.append(c)
-        nt, nd = np.frombuffer(new_terms, dtype=np.int64), np.frombuffer(new_docs, dtype=np.int64)
+        nt, nd = np.frombuffer(new_terms, dtype=np.int32), np.frombuffer(new_docs, dtype=np.int32)
         first = np.lexsort((nd, nt))
         # The kept postings are in (term, passage) order and the new passages come after all of
         # them: a stable sort by term merges the two sorted runs (timsort: linear, not n log n).
         terms, docs = np.concatenate([terms, nt[first]]), np.concatenate([docs, nd[first]])
-        tf = np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int64)[first].astype(np.float32)])
+        tf = np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int32)[first].astype(np.float32)])
         order = np.argsort(terms, kind="stable")
         self._rebuild(terms[order], docs[order], tf[order],
                       np.concatenate([doclen, np.asarray([len(t) for t in corpus], dtype=np.float32)]))
@@ -192,10 +193,10 @@ class BM25Retriever:
         df = np.bincount(terms, minlength=n_terms)
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
-        idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+        idf = np.log(1 + (n - df + 0.5) / (df + 0.5)).astype(np.float32)
         avgdl = float(doclen.mean()) if n and doclen.sum() else 1.0
-        norm = self.k1 * (1 - self.b + self.b * doclen / avgdl)
-        data = (idf[terms] * tf / (tf + norm[docs])).astype(np.float32)
+        norm = (self.k1 * (1 - self.b + self.b * doclen / avgdl)).astype(np.float32)
+        data = idf[terms] * tf / (tf + norm[docs])
         self._post = _Postings(data, docs, indptr, n)
         self._tf, self._doclen = tf.astype(np.float32), doclen.astype(np.float32)
         # Terms are numbered as first met; ties between feedback terms are broken by the term itself
