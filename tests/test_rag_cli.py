@@ -154,10 +154,10 @@ def test_search_prints_a_table_of_ranked_passages_without_a_model(cli, docs, mon
 
 def test_search_json_has_source_heading_score_and_snippet(cli, docs):
     cli("ingest", str(docs), "--index", "kb", "--retriever", "bm25")
-    r = cli("search", "parcels Norway", "--index", "kb", "--json")
+    r = cli("search", "parcels Norway days", "--index", "kb", "--json")  # "days": in both files
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["retriever"] == "bm25" and out["query"] == "parcels Norway"
+    assert out["retriever"] == "bm25" and out["query"] == "parcels Norway days"
     top = out["hits"][0]
     assert top["rank"] == 1 and top["source"].endswith("shipping.md") and top["heading"] == "Shipping"
     assert top["score"] > out["hits"][1]["score"] and top["snippet"].startswith("Parcels ship to Norway")

@@ -108,7 +108,8 @@ def test_pipeline_answers_with_a_citation_and_admits_what_is_not_there(index):
     assert model.requests[0].tools == [] and NO_ANSWER in model.requests[0].messages[0].content
 
     uncovered = pipeline(UNCOVERED_Q, index, model, k=3)
-    assert len(uncovered.hits) == 3  # passages were retrieved, but none covers the question
+    # dense ranks every passage, none covers the question; BM25 returns none: none shares a term with it
+    assert len(uncovered.hits) == (0 if index.retriever_name == "bm25" else 3)
     assert uncovered.answer.lower().startswith(NO_ANSWER)
 
 

@@ -6,14 +6,17 @@ error is one JSON object on stdout (`{"error": ..., "exit_code": ...}`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +26,7 @@ from tether._errors import TetherError
 from tether._terminal import clean
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 WRAP = 88  # error lines are wrapped to this width
 
 IndexOption = Annotated[str, typer.Option("--index", "-i", help="Index name (under $TETHER_HOME/indexes or "
@@ -150,14 +154,48 @@ def _open_existing(index: str):
     return Index.open(index, progress=EmbedProgress(), notify=_err)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised where the program is, so `with` blocks clean up (not an Exception,
+    which a per-file `except Exception` would swallow)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated for the block (in the main thread; elsewhere it is left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @_exit_codes
 def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int) -> int:
     from tether.rag._index import Index
-    from tether.rag._loaders import SUPPORTED
 
     if not path.exists():
         raise CommandError(f"{path}: no such file or folder")
     new = not Index.exists(index)
+    try:
+        with _sigterm_raises():
+            return _ingest(path, index, retriever, chunk_tokens, overlap, new)
+    except Terminated:
+        kept = "no index was created" if new and not Index.exists(index) else \
+            "the index keeps what it had committed before"
+        raise CommandError(f"ingest stopped by SIGTERM: {kept}; run it again to finish", EXIT_TERMINATED) from None
+
+
+def _ingest(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int, new: bool) -> int:
+    from tether.rag._index import Index
+    from tether.rag._loaders import SUPPORTED
+
     # an error inside the block discards the index object: a new index is removed, settings are kept
     with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap,
                     progress=EmbedProgress(), notify=_err) as idx:
@@ -227,6 +265,16 @@ def _resolve(model_spec: str | None, brief_if_tiny: bool = False):
     return model
 
 
+def _require_passages(idx: Any, index: str) -> None:
+    """CommandError (exit 1) for an index with no passages: an answer from it would say nothing."""
+    if len(idx):
+        return
+    why = ("an ingest into it was stopped; run it again to finish" if idx.resumable else
+           f"no ingest into it stored any (one may have been stopped), or all were removed; add files with: "
+           f"tether ingest PATH --index {index}")
+    raise CommandError(f"the index {index} has no passages: {why}", EXIT_ERROR)
+
+
 @_exit_codes
 def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None = None,
                model_spec: str | None = None, max_tokens: int | None = None) -> int:
@@ -242,10 +290,7 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
             hits = idx.search(query, k)
         retriever = idx.answered_by or idx.retriever_name
         pending = idx.vectors_pending
-        empty = not len(idx)
-        stopped = empty and idx.resumable
-    if stopped:
-        _err(f"the index {index} has no passages yet: an ingest into it was stopped; run it again to finish")
+        _require_passages(idx, index)
     if pending:
         _err(pending)
     if as_json:
@@ -254,7 +299,7 @@ def search_cmd(query: str, index: str, k: int, as_json: bool, rerank: str | None
              "snippet": _snippet(h.text), "text": h.text} for i, h in enumerate(hits, start=1)]}))
         return EXIT_OK
     if not hits:
-        print("no passages (the index is empty)" if empty else "no passages matched")
+        print("no passages matched")
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
@@ -288,6 +333,7 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
     if not question.strip():
         raise CommandError("the question is empty")
     with _open_existing(index) as idx:
+        _require_passages(idx, index)
         model = None if extract else _resolve(model_spec, brief_if_tiny=True)
         searchable: Any = idx
         reranker = _reranker(rerank, model_spec, max_tokens) if rerank else None
@@ -309,6 +355,8 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
         else:
             result = agentic(question, searchable, model, k=k)
             answer, status, hits, error = result.answer, result.stop_reason.value, [], result.error
+    if error:
+        error = _overflow_hint(error, k, pipeline)
     if status != "completed":  # every stop says why, even with --json (on stdout there)
         why = f"stopped: {status.replace('_', ' ')}" + (f": {error}" if error else "")
         if not as_json:
@@ -319,6 +367,22 @@ def ask_cmd(question: str, index: str, pipeline: bool, model_spec: str | None, k
     elif answer.strip():
         print(clean(answer))
     return EXIT_OK if status == "completed" else EXIT_STOPPED
+
+
+_OVERFLOW = ("context", "too many tokens", "prompt is too long")
+_LIBRARY_ADVICE = "raise Limits.max_input_tokens or cap tool results lower"
+
+
+def _overflow_hint(error: str, k: int, pipeline: bool) -> str:
+    """An over-the-context-window error as a CLI user can act on it: the library's advice (a
+    `Limits` field the CLI cannot set) replaced by the options that change what is sent."""
+    if not any(w in error.lower() for w in _OVERFLOW):
+        return error
+    hint = f"ask with fewer passages per search (--k, now {k})" + ("" if pipeline else " or with --pipeline") + \
+        ", or with a --model whose context window is larger"
+    if _LIBRARY_ADVICE in error:
+        return error.replace(_LIBRARY_ADVICE, hint)
+    return f"{error.rstrip('. ')}; {hint}"
 
 
 def _answer_extractively(question: str, searchable: Any, k: int, as_json: bool, told: bool) -> int:

@@ -187,7 +187,7 @@ class MiniLMEncoder:
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.enable_mem_pattern = False  # a plan per input shape costs memory and saves nothing here
-        self._session = ort.InferenceSession(str(self.model_path), opts, providers=["CPUExecutionProvider"])
+        self._session = _session(ort, self.model_path, opts)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._pool: ThreadPoolExecutor | None = None
 
@@ -240,6 +240,26 @@ class MiniLMEncoder:
         m = mask[..., None].astype(np.float32)
         vec = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         return (vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def _session(ort: Any, path: Path, opts: Any) -> Any:
+    """An onnxruntime session for the encoder graph at `path`, or EmbedderUnavailable in one line
+    naming the file and what is wrong with it (not onnxruntime's traceback)."""
+    where = f"TETHER_EMBED_MODEL={path}" if os.environ.get("TETHER_EMBED_MODEL") else str(path)
+    want = "an all-MiniLM-L6-v2 ONNX export (inputs input_ids and attention_mask, 384 values per token)"
+    try:
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own classes, not RuntimeError: a protobuf error, a bad graph
+        said = " ".join(str(exc).split())
+        said = said.split(" : ", 2)[-1] if said.startswith("[ONNXRuntimeError]") else said
+        raise EmbedderUnavailable(f"{where}: onnxruntime cannot load it ({said[:200]}); it must be {want}") from None
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = session.get_outputs()
+    width = outputs[0].shape[-1] if outputs and outputs[0].shape else None
+    if not {"input_ids", "attention_mask"} <= inputs or (isinstance(width, int) and width != MiniLMEncoder.dim):
+        raise EmbedderUnavailable(f"{where}: a model with inputs {', '.join(sorted(inputs)) or 'none'} and "
+                                  f"{width if width is not None else 'unknown'} values per token; it must be {want}")
+    return session
 
 
 def write_check_vectors(path: Path = CHECK_VECTORS) -> None:

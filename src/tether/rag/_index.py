@@ -38,6 +38,7 @@ import os
 import shutil
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
 from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag._encoder import Embedder
-from tether.rag._loaders import SUPPORTED, Section, load_file
+from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
 from tether.rag._settings import BEST
 
 # Called as progress(done, total) while passages are embedded (done counts passages).
@@ -352,6 +353,8 @@ class Index:
         root = Path(path).expanduser().resolve()
         if not root.exists():
             raise MissingFile(f"{path}: no such file or folder")
+        if not root.is_dir():
+            refuse_special(root)  # a FIFO, socket or device: refused before it is opened
         with self._lock, self._writing():
             return self._ingest(root, delete_missing)
 
@@ -371,13 +374,13 @@ class Index:
             source = f.as_posix()
             seen.add(source)
             try:
-                data = f.read_bytes()
+                data = read_regular(f)
                 digest = hashlib.sha256(data).hexdigest()
                 old = self._db.execute("SELECT hash FROM sources WHERE path = ?", (source,)).fetchone()
                 if old and old[0] == digest:
                     report.unchanged.append(source)
                     continue
-                chunks = chunk_sections(source, load_file(f), self.chunk_tokens, self.overlap)
+                chunks = chunk_sections(source, load_file(f, data), self.chunk_tokens, self.overlap)
             except Exception as e:  # one bad file must not stop a folder ingest
                 report.skipped.append(f"{source}: {e}")
                 continue
@@ -452,32 +455,33 @@ class Index:
             if self.uses_vectors:
                 self._complete_vectors()  # a stopped ingest's passages may still wait for vectors
             return
-        old_rows = self.chunks()
         gone_set = set(gone)
-        kept = [c for c in old_rows if c.source not in gone_set]
-        report.chunks_removed += len(old_rows) - len(kept)
+        # Per-source bookkeeping costs the change, not the store: the rows of the gone sources are
+        # read by source (indexed), the kept rows are only renumbered, never read, for a lexical index.
+        dropped = sorted(r for src in gone_set
+                         for (r,) in self._db.execute("SELECT row FROM chunks WHERE source = ?", (src,)))
+        report.chunks_removed += len(dropped)
         report.chunks_added += len(new)
         plan: tuple[_Vectors | None, list[str]] | None = None
         if self.uses_vectors:  # read the old vectors before the rows they belong to change
-            plan, new = self._plan_vectors(old_rows, new, gone_set)
+            plan, new = self._plan_vectors(self.chunks(), new, gone_set)
+        kept = len(self) - len(dropped)
+        per_source = Counter(c.source for c in new)
         gen = str(int(self._meta("generation") or 0) + 1)
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
             self._store_settings()
             for src in gone_set:
                 self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
                 self._db.execute("DELETE FROM sources WHERE path = ?", (src,))
-            self._db.execute("UPDATE chunks SET row = -1 - row")  # make room for renumbering
-            for i, c in enumerate(kept):
-                self._db.execute("UPDATE chunks SET row = ? WHERE id = ?", (i, c.id))
+            self._close_gaps(dropped)
             self._db.executemany(
                 "INSERT OR REPLACE INTO chunks(id, source, position, heading, text, row) VALUES (?, ?, ?, ?, ?, ?)",
-                [(c.id, c.source, c.position, c.heading, c.text, len(kept) + i) for i, c in enumerate(new)],
+                [(c.id, c.source, c.position, c.heading, c.text, kept + i) for i, c in enumerate(new)],
             )
-            for src, digest in hashes.items():
-                count = sum(1 for c in new if c.source == src)
-                self._db.execute("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
-                                 (src, digest, count))
+            self._db.executemany("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
+                                 [(src, digest, per_source[src]) for src, digest in hashes.items()])
             self._set_meta("generation", gen)
+        self._update_lexical(dropped, new, gen)
         self._retriever = None
         if plan is None:
             return
@@ -491,6 +495,45 @@ class Index:
         self._store_vectors(more if reused is None else
                             _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True))), gen)
         self._retriever = None
+
+    def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
+        """Carry a stored lexical state (BM25's) from the last generation to `gen`: the rows `dropped`
+        out, the `new` chunks tokenized and in, weights recomputed (vectorised, no re-tokenizing of
+        the store). Without a state for the last generation the next search fits one."""
+        from tether.rag._evaluate import make_retriever
+
+        prev = str(int(gen) - 1)
+        for part in retriever_parts(make_retriever(self.retriever_name)):
+            if not hasattr(part, "update"):
+                continue
+            name = f"lexical-{part.name}.npz"
+            if self._meta(name) != f"{prev}:{part.key()}" or (f := self._file(name)) is None:  # type: ignore[attr-defined]
+                continue
+            with np.load(f, allow_pickle=False) as stored:
+                part.restore(dict(stored))  # type: ignore[attr-defined]
+            part.update(dropped, [c.indexed_text for c in new])  # type: ignore[attr-defined]
+            tmp = self.path / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
+            np.savez(tmp, **part.arrays())  # type: ignore[attr-defined]
+            try:
+                with self._flock("swap.lock", fcntl.LOCK_EX):
+                    self._put_file(name, tmp)
+                    with self._db:
+                        self._set_meta(name, f"{gen}:{part.key()}")  # type: ignore[attr-defined]
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    def _close_gaps(self, dropped: list[int]) -> None:
+        """Renumber the rows left after deleting rows `dropped` (ascending) to 0..n-1, in order: each
+        run between two deleted rows moves down by the deleted rows before it, one range update per
+        run (negated first, as the row column is unique)."""
+        if not dropped:
+            return
+        for shift, (lo, hi) in enumerate(zip(dropped, [*dropped[1:], None], strict=True), start=1):
+            if hi is None:
+                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ?", (shift, lo))
+            elif hi > lo + 1:
+                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ? AND row < ?", (shift, lo, hi))
+        self._db.execute("UPDATE chunks SET row = -1 - row WHERE row < 0")
 
     # -- vectors --------------------------------------------------------------------------------
 

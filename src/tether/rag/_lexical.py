@@ -1,4 +1,4 @@
-"""Lexical retrievers: textbook TF-IDF cosine and BM25 with stemming (bm25s + PyStemmer).
+"""Lexical retrievers: textbook TF-IDF cosine and BM25 with stemming (PyStemmer).
 
 Both keep an inverted index as CSC-style arrays (per term: the passages it occurs in and a
 weight) and score a query with one `np.bincount` over the query terms' postings, which keeps
@@ -8,6 +8,7 @@ lexical search well above 2,000 queries per second on small and medium stores.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class TfidfRetriever:
         return self._post.score(self._query_weights(query))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
-        return top_k(self.scores(query), k)
+        """The `k` best passages that share a term with the query (never padded with score-0 ones)."""
+        return [(d, s) for d, s in top_k(self.scores(query), k) if s > 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,8 @@ class RM3:
 
 
 class BM25Retriever:
-    """BM25 (Lucene variant) over Snowball-stemmed tokens, indexed by bm25s; optional RM3 feedback.
+    """BM25 (Lucene variant, the weights bm25s computes) over Snowball-stemmed tokens; optional RM3
+    feedback. `update` drops and adds passages without re-tokenizing the others.
 
     Query terms count as often as they occur, as in bm25s's own scoring.
     """
@@ -136,61 +139,96 @@ class BM25Retriever:
         self._fptr = np.zeros(1, dtype=np.int64)
         self._common = np.zeros(0, dtype=bool)
         self._term_rank = np.zeros(0, dtype=np.int64)
+        # Term counts per posting and passage lengths, so `update` can recompute weights without the texts
+        self._tf = np.zeros(0, dtype=np.float32)
+        self._doclen = np.zeros(0, dtype=np.float32)
 
     def _tokens(self, text: str) -> list[str]:
         return stemmed_tokens(text) if self.stem else word_tokens(text)
 
     def fit(self, texts: Sequence[str]) -> None:
-        import bm25s
+        self.vocab = {}
+        self._tf = np.zeros(0, dtype=np.float32)
+        self._doclen = np.zeros(0, dtype=np.float32)
+        self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0)
+        self.update([], texts)
 
+    def update(self, dropped: Sequence[int], texts: Sequence[str]) -> None:
+        """Drop passages `dropped` (later ones move down) and append `texts`, as `fit` on the
+        resulting store would: only `texts` are tokenized, the weights of every posting are
+        recomputed from the stored term counts (idf and the mean length change with any passage)."""
+        post = self._post
+        # 32-bit ids and counts: a store's postings take half the memory (2**31 passages is far off)
+        terms = np.repeat(np.arange(len(post.indptr) - 1, dtype=np.int32), np.diff(post.indptr))
+        docs, tf, doclen = post.indices.astype(np.int32, copy=False), self._tf, self._doclen
+        if len(dropped):
+            gone = np.asarray(dropped, dtype=np.int32)
+            keep = ~np.isin(docs, gone)
+            terms, docs, tf = terms[keep], docs[keep], tf[keep]
+            docs = (docs - np.searchsorted(gone, docs)).astype(np.int32)
+            doclen = np.delete(doclen, gone)
         corpus = stem_many(texts) if self.stem else [word_tokens(t) for t in texts]
-        n = len(corpus)
-        if not any(corpus):  # bm25s cannot index a store without a single term
-            self.vocab = {}
-            self._post = _Postings(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), n)
-            self._fptr = np.zeros(n + 1, dtype=np.int64)
-            return
-        model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
-        model.index(corpus, show_progress=False)
-        s = model.scores
-        self.vocab = {t: i for t, i in model.vocab_dict.items() if t}
-        # bm25s numbers terms in set order, which changes with PYTHONHASHSEED: ties between
-        # feedback terms are broken by the term itself, so rankings are the same in every process
-        self._term_rank = np.zeros(max(self.vocab.values(), default=-1) + 1, dtype=np.int64)
+        n_old = len(doclen)
+        # typed arrays, not lists of ints: a million postings in 12 MB rather than 100
+        new_terms, new_docs, new_tf = array("i"), array("i"), array("i")
+        for d, toks in enumerate(corpus, start=n_old):
+            for term, c in Counter(toks).items():
+                new_terms.append(self.vocab.setdefault(term, len(self.vocab)))
+                new_docs.append(d)
+                new_tf.append(c)
+        nt, nd = np.frombuffer(new_terms, dtype=np.int32), np.frombuffer(new_docs, dtype=np.int32)
+        first = np.lexsort((nd, nt))
+        # The kept postings are in (term, passage) order and the new passages come after all of
+        # them: a stable sort by term merges the two sorted runs (timsort: linear, not n log n).
+        terms, docs = np.concatenate([terms, nt[first]]), np.concatenate([docs, nd[first]])
+        tf = np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int32)[first].astype(np.float32)])
+        order = np.argsort(terms, kind="stable")
+        self._rebuild(terms[order], docs[order], tf[order],
+                      np.concatenate([doclen, np.asarray([len(t) for t in corpus], dtype=np.float32)]))
+
+    def _rebuild(self, terms: np.ndarray, docs: np.ndarray, tf: np.ndarray, doclen: np.ndarray) -> None:
+        """Postings (BM25, Lucene variant, as bm25s computes it) from (term, passage, count) triples
+        in (term, passage) order."""
+        n, n_terms = len(doclen), len(self.vocab)
+        df = np.bincount(terms, minlength=n_terms)
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(df, out=indptr[1:])
+        idf = np.log(1 + (n - df + 0.5) / (df + 0.5)).astype(np.float32)
+        avgdl = float(doclen.mean()) if n and doclen.sum() else 1.0
+        norm = (self.k1 * (1 - self.b + self.b * doclen / avgdl)).astype(np.float32)
+        data = idf[terms] * tf / (tf + norm[docs])
+        self._post = _Postings(data, docs, indptr, n)
+        self._tf, self._doclen = tf.astype(np.float32), doclen.astype(np.float32)
+        # Terms are numbered as first met; ties between feedback terms are broken by the term itself
+        self._term_rank = np.zeros(n_terms, dtype=np.int64)
         for rank, term in enumerate(sorted(self.vocab)):
             self._term_rank[self.vocab[term]] = rank
-        self._post = _Postings(s["data"], s["indices"].astype(np.int64), s["indptr"].astype(np.int64), n)
-        if self.rm3 is not None:
-            self._forward(corpus)
+        if self.rm3 is not None:  # forward index: each passage's terms with tf / length
+            by_doc = np.lexsort((terms, docs))
+            self._fterms = terms[by_doc]
+            self._fprob = tf[by_doc].astype(np.float64) / np.maximum(doclen[docs[by_doc]], 1)
+            self._fptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(docs, minlength=n), out=self._fptr[1:])
+            self._common = df > self.rm3.max_df * max(n, 1)
+        else:
+            self._fptr = np.zeros(n + 1, dtype=np.int64)
 
     def key(self) -> str:
         """What the fitted state depends on besides the texts (stored states are reused only for it)."""
-        return f"bm25:{self.k1}:{self.b}:{self.stem}:{self.rm3}"
+        return f"bm25:{self.k1}:{self.b}:{self.stem}:{self.rm3}:counts"
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The fitted state as arrays (`restore` takes them back): a stored index reopens without refitting."""
         return {**_vocab_arrays(self.vocab), **self._post.arrays(), "fterms": self._fterms, "fprob": self._fprob,
-                "fptr": self._fptr, "common": self._common, "term_rank": self._term_rank}
+                "fptr": self._fptr, "common": self._common, "term_rank": self._term_rank, "tf": self._tf,
+                "doclen": self._doclen}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         self.vocab = _vocab_from(arrays)
         self._post = _Postings.from_arrays(arrays)
         self._fterms, self._fprob, self._fptr = arrays["fterms"], arrays["fprob"], arrays["fptr"]
         self._common, self._term_rank = arrays["common"], arrays["term_rank"]
-
-    def _forward(self, corpus: list[list[str]]) -> None:
-        terms, probs, ptr = [], [], [0]
-        for toks in corpus:
-            c = Counter(self.vocab[t] for t in toks if t in self.vocab)
-            total = sum(c.values()) or 1
-            terms += c.keys()
-            probs += [v / total for v in c.values()]
-            ptr.append(len(terms))
-        self._fterms = np.asarray(terms, dtype=np.int64)
-        self._fprob = np.asarray(probs, dtype=np.float64)
-        self._fptr = np.asarray(ptr, dtype=np.int64)
-        df = np.diff(self._post.indptr)
-        self._common = df > self.rm3.max_df * max(len(corpus), 1)  # type: ignore[union-attr]
+        self._tf, self._doclen = arrays["tf"], arrays["doclen"]
 
     def term_weights(self, query: str) -> dict[int, float]:
         counts = Counter(t for t in self._tokens(query) if t in self.vocab)
@@ -225,7 +263,8 @@ class BM25Retriever:
         return self._post.score(self.feedback_weights(weights, first))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
-        return top_k(self.scores(query), k)
+        """The `k` best passages that share a term with the query (never padded with score-0 ones)."""
+        return [(d, s) for d, s in top_k(self.scores(query), k) if s > 0]
 
 
 def _vocab_arrays(vocab: dict[str, int]) -> dict[str, np.ndarray]:

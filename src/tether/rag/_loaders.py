@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -121,11 +123,13 @@ def parse_html(text: str) -> list[Section]:
     return parser.sections
 
 
-def parse_pdf(path: Path) -> list[Section]:
+def parse_pdf(path: Path, data: bytes | None = None) -> list[Section]:
     """One section per page with text, headed "page N" (pypdf text extraction)."""
+    import io
+
     from pypdf import PdfReader
 
-    reader = PdfReader(str(path))
+    reader = PdfReader(io.BytesIO(data) if data is not None else str(path))
     out = []
     for n, page in enumerate(reader.pages, start=1):
         text = (page.extract_text() or "").strip()
@@ -151,10 +155,16 @@ def _utf16_without_bom(data: bytes) -> str | None:
     return None
 
 
+# The share of bytes above 0x7F allowed in a file read as Windows-1252 (French or German text has
+# 2-5 %, Icelandic under 15 %)
+MAX_HIGH_BYTES = 0.3
+
+
 def decode_text(data: bytes, name: str = "file") -> str:
     """The text of a file's bytes: a byte order mark names the encoding (UTF-8/16/32), else UTF-16
-    by its zero bytes, else UTF-8, else Windows-1252. Binary content (an executable, an image,
-    random bytes) raises UnsupportedFile rather than being indexed as text."""
+    by its zero bytes, else UTF-8, else Windows-1252 when at most `MAX_HIGH_BYTES` of its bytes are
+    above 0x7F. Binary content (an executable, an image, random bytes) raises UnsupportedFile
+    rather than being indexed as text."""
     codec = next((c for bom, c in _BOMS if data.startswith(bom)), None) or _utf16_without_bom(data)
     if codec is None and b"\x00" in data:
         raise UnsupportedFile(f"{name}: binary content (zero bytes), not text")
@@ -164,6 +174,14 @@ def decode_text(data: bytes, name: str = "file") -> str:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
+            # Windows-1252 text is mostly ASCII (a few accented letters, quotes, dashes); bytes
+            # mostly above 0x7F that are not UTF-8 are binary, or text in an encoding we cannot tell
+            head = data[:65536]
+            high = sum(1 for b in head if b > 0x7F)
+            if high > MAX_HIGH_BYTES * len(head):
+                raise UnsupportedFile(f"{name}: binary content ({100 * high // len(head)}% of its bytes are above "
+                                      "0x7F and it is not UTF-8; Windows-1252 text has few), not text; if it is "
+                                      "text, save it as UTF-8") from None
             text = data.decode("cp1252", errors="replace")
     bad = len(_CONTROL.findall(text[:65536]))
     if bad > 0.01 * min(len(text), 65536) + 2:
@@ -171,15 +189,56 @@ def decode_text(data: bytes, name: str = "file") -> str:
     return text.lstrip("\ufeff")
 
 
-def load_file(path: str | Path) -> list[Section]:
-    """Sections of one file, by its extension."""
+def read_regular(path: str | Path) -> bytes:
+    """The bytes of a regular file, opened without blocking and refused unless `fstat` says it is
+    one (a FIFO found in a folder walk would otherwise wait for a writer forever). A path given by
+    the user goes through `refuse_special` first, so a device is never opened."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        kind = _special_kind(info.st_mode)
+        if kind is not None:
+            raise UnsupportedFile(_not_regular(path, kind))
+        parts = [os.read(fd, info.st_size + 1)]  # one read for a file that did not grow meanwhile
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 20))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def refuse_special(path: str | Path) -> None:
+    """UnsupportedFile when `path` is a FIFO, socket, device or folder (by `os.stat`; never opened)."""
+    kind = _special_kind(os.stat(path).st_mode)
+    if kind is not None:
+        raise UnsupportedFile(_not_regular(path, kind))
+
+
+def _not_regular(path: str | Path, kind: str) -> str:
+    return f"{path}: a {kind}, not a regular file; only files and folders can be ingested"
+
+
+def _special_kind(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    return ("FIFO (named pipe)" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+            else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "folder" if stat.S_ISDIR(mode)
+            else "special file")
+
+
+def load_file(path: str | Path, data: bytes | None = None) -> list[Section]:
+    """Sections of one file, by its extension (`data`: its bytes, when already read)."""
     path = Path(path)
     ext = path.suffix.lower()
-    if ext in PDF:
-        return parse_pdf(path)
     if ext not in SUPPORTED:
         raise UnsupportedFile(f"{path}: unsupported file type {ext or '(none)'}; supported: {', '.join(sorted(SUPPORTED))}")
-    text = decode_text(path.read_bytes(), str(path))
+    if data is None:
+        refuse_special(path)
+        data = read_regular(path)
+    if ext in PDF:
+        return parse_pdf(path, data)
+    text = decode_text(data, str(path))
     if ext in MARKDOWN:
         return parse_markdown(text)
     if ext in HTML:
