@@ -292,3 +292,15 @@ def test_a_piped_chat_stages_its_writes_and_says_so_once_at_the_end(project: Pat
     assert proc.stdout == "wrote a\nwrote b\n"
     assert not (project / "a.txt").exists() and not (project / "b.txt").exists()
     assert proc.stderr.count("not applied") == 1 and "+ a.txt" in proc.stderr and "+ b.txt" in proc.stderr
+
+
+def test_where_no_stage_can_be_made_the_run_goes_on_unstaged_and_says_so(project: Path, tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the data directory should be\n")
+    script = [chat_completion(None, [tool_call("Write", {"file_path": "out.txt", "content": "hi\n"}, id="w")]),
+              chat_completion("wrote it")]
+    with FakeOpenAIServer(script) as server:
+        proc = tether(["-p", "write out.txt"], cwd=project, env=_env(server, blocked))
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot make a stage" in proc.stderr and "writes the workspace directly" in proc.stderr
+    assert (project / "out.txt").read_text() == "hi\n"  # before any untrusted read: written, as unstaged

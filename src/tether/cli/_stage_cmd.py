@@ -23,7 +23,7 @@ from tether._terminal import clean
 from tether.cli import _options as o
 from tether.cli._console import err_console
 from tether.cli._errors import CliError
-from tether.staging import Change, StagedWorkspace
+from tether.staging import Change, StagedWorkspace, stages_dir
 
 STAGED_TOOL_SETS = {"coding", "files", "bash"}
 MAX_SUMMARY_LINES = 40
@@ -43,7 +43,9 @@ def staging_wanted(opts: o.RunOptions, env: dict[str, str] | None = None) -> boo
 
 
 def open_stage(opts: o.RunOptions, workspace: Path, run_id: str) -> StagedWorkspace | None:
-    """The run's stage (None when the run does not stage). Raises CliError with one line."""
+    """The run's stage (None when the run does not stage). Raises CliError with one line. Where no stage
+    can be made (a read-only or full data directory) the run goes on unstaged, said on stderr: its
+    effects then ask after an untrusted read, as with --no-stage."""
     if not staging_wanted(opts):
         return None
     try:
@@ -51,7 +53,12 @@ def open_stage(opts: o.RunOptions, workspace: Path, run_id: str) -> StagedWorksp
     except InvalidInput as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:
-        raise CliError(f"cannot stage the workspace {workspace}: {exc.strerror or exc}") from exc
+        where = exc.filename or stages_dir()
+        err_console().print(f"tether: cannot make a stage in {where} ({exc.strerror or exc}); this run writes the "
+                            "workspace directly and asks before effects after an untrusted read (set TETHER_HOME "
+                            "to a writable directory to stage)", style="yellow", markup=False, highlight=False,
+                            soft_wrap=True)
+        return None
 
 
 def summary_lines(changes: Sequence[Change]) -> list[str]:
