@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from tether.rag._text import simple_tokens
@@ -55,3 +59,27 @@ def tiny_cross_encoder(path):
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
+
+
+def rag_cli(monkeypatch: Any, tmp_path: Path) -> Callable[..., Any]:
+    """`tether` in process (typer's runner) with no model configured and a private TETHER_HOME:
+    `invoke("ingest", ...)` returns the runner's result."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from tether.cli._app import app
+
+    for k in list(os.environ):
+        if k.startswith(PROVIDER_VARS):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
+        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+    return invoke

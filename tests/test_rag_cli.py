@@ -13,12 +13,9 @@ pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
-from typer.testing import CliRunner
-
-from tether.cli._app import app
+from rag_fakes import rag_cli
 
 REPO = Path(__file__).resolve().parents[1]
-PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
 
 
 def flat(text: str) -> str:
@@ -33,16 +30,7 @@ def cisi_dir() -> Path:
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith(PROVIDER_VARS):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
-    runner = CliRunner()
-
-    def invoke(*args: str, env: dict[str, str] | None = None):
-        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
-
-    return invoke
+    return rag_cli(monkeypatch, tmp_path)
 
 
 @pytest.fixture

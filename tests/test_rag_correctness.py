@@ -21,15 +21,13 @@ pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
 from fake_openai_server import FakeOpenAIServer, Reply
-from typer.testing import CliRunner
+from rag_fakes import PROVIDER_VARS, rag_cli
 
-from tether.cli._app import app
 from tether.rag._index import Index
 from tether.rag._lexical import RM3, BM25Retriever
 from tether.rag._loaders import UnsupportedFile, decode_text
 
 REPO = Path(__file__).resolve().parents[1]
-PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
 
 
 def flat(text: str) -> str:
@@ -56,16 +54,7 @@ def run(home: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith(PROVIDER_VARS):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
-    runner = CliRunner()
-
-    def invoke(*args: str, env: dict[str, str] | None = None):
-        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
-
-    return invoke
+    return rag_cli(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -16,17 +16,15 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from typer.testing import CliRunner
+from rag_fakes import PROVIDER_VARS, rag_cli
 
 from tether.cli import _rag_commands
-from tether.cli._app import app
 from tether.context import ContextOverflow
 from tether.models import ScriptedModel
 from tether.rag._answer import apipeline
 from tether.rag._base import Hit
 from tether.rag._extract import NOT_FOUND, achoose, extract_answer, score_sentences, split_sentences
 
-PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
 ZORBANIA = ("# Zorbania\n\nZorbania is a small island nation in the northern sea. The capital of Zorbania is\n"
             "Quellport. Its main exports are wool, salted fish and copper wire.\n")
 TRAVEL = "# Travel notes\n\nFerries to the islands leave twice a week. Tickets cost 30 euros.\n"
@@ -117,19 +115,11 @@ def test_pipeline_over_the_window_stops_instead_of_calling_the_model() -> None:
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith(PROVIDER_VARS):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    invoke = rag_cli(monkeypatch, tmp_path)
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "zorbania.md").write_text(ZORBANIA)
     (docs / "travel.md").write_text(TRAVEL)
-    runner = CliRunner()
-
-    def invoke(*args: str):
-        return runner.invoke(app, list(args), catch_exceptions=False)
-
     assert invoke("ingest", str(docs), "--index", "z", "--retriever", "bm25").exit_code == 0
     return invoke
 
