@@ -123,7 +123,12 @@ def review(stage: StagedWorkspace, opts: o.RunOptions, console: Console, *, ask:
         for line in summary_lines(changes):
             say("  " + line)
         return
-    ask = ask or _ask_on_stderr
+    if ask is None:
+        from tether.cli._build import ask_on_stderr  # typeahead dropped first; stdout keeps only the answer
+
+        ask = ask_on_stderr
+    ask = _eof_is_no(ask)
+
     say(f"Changes staged by this run ({stage.run_id}), not yet in {stage.workspace}:")
     for line in summary_lines(changes):
         say("  " + line)
@@ -160,6 +165,16 @@ def review(stage: StagedWorkspace, opts: o.RunOptions, console: Console, *, ask:
         say(f"tether: {left} change{'s' if left != 1 else ''} left staged; {how_to_apply(stage)}")
 
 
+def _eof_is_no(ask: Ask) -> Ask:
+    """`ask`, with the end of input answering "" (keep staged, or no)."""
+    def asking(prompt: str) -> str:
+        try:
+            return ask(prompt)
+        except EOFError:
+            return ""
+    return asking
+
+
 def _yes(answer: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
@@ -173,19 +188,6 @@ def _printer(console: Console) -> Callable[[str], None]:
     def say(line: str) -> None:
         console.print(clean(line), markup=False, highlight=False, soft_wrap=True)
     return say
-
-
-def _ask_on_stderr(prompt: str) -> str:
-    """A question on stderr, answered on stdin; typeahead typed before it was shown is dropped first."""
-    from tether._terminal import flush_typeahead
-
-    flush_typeahead(sys.stdin)
-    sys.stderr.write(clean(prompt))
-    sys.stderr.flush()
-    line = sys.stdin.readline()
-    if not line:
-        raise EOFError
-    return line
 
 
 # ---- commands on a stage after its run -------------------------------------------------------------

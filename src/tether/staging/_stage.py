@@ -116,23 +116,24 @@ class ApplyReport:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
+    """120 B, 1.2 KB, 3.4 MB, 5.6 GB."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KB", "MB", "GB"):
+        size /= 1024
+        if size < 1024 or unit == "GB":
+            break
+    return f"{size:.1f} {unit}"
 
 
-def _digest_file(path: Path) -> tuple[str, bytes]:
-    """sha256 of a file and its first bytes (to tell binary files)."""
+def _digest_file(path: Path) -> str:
+    """sha256 of a file's content, read in chunks."""
     h = hashlib.sha256()
-    head = b""
     with open(path, "rb", buffering=0) as fh:
         while chunk := fh.read(_CHUNK):
-            if not head:
-                head = chunk[:8192]
             h.update(chunk)
-    return h.hexdigest(), head
+    return h.hexdigest()
 
 
 def entry_of(path: Path) -> FileState | None:
@@ -148,7 +149,7 @@ def entry_of(path: Path) -> FileState | None:
         return FileState(True, len(target), 0, hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest())
     if not stat.S_ISREG(info.st_mode):
         return None
-    return FileState(False, info.st_size, stat.S_IMODE(info.st_mode), _digest_file(path)[0])
+    return FileState(False, info.st_size, stat.S_IMODE(info.st_mode), _digest_file(path))
 
 
 def _copy_file(src: Path, dst: Path, info: os.stat_result) -> str:
