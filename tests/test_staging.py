@@ -144,6 +144,10 @@ RUNS_LATER = {
     ".pth": (lambda v: (v / "lib").mkdir() or (v / "lib" / "evil.pth").write_text("import os\n"), "lib/evil.pth"),
     "sitecustomize.py": (lambda v: (v / "sitecustomize.py").write_text("import os\n"), "sitecustomize.py"),
     "usercustomize.py": (lambda v: (v / "src" / "usercustomize.py").write_text("x = 1\n"), "src/usercustomize.py"),
+    "a sitecustomize package": (lambda v: (v / "lib" / "sitecustomize").mkdir(parents=True) or (
+        v / "lib" / "sitecustomize" / "__init__.py").write_text("import os\n"), "lib/sitecustomize/__init__.py"),
+    "a sitecustomize extension": (lambda v: (v / "sitecustomize.cpython-311-x86_64-linux-gnu.so").write_bytes(
+        b"\x7fELF"), "sitecustomize.cpython-311-x86_64-linux-gnu.so"),
     "a new executable": (_executable, "run.sh"),
     "an execute bit added": (_made_executable, "README.md"),
     "a virtualenv's bin/": (_venv_bin, "env/bin/python3"),

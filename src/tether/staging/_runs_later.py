@@ -113,8 +113,9 @@ def runs_later(path: str, view: Path, *, mode_before: int | None, mode_after: in
             hooks = sorted(_NPM_HOOKS & set(scripts)) if isinstance(scripts, dict) else []
             if hooks:
                 return f"package.json with install-time scripts ({', '.join(hooks)}): npm runs them"
-    if name.endswith(".pth") or name in ("sitecustomize.py", "usercustomize.py"):
-        return f"{name}: Python runs it at start-up"
+    startup = next((part for part in parts if part.split(".", 1)[0] in ("sitecustomize", "usercustomize")), None)
+    if name.endswith(".pth") or startup is not None:  # a module, a package or an extension of that name
+        return f"{startup or name}: Python runs it at start-up"
     if name in _CI_FILES or any(path.startswith(d) for d in _CI_DIRS) or path in _EDITOR_FILES:
         return f"{name}: a CI, build, editor or shell hook runs it"
     if len(parts) >= 2 and parts[-2] in ("bin", "Scripts") and (view / "/".join(parts[:-2]) / "pyvenv.cfg").is_file():
