@@ -290,5 +290,7 @@ def test_an_endpoint_address_in_the_environment_is_no_secret_but_a_password_insi
     found = environment_secrets({"OPENROUTER_BASE_URL": "http://127.0.0.1:43123/v1",
                                  "API_BASE": "https://api.example-llm.com/v1/chat",
                                  "DATABASE_URL": "postgres://app:Wq8vL2nZ-pass@db.internal:5432/app",
-                                 "OPENAI_API_KEY": "sk-proj-Abc123Def456Ghi789"})
-    assert sorted(found) == ["Wq8vL2nZ-pass", "sk-proj-Abc123Def456Ghi789"]
+                                 "OPENAI_API_KEY": "sk-proj-Abc123Def456Ghi789",
+                                 "WEBHOOK": "https://hooks.example.com/in?token=Zx81Qv02Lm"})
+    assert sorted(found) == ["Wq8vL2nZ-pass", "https://hooks.example.com/in?token=Zx81Qv02Lm",
+                             "sk-proj-Abc123Def456Ghi789"]

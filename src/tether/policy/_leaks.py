@@ -174,7 +174,9 @@ def environment_secrets(environ: Mapping[str, str]) -> list[str]:
             continue
         if all(part.startswith(("/", "~")) for part in value.split(os.pathsep) if part):
             continue
-        if _URL.fullmatch(value.strip()):  # an address (a base URL) is no secret; a password inside one is
+        if _URL.fullmatch(value.strip()) and "?" not in value and "#" not in value:
+            # an address (a base URL) is no secret; the password inside one is, and a URL with a query
+            # (`?key=...`) stays a secret whole
             out += [m.group(1) for m in _URL_PASSWORD.finditer(value) if is_secret_value(m.group(1))]
             continue
         out.append(value)
