@@ -26,6 +26,7 @@ from tether._admission import Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
 from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
+from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, Stop
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
@@ -351,257 +352,321 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                    steps: int = 0) -> RunResult[Any]:
     """Run the agent loop over `state` (a RunState, or a transcript to start one from) and return how
     it ended. The state's transcript is appended to in place; `result.state` carries it on."""
-    if not isinstance(state, RunState):
-        state = new_state(spec, state)
-        state.usage, state.steps = usage or Usage(), steps
-    messages = state.messages
-    budget = Budget(spec.limits, spec.clock, state.usage, state.steps)
-    loops = LoopDetector(spec.limits.max_repeats, state.loop_counts, state.loop_warned)
-    trace: list[TraceEvent] = []
-    found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
-    handles: set[str] = set(state.handles)
-    ctx = CallContext(run_id=spec.run_id, user=spec.user, bounds=spec.bounds, extra={
-        # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
-        # outputs of earlier turns (a continued conversation stays as tainted as it was).
-        "user_messages": [m.content for m in messages if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
-        # a task another agent's model wrote after reading untrusted data is untrusted data too
-        "history_tool_outputs": [m.content for m in messages
-                                 if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
-        HANDLES_KEY: handles,
-    })
-    # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
-    ctx.extra[PARENT_KEY] = ParentRun(
-        budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
-        lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec, ctx))
-    policy = spec.executor.policy
-    stop: StopReason | None = None
-    error: str | None = None
-    answer = ""
+    run = LoopRun(spec, state, usage=usage, steps=steps)
+    node: Step = Start()
+    while type(node) is not End:
+        node = await run.next(node)
+    return node.result  # type: ignore[union-attr]  # (End, by the loop's condition)
 
-    def emit(event: BaseEvent, since: float | None = None) -> None:
-        """Stamp a typed event (`since`: its start; the duration ends now) and send its envelope."""
-        event.step = budget.steps
-        event.t = t = budget.elapsed()  # one clock reading for both
-        if since is not None:
-            event.duration = t - since
-        envelope = event.envelope()
-        trace.append(envelope)
-        if spec.on_event is not None:
-            spec.on_event(envelope)
-        if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
-            _observe(spec.run_id, event)
 
-    # Background jobs (tether.tools._jobs), when the agent has a job tool; their records are the state's.
-    jobs: Jobs | None = None
-    if any(is_job(t) for t in spec.executor.tools.values()):
-        def job_event(what: str, data: dict[str, Any]) -> None:
-            emit(JobStarted(**data) if what == "started" else JobEnded(**data))
+class LoopRun:
+    """One run, step by step: `next(node)` runs one step and returns the next (see tether._steps).
+    `run_loop` drives it to the end; `agent.iter()` yields each node before it runs. Every step reads
+    and writes the RunState (and the budget over it), so stepping changes nothing."""
 
-        jobs = ctx.extra[JOBS_KEY] = Jobs(state.jobs, ledger=getattr(spec.step_runner, "job_ledger", None),
-                                          emit=job_event, seconds_left=budget.remaining_seconds)
+    __slots__ = ("admission", "answer", "budget", "calls", "context", "ctx", "deadline", "direct", "emit",
+                 "found", "handles", "jobs", "loops", "messages", "pending", "policy", "spec", "state", "trace",
+                 "under_way")
 
-    context: ContextBuilder = spec.context
-    direct = type(spec.step_runner) is DirectStepRunner
-    calls: list[ToolCall] = []  # the current turn's calls, answered in order
-    pending: list[ToolResult | None] | None = None  # their results while they run
-    under_way: list[bool] = []  # which of them were given to the executor (an unanswered one may have run)
-    deadline = _Deadline(budget.remaining_seconds())
-    # Token and cost ceilings: each call is sized and its output capped before it is sent.
-    lim = spec.limits
-    if lim.max_cost_usd is not None:  # a cost ceiling over a model with no price bounds nothing: refused
-        require_prices(spec.model, spec.pricing)
-    admission = Admission(spec.model, spec.pricing) if lim.max_tokens is not None or lim.max_cost_usd is not None \
-        else None
-    counted = 0
+    def __init__(self, spec: RunSpec, state: RunState | list[Message], *, usage: Usage | None = None,
+                 steps: int = 0) -> None:
+        if not isinstance(state, RunState):
+            state = new_state(spec, state)
+            state.usage, state.steps = usage or Usage(), steps
+        self.spec, self.state = spec, state
+        self.messages = messages = state.messages
+        self.budget = budget = Budget(spec.limits, spec.clock, state.usage, state.steps)
+        self.loops = LoopDetector(spec.limits.max_repeats, state.loop_counts, state.loop_warned)
+        trace: list[TraceEvent] = []
+        self.trace = trace
+        self.found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
+        self.handles = handles = set(state.handles)
+        self.ctx = ctx = CallContext(run_id=spec.run_id, user=spec.user, bounds=spec.bounds, extra={
+            # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
+            # outputs of earlier turns (a continued conversation stays as tainted as it was).
+            "user_messages": [m.content for m in messages
+                              if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
+            # a task another agent's model wrote after reading untrusted data is untrusted data too
+            "history_tool_outputs": [m.content for m in messages
+                                     if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
+            HANDLES_KEY: handles,
+        })
+        # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
+        ctx.extra[PARENT_KEY] = ParentRun(
+            budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
+            lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec, ctx))
+        self.policy = spec.executor.policy
+        self.answer = ""
+        on_event = spec.on_event
+        run_id = spec.run_id
 
-    provider, server = model_origin(spec.model)
-    emit(RunStarted(run_id=spec.run_id, user=spec.user,
-                    resumed=spec.recovered or state.steps > 0 or bool(state.decisions),
-                    agent=spec.agent, model=spec.model.name, provider=provider, server_address=server))
-    try:
-        _start_policy(policy, state, ctx)
+        def emit(event: BaseEvent, since: float | None = None) -> None:
+            """Stamp a typed event (`since`: its start; the duration ends now) and send its envelope."""
+            event.step = budget.steps
+            event.t = t = budget.elapsed()  # one clock reading for both
+            if since is not None:
+                event.duration = t - since
+            envelope = event.envelope()
+            trace.append(envelope)
+            if on_event is not None:
+                on_event(envelope)
+            if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
+                _observe(run_id, event)
+
+        self.emit = emit
+        # Background jobs (tether.tools._jobs), when the agent has a job tool; their records are the state's.
+        self.jobs: Jobs | None = None
+        if any(is_job(t) for t in spec.executor.tools.values()):
+            def job_event(what: str, data: dict[str, Any]) -> None:
+                emit(JobStarted(**data) if what == "started" else JobEnded(**data))
+
+            self.jobs = ctx.extra[JOBS_KEY] = Jobs(state.jobs, ledger=getattr(spec.step_runner, "job_ledger", None),
+                                                   emit=job_event, seconds_left=budget.remaining_seconds)
+        self.context: ContextBuilder = spec.context
+        self.direct = type(spec.step_runner) is DirectStepRunner
+        self.calls: list[ToolCall] = []  # the current turn's calls, answered in order
+        self.pending: list[ToolResult | None] | None = None  # their results while they run
+        self.under_way: list[bool] = []  # which of them were given to the executor (an unanswered one may have run)
+        self.deadline = _Deadline(budget.remaining_seconds())
+        # Token and cost ceilings: each call is sized and its output capped before it is sent.
+        lim = spec.limits
+        if lim.max_cost_usd is not None:  # a cost ceiling over a model with no price bounds nothing: refused
+            require_prices(spec.model, spec.pricing)
+        self.admission = Admission(spec.model, spec.pricing) \
+            if lim.max_tokens is not None or lim.max_cost_usd is not None else None
+        provider, server = model_origin(spec.model)
+        emit(RunStarted(run_id=spec.run_id, user=spec.user,
+                        resumed=spec.recovered or state.steps > 0 or bool(state.decisions),
+                        agent=spec.agent, model=spec.model.name, provider=provider, server_address=server))
+
+    async def next(self, node: Step) -> Step:
+        """Run `node`'s step; the next node. A step that fails or is cancelled leads to Stop, and Stop to End."""
+        kind = type(node)
+        if kind is Stop:
+            return await self.stop(node)  # type: ignore[arg-type]
+        if kind is End:
+            raise InvalidInput("the run has ended: nothing follows its End")
+        try:
+            return await _STEPS[kind](self, node)
+        except (_Cancelled, asyncio.CancelledError):
+            spec = self.spec
+            if spec.cancel is not None and spec.cancel.cancelled:
+                error = spec.cancel.reason or "cancelled"
+            else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
+                error = INTERRUPTED
+            self.emit(Notice(notice={"cancelled": error}))
+            return Stop(StopReason.CANCELLED, error)
+        except Exception as exc:  # a failing step runner, context builder, policy or event sink
+            error = f"run failed: {type(exc).__name__}: {exc}"
+            self.emit(Error(error=error))
+            return Stop(StopReason.ERROR, error)
+
+    async def start(self, node: Start) -> Step:
+        """The policy's state, the context builder's; decided approvals; the input filter."""
+        spec, state = self.spec, self.state
+        _start_policy(self.policy, state, self.ctx)
         start = getattr(spec.context, "start", None)  # a builder with per-run state
         if start is not None:
-            context = start(ContextRun(spec, budget, emit))
+            self.context = start(ContextRun(spec, self.budget, self.emit))
         # a person decided on calls the run stopped for: those calls first (a sub-agent that needs
         # another decision parks the run again)
-        parked = await _resume_decided(spec, state, ctx, budget, emit) if state.decisions else False
-        if parked:
-            stop = StopReason.AWAITING_APPROVAL
-        elif spec.input_filter is not None and (refused := _screen_input(spec, messages, emit)) is not None:
-            stop, answer, error = StopReason.INPUT_REFUSED, *refused  # no model call at all
-        while stop is None:
-            # 1. Guards, before every model call.
-            if spec.cancel is not None and spec.cancel.cancelled:
-                raise _Cancelled
-            stop = budget.exceeded()
-            if stop is not None:
-                break
+        if state.decisions and await _resume_decided(spec, state, self.ctx, self.budget, self.emit):
+            return Stop(StopReason.AWAITING_APPROVAL)
+        if spec.input_filter is not None and (refused := _screen_input(spec, self.messages, self.emit)) is not None:
+            self.answer = refused[0]
+            return Stop(StopReason.INPUT_REFUSED, refused[1])  # no model call at all
+        return Admit()
 
-            # 2. The model, bounded by the time left (the final call's reserve excluded).
-            built = context.build(messages)
-            if not isinstance(built, list):  # an async builder (e.g. compaction)
-                built = await built
-            request = ModelRequest(built, spec.executor.specs_for(bool(handles)))
-            if spec.output is not None:
-                request = spec.output.prepare(spec.model, request)
-            if admission is not None:
-                counted = admission.count(request.messages, request.tools)
-                stop, cap = admission.admit(budget, counted)
-                if stop is not None:
-                    emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
-                    break
-                if cap is not None:
-                    request.max_output_tokens = min(cap, request.max_output_tokens or cap)
-            started = budget.elapsed()
-            emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages)))
-            deadline.armed = True
-            try:
-                if direct:  # DirectStepRunner.model_step only awaits the call
-                    work = _call_model(spec, request, emit)
-                else:
-                    work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
-                reply = await (work if spec.cancel is None else _with_cancel(spec, work))
-            except _Cancelled:
-                raise
-            except asyncio.CancelledError:
-                if not deadline.take():
-                    raise
-                stop = StopReason.TIME_BUDGET
-                emit(Notice(notice={"model_call_abandoned": stop.value}), started)
-                break
-            except Exception as exc:
-                stop, error = StopReason.ERROR, f"model call failed: {type(exc).__name__}: {exc}"
-                emit(Error(error=error))
-                break
-            finally:
-                deadline.armed = False
-            deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
-            _price(spec, reply)
-            budget.record_model_call(reply.usage)
-            if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
-                emit(_model_call_ended(reply, spec.model, "lost"), started)
-                continue
-            if admission is not None:
-                admission.observe(counted, reply.usage)
-            messages.append(reply.to_message())
-            if reply.text:
-                answer = reply.text
-            emit(_model_call_ended(reply, spec.model, "step"), started)
-
-            # 3. No tool calls: the model has answered. With an output type the answer must validate
-            #    (tether._output): an invalid one goes back to the model with its errors, a bounded
-            #    number of times, each retry a model call within the budget.
-            #    But while a job the model has not seen is pending (docs/jobs.md), the run does not end
-            #    with an answer that ignores it: the loop waits for the next job (a job_wait call added to
-            #    the reply, no model call spent) and the model is asked again with its result.
-            if not reply.tool_calls and jobs is not None and (unseen := jobs.unseen()):
-                wait = ToolCall(f"job_wait-{budget.steps}", "job_wait", {})
-                messages[-1].tool_calls.append(wait)
-                reply = replace(reply, tool_calls=[wait])
-                emit(Notice(notice={"waiting_for_jobs": [r["id"] for r in unseen]}))
-            if spec.output is not None and (verdict := spec.output.check(reply, messages)) != "tools":
-                if verdict == "retry":
-                    emit(Notice(notice={"output_invalid": spec.output.errors}))
-                    continue
-                stop = StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID
-                answer = spec.output.text
-                break
-            if not reply.tool_calls:
-                stop = StopReason.COMPLETED
-                break
-            calls = reply.tool_calls
-            results: list[ToolResult | None] = [None] * (n := len(calls))
-            pending = results  # (read by the cleanup below if this turn is interrupted)
-            under_way = [False] * n
-
-            # 4. Never run a tool whose result no model call would read.
-            stop = budget.exceeded()
-            if stop is not None:
-                _answer_turn(messages, calls, results, f"not run: the run reached its limit ({stop.value})")
-                pending = None
-                emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
-                break
-
-            # 5. The tools, concurrently, through the executor; results in call order.
-            ctx.step = budget.steps
-            ctx.seconds_left = budget.remaining_seconds()
-            work = _run_tools(spec, calls, results, ctx, budget, loops, emit, under_way)
-            stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
-            _answer_turn(messages, calls, results, "not run: the run is stopping")
-            if (note := policy.label_turn(ctx.policy_state, [r for r in results if r is not None])):
-                messages.append(Message("user", note, name=NOTE_NAME))
-            for c, r in zip(calls, results, strict=True):
-                if r is not None and not r.is_error:
-                    found.append((c, r))
-            pending = None
-            if stop is not None:
-                break
-    except (_Cancelled, asyncio.CancelledError):
-        stop = StopReason.CANCELLED
+    async def admit(self, node: Admit) -> Step:
+        """1. Guards, before every model call; then the request, sized and capped within the ceilings."""
+        spec, budget = self.spec, self.budget
         if spec.cancel is not None and spec.cancel.cancelled:
-            error = spec.cancel.reason or "cancelled"
-        else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
-            error = INTERRUPTED
+            raise _Cancelled
+        stop = budget.exceeded()
+        if stop is not None:
+            return Stop(stop)
+        built = self.context.build(self.messages)
+        if not isinstance(built, list):  # an async builder (e.g. compaction)
+            built = await built
+        request = ModelRequest(built, spec.executor.specs_for(bool(self.handles)))
+        if spec.output is not None:
+            request = spec.output.prepare(spec.model, request)
+        admission = self.admission
+        if admission is None:
+            return CallModel(request)
+        counted = admission.count(request.messages, request.tools)
+        stop, cap = admission.admit(budget, counted)
+        if stop is not None:
+            self.emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
+            return Stop(stop)
+        if cap is not None:
+            request.max_output_tokens = min(cap, request.max_output_tokens or cap)
+        return CallModel(request, counted)
 
-        emit(Notice(notice={"cancelled": error}))
-    except Exception as exc:  # a failing step runner, context builder, policy or event sink
-        stop, error = StopReason.ERROR, f"run failed: {type(exc).__name__}: {exc}"
-        emit(Error(error=error))
-    finally:
-        deadline.close()
-    if jobs is not None:  # a run that ends leaves no job running (a cancelled run's jobs are cancelled here)
-        await jobs.close(spec.executor.cancel_grace)
-    if pending is not None:
-        # Interrupted mid-turn: keep the results that came back (a cancelled call's says whether it
-        # finished), answer the rest, so the transcript stays valid for every provider (each call
-        # answered once, in order).
-        found.extend((c, r) for c, r in zip(calls, pending, strict=True) if r is not None and not r.is_error)
-        why = "cancelled" if stop is StopReason.CANCELLED else "stopped by an error"
-        _answer_turn(messages, calls, pending, f"not run: the run was {why}", under_way,
-                     f"not finished: the run was {why} while it ran (whether it took effect is not known)")
+    async def call_model(self, node: CallModel) -> Step:
+        """2. The model, bounded by the time left (the final call's reserve excluded)."""
+        spec, budget, emit, deadline, request = self.spec, self.budget, self.emit, self.deadline, node.request
+        started = budget.elapsed()
+        emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages)))
+        deadline.armed = True
+        try:
+            if self.direct:  # DirectStepRunner.model_step only awaits the call
+                work = _call_model(spec, request, emit)
+            else:
+                work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
+            reply = await (work if spec.cancel is None else _with_cancel(spec, work))
+        except _Cancelled:
+            raise
+        except asyncio.CancelledError:
+            if not deadline.take():
+                raise
+            emit(Notice(notice={"model_call_abandoned": StopReason.TIME_BUDGET.value}), started)
+            return Stop(StopReason.TIME_BUDGET)
+        except Exception as exc:
+            error = f"model call failed: {type(exc).__name__}: {exc}"
+            emit(Error(error=error))
+            return Stop(StopReason.ERROR, error)
+        finally:
+            deadline.armed = False
+        deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
+        _price(spec, reply)
+        budget.record_model_call(reply.usage)
+        if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
+            emit(_model_call_ended(reply, spec.model, "lost"), started)
+            return Admit()
+        if self.admission is not None:
+            self.admission.observe(node.counted, reply.usage)
+        self.messages.append(reply.to_message())
+        if reply.text:
+            self.answer = reply.text
+        emit(_model_call_ended(reply, spec.model, "step"), started)
+        return PlanCalls(reply)
 
-    # 6. A budget or loop stop: one reserved tool-free call writes the best partial answer.
-    if stop is not None and stop not in (StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
-                                         StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID,
-                                         StopReason.INPUT_REFUSED) \
-            and spec.limits.final_answer:
-        answer = await _final_answer(spec, context, messages, stop, budget, emit, admission,
-                                     [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
+    async def plan_calls(self, node: PlanCalls) -> Step:
+        """3. No tool calls: the model has answered. With an output type the answer must validate
+        (tether._output): an invalid one goes back to the model with its errors, a bounded number of
+        times, each retry a model call within the budget. But while a job the model has not seen is
+        pending (docs/jobs.md), the run does not end with an answer that ignores it: the loop waits for
+        the next job (a job_wait call added to the reply, no model call spent) and the model is asked
+        again with its result.
+        4. Never run a tool whose result no model call would read."""
+        spec, reply, jobs = self.spec, node.reply, self.jobs
+        if not reply.tool_calls and jobs is not None and (unseen := jobs.unseen()):
+            wait = ToolCall(f"job_wait-{self.budget.steps}", "job_wait", {})
+            self.messages[-1].tool_calls.append(wait)
+            reply = replace(reply, tool_calls=[wait])
+            self.emit(Notice(notice={"waiting_for_jobs": [r["id"] for r in unseen]}))
+        if spec.output is not None and (verdict := spec.output.check(reply, self.messages)) != "tools":
+            if verdict == "retry":
+                self.emit(Notice(notice={"output_invalid": spec.output.errors}))
+                return Admit()
+            self.answer = spec.output.text
+            return Stop(StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID)
+        calls = reply.tool_calls
+        if not calls:
+            return Stop(StopReason.COMPLETED)
+        stop = self.budget.exceeded()
+        if stop is not None:
+            _answer_turn(self.messages, calls, [None] * len(calls),
+                         f"not run: the run reached its limit ({stop.value})")
+            self.emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
+            return Stop(stop)
+        # from here the turn's calls are open: any stop answers each one (see `stop`)
+        self.calls = calls
+        pending: list[ToolResult | None] = [None] * len(calls)
+        self.pending = pending
+        self.under_way = [False] * len(calls)
+        return Execute(calls)
 
-    # 7. The answer leaves the run through the policy's output filter (secrets, exfiltration links).
-    if answer:
-        answer, redacted = policy.finish_run(ctx.policy_state, answer)
-        if redacted:
-            emit(Notice(notice={"redacted": [f"{f.kind}: {f.reason}" for f in redacted]}))
+    async def execute(self, node: Execute) -> Step:
+        """5. The tools, concurrently, through the executor; results in call order."""
+        spec, budget, ctx, calls = self.spec, self.budget, self.ctx, self.calls
+        results, under_way = self.pending, self.under_way  # (read by `stop` if this turn is interrupted)
+        assert results is not None
+        ctx.step = budget.steps
+        ctx.seconds_left = budget.remaining_seconds()
+        work = _run_tools(spec, calls, results, ctx, budget, self.loops, self.emit, under_way)
+        stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
+        return Observe(calls, results, stop)
 
-    stop = stop or StopReason.ERROR
-    output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
-    if spec.output is not None:
-        stop, error, output = spec.output.finish(stop, error, answer)
-    if answer and spec.output_filter is not None and stop is not StopReason.INPUT_REFUSED:
-        answer, stop, error, output = _screen_output(spec, answer, stop, error, output, budget, emit)
+    async def observe(self, node: Observe) -> Step:
+        """6. Each call answered in the transcript, in call order; the policy's note on the turn."""
+        calls, results = node.calls, node.results
+        _answer_turn(self.messages, calls, results, "not run: the run is stopping")
+        if (note := self.policy.label_turn(self.ctx.policy_state, [r for r in results if r is not None])):
+            self.messages.append(Message("user", note, name=NOTE_NAME))
+        found = self.found
+        for c, r in zip(calls, results, strict=True):
+            if r is not None and not r.is_error:
+                found.append((c, r))
+        self.pending = None
+        return Admit() if node.stop is None else Stop(node.stop)
 
-    # 8. Everything the run knows goes back into its state (once, not per step).
-    state.findings.extend(_finding(c, r) for c, r in found)
-    state.usage, state.steps = budget.finish(), budget.steps
-    state.loop_warned = sorted(loops.warned)
-    state.handles = sorted(handles)
-    state.stop_reason = stop
-    state.task_state = _task_state(context) or state.task_state  # the context layer's slot
-    if ctx.policy_state is not None:
-        state.policy = policy.dump_state(ctx.policy_state)
-    state.tainted = bool(getattr(ctx.policy_state, "tainted", False))  # a policy's state may not know taint
-    state.pending = [] if stop is not StopReason.AWAITING_APPROVAL else [
-        *({**p, "step": ctx.step} for p in (policy.pending(ctx.policy_state) if ctx.policy_state is not None else ())),
-        *_children_pending(state.children, ctx.step)]
-    result = RunResult(
-        run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
-        usage=state.usage, messages=messages, trace=trace, error=error, steps=budget.steps,
-        task_state=state.task_state, output=output, state=state,
-    )
-    emit(RunStopped(stop_reason=result.stop_reason.value, steps=result.steps))
-    return result
+    async def stop(self, node: Stop) -> End[Any]:
+        """7. The end: open calls answered, the final answer (a budget or loop stop), the output
+        filters, and everything the run knows back into its state (once, not per step)."""
+        spec, state, budget, emit, ctx, policy = self.spec, self.state, self.budget, self.emit, self.ctx, self.policy
+        messages, found, answer = self.messages, self.found, self.answer
+        stop, error = node.reason, node.error
+        self.deadline.close()
+        if self.jobs is not None:  # a run that ends leaves no job running (a cancelled run's jobs are cancelled here)
+            await self.jobs.close(spec.executor.cancel_grace)
+        if (pending := self.pending) is not None:
+            # Interrupted mid-turn: keep the results that came back (a cancelled call's says whether it
+            # finished), answer the rest, so the transcript stays valid for every provider (each call
+            # answered once, in order).
+            self.pending = None
+            found.extend((c, r) for c, r in zip(self.calls, pending, strict=True) if r is not None and not r.is_error)
+            why = "cancelled" if stop is StopReason.CANCELLED else "stopped by an error"
+            _answer_turn(messages, self.calls, pending, f"not run: the run was {why}", self.under_way,
+                         f"not finished: the run was {why} while it ran (whether it took effect is not known)")
+
+        # A budget or loop stop: one reserved tool-free call writes the best partial answer.
+        if stop not in _NO_FINAL_ANSWER and spec.limits.final_answer:
+            answer = await _final_answer(spec, self.context, messages, stop, budget, emit, self.admission,
+                                         [*state.findings, *(_finding(c, r) for c, r in found)]) or answer
+
+        # The answer leaves the run through the policy's output filter (secrets, exfiltration links).
+        if answer:
+            answer, redacted = policy.finish_run(ctx.policy_state, answer)
+            if redacted:
+                emit(Notice(notice={"redacted": [f"{f.kind}: {f.reason}" for f in redacted]}))
+
+        output: object = answer if stop is StopReason.COMPLETED else None  # without an output type: the text
+        if spec.output is not None:
+            stop, error, output = spec.output.finish(stop, error, answer)
+        if answer and spec.output_filter is not None and stop is not StopReason.INPUT_REFUSED:
+            answer, stop, error, output = _screen_output(spec, answer, stop, error, output, budget, emit)
+
+        # Everything the run knows goes back into its state.
+        state.findings.extend(_finding(c, r) for c, r in found)
+        state.usage, state.steps = budget.finish(), budget.steps
+        state.loop_warned = sorted(self.loops.warned)
+        state.handles = sorted(self.handles)
+        state.stop_reason = stop
+        state.task_state = _task_state(self.context) or state.task_state  # the context layer's slot
+        if ctx.policy_state is not None:
+            state.policy = policy.dump_state(ctx.policy_state)
+        state.tainted = bool(getattr(ctx.policy_state, "tainted", False))  # a policy's state may not know taint
+        state.pending = [] if stop is not StopReason.AWAITING_APPROVAL else [
+            *({**p, "step": ctx.step} for p in (policy.pending(ctx.policy_state) if ctx.policy_state is not None else ())),
+            *_children_pending(state.children, ctx.step)]
+        result = RunResult(
+            run_id=spec.run_id, stop_reason=stop, answer=answer, findings=list(state.findings),
+            usage=state.usage, messages=messages, trace=self.trace, error=error, steps=budget.steps,
+            task_state=state.task_state, output=output, state=state,
+        )
+        emit(RunStopped(stop_reason=result.stop_reason.value, steps=result.steps))
+        return End(result)
+
+
+_STEPS: dict[type, Callable[[LoopRun, Any], Awaitable[Step]]] = {
+    Start: LoopRun.start, Admit: LoopRun.admit, CallModel: LoopRun.call_model, PlanCalls: LoopRun.plan_calls,
+    Execute: LoopRun.execute, Observe: LoopRun.observe,
+}
+# stops that end without the reserved final-answer call
+_NO_FINAL_ANSWER = frozenset((StopReason.COMPLETED, StopReason.ERROR, StopReason.CANCELLED,
+                              StopReason.AWAITING_APPROVAL, StopReason.OUTPUT_INVALID, StopReason.INPUT_REFUSED))
 
 
 REFUSED_ANSWER = "I can't help with this request: the input filter refused it ({reasons}). Nothing was sent to the model."
