@@ -13,12 +13,14 @@ from typing_extensions import TypeVar
 
 from tether._delegation import agent_as_tool, require_agent_prices
 from tether._errors import InvalidInput, OperationFailed
+from tether._iter import AgentRun
 from tether._limits import Clock, Limits, MonotonicClock
 from tether._loop import (
     CancelToken,
     ContextBuilder,
     DirectStepRunner,
     FullHistory,
+    LoopRun,
     RunSpec,
     StepRunner,
     run_loop,
@@ -178,16 +180,43 @@ class Agent(Generic[OutputT]):
         (`tether.events.typed` gives the typed event); `stream_text` adds the model's text deltas.
         `limits`: this run's limits instead of the agent's (not for a durable agent, whose recovered
         runs are rebuilt from the agent)."""
+        run_id, start = self._begin(prompt, state, run_id, limits)
+        if self.durable is not None:
+            return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
+        return await run_loop(self._spec(run_id, cancel, on_event, stream_text, limits), start)
+
+    def _begin(self, prompt: str | None, state: RunState | None, run_id: str | None,
+               limits: Limits | None) -> tuple[str, RunState]:
+        """A run's id and the state it starts from, once its limits are known to be usable."""
         run_id = run_id or uuid.uuid4().hex[:12]
         if limits is not None and self.durable is not None:
             raise InvalidInput("limits= on run() is not taken by a durable agent (a recovered run is rebuilt from "
                                "the agent): set Agent(limits=...)")
         if (limits or self.limits).max_cost_usd is not None:
             require_agent_prices(self)
-        start = self.start_state(prompt, state=state, run_id=run_id)
+        return run_id, self.start_state(prompt, state=state, run_id=run_id)
+
+    def iter(
+        self,
+        prompt: str | None,
+        *,
+        state: RunState | None = None,
+        run_id: str | None = None,
+        cancel: CancelToken | None = None,
+        on_event: Callable[[TraceEvent], None] | None = None,
+        stream_text: bool = False,
+        limits: Limits | None = None,
+    ) -> AgentRun[OutputT]:
+        """The run of `arun`, stepped by the caller: `async with agent.iter(prompt) as run: async for node
+        in run: ...` yields each step (tether._steps: Start, Admit, CallModel, PlanCalls, Execute, Observe,
+        Stop, End) before it runs; `run.result` is then what `arun` returns. Same arguments as `arun`.
+        Not for a durable agent (its run is a workflow that recovers on its own)."""
         if self.durable is not None:
-            return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
-        return await run_loop(self._spec(run_id, cancel, on_event, stream_text, limits), start)
+            raise InvalidInput("agent.iter() steps an in-memory run; a durable agent's run is a workflow that "
+                               "recovers on its own: use agent.arun() or agent.stream()")
+        run_id, start = self._begin(prompt, state, run_id, limits)
+        spec = self._spec(run_id, cancel, on_event, stream_text, limits)
+        return AgentRun(lambda: LoopRun(spec, start))
 
     def run(
         self,
