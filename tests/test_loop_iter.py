@@ -9,10 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_policy_decisions import World
 
 from tether import Agent, CancelToken, InvalidInput, Limits, StopReason, tool
-from tether._types import ModelRequest, RunResult, RunState, to_json
+from tether._tokens import EstimateCounter, MessageSizes, message_tokens
+from tether._types import Message, ModelRequest, RunResult, RunState, ToolCall, to_json
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
 from tether.steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, Stop
@@ -284,3 +287,27 @@ async def test_iter_refuses_a_durable_agent_and_misuse_in_one_clear_error() -> N
         async with run:
             pass
     assert run.result is not None and run.result.stop_reason is StopReason.CANCELLED
+
+
+# Per-turn work the stepping split went with (bench.overhead): the same figures, computed with less.
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=80)
+       | st.text(alphabet="ab_Z09 \n\t\r-{}\":,.", max_size=200))
+def test_the_ascii_token_estimate_is_the_piece_by_piece_estimate(text: str) -> None:
+    counter = EstimateCounter()
+    assert counter.count(text) == (counter._count_pieces(text) if text else 0)
+    assert counter._count_ascii(text) == counter._count_pieces(text) or not text
+
+
+def test_admission_counts_each_new_message_once_as_the_bounded_sizes_do() -> None:
+    counter = EstimateCounter()
+    exact, bounded = MessageSizes(counter), MessageSizes(counter)
+    messages = [Message.user("look up  the  keys: 12345, abc_def")]
+    for i in range(6):
+        bounded.sync(messages)
+        assert exact.exact(messages) == bounded.total() == sum(message_tokens(counter, m) for m in messages)
+        messages.append(Message.assistant("", [ToolCall(f"c{i}", "lookup", {"key": f"k{i}", "n": i})]))
+        messages.append(Message("tool", f"value of k{i}\n\n  done", tool_call_id=f"c{i}", name="lookup"))
+    bounded.sync(messages)
+    assert exact.exact(list(messages)) == bounded.total()  # another list: counted afresh, same figure

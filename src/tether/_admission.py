@@ -40,9 +40,7 @@ class Admission:
 
     def count(self, messages: list[Message], tools: Sequence[ToolSpec]) -> int:
         """The request's input tokens as counted (before the run's factor)."""
-        sizes = self._sizes
-        sizes.sync(messages)  # the transcript itself (FullHistory): each message counted once per run
-        n = sizes.total()
+        n = self._sizes.exact(messages)  # the transcript itself (FullHistory): each message counted once per run
         if tools is not self._tools:
             self._tools, self._tools_tokens = tools, tools_tokens(self.counter, list(tools))
         return n + self._tools_tokens + REPLY_PRIMING

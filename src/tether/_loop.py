@@ -870,10 +870,12 @@ async def _run_tools(
             continue
         break
 
-    if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
-        stop = StopReason.AWAITING_APPROVAL
-    if stop is None and any(r is not None and r.decision == APPROVAL_BUDGET_DECISION for r in results):
-        stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
+    if stop is None:
+        decisions = [r.decision for r in results if r is not None]
+        if asked and "awaiting_approval" in decisions:
+            stop = StopReason.AWAITING_APPROVAL
+        elif APPROVAL_BUDGET_DECISION in decisions:
+            stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
     return stop
 
 

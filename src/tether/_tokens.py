@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from tether._json import dumps_fn
 from tether._types import Message, ToolSpec
 
 MESSAGE_OVERHEAD = 4  # role and separators; OpenAI's own accounting adds 3-4 per message
@@ -89,6 +90,9 @@ class EstimateCounter:
     def count(self, text: str) -> int:
         if not text:
             return 0
+        return self._count_ascii(text) if text.isascii() else self._count_pieces(text)
+
+    def _count_pieces(self, text: str) -> int:
         words = digits = punct = breaks = 0.0
         for m in _PIECE.finditer(text):
             piece = m.group()
@@ -103,6 +107,39 @@ class EstimateCounter:
                 punct += len(piece)
         w = self.weights
         return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
+
+    def _count_ascii(self, text: str) -> int:
+        """`count` for ASCII text, the same figure: each character mapped to its piece's class (a letter,
+        digit, newline, other space, other), so only words and digit runs are walked in Python. Words
+        are summed in `_count_pieces`' order, so the float sum is the same."""
+        classes = text.translate(_ASCII_CLASSES)
+        words = 0.0
+        for run in _ASCII_WORDS.findall(classes):
+            words += 1 + max(0, len(run) - 6) / 6
+        digits = 0.0
+        if "d" in classes:
+            for run in _ASCII_DIGITS.findall(classes):
+                digits += -(-len(run) // 3)
+        punct = float(classes.count("p"))
+        breaks = float(classes.count("n") + (len(_ASCII_GAPS.findall(classes)) if "ss" in classes else 0))
+        w = self.weights
+        return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
+
+
+def _ascii_class(ch: str) -> str:
+    if re.fullmatch(r"[^\W\d_]", ch):
+        return "a"
+    if re.fullmatch(r"\d", ch):
+        return "d"
+    if re.fullmatch(r"\s", ch):
+        return "n" if ch == "\n" else "s"
+    return "p"  # punctuation and "_": each counts its length
+
+
+_ASCII_CLASSES = {i: _ascii_class(chr(i)) for i in range(128)}
+_ASCII_WORDS = re.compile("a+")
+_ASCII_DIGITS = re.compile("d+")
+_ASCII_GAPS = re.compile("(?<![sn])s{2,}(?![sn])")  # a run of spaces with no line break counts as one break
 
 
 class TiktokenCounter:
@@ -203,10 +240,23 @@ def message_tokens(counter: TokenCounter, message: Message) -> int:
     """One message's tokens: content, tool calls (name + JSON arguments), tool name, overhead."""
     n = MESSAGE_OVERHEAD + counter.count(message.content)
     for call in message.tool_calls:
-        n += counter.count(call.name) + counter.count(
-            call.raw_arguments or json.dumps(call.arguments, ensure_ascii=False, default=str)) + 3
+        n += _name_tokens(counter, call.name) + counter.count(call.raw_arguments or _args_json(call.arguments)) + 3
     if message.name:
-        n += counter.count(message.name)
+        n += _name_tokens(counter, message.name)
+    return n
+
+
+_args_json = dumps_fn(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False, default=str), built once
+_NAMES: dict[tuple[str, str], int] = {}  # (counter, tool name) -> tokens: a run names the same few tools
+
+
+def _name_tokens(counter: TokenCounter, name: str) -> int:
+    key = (counter.name, name)
+    n = _NAMES.get(key)
+    if n is None:
+        if len(_NAMES) >= 4096:  # names are few; a caller making up names does not grow this
+            _NAMES.clear()
+        n = _NAMES[key] = counter.count(name)
     return n
 
 
@@ -273,3 +323,15 @@ class MessageSizes:
 
     def size(self, i: int) -> int:
         return self.total(i, i + 1)
+
+    def exact(self, messages: list[Message]) -> int:
+        """The exact tokens of all of `messages`, counting only those not counted yet, and keeping no
+        bounds (for a caller that always needs the count: admission). Not mixed with `sync` on one object."""
+        if messages is not self._messages or len(messages) < self.counted:  # another transcript: start over
+            self._bound, self._exact, self._messages = [0], [0], messages
+        exact = self._exact
+        if len(messages) >= len(exact):
+            counter = self.counter
+            for m in messages[len(exact) - 1:]:
+                exact.append(exact[-1] + message_tokens(counter, m))
+        return exact[-1]
