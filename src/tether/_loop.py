@@ -1,6 +1,9 @@
 """The loop: model, tool calls, executor, results, repeat, until an explicit stop reason.
 
-Read `run_loop` top to bottom; everything else here is a small helper or a seam:
+Read `LoopRun` top to bottom: a run is a sequence of named steps (tether._steps: start, admit, call
+model, plan calls, execute, observe, stop), each a method that returns the next node; `run_loop` drives
+them to the end and `agent.iter()` (tether._iter) yields each node before it runs. Everything else here
+is a small helper or a seam:
 - `StepRunner` runs each model call and each tool call (durable mode swaps it for checkpointed steps);
 - `ContextBuilder` decides what the model sees each turn (compaction slots in there).
 Per-turn work is O(1) in the length of the history: the transcript is appended to, never re-walked.
@@ -529,7 +532,7 @@ class LoopRun:
         finally:
             deadline.armed = False
         deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
-        _price(spec, reply)
+        reply.usage.cost_usd = charge(spec.pricing, spec.model, reply)  # (`_price`, one frame less a step)
         budget.record_model_call(reply.usage)
         if reply.finish_reason == LOST_CALL:  # sent before a crash, never recorded: charged, then admitted anew
             emit(_model_call_ended(reply, spec.model, "lost"), started)

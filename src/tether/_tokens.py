@@ -115,7 +115,8 @@ class EstimateCounter:
         classes = text.translate(_ASCII_CLASSES)
         words = 0.0
         for run in _ASCII_WORDS.findall(classes):
-            words += 1 + max(0, len(run) - 6) / 6
+            n = len(run)
+            words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
         digits = 0.0
         if "d" in classes:
             for run in _ASCII_DIGITS.findall(classes):
@@ -327,10 +328,11 @@ class MessageSizes:
     def exact(self, messages: list[Message]) -> int:
         """The exact tokens of all of `messages`, counting only those not counted yet, and keeping no
         bounds (for a caller that always needs the count: admission). Not mixed with `sync` on one object."""
-        if messages is not self._messages or len(messages) < self.counted:  # another transcript: start over
+        exact, n = self._exact, len(messages)
+        if messages is not self._messages or n < len(exact) - 1:  # another transcript: start over
             self._bound, self._exact, self._messages = [0], [0], messages
-        exact = self._exact
-        if len(messages) >= len(exact):
+            exact = self._exact
+        if n >= len(exact):
             counter = self.counter
             for m in messages[len(exact) - 1:]:
                 exact.append(exact[-1] + message_tokens(counter, m))
