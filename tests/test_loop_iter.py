@@ -18,7 +18,7 @@ from tether._tokens import EstimateCounter, MessageSizes, message_tokens
 from tether._types import Message, ModelRequest, RunResult, RunState, ToolCall, to_json
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
-from tether.steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, Stop
+from tether.steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, StopRun
 
 
 class FakeClock:
@@ -82,13 +82,13 @@ async def test_each_step_is_yielded_before_it_runs_and_the_end_is_arun_s_result(
         lambda: Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add], clock=FakeClock()))
     assert result.stop_reason is StopReason.COMPLETED and result.answer == "5"
     assert kinds(nodes) == ["Start", "Admit", "CallModel", "PlanCalls", "Execute", "Observe",
-                            "Admit", "CallModel", "PlanCalls", "Stop", "End"]
+                            "Admit", "CallModel", "PlanCalls", "StopRun", "End"]
     assert isinstance(nodes[2], CallModel) and nodes[2].request.tools[0].name == "add"
     execute, observe = nodes[4], nodes[5]
     assert isinstance(execute, Execute) and execute.calls[0].arguments == {"a": 2, "b": 3}
     assert isinstance(observe, Observe) and observe.results[0] is not None and observe.results[0].content == "5"
     stop = nodes[-2]
-    assert isinstance(stop, Stop) and stop.reason is StopReason.COMPLETED
+    assert isinstance(stop, StopRun) and stop.reason is StopReason.COMPLETED
 
 
 async def test_the_caller_sees_the_request_before_it_is_sent_and_the_run_state_between_steps() -> None:
@@ -112,7 +112,7 @@ async def test_budgets_hit_end_alike_with_the_final_answer() -> None:
         lambda: Agent(ScriptedModel(endless), tools=[lookup], clock=FakeClock(), limits=Limits(max_steps=3)))
     assert result.stop_reason is StopReason.MAX_STEPS and result.answer == "partial: I found some values"
     stop = nodes[-2]
-    assert isinstance(stop, Stop) and stop.reason is StopReason.MAX_STEPS
+    assert isinstance(stop, StopRun) and stop.reason is StopReason.MAX_STEPS
     # token ceiling: each request sized and admitted in the Admit step
     _, result = await same_both_ways(
         lambda: Agent(ScriptedModel(endless), tools=[lookup], clock=FakeClock(),
@@ -234,7 +234,7 @@ async def test_cancellation_from_a_tool_ends_alike_with_every_call_answered() ->
     nodes, by_steps = await stepped(iter_agent, "go", cancel=iter_agent._test_token)  # type: ignore[attr-defined]
     assert canonical(by_steps) == canonical(direct)
     assert by_steps.stop_reason is StopReason.CANCELLED and by_steps.error == "user pressed stop"
-    assert kinds(nodes)[-3:] == ["Admit", "Stop", "End"]  # the guard before the next model call stopped it
+    assert kinds(nodes)[-3:] == ["Admit", "StopRun", "End"]  # the guard before the next model call stopped it
 
 
 async def test_leaving_iter_early_stops_the_run_cancelled_and_answers_its_open_calls() -> None:
@@ -269,7 +269,7 @@ async def test_an_output_type_retry_steps_back_to_admit() -> None:
 
     nodes, result = await same_both_ways(make)
     assert result.output == 42
-    assert kinds(nodes) == ["Start", "Admit", "CallModel", "PlanCalls", "Admit", "CallModel", "PlanCalls", "Stop",
+    assert kinds(nodes) == ["Start", "Admit", "CallModel", "PlanCalls", "Admit", "CallModel", "PlanCalls", "StopRun",
                             "End"]
 
 

@@ -15,7 +15,7 @@ from typing_extensions import TypeVar
 
 from tether._errors import InvalidInput
 from tether._loop import LoopRun
-from tether._steps import End, Start, Step, Stop
+from tether._steps import End, Start, Step, StopRun
 from tether._types import RunResult, StopReason, Usage
 from tether.events import Notice
 
@@ -56,10 +56,10 @@ class AgentRun(Generic[OutputT]):
         loop, node = self._loop, self._node
         if loop is None or node is None or type(node) is End:
             return
-        if type(node) is not Stop:  # left mid-run: stopped as a cancelled run is, every open call answered
+        if type(node) is not StopRun:  # left mid-run: stopped as a cancelled run is, every open call answered
             loop.emit(Notice(notice={"cancelled": LEFT}))
-            node = Stop(StopReason.CANCELLED, LEFT)
-        self._node = await loop.stop(cast(Stop, node))
+            node = StopRun(StopReason.CANCELLED, LEFT)
+        self._node = await loop.stop(cast(StopRun, node))
 
     def __aiter__(self) -> AgentRun[OutputT]:
         return self

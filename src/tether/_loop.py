@@ -29,7 +29,7 @@ from tether._admission import Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
 from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
-from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, Stop
+from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, StopRun
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
@@ -443,9 +443,9 @@ class LoopRun:
                         agent=spec.agent, model=spec.model.name, provider=provider, server_address=server))
 
     async def next(self, node: Step) -> Step:
-        """Run `node`'s step; the next node. A step that fails or is cancelled leads to Stop, and Stop to End."""
+        """Run `node`'s step; the next node. A step that fails or is cancelled leads to StopRun, and StopRun to End."""
         kind = type(node)
-        if kind is Stop:
+        if kind is StopRun:
             return await self.stop(node)  # type: ignore[arg-type]
         if kind is End:
             raise InvalidInput("the run has ended: nothing follows its End")
@@ -458,11 +458,11 @@ class LoopRun:
             else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
                 error = INTERRUPTED
             self.emit(Notice(notice={"cancelled": error}))
-            return Stop(StopReason.CANCELLED, error)
+            return StopRun(StopReason.CANCELLED, error)
         except Exception as exc:  # a failing step runner, context builder, policy or event sink
             error = f"run failed: {type(exc).__name__}: {exc}"
             self.emit(Error(error=error))
-            return Stop(StopReason.ERROR, error)
+            return StopRun(StopReason.ERROR, error)
 
     async def start(self, node: Start) -> Step:
         """The policy's state, the context builder's; decided approvals; the input filter."""
@@ -474,10 +474,10 @@ class LoopRun:
         # a person decided on calls the run stopped for: those calls first (a sub-agent that needs
         # another decision parks the run again)
         if state.decisions and await _resume_decided(spec, state, self.ctx, self.budget, self.emit):
-            return Stop(StopReason.AWAITING_APPROVAL)
+            return StopRun(StopReason.AWAITING_APPROVAL)
         if spec.input_filter is not None and (refused := _screen_input(spec, self.messages, self.emit)) is not None:
             self.answer = refused[0]
-            return Stop(StopReason.INPUT_REFUSED, refused[1])  # no model call at all
+            return StopRun(StopReason.INPUT_REFUSED, refused[1])  # no model call at all
         return Admit()
 
     async def admit(self, node: Admit) -> Step:
@@ -487,7 +487,7 @@ class LoopRun:
             raise _Cancelled
         stop = budget.exceeded()
         if stop is not None:
-            return Stop(stop)
+            return StopRun(stop)
         built = self.context.build(self.messages)
         if not isinstance(built, list):  # an async builder (e.g. compaction)
             built = await built
@@ -501,7 +501,7 @@ class LoopRun:
         stop, cap = admission.admit(budget, counted)
         if stop is not None:
             self.emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
-            return Stop(stop)
+            return StopRun(stop)
         if cap is not None:
             request.max_output_tokens = min(cap, request.max_output_tokens or cap)
         return CallModel(request, counted)
@@ -524,11 +524,11 @@ class LoopRun:
             if not deadline.take():
                 raise
             emit(Notice(notice={"model_call_abandoned": StopReason.TIME_BUDGET.value}), started)
-            return Stop(StopReason.TIME_BUDGET)
+            return StopRun(StopReason.TIME_BUDGET)
         except Exception as exc:
             error = f"model call failed: {type(exc).__name__}: {exc}"
             emit(Error(error=error))
-            return Stop(StopReason.ERROR, error)
+            return StopRun(StopReason.ERROR, error)
         finally:
             deadline.armed = False
         deadline.take()  # fired as the reply arrived (and the model swallowed it): the guard below decides
@@ -564,16 +564,16 @@ class LoopRun:
                 self.emit(Notice(notice={"output_invalid": spec.output.errors}))
                 return Admit()
             self.answer = spec.output.text
-            return Stop(StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID)
+            return StopRun(StopReason.COMPLETED if verdict == "valid" else StopReason.OUTPUT_INVALID)
         calls = reply.tool_calls
         if not calls:
-            return Stop(StopReason.COMPLETED)
+            return StopRun(StopReason.COMPLETED)
         stop = self.budget.exceeded()
         if stop is not None:
             _answer_turn(self.messages, calls, [None] * len(calls),
                          f"not run: the run reached its limit ({stop.value})")
             self.emit(Notice(notice={"skipped_calls": len(calls), "reason": stop.value}))
-            return Stop(stop)
+            return StopRun(stop)
         # from here the turn's calls are open: any stop answers each one (see `stop`)
         self.calls = calls
         pending: list[ToolResult | None] = [None] * len(calls)
@@ -603,9 +603,9 @@ class LoopRun:
             if r is not None and not r.is_error:
                 found.append((c, r))
         self.pending = None
-        return Admit() if node.stop is None else Stop(node.stop)
+        return Admit() if node.stop is None else StopRun(node.stop)
 
-    async def stop(self, node: Stop) -> End[Any]:
+    async def stop(self, node: StopRun) -> End[Any]:
         """7. The end: open calls answered, the final answer (a budget or loop stop), the output
         filters, and everything the run knows back into its state (once, not per step)."""
         spec, state, budget, emit, ctx, policy = self.spec, self.state, self.budget, self.emit, self.ctx, self.policy

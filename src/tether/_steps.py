@@ -1,7 +1,7 @@
 """The steps of a run, as typed nodes: what `agent.iter()` yields, each before it runs.
 
-A run goes Start -> (Admit -> CallModel -> PlanCalls -> Execute -> Observe)* -> Stop -> End; any
-step may go to Stop instead (a guard, a failure, a cancellation). The nodes are views for the caller
+A run goes Start -> (Admit -> CallModel -> PlanCalls -> Execute -> Observe)* -> StopRun -> End; any
+step may go to StopRun instead (a guard, a failure, a cancellation). The nodes are views for the caller
 to read; changing them does not steer the run (the guards decide every transition).
 """
 
@@ -61,7 +61,7 @@ class Observe:
 
 
 @dataclass(slots=True)
-class Stop:
+class StopRun:
     """The run stops for `reason`: open calls are answered, the final answer is written (a budget or
     loop stop), filtered, and the state saved."""
 
@@ -76,4 +76,4 @@ class End(Generic[OutputT]):
     result: RunResult[OutputT]
 
 
-Step = Start | Admit | CallModel | PlanCalls | Execute | Observe | Stop | End[Any]
+Step = Start | Admit | CallModel | PlanCalls | Execute | Observe | StopRun | End[Any]

@@ -8,6 +8,6 @@
 """
 
 from tether._iter import AgentRun
-from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, Stop
+from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, StopRun
 
-__all__ = ["Admit", "AgentRun", "CallModel", "End", "Execute", "Observe", "PlanCalls", "Start", "Step", "Stop"]
+__all__ = ["Admit", "AgentRun", "CallModel", "End", "Execute", "Observe", "PlanCalls", "Start", "Step", "StopRun"]
