@@ -1,4 +1,4 @@
-"""The steps of a run as `agent.iter()` yields them (see docs/agents.md, "Stepping through a run").
+"""The steps of a run as `agent.iter()` yields them (docs/stepping.md).
 
     async with agent.iter("What is 17 * 23?") as run:
         async for node in run:
