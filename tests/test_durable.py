@@ -151,7 +151,8 @@ def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_
 
 
 def _wait_second_child_call(worker: subprocess.Popen[bytes], models: Path) -> None:
-    """Until the team worker's sub-agent is inside its second (slow) model call."""
+    """Until the team worker's sub-agent is inside its second model call (held there until the test
+    creates the `.release` file, so a busy machine cannot let it finish before the kill or cancel)."""
     end = time.monotonic() + 90
     while "child:2" not in (models.read_text() if models.exists() else ""):
         assert time.monotonic() < end and worker.poll() is None, "the child never reached its second model call"
@@ -171,7 +172,8 @@ def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
     try:
         _wait_second_child_call(first, models)
     finally:
-        _kill(first)  # inside the child's second (slow) model call
+        _kill(first)  # inside the child's second model call, held until released
+    ledger.with_name(ledger.stem + ".release").touch()
     fresh = _spawn("team", db, ledger)
     try:
         out, _ = fresh.communicate(timeout=120)
@@ -208,7 +210,8 @@ def test_a_call_in_flight_at_a_kill_is_charged_so_the_bill_stays_under_the_ceili
             assert time.monotonic() < end and first.poll() is None, "the child never reached its second model call"
             time.sleep(0.05)
     finally:
-        _kill(first)  # billed, its reply never recorded
+        _kill(first)  # billed, its reply never recorded (held until released)
+    ledger.with_name(ledger.stem + ".release").touch()
     fresh = _spawn("billed", db, ledger)
     try:
         out, _ = fresh.communicate(timeout=120)

@@ -144,10 +144,19 @@ def build_approval_agent(ledger: Path, durable: Any = None) -> Any:
                  user="alice", name="approval", durable=durable)
 
 
+async def _held(release: Path) -> None:
+    """Wait until the test creates `release` (at most 300 s: the test's own timeouts catch a hang)."""
+    for _ in range(3000):
+        if release.exists():
+            return
+        await asyncio.sleep(0.1)
+
+
 def build_team_agent(ledger: Path, durable: Any = None) -> Any:
     """A parent whose one tool is a sub-agent that appends two ledger entries, one model call each;
-    its second model call is slow (a window for the kill inside the child's run). Every model call
-    of the child is logged to `models.txt` beside the ledger, every tool body's run to `attempts.txt`."""
+    its second model call waits until a file `NAME.release` beside the ledger exists (a window for a kill
+    or a cancel inside the child's run that a busy machine cannot close early; at most 300 s). Every model
+    call of the child is logged to `models.txt` beside the ledger, every tool body's run to `attempts.txt`."""
     from tether import Agent, tool
     from tether._types import ModelReply, ModelRequest, ToolCall
     from tether.models._scripted import ScriptedModel
@@ -155,6 +164,7 @@ def build_team_agent(ledger: Path, durable: Any = None) -> Any:
 
     attempts = ledger.with_name(ledger.stem + ".attempts.txt")
     models = ledger.with_name(ledger.stem + ".models.txt")
+    release = ledger.with_name(ledger.stem + ".release")
 
     @tool(effect="reversible")
     def append(entry: str, ctx: ToolContext) -> str:
@@ -168,7 +178,7 @@ def build_team_agent(ledger: Path, durable: Any = None) -> Any:
             step = 1 + sum(1 for m in request.messages if m.role == "tool")
             _append(models, f"child:{step}")
             if step == 2:
-                await asyncio.sleep(3)
+                await _held(release)
             return await super().complete(request)
 
     def child_script(request: ModelRequest) -> ModelReply:
@@ -196,7 +206,8 @@ def build_billed_agent(ledger: Path, durable: Any = None) -> Any:
     writes notes until its budget stops it. Both models are a billing fake: a provider that counts input
     as tether does, writes 2,500 tokens (never more than `max_output_tokens`) and bills each call the
     moment it receives it, one line `who:call\tinput\toutput` in `bill.txt` beside the ledger. The
-    child's second call is slow: a window for the kill after it was billed, before its reply is recorded."""
+    child's second call waits until `NAME.release` beside the ledger exists (at most 300 s): a window for
+    the kill after it was billed, before its reply is recorded, that a busy machine cannot close early."""
     from tether import Agent, Limits, tool
     from tether._tokens import counter_for, message_tokens, tools_tokens
     from tether._types import ModelReply, ModelRequest, ToolCall, Usage
@@ -204,6 +215,7 @@ def build_billed_agent(ledger: Path, durable: Any = None) -> Any:
     from tether.policy import SafetyPolicy
 
     bill = ledger.with_name(ledger.stem + ".bill.txt")
+    release = ledger.with_name(ledger.stem + ".release")
     counter = counter_for("gpt-4o-mini")
 
     @tool(effect="read_only")
@@ -219,7 +231,7 @@ def build_billed_agent(ledger: Path, durable: Any = None) -> Any:
             call = 1 + sum(1 for m in request.messages if m.role == "assistant")
             _append(bill, f"{self.name}:{call}\t{used_in}\t{out}")
             if self.name == "child" and call == 2:
-                await asyncio.sleep(3)
+                await _held(release)
             reply = await super().complete(request)
             reply.usage = Usage(used_in, out)
             return reply
