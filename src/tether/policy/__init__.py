@@ -21,9 +21,23 @@ from tether.policy._authz import Authorizer, Permissions
 from tether.policy._canonical import action_key, canonical_json
 from tether.policy._capabilities import Capabilities, Capability
 from tether.policy._egress import EgressPolicy
+from tether.policy._guard import BaseGuard, CallView, Guard, GuardResult, Stop
+from tether.policy._guards import (
+    ArgumentScanGuard,
+    AuthorizationGuard,
+    CeilingGuard,
+    DeclarationGuard,
+    EffectGuard,
+    EgressGuard,
+    ProvenanceGuard,
+    RateGuard,
+    TaintGuard,
+    TraceGuard,
+    default_guards,
+)
 from tether.policy._idempotency import IdempotencyCache, MemoryIdempotency, idempotent
 from tether.policy._output_filter import Finding, filter_output
-from tether.policy._policy import PolicyState, SafetyPolicy, wrap_untrusted
+from tether.policy._policy import SafetyPolicy, wrap_untrusted
 from tether.policy._provenance import Origin, Provenance
 from tether.policy._safety_filter import (
     INPUT_RULES,
@@ -38,6 +52,7 @@ from tether.policy._safety_filter import (
     output_filter,
     phrase_rule,
 )
+from tether.policy._state import PolicyState
 
 __all__ = [
     "INPUT_RULES",
@@ -47,16 +62,26 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "Approver",
+    "ArgumentScanGuard",
     "AuditLog",
     "AuditRecord",
+    "AuthorizationGuard",
     "Authorizer",
     "AutoApprove",
+    "BaseGuard",
+    "CallView",
     "CallbackApprover",
     "Capabilities",
     "Capability",
+    "CeilingGuard",
+    "DeclarationGuard",
     "DenyAll",
+    "EffectGuard",
+    "EgressGuard",
     "EgressPolicy",
     "Finding",
+    "Guard",
+    "GuardResult",
     "IdempotencyCache",
     "JsonlSink",
     "MemoryIdempotency",
@@ -66,6 +91,8 @@ __all__ = [
     "Permissions",
     "PolicyState",
     "Provenance",
+    "ProvenanceGuard",
+    "RateGuard",
     "Rule",
     "RuleApprover",
     "RuleResult",
@@ -73,11 +100,15 @@ __all__ = [
     "SafetyPolicy",
     "SafetyVerdict",
     "SqliteSink",
+    "Stop",
+    "TaintGuard",
     "TerminalApprover",
+    "TraceGuard",
     "VerdictCache",
     "action_key",
     "as_filter",
     "canonical_json",
+    "default_guards",
     "filter_output",
     "idempotent",
     "input_filter",
