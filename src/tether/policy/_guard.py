@@ -19,6 +19,7 @@ from tether.policy._capabilities import Capability
 from tether.policy._provenance import Origin
 from tether.policy._state import PolicyState
 from tether.tools._base import Tool
+from tether.tools._declares import NO_DECLARATIONS, Declares
 from tether.tools._executor import CallContext
 
 if TYPE_CHECKING:
@@ -45,7 +46,8 @@ class CallView:
     - `raw_args`: the arguments as validated (what the tool and an authorizer get); `args`: the same as
       plain JSON values (what every check reads).
     - `policy`: the `SafetyPolicy` deciding (its egress policy, approver, options).
-    - `cap`: the tool's capability in this run (set before any guard runs).
+    - `cap`: the tool's capability in this run, `declares` the tool's declarations (both set before
+      any guard runs).
     - `effect`: the call's effect class (set by `EffectGuard`; `effect_known` says it was).
     - `trace`: argument path -> where its value came from, `prov` the same as plain strings, `tainted`:
       the run has read untrusted content, `guarded`: the call's effect needs the taint rule (all set
@@ -61,6 +63,7 @@ class CallView:
     args: dict[str, Any]
     policy: SafetyPolicy
     cap: Capability = None  # type: ignore[assignment]  # set before the guards run
+    declares: Declares = NO_DECLARATIONS  # the tool's declarations (`Tool.declared`), set with `cap`
     effect: Effect = Effect.READ_ONLY  # set by the effect guard (audits before it say "")
     effect_known: bool = False
     trace: dict[str, Origin] = field(default_factory=dict)  # argument path -> where its value came from

@@ -315,8 +315,8 @@ class SafetyPolicy:
             return False
         if tool.name in self.untrusted_tools or tool.untrusted_output:
             return True
-        meta = tool.metadata
-        if meta.get("untrusted") or str(meta.get("source", "")).lower() in self.untrusted_sources:
+        declared = tool.declared  # (a deprecated `untrusted` metadata key sets untrusted_output)
+        if tool.untrusted_output or str(declared.source or "").lower() in self.untrusted_sources:
             return True
         # read_result pages through earlier outputs: untrusted once any of them was
         return tool.name == "read_result" and state is not None and state.tainted
@@ -383,7 +383,7 @@ class SafetyPolicy:
         cap = self.capabilities.get(c.tool)
         if cap is None:
             return Stop("refused:capability", f"'{c.tool.name}' is not permitted in this task")
-        c.cap = cap
+        c.cap, c.declares = cap, c.tool.declared
         return None
 
     # -- the last step: approval (when any guard asked for one), then the call is let through ----
@@ -523,8 +523,9 @@ class SafetyPolicy:
             state.done.discard(action_key(tool.name, pend.args))
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
+        declared = tool.declared
         if result.untrusted is not None and (result.untrusted or (
-                tool.metadata.get("exact_provenance") and tool.name not in self.untrusted_tools)):
+                declared.exact_provenance and tool.name not in self.untrusted_tools)):
             untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
         source = tool.name
         if not untrusted and looks_injected(result.content):
@@ -532,11 +533,11 @@ class SafetyPolicy:
             untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
         if pend is not None and pend.written:
             state.prov.add_written(pend.written)
-            path_arg = tool.metadata.get("writes_path")
+            path_arg = declared.writes_path
             if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
                 state.written_paths.add(pend.args[path_arg])
         state.prov.add_output(result.content, trusted=not untrusted, source=source,
-                              private=bool(tool.metadata.get("private_output")))
+                              private=bool(declared.private_output))
         if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
             _note_secrets(state, tool, pend, result.content, error=result.is_error)
         if result.handle and not untrusted:
@@ -583,9 +584,9 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
     found: dict[str, str] = {}
     if error:
         pass
-    elif tool.metadata.get("secret_output"):
+    elif tool.declared.secret_output:
         found.update(dict.fromkeys(values_in(content), tool.name))
-    elif pend is not None and not tool.metadata.get("writes_path"):
+    elif pend is not None and not tool.declared.writes_path:
         names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
         if names:
             found.update(dict.fromkeys(values_in(content, names[0]), names[0]))
@@ -625,7 +626,7 @@ def _plain(value: Any) -> Any:
 
 
 async def _describe(tool: Tool, args: dict[str, Any]) -> str:
-    fn = tool.metadata.get("describe")
+    fn = tool.declared.describe
     if callable(fn):
         try:
             out = fn(args)
@@ -638,7 +639,7 @@ async def _describe(tool: Tool, args: dict[str, Any]) -> str:
 
 
 async def _dry_run(tool: Tool, args: dict[str, Any]) -> str | None:
-    fn = tool.metadata.get("dry_run")
+    fn = tool.declared.dry_run
     if not callable(fn):
         return None
     try:

@@ -30,10 +30,10 @@ class ArgumentScanGuard(BaseGuard):
         policy = c.policy
         if not policy.scan_arguments or (c.checked_effect is Effect.READ_ONLY and not c.egress_paths):
             return None
-        meta = c.tool.metadata
+        d = c.declares
         # a workspace file tool may write a value read from the workspace back into it (it is there
         # already); a tool declared `secret_sink` takes secrets by design (a login)
-        secrets = {} if meta.get("writes_path") or meta.get("secret_sink") else policy.secrets_of(c.state)
+        secrets = {} if d.writes_path or d.secret_sink else policy.secrets_of(c.state)
         for path, value in leaves(c.args):
             if not isinstance(value, str) or c.trace.get(path) is Origin.USER:
                 continue

@@ -42,9 +42,9 @@ def declaration_problem(tool: Tool, cap: Capability) -> str | None:
     """Declarations that name arguments the tool does not have, or contradict each other: the
     policy cannot know what they meant, so the call is refused (fail closed)."""
     names = _params(tool)
-    risk_free = cap.risk_free_args if cap.risk_free_args is not None else tool.metadata.get("risk_free_args")
-    declared = {"guarded_args": cap.guarded_args, "risk_free_args": risk_free,
-                "url_args": cap.url_args or tool.metadata.get("url_args")}
+    d = tool.declared
+    risk_free = cap.risk_free_args if cap.risk_free_args is not None else d.risk_free_args
+    declared = {"guarded_args": cap.guarded_args, "risk_free_args": risk_free, "url_args": cap.url_args or d.url_args}
     for what, value in declared.items():
         if value is not None and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):
             return f"'{tool.name}' declares {what} as {value!r}; it must be a list of argument names"
@@ -54,7 +54,7 @@ def declaration_problem(tool: Tool, cap: Capability) -> str | None:
             if unknown:
                 return (f"'{tool.name}' declares {what} {unknown} that it does not take (its arguments: "
                         f"{', '.join(sorted(names)) or 'none'}); fix the declaration")
-    overlap = set(risk_free or ()) & set(cap.url_args or tool.metadata.get("url_args") or ())
+    overlap = set(risk_free or ()) & set(cap.url_args or d.url_args or ())
     if overlap or (risk_free is not None and cap.guarded_args is not None
                    and set(risk_free) & set(cap.guarded_args)):
         return f"'{tool.name}' declares arguments both risk-free and checked; fix the declaration"

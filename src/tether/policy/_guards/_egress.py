@@ -16,7 +16,7 @@ class EgressGuard(BaseGuard):
     def check(self, c: CallView, /) -> Stop | None:
         """URL arguments: declared ones, and after taint any argument that is only a URL or host."""
         policy = c.policy
-        url_args = c.cap.url_args or tuple(c.tool.metadata.get("url_args", ()))
+        url_args = c.cap.url_args or tuple(c.declares.url_args)
         for path, value in leaves(c.args) if url_args or c.tainted else ():
             if not isinstance(value, str) or not value:
                 continue

@@ -31,7 +31,7 @@ class ProvenanceGuard(BaseGuard):
             leaked = state.prov.private_in(c.args, skip={p for p, o in trace.items() if o is Origin.USER})
             if leaked:
                 c.ask.append("the arguments carry private data from " + ", ".join(sorted(set(leaked.values()))))
-            if c.tool.metadata.get("executes") and state.written_paths:
+            if c.declares.executes and state.written_paths:
                 c.ask.append("it runs commands where files were written from content not the user's ("
                              + ", ".join(sorted(state.written_paths)[:5]) + ")")
         c.key = action_key(c.tool.name, c.args) if c.guarded else ""

@@ -65,7 +65,7 @@ def _risk_free(tool: Tool, cap: Capability, trace: dict[str, Origin]) -> frozens
     derived from what was read). Declared by `risk_free_args`, or as the complement of the legacy
     `guarded_args`; none when undeclared. When a call carries nothing in its checked arguments (a
     calendar event with no participants), every argument is checked."""
-    risk_free = cap.risk_free_args if cap.risk_free_args is not None else tool.metadata.get("risk_free_args")
+    risk_free = cap.risk_free_args if cap.risk_free_args is not None else tool.declared.risk_free_args
     if risk_free is not None:
         exempt = frozenset(risk_free)
     elif cap.guarded_args is not None:

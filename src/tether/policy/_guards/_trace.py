@@ -20,4 +20,4 @@ class TraceGuard(BaseGuard):
             else Effect.REVERSIBLE
         # a staged effect lands in the run's staged view (tether.staging), reviewed before it reaches the
         # workspace: reversible by construction, so nothing to ask about here
-        c.guarded = c.checked_effect in c.policy.guard_effects and not c.tool.metadata.get("staged")
+        c.guarded = c.checked_effect in c.policy.guard_effects and not c.declares.staged

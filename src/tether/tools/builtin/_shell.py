@@ -278,8 +278,8 @@ def shell_tool(
         timeout=timeout + 5,
         # `executes`: it runs what was written (files written from untrusted content taint the command).
         # Unconfined, nothing but a person stands between a command and the machine.
-        metadata={"executes": True, "requires_approval": not box.confined, "sandbox": box.description,
-                  "staged": staged},
+        executes=True, requires_approval=not box.confined, staged=staged,
+        metadata={"sandbox": box.description},
     )(Bash)
 
 
