@@ -179,6 +179,10 @@ def test_old_metadata_keys_still_work_with_a_deprecation_warning() -> None:
     with pytest.warns(DeprecationWarning, match="effect"):
         t = tool(metadata={"effect": "reversible"})(lambda: "x")
     assert t.declared.effect_of == "reversible"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a key that only repeats the declaration (the built-ins keep them) is quiet
+        t = tool(executes=True, metadata={"executes": True, "sandbox": "none"})(lambda: "x")
+        assert t.declared.executes and t.declared is t.declares
 
 
 def test_every_declaration_is_a_tool_keyword() -> None:

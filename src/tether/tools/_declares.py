@@ -119,14 +119,19 @@ def legacy_keys(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 def merge_legacy(name: str, base: Declares, legacy: Mapping[str, Any]) -> Declares:
     """`base` with the deprecated metadata keys of the same names applied (values kept as given, as
-    the policy read them before), and a `DeprecationWarning` naming what to write instead."""
+    the policy read them before), and a `DeprecationWarning` naming what to write instead. Keys that
+    only repeat what `base` declares (kept for code that reads them, as the built-in tools do until
+    the keys are removed) do not warn."""
+    fields = {_RENAMED.get(k, k): v for k, v in legacy.items() if k != "untrusted"}
+    merged = dataclasses.replace(base, **fields) if fields else base
+    if merged == base and "untrusted" not in legacy:
+        return base
     keys = ", ".join(sorted(legacy))
     first = _RENAMED.get(sorted(legacy)[0], sorted(legacy)[0])
     warnings.warn(f"tool '{name}': declarations in metadata ({keys}) are deprecated and are removed in tether "
                   f"{REMOVED_IN}; declare them with @tool({first}=...) or Tool(declares=Declares(...))",
                   DeprecationWarning, stacklevel=_user_stacklevel())
-    fields = {_RENAMED.get(k, k): v for k, v in legacy.items() if k != "untrusted"}
-    return dataclasses.replace(base, **fields) if fields else base
+    return merged
 
 
 def _user_stacklevel() -> int:

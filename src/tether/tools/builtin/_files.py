@@ -484,6 +484,7 @@ def write_tool(root: str | Path, *, protect: Sequence[str] = (), stage: StagedWo
         ),
         effect="reversible",
         writes_path="file_path", staged=stage is not None,
+        metadata={"writes_path": "file_path", "staged": stage is not None},  # the same, as read before `declared`
     )(Write)
 
 
@@ -536,6 +537,7 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect
         ),
         effect="reversible",
         writes_path="file_path", staged=stage is not None,
+        metadata={"writes_path": "file_path", "staged": stage is not None},  # the same, as read before `declared`
     )(Edit)
 
 

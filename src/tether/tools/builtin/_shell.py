@@ -279,7 +279,9 @@ def shell_tool(
         # `executes`: it runs what was written (files written from untrusted content taint the command).
         # Unconfined, nothing but a person stands between a command and the machine.
         executes=True, requires_approval=not box.confined, staged=staged,
-        metadata={"sandbox": box.description},
+        # the same, as the metadata keys code read before `declared` (deprecated: removed in 0.3.0)
+        metadata={"sandbox": box.description, "executes": True, "requires_approval": not box.confined,
+                  "staged": staged},
     )(Bash)
 
 
