@@ -1,6 +1,7 @@
 """Safety by design: capabilities, taint and provenance, approvals, authorization, idempotency,
 egress and output filtering, audit, and a response safety filter. Everything is enforced inside
-the executor through `SafetyPolicy` (the executor's Policy seam)."""
+the executor through `SafetyPolicy` (the executor's Policy seam), whose checks are guards
+(`Guard`, `default_guards()`): write your own and pass `SafetyPolicy(guards=[...])`."""
 
 from tether.policy._approvals import (
     AllowRule,
