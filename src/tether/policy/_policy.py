@@ -60,6 +60,7 @@ from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Verdict
 
 NOTE_PREFIX = "[tether] "  # how the label note after a turn's results begins
+_Call = CallView  # the guards' view of a call was `_Call` here (kept for edits made against that name)
 
 # Text addressed to the assistant (the shape of prompt injections): found in an output declared
 # trusted, it taints the run anyway. A safety net for a tool marked trusted by mistake, not the
