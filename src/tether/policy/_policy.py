@@ -131,7 +131,10 @@ class SafetyPolicy:
     capability says to refuse or hold it instead; where its values seem to come from is shown with
     the prompt, never a reason to skip it. `use_provenance=True` is the older, opt-in mode that lets
     a call through when text matching finds its checked arguments in the user's request: fewer
-    prompts, but a guess (a value that merely appears in the request passes; see docs/safety.md)."""
+    prompts, but a guess (a value that merely appears in the request passes; see docs/safety.md).
+
+    `guards`: the checks after the capability, in order (default: `default_guards()`); each tool's
+    plan of them is made once, so give the list here rather than change `guards` later."""
 
     asks_for_bounds = True  # asks a person for the calls a delegating run requires approval for
 
