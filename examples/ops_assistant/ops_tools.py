@@ -148,9 +148,9 @@ def build_tools(ops: Ops) -> list[Tool]:
         return (f"dry run: would restart all instances of {service} (team {ops.team_of(service)}); "
                 f"in-flight requests dropped; callers affected: {', '.join(users) or 'none'}")
 
-    @tool(effect="irreversible", metadata={
-        "describe": lambda a: f"restart {a.get('service')} because: {a.get('reason')}",
-        "dry_run": restart_preview})
+    @tool(effect="irreversible",
+          describe=lambda a: f"restart {a.get('service')} because: {a.get('reason')}",
+          dry_run=restart_preview)
     def restart_service(service: str, reason: str, context: ToolContext) -> str:
         """Restart every instance of a service. Drops requests in flight.
 
@@ -162,9 +162,9 @@ def build_tools(ops: Ops) -> list[Tool]:
         return ops.once(context.idempotency_key, {"action": "restart", "service": service, "by": context.user},
                         f"restarted {service}: 3/3 instances healthy after 41 s")
 
-    @tool(effect="irreversible", metadata={
-        "describe": lambda a: f"open a {a.get('severity')} ticket: {a.get('title')!r}",
-        "dry_run": lambda a: f"dry run: would page team of {a.get('service')} with severity {a.get('severity')}"})
+    @tool(effect="irreversible",
+          describe=lambda a: f"open a {a.get('severity')} ticket: {a.get('title')!r}",
+          dry_run=lambda a: f"dry run: would page team of {a.get('service')} with severity {a.get('severity')}")
     def open_ticket(title: str, service: str, severity: Literal["low", "high", "critical"], body: str,
                     context: ToolContext) -> str:
         """Open an incident ticket for a service's team (pages them for high and critical).

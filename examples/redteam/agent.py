@@ -31,12 +31,12 @@ def build_agent(model, *, user: str | None = None, approver: Approver | None = N
                 wrap_tools: Callable[[list[Tool]], list[Tool]] = list) -> Agent:
     notes: list[str] = []
 
-    @tool(metadata={"source": "email"})
+    @tool(source="email")
     def read_inbox() -> str:
         """Read the latest email."""
         return CONTENT["inbox"]
 
-    @tool(metadata={"source": "web", "url_args": ("url",)})
+    @tool(source="web", url_args=["url"])
     def fetch_page(url: str) -> str:
         """Fetch a web page.
 
@@ -45,7 +45,7 @@ def build_agent(model, *, user: str | None = None, approver: Approver | None = N
         """
         return CONTENT.get(url, "404 not found")
 
-    @tool(metadata={"source": "files"})
+    @tool(source="files")
     def read_file(path: str) -> str:
         """Read a file.
 
@@ -54,7 +54,7 @@ def build_agent(model, *, user: str | None = None, approver: Approver | None = N
         """
         return CONTENT.get(path, "no such file")
 
-    @tool(metadata={"source": "retrieval"})
+    @tool(source="retrieval")
     def search_wiki(query: str) -> str:
         """Search the company wiki.
 

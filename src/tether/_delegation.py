@@ -31,6 +31,7 @@ from tether._loop import DELEGATED_NAME, PARENT_KEY, ChildRun, ParentRun, run_lo
 from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.models._pricing import require_prices
 from tether.tools._base import Tool, ToolContext
+from tether.tools._declares import Declares
 from tether.tools._executor import Bound
 from tether.tools._results import ToolOutput
 
@@ -99,12 +100,12 @@ def task_tool(name: str, description: str, run: Callable[..., Awaitable[Any]], t
         {"properties": {"task": {"type": "string", "description": "The task, in full: the worker sees nothing else."}},
          "required": ["task"]},
         run, effect=max(effects, key=_EFFECT_ORDER.index), untrusted_output=untrusted, timeout=None,
-        metadata={**metadata, "exact_provenance": True}, context_param="context")
+        metadata=metadata, declares=Declares(exact_provenance=True), context_param="context")
 
 
 def may_read_untrusted(tools: Sequence[Tool]) -> bool:
     """Whether any of these tools is declared to return untrusted content."""
-    return any(t.untrusted_output or t.metadata.get("source") for t in tools)
+    return any(t.untrusted_output or t.declared.source for t in tools)
 
 
 def untrusted_answer(agent: Agent[Any], result: RunResult) -> bool:

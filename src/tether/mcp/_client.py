@@ -47,6 +47,7 @@ from tether.events import OBSERVERS
 from tether.mcp._config import ServerConfig
 from tether.mcp._convert import annotations_of, effect_of, result_text
 from tether.tools._base import Tool, ToolContext
+from tether.tools._declares import Declares
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -508,13 +509,12 @@ def mcp_tool(server: ServerConfig, spec: mt.Tool, call: Callable[..., Awaitable[
     trusted = server.tether.output_trusted(spec.name)
     metadata: dict[str, Any] = {"mcp_server": server.name, "mcp_tool": spec.name,
                                 "mcp_annotations": annotations_of(spec)}
-    if not trusted:
-        metadata["source"] = "mcp"
     description = spec.description or spec.title or spec.name
     return Tool.from_schema(
         server.tool_name(spec.name), description, dict(spec.input_schema), call,
         effect=effect_of(server, spec), untrusted_output=not trusted,
         # the connection's own call timeout answers first, with a better message
         timeout=server.tether.call_timeout + server.tether.connect_timeout + 5, metadata=metadata,
+        declares=Declares(source=None if trusted else "mcp"),
         context_param="_tether_context",
     )

@@ -294,7 +294,7 @@ class PlanMode:
             n = next(ids)
             # each call its own step, so its idempotency key (run_id:step:0) is its own
             result = await self.executor.execute(ToolCall(f"p{n}", name, arguments), dataclasses.replace(ctx, step=n))
-            caps = Caps.of(f"tool:{name}", readers=("user",) if tool.metadata.get("private_output") else None) \
+            caps = Caps.of(f"tool:{name}", readers=("user",) if tool.declared.private_output else None) \
                 | Caps.union(deep_caps(v) for v in args.values()) | pc
             if result.is_error:
                 # an error may quote what the tool read: the planner hears it only from a trusted call

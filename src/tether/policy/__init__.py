@@ -1,6 +1,7 @@
 """Safety by design: capabilities, taint and provenance, approvals, authorization, idempotency,
 egress and output filtering, audit, and a response safety filter. Everything is enforced inside
-the executor through `SafetyPolicy` (the executor's Policy seam)."""
+the executor through `SafetyPolicy` (the executor's Policy seam), whose checks are guards
+(`Guard`, `default_guards()`): write your own and pass `SafetyPolicy(guards=[...])`."""
 
 from tether.policy._approvals import (
     AllowRule,
@@ -21,9 +22,23 @@ from tether.policy._authz import Authorizer, Permissions
 from tether.policy._canonical import action_key, canonical_json
 from tether.policy._capabilities import Capabilities, Capability
 from tether.policy._egress import EgressPolicy
+from tether.policy._guard import BaseGuard, CallView, Guard, GuardResult, Stop
+from tether.policy._guards import (
+    ArgumentScanGuard,
+    AuthorizationGuard,
+    CeilingGuard,
+    DeclarationGuard,
+    EffectGuard,
+    EgressGuard,
+    ProvenanceGuard,
+    RateGuard,
+    TaintGuard,
+    TraceGuard,
+    default_guards,
+)
 from tether.policy._idempotency import IdempotencyCache, MemoryIdempotency, idempotent
 from tether.policy._output_filter import Finding, filter_output
-from tether.policy._policy import PolicyState, SafetyPolicy, wrap_untrusted
+from tether.policy._policy import SafetyPolicy, wrap_untrusted
 from tether.policy._provenance import Origin, Provenance
 from tether.policy._safety_filter import (
     INPUT_RULES,
@@ -38,6 +53,7 @@ from tether.policy._safety_filter import (
     output_filter,
     phrase_rule,
 )
+from tether.policy._state import PolicyState
 
 __all__ = [
     "INPUT_RULES",
@@ -47,16 +63,26 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "Approver",
+    "ArgumentScanGuard",
     "AuditLog",
     "AuditRecord",
+    "AuthorizationGuard",
     "Authorizer",
     "AutoApprove",
+    "BaseGuard",
+    "CallView",
     "CallbackApprover",
     "Capabilities",
     "Capability",
+    "CeilingGuard",
+    "DeclarationGuard",
     "DenyAll",
+    "EffectGuard",
+    "EgressGuard",
     "EgressPolicy",
     "Finding",
+    "Guard",
+    "GuardResult",
     "IdempotencyCache",
     "JsonlSink",
     "MemoryIdempotency",
@@ -66,6 +92,8 @@ __all__ = [
     "Permissions",
     "PolicyState",
     "Provenance",
+    "ProvenanceGuard",
+    "RateGuard",
     "Rule",
     "RuleApprover",
     "RuleResult",
@@ -73,11 +101,15 @@ __all__ = [
     "SafetyPolicy",
     "SafetyVerdict",
     "SqliteSink",
+    "Stop",
+    "TaintGuard",
     "TerminalApprover",
+    "TraceGuard",
     "VerdictCache",
     "action_key",
     "as_filter",
     "canonical_json",
+    "default_guards",
     "filter_output",
     "idempotent",
     "input_filter",

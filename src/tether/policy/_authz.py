@@ -1,7 +1,7 @@
 """Authorization: a run acts as a user; a call runs only if that user may make it.
 
 Two layers, both optional: an `Authorizer` for the whole deployment (e.g. a permission table), and
-a per-tool check (`Capability.authorize` or `tool.metadata["authorize"]`, a function of
+a per-tool check (`Capability.authorize` or `@tool(authorize=...)`, a function of
 `(user, args)`), e.g. `restart_service` only for services owned by the user's team. A denial is a
 reason string the model sees as an error; it never raises.
 """

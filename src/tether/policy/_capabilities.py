@@ -92,20 +92,20 @@ class Capability:
 
     @classmethod
     def from_tool(cls, tool: Tool) -> Capability:
-        """Defaults from the tool itself: its effect and `metadata` keys of the same names."""
-        meta = tool.metadata
+        """Defaults from the tool itself: its effect and its declarations of the same names (`Declares`)."""
+        d = tool.declared
         return cls(
             tool=tool.name,
-            effect=meta.get("effect"),
-            ceilings=dict(meta.get("ceilings", {})),
-            per_run=meta.get("per_run"),
-            per_user=meta.get("per_user"),
-            requires_approval=bool(meta.get("requires_approval", False)),
-            on_untrusted=meta.get("on_untrusted", "approve"),
-            risk_free_args=_names(meta.get("risk_free_args")),
-            guarded_args=_names(meta.get("guarded_args")),
-            url_args=tuple(meta.get("url_args", ())),
-            authorize=meta.get("authorize"),
+            effect=d.effect_of,
+            ceilings=dict(d.ceilings),
+            per_run=d.per_run,
+            per_user=d.per_user,
+            requires_approval=bool(d.requires_approval),
+            on_untrusted=d.on_untrusted,
+            risk_free_args=_names(d.risk_free_args),
+            guarded_args=_names(d.guarded_args),
+            url_args=tuple(d.url_args),
+            authorize=d.authorize,
         )
 
 

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from tether.tools._base import Tool, ToolContext
+from tether.tools._declares import LEGACY_KEYS
 from tether.tools._results import ToolOutput, shape
 
 
@@ -89,5 +90,6 @@ def idempotent(tool: Tool, cache: IdempotencyCache) -> Tool:
         name=tool.name, description=tool.description, parameters=tool.parameters, fn=run,
         validator=tool.validator, effect=tool.effect, untrusted_output=tool.untrusted_output,
         timeout=tool.timeout, max_result_chars=tool.max_result_chars, context_param=param,
-        metadata={**tool.metadata, "idempotent": True},
+        metadata={**{k: v for k, v in tool.metadata.items() if k not in LEGACY_KEYS}, "idempotent": True},
+        declares=tool.declared,
     )

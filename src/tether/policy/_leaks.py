@@ -2,7 +2,7 @@
 
 Sources, by what they are (not by a key's name): a file whose name says it holds secrets (`.env`,
 key files, `.netrc`, ...; `secret_file`) read by any tool, the process environment
-(`environment_secrets`), a tool declared `metadata={"secret_output": True}`. From such a source every
+(`environment_secrets`), a tool declared `secret_output=True`. From such a source every
 value is a secret whatever its key is called (`values_in`), if it is long and varied enough
 (`is_secret_value`). Any tool output's secret-*looking* values (`secrets_in`, by pattern) count too.
 

@@ -8,9 +8,10 @@ The executor (`Executor`) runs every call: validate, the policy's checks, a time
 
 from tether.tools._base import Tool, tool
 from tether.tools._context import CancelSignal, ToolContext
+from tether.tools._declares import Declares
 from tether.tools._executor import AllowAll, BasePolicy, CallContext, Executor, Policy, Verdict
 from tether.tools._process import run_process
 from tether.tools._results import ToolOutput
 
-__all__ = ["AllowAll", "BasePolicy", "CallContext", "CancelSignal", "Executor", "Policy", "Tool", "ToolContext",
+__all__ = ["AllowAll", "BasePolicy", "CallContext", "CancelSignal", "Declares", "Executor", "Policy", "Tool", "ToolContext",
            "ToolOutput", "Verdict", "run_process", "tool"]

@@ -9,15 +9,17 @@ the model.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, overload
+from typing import Any, Protocol, Unpack, overload
 
 from tether._errors import InvalidInput
 from tether._types import Effect, ToolSpec
 from tether.tools._context import ToolContext as ToolContext  # re-exported: its public home
+from tether.tools._declares import NO_DECLARATIONS, Declares, DeclaresKeywords, legacy_keys, merge_legacy
 from tether.tools._schema import (
     JsonSchemaValidator,
     SignatureValidator,
@@ -46,14 +48,36 @@ class Tool:
     max_result_chars: int | None = None
     context_param: str | None = None
     is_async: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
+    declares: Declares = NO_DECLARATIONS  # what it tells the safety policy (read `declared`)
     spec: ToolSpec = field(init=False)
+    # the deprecated metadata keys last merged into `declared`: (those keys, `declares` then, the result)
+    _legacy: tuple[dict[str, Any], Declares, Declares] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.effect = Effect(self.effect)
         self.spec = ToolSpec(self.name, self.description, self.parameters)
         self.is_async = inspect.iscoroutinefunction(self.fn)
+        if self.metadata:
+            _ = self.declared  # warns now, where the tool is declared, about deprecated metadata keys
+
+    @property
+    def declared(self) -> Declares:
+        """The tool's declarations: `declares`, with deprecated metadata keys of the same names applied."""
+        if not self.metadata:
+            return self.declares
+        legacy = legacy_keys(self.metadata)
+        if not legacy:
+            return self.declares
+        known = self._legacy
+        if known is not None and known[1] is self.declares and known[0] == legacy:
+            return known[2]
+        if legacy.get("untrusted"):
+            self.untrusted_output = True  # the old key for it
+        merged = merge_legacy(self.name, self.declares, legacy)
+        self._legacy = (legacy, self.declares, merged)
+        return merged
 
     @classmethod
     def from_schema(
@@ -93,6 +117,8 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    declares: Declares | None = None,
+    **declarations: Unpack[DeclaresKeywords],
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -108,6 +134,8 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    declares: Declares | None = None,
+    **declarations: Unpack[DeclaresKeywords],
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a typed function; the schema comes from its hints and docstring.
 
@@ -116,8 +144,12 @@ def tool(
     `effect` the tool runs as read-only, but after taint the safety policy checks its calls as if
     it were reversible (declare `effect="read_only"` for a tool that changes nothing). `job=True`
     runs each call in the background and answers it at once with a job id (docs/jobs.md; the same
-    as `metadata={"job": True}`).
+    as `metadata={"job": True}`). The other keywords are the tool's declarations to the safety policy
+    (`url_args=["url"]`, `private_output=True`, ...; see `Declares`), or pass `declares=Declares(...)`.
     """
+    declared = declares if declares is not None else NO_DECLARATIONS
+    if declarations:
+        declared = dataclasses.replace(declared, **declarations)  # pyright: ignore[reportArgumentType]
 
     def build(f: Callable[..., Any]) -> Tool:
         doc_desc, param_docs = parse_docstring(f.__doc__)
@@ -135,6 +167,7 @@ def tool(
             max_result_chars=max_result_chars,
             context_param=context_param,
             metadata={**(metadata or {}), **({"job": True} if job else {})},
+            declares=declared,
         )
 
     if fn is not None:

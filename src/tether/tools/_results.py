@@ -22,7 +22,7 @@ DEFAULT_MAX_RESULT_CHARS = 4_000
 class ToolOutput:
     """A tool's result with what it knows exactly about where that result came from: `untrusted`
     says whether it was computed from untrusted content. True always taints the run; False is
-    believed only from a tool declared `metadata={"exact_provenance": True}` (a sub-agent that
+    believed only from a tool declared `exact_provenance=True` (a sub-agent that
     read nothing untrusted, a plan worker whose answer depends on trusted sources only); otherwise
     the tool's declaration (`untrusted_output`) decides."""
 

@@ -483,7 +483,8 @@ def write_tool(root: str | Path, *, protect: Sequence[str] = (), stage: StagedWo
             f"Prefer Edit for changing part of an existing file. Workspace root: {ws.shown}"
         ),
         effect="reversible",
-        metadata={"writes_path": "file_path", "staged": stage is not None},
+        writes_path="file_path", staged=stage is not None,
+        metadata={"writes_path": "file_path", "staged": stage is not None},  # the same, as read before `declared`
     )(Write)
 
 
@@ -535,7 +536,8 @@ def edit_tool(root: str | Path, *, max_file_bytes: int = MAX_FILE_BYTES, protect
             f"is true, exactly once. Read the file first. Workspace root: {ws.shown}"
         ),
         effect="reversible",
-        metadata={"writes_path": "file_path", "staged": stage is not None},
+        writes_path="file_path", staged=stage is not None,
+        metadata={"writes_path": "file_path", "staged": stage is not None},  # the same, as read before `declared`
     )(Edit)
 
 

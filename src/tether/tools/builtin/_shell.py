@@ -278,7 +278,9 @@ def shell_tool(
         timeout=timeout + 5,
         # `executes`: it runs what was written (files written from untrusted content taint the command).
         # Unconfined, nothing but a person stands between a command and the machine.
-        metadata={"executes": True, "requires_approval": not box.confined, "sandbox": box.description,
+        executes=True, requires_approval=not box.confined, staged=staged,
+        # the same, as the metadata keys code read before `declared` (deprecated: removed in 0.3.0)
+        metadata={"sandbox": box.description, "executes": True, "requires_approval": not box.confined,
                   "staged": staged},
     )(Bash)
 

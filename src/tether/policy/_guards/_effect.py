@@ -1,0 +1,18 @@
+"""`EffectGuard`: the call's effect class, which may depend on its arguments."""
+
+from __future__ import annotations
+
+from tether.policy._guard import BaseGuard, CallView, Stop
+
+
+class EffectGuard(BaseGuard):
+    """Sets `CallView.effect` from the capability (a function of the arguments, or the tool's own);
+    a classifier that fails refuses the call (`refused:effect`)."""
+
+    def check(self, c: CallView, /) -> Stop | None:
+        """The call's effect class (it may depend on the arguments)."""
+        try:
+            c.effect, c.effect_known = c.cap.effect_for(c.tool, c.raw_args), True
+        except Exception as exc:
+            return Stop("refused:effect", f"could not classify the call's effect ({type(exc).__name__}: {exc})")
+        return None
