@@ -15,7 +15,8 @@ from typing import Any, Generic, Literal, TypeVar, cast
 from pydantic import TypeAdapter
 
 from tether._errors import InvalidInput
-from tether.events import ModelCallEnded, TraceEvent, stored
+from tether._fields import new_dict, new_list
+from tether.events import Event, ModelCallEnded, TraceEvent, stored
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -64,7 +65,7 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     parse_error: str | None = None
     raw_arguments: str | None = None
 
@@ -75,7 +76,7 @@ class Message:
 
     role: Role
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=new_list)
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -186,10 +187,10 @@ class ModelRequest:
     """
 
     messages: list[Message]
-    tools: list[ToolSpec] = field(default_factory=list)
+    tools: list[ToolSpec] = field(default_factory=new_list)
     max_output_tokens: int | None = None
     temperature: float | None = None
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=new_list)
     tool_choice: str | None = None
     output_schema: OutputSchema | None = None
 
@@ -199,7 +200,7 @@ class ModelReply:
     """A model's answer: text, tool calls, or both, with the tokens it used."""
 
     text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     finish_reason: str = ""
@@ -227,10 +228,10 @@ class RunResult(Generic[OutputT]):
     run_id: str
     stop_reason: StopReason
     answer: str
-    findings: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
-    messages: list[Message] = field(default_factory=list)
-    trace: list[TraceEvent] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=new_list)
+    trace: list[TraceEvent] = field(default_factory=new_list)
     error: str | None = None
     steps: int = 0
     task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
@@ -247,7 +248,7 @@ class RunResult(Generic[OutputT]):
         return self.stop_reason is StopReason.COMPLETED
 
     @property
-    def events(self) -> list[Any]:
+    def events(self) -> list[Event]:
         """The run's events, typed (`tether.events`): the trace's envelopes parsed."""
         return [stored(e) for e in self.trace]
 
@@ -297,26 +298,26 @@ class RunState:
 
     run_id: str
     user: str | None = None
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
-    loop_counts: dict[str, int] = field(default_factory=dict)
-    loop_warned: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
+    loop_counts: dict[str, int] = field(default_factory=new_dict)
+    loop_warned: list[str] = field(default_factory=new_list)
+    findings: list[str] = field(default_factory=new_list)
     policy: dict[str, Any] | None = None  # None: the policy has not seen this run yet
-    handles: list[str] = field(default_factory=list)
+    handles: list[str] = field(default_factory=new_list)
     task_state: Any = None
     stop_reason: StopReason | None = None
     version: int = RUN_STATE_VERSION
-    pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
-    decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
+    pending: list[dict[str, Any]] = field(default_factory=new_list)  # calls awaiting a person's decision
+    decisions: list[dict[str, Any]] = field(default_factory=new_list)  # taken, applied when the run continues
     tainted: bool = False  # the run has read untrusted content (the policy's view, as the run last left it)
     # sub-agent runs parked on an approval: the parent's call id -> {"agent": name, "state": the child's
     # RunState as JSON}; its pending calls show in `pending` as "PARENT_CALL/CHILD_CALL"
-    children: dict[str, Any] = field(default_factory=dict)
+    children: dict[str, Any] = field(default_factory=new_dict)
     # background jobs (tether.tools._jobs): one dict each: id, tool, arguments, call_id, key (its idempotency
     # key), status (running, done, failed, cancelled, lost), seen (the model was given its result), result
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=new_list)
 
     def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
         """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 from tether._errors import InvalidInput
+from tether._fields import new_dict, new_list
 from tether._types import Effect, ToolSpec
 from tether.tools._context import ToolContext as ToolContext  # re-exported: its public home
 from tether.tools._schema import (
@@ -46,7 +47,7 @@ class Tool:
     max_result_chars: int | None = None
     context_param: str | None = None
     is_async: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=new_dict)
     effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
     spec: ToolSpec = field(init=False)
 
