@@ -49,7 +49,7 @@ class TraceEvent:
 
 # An event type's kind, a Literal: each type narrows the base's `kind` through its type parameter, so
 # every checker reads the override as the same type (pydantic's discriminator is that field).
-K = TypeVar("K", bound=str, default=str)
+K = TypeVar("K", bound=str, default=str, covariant=True)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 from tether._errors import InvalidInput
-from tether._fields import new_dict, new_list
+from tether._fields import new_dict
 from tether._types import Effect, ToolSpec
 from tether.tools._context import ToolContext as ToolContext  # re-exported: its public home
 from tether.tools._schema import (
