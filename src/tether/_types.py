@@ -43,8 +43,39 @@ class StopReason(enum.StrEnum):
     ERROR = "error"
 
 
+class CallDecision(enum.StrEnum):
+    """What became of a tool call (`ToolResult.decision`, the tool_call event's, the audit record's): one
+    of these, alone or with `:<who or why>` after it (approved:alice, refused:taint, denied:bob). A
+    str, so `decision == CallDecision.AWAITING_APPROVAL` and `decision == "awaiting_approval"` agree."""
+
+    ALLOWED = "allowed"
+    APPROVED = "approved"  # approved:<by>
+    REFUSED = "refused"  # refused:<why>, by the policy (taint, egress, secret, ceiling, ...)
+    DENIED = "denied"  # denied:<by>, by the person asked
+    WITHHELD = "withheld"  # it ran, but the policy kept its result from the model
+    AWAITING_APPROVAL = "awaiting_approval"  # parked: the run stops until a person decides
+    DEFERRED = "deferred"  # held back until the untrusted content it would act on is summarised
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # a background job whose process died
+    LOOP_DETECTED = "loop_detected"
+    REPEAT_SUPPRESSED = "repeat_suppressed"
+    TOOL_CALL_BUDGET = "tool_call_budget"
+
+    @classmethod
+    def of(cls, decision: str) -> CallDecision | None:
+        """The decision's kind, without what follows its colon; None for one tether does not make."""
+        try:
+            return cls(decision.partition(":")[0])
+        except ValueError:
+            return None
+
+
 # A tool call's decision that ends its run with StopReason.APPROVAL_BUDGET (a policy's refusal)
-APPROVAL_BUDGET_DECISION = "refused:approval_budget"
+APPROVAL_BUDGET_DECISION = f"{CallDecision.REFUSED}:approval_budget"
 
 
 class Effect(enum.StrEnum):
@@ -112,7 +143,7 @@ class ToolResult:
     is_error: bool = False
     handle: str | None = None  # key of the full result when `content` was capped
     full_chars: int = 0
-    decision: str = "allowed"  # executor decision: allowed, refused, invalid, unknown, ...
+    decision: str = "allowed"  # a CallDecision, alone or with :<who or why> (refused:taint)
     # a sub-agent parked on an approval: {"agent", "state"}; recorded with the result, so a replayed
     # durable run knows it without running the tool again (the loop keeps it in RunState.children)
     parked: dict[str, Any] | None = None

@@ -32,6 +32,7 @@ from typing import Any
 
 from tether._errors import TetherError
 from tether._loop import INTERRUPTED
+from tether._types import CallDecision
 from tether.events import (
     OBSERVERS,
     ApprovalDecided,
@@ -168,7 +169,7 @@ class OtelObserver:
                                               kind=trace.SpanKind.INTERNAL, attributes=attributes)
                 run.tools[event.call_id] = span
                 run.by_index[(event.step, event.index)] = span
-            case ToolCallEnded(decision="awaiting_approval"):
+            case ToolCallEnded(decision=CallDecision.AWAITING_APPROVAL):
                 # Parked for a person: not a failure, and not a call yet (it runs, as a span of its
                 # own, once approved). The wait is an event on the run's span.
                 run.span.add_event("tether.awaiting_approval", {"tether.call.id": event.call_id,
@@ -277,7 +278,7 @@ def _tool_error_type(decision: str) -> str:
     """error.type of a failed tool call: the policy's verdict (refused, denied, timeout, ...), or
     tool_error when the tool ran and failed."""
     kind = decision.split(":", 1)[0]
-    return "tool_error" if kind in ("", "allowed", "approved", "failed") else kind
+    return "tool_error" if kind in ("", CallDecision.ALLOWED, CallDecision.APPROVED, CallDecision.FAILED) else kind
 
 
 def _error_type(message: str) -> str:
