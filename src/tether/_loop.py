@@ -29,6 +29,7 @@ from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, Monot
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
+    CallDecision,
     Message,
     ModelReply,
     ModelRequest,
@@ -762,7 +763,7 @@ async def _run_tools(
             raise
         results[i] = result
         emit(_tool_call_ended(call, result), started)
-        if result.decision == "awaiting_approval":
+        if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
             emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
@@ -792,7 +793,7 @@ async def _run_tools(
     # thread, until another process decides; then that exact call runs, or the denial is its answer).
     asked = False  # only calls that ran can await approval
     for i in to_run:
-        while (result := results[i]) is not None and result.decision == "awaiting_approval":
+        while (result := results[i]) is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             asked = True
             decisions = await _wait_approvals(spec, calls[i], result, ctx)
             if decisions is None:
@@ -805,7 +806,7 @@ async def _run_tools(
             continue
         break
 
-    if stop is None and asked and any(r is not None and r.decision == "awaiting_approval" for r in results):
+    if stop is None and asked and any(r is not None and r.decision == CallDecision.AWAITING_APPROVAL for r in results):
         stop = StopReason.AWAITING_APPROVAL
     if stop is None and any(r is not None and r.decision == APPROVAL_BUDGET_DECISION for r in results):
         stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
@@ -899,7 +900,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         messages[slot] = result.to_message()
         emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or "")))
         emit(_tool_call_ended(call, result), started)
-        parked = parked or result.decision == "awaiting_approval"
+        parked = parked or result.decision == CallDecision.AWAITING_APPROVAL
     state.decisions = []
     state.pending = []
     return parked

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from tether._errors import InvalidInput, InvalidType
-from tether._types import APPROVAL_BUDGET_DECISION, Effect, ToolCall, ToolResult
+from tether._types import APPROVAL_BUDGET_DECISION, CallDecision, Effect, ToolCall, ToolResult
 from tether.policy._approvals import (
     RULE_BY,
     ApprovalBook,
@@ -786,7 +786,7 @@ class SafetyPolicy:
         if type(state) is not PolicyState:
             state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
-        if pend is not None and result.decision == "awaiting_approval":
+        if pend is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             # the tool parked its work for a person (a sub-agent awaiting approval): nothing was done
             # yet, so running the same call again to finish it is not a repeat, nor another use
             state.calls[tool.name] -= 1
