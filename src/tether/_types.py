@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal
 
 from pydantic import TypeAdapter
+from typing_extensions import TypeVar
 
 from tether._errors import InvalidInput
 from tether._fields import new_dict, new_list
@@ -21,7 +21,7 @@ from tether.events import Event, ModelCallEnded, TraceEvent, stored
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
-OutputT = TypeVar("OutputT")
+OutputT = TypeVar("OutputT", default=Any)  # a bare RunResult is RunResult[Any]
 
 
 class StopReason(enum.StrEnum):
@@ -381,27 +381,33 @@ class RunState:
         return state
 
 
-@cache
-def _adapter(tp: type) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    """The TypeAdapter of a type or a generic alias (list[Message]), made once."""
+    found = _ADAPTERS.get(tp)
+    if found is None:
+        found = _ADAPTERS[tp] = TypeAdapter(tp)
+    return found
 
 
 def to_json(obj: Any) -> str:
     """Serialise any tether type (or list of them) to a JSON string."""
-    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
-    return _adapter(tp).dump_json(obj).decode()
+    return _adapter(type(obj)).dump_json(obj).decode()
 
 
 def to_jsonable(obj: Any) -> Any:
     """Serialise to plain Python (dicts, lists, str, numbers)."""
-    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
-    return _adapter(tp).dump_python(obj, mode="json")
+    return _adapter(type(obj)).dump_python(obj, mode="json")
 
 
 def from_json(tp: type[T], data: str | bytes) -> T:
     """Parse JSON produced by `to_json` back into `tp` (e.g. `from_json(RunResult, s)`)."""
-    return _adapter(tp).validate_json(data)
+    adapter: TypeAdapter[T] = _adapter(tp)
+    return adapter.validate_json(data)
 
 
 def from_jsonable(tp: type[T], data: Any) -> T:
-    return _adapter(tp).validate_python(data)
+    adapter: TypeAdapter[T] = _adapter(tp)
+    return adapter.validate_python(data)
