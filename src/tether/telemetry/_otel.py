@@ -126,7 +126,7 @@ class OtelObserver:
             root = True
         origin = {k: v for k, v in (("gen_ai.provider.name", event.provider),
                                     ("server.address", event.server_address)) if v}
-        attributes = {"gen_ai.operation.name": "invoke_agent", "tether.run.id": run_id,
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "tether.run.id": run_id,
                       "tether.run.resumed": event.resumed, **_agent_attributes(agent)}
         if event.provider:
             attributes["gen_ai.provider.name"] = event.provider
@@ -141,8 +141,8 @@ class OtelObserver:
         inside = trace.set_span_in_context(run.span)
         match event:
             case ModelCallStarted():
-                attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": event.model,
-                              "tether.purpose": event.purpose, "tether.step": event.step}
+                attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": event.model,
+                                              "tether.purpose": event.purpose, "tether.step": event.step}
                 if event.model == run.model:
                     attributes.update(run.origin)
                 run.call = self.tracer.start_span(f"chat {event.model}", context=inside, kind=trace.SpanKind.CLIENT,
@@ -159,9 +159,9 @@ class OtelObserver:
                     span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
                 span.end()
             case ToolCallStarted():
-                attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.name,
-                                              "gen_ai.tool.call.id": event.call_id, "tether.step": event.step,
-                                              "tether.tool.index": event.index}
+                attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.name,
+                              "gen_ai.tool.call.id": event.call_id, "tether.step": event.step,
+                              "tether.tool.index": event.index}
                 if self.capture_content:
                     attributes["gen_ai.tool.call.arguments"] = json.dumps(event.arguments, ensure_ascii=False,
                                                                           default=str)
