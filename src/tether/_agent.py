@@ -186,7 +186,9 @@ class Agent(Generic[OutputT]):
             require_agent_prices(self)
         start = self.start_state(prompt, state=state, run_id=run_id)
         if self.durable is not None:
-            return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
+            durable: RunResult[OutputT] = await self.durable.run(self, start, cancel=cancel, on_event=on_event,
+                                                                 stream_text=stream_text)
+            return durable
         return await run_loop(self._spec(run_id, cancel, on_event, stream_text, limits), start)
 
     def run(

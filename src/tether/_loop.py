@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -105,7 +106,7 @@ class StepRunner(Protocol):
     async def tool_step(self, step: int, index: int, call: ToolCall,
                         run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
 
-    async def wait_approval(self, run_id: str, pending: dict) -> dict | None: ...
+    async def wait_approval(self, run_id: str, pending: dict[str, Any]) -> dict[str, Any] | None: ...
 
 
 class DirectStepRunner:
@@ -125,7 +126,7 @@ class DirectStepRunner:
                         run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
         return await run()
 
-    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+    async def wait_approval(self, run_id: str, pending: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
@@ -461,7 +462,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
                 if direct:  # DirectStepRunner.model_step only awaits the call
                     work = _call_model(spec, request, emit)
                 else:
-                    work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
+                    work = spec.step_runner.model_step(budget.steps, partial(_call_model, spec, request, emit))
                 reply = await (work if spec.cancel is None else _with_cancel(spec, work))
             except _Cancelled:
                 raise
@@ -527,8 +528,8 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
             # 5. The tools, concurrently, through the executor; results in call order.
             ctx.step = budget.steps
             ctx.seconds_left = budget.remaining_seconds()
-            work = _run_tools(spec, calls, results, ctx, budget, loops, emit, under_way)
-            stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
+            tools = _run_tools(spec, calls, results, ctx, budget, loops, emit, under_way)
+            stop = await (tools if spec.cancel is None else _with_cancel(spec, tools, spec.executor.cancel_grace))
             _answer_turn(messages, calls, results, "not run: the run is stopping")
             if (note := policy.label_turn(ctx.policy_state, [r for r in results if r is not None])):
                 messages.append(Message("user", note, name=NOTE_NAME))
@@ -820,7 +821,7 @@ def _children(ctx: CallContext) -> dict[str, Any]:
     return parent.children
 
 
-async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> list[dict] | None:
+async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> list[dict[str, Any]] | None:
     """Park until decisions on `call` arrive, each given to whoever asked: the policy, or the parked
     sub-agent (one decision per call it waits on, "CALL/CHILD_CALL"). None when the runner cannot
     wait or the policy cannot take decisions out of process: the run then stops awaiting approval."""
@@ -890,7 +891,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
                     if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
         try:
             result = await spec.step_runner.tool_step(ctx.step, index, call,
-                                                      lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+                                                      partial(spec.executor.execute, call, ctx, index))
         except ToolCancelled as cancelled:  # its answer replaces "awaiting approval" all the same
             messages[slot] = cancelled.result.to_message()
             raise
@@ -1065,7 +1066,7 @@ def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None
     reply.usage.cost_usd = charge(spec.pricing, model or spec.model, reply)
 
 
-def _task_state(context: ContextBuilder) -> dict | None:
+def _task_state(context: ContextBuilder) -> dict[str, Any] | None:
     get = getattr(context, "task_state", None)
     return get() if get is not None else None
 
