@@ -28,6 +28,7 @@ from tether._limits import Limits
 from tether._loop import CancelToken
 from tether._output import JsonSchema, OutputInvalid, structured
 from tether._types import (
+    CallDecision,
     Effect,
     Message,
     ModelReply,
@@ -54,6 +55,7 @@ __all__ = [
     "AllowAll",
     "BasePolicy",
     "CallContext",
+    "CallDecision",
     "CancelToken",
     "Critic",
     "Effect",

@@ -182,7 +182,9 @@ class Agent(Generic[OutputT]):
         runs are rebuilt from the agent)."""
         run_id, start = self._begin(prompt, state, run_id, limits)
         if self.durable is not None:
-            return await self.durable.run(self, start, cancel=cancel, on_event=on_event, stream_text=stream_text)
+            durable: RunResult[OutputT] = await self.durable.run(self, start, cancel=cancel, on_event=on_event,
+                                                                 stream_text=stream_text)
+            return durable
         return await run_loop(self._spec(run_id, cancel, on_event, stream_text, limits), start)
 
     def _begin(self, prompt: str | None, state: RunState | None, run_id: str | None,

@@ -59,7 +59,7 @@ class AgentRun(Generic[OutputT]):
         if type(node) is not StopRun:  # left mid-run: stopped as a cancelled run is, every open call answered
             loop.emit(Notice(notice={"cancelled": LEFT}))
             node = StopRun(StopReason.CANCELLED, LEFT)
-        self._node = await loop.stop(cast(StopRun, node))
+        self._node = await loop.stop(node)
 
     def __aiter__(self) -> AgentRun[OutputT]:
         return self

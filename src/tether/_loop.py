@@ -22,7 +22,8 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from tether._admission import Admission
@@ -33,6 +34,7 @@ from tether._steps import Admit, CallModel, End, Execute, Observe, PlanCalls, St
 from tether._types import (
     APPROVAL_BUDGET_DECISION,
     NOTE_NAME,
+    CallDecision,
     Message,
     ModelReply,
     ModelRequest,
@@ -108,7 +110,7 @@ class StepRunner(Protocol):
     async def tool_step(self, step: int, index: int, call: ToolCall,
                         run: Callable[[], Awaitable[ToolResult]]) -> ToolResult: ...
 
-    async def wait_approval(self, run_id: str, pending: dict) -> dict | None: ...
+    async def wait_approval(self, run_id: str, pending: dict[str, Any]) -> dict[str, Any] | None: ...
 
 
 class DirectStepRunner:
@@ -128,7 +130,7 @@ class DirectStepRunner:
                         run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
         return await run()
 
-    async def wait_approval(self, run_id: str, pending: dict) -> dict | None:
+    async def wait_approval(self, run_id: str, pending: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
@@ -359,7 +361,7 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     node: Step = Start()
     while type(node) is not End:
         node = await run.next(node)
-    return node.result  # type: ignore[union-attr]  # (End, by the loop's condition)
+    return cast(End, node).result  # (End, by the loop's condition)
 
 
 class LoopRun:
@@ -516,7 +518,7 @@ class LoopRun:
             if self.direct:  # DirectStepRunner.model_step only awaits the call
                 work = _call_model(spec, request, emit)
             else:
-                work = spec.step_runner.model_step(budget.steps, lambda r=request: _call_model(spec, r, emit))
+                work = spec.step_runner.model_step(budget.steps, partial(_call_model, spec, request, emit))
             reply = await (work if spec.cancel is None else _with_cancel(spec, work))
         except _Cancelled:
             raise
@@ -830,7 +832,7 @@ async def _run_tools(
             raise
         results[i] = result
         emit(_tool_call_ended(call, result), started)
-        if result.decision == "awaiting_approval":
+        if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
             emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
@@ -860,7 +862,7 @@ async def _run_tools(
     # thread, until another process decides; then that exact call runs, or the denial is its answer).
     asked = False  # only calls that ran can await approval
     for i in to_run:
-        while (result := results[i]) is not None and result.decision == "awaiting_approval":
+        while (result := results[i]) is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             asked = True
             decisions = await _wait_approvals(spec, calls[i], result, ctx)
             if decisions is None:
@@ -874,10 +876,10 @@ async def _run_tools(
         break
 
     if stop is None:
-        decisions = [r.decision for r in results if r is not None]
-        if asked and "awaiting_approval" in decisions:
+        answered = [r.decision for r in results if r is not None]
+        if asked and CallDecision.AWAITING_APPROVAL in answered:
             stop = StopReason.AWAITING_APPROVAL
-        elif APPROVAL_BUDGET_DECISION in decisions:
+        elif APPROVAL_BUDGET_DECISION in answered:
             stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
     return stop
 
@@ -889,7 +891,7 @@ def _children(ctx: CallContext) -> dict[str, Any]:
     return parent.children
 
 
-async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> list[dict] | None:
+async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx: CallContext) -> list[dict[str, Any]] | None:
     """Park until decisions on `call` arrive, each given to whoever asked: the policy, or the parked
     sub-agent (one decision per call it waits on, "CALL/CHILD_CALL"). None when the runner cannot
     wait or the policy cannot take decisions out of process: the run then stops awaiting approval."""
@@ -959,7 +961,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
                     if messages[j].role == "tool" and messages[j].tool_call_id == call_id)
         try:
             result = await spec.step_runner.tool_step(ctx.step, index, call,
-                                                      lambda c=call, i=index: spec.executor.execute(c, ctx, i))
+                                                      partial(spec.executor.execute, call, ctx, index))
         except ToolCancelled as cancelled:  # its answer replaces "awaiting approval" all the same
             messages[slot] = cancelled.result.to_message()
             raise
@@ -969,7 +971,7 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         messages[slot] = result.to_message()
         emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or "")))
         emit(_tool_call_ended(call, result), started)
-        parked = parked or result.decision == "awaiting_approval"
+        parked = parked or result.decision == CallDecision.AWAITING_APPROVAL
     state.decisions = []
     state.pending = []
     return parked
@@ -1134,7 +1136,7 @@ def _price(spec: RunSpec, reply: ModelReply, model: Model | None = None) -> None
     reply.usage.cost_usd = charge(spec.pricing, model or spec.model, reply)
 
 
-def _task_state(context: ContextBuilder) -> dict | None:
+def _task_state(context: ContextBuilder) -> dict[str, Any] | None:
     get = getattr(context, "task_state", None)
     return get() if get is not None else None
 

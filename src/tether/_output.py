@@ -96,7 +96,7 @@ class OutputType(Generic[T]):
     schema: OutputSchema
     wrapped: bool  # the schema is {"result": <tp's schema>}
     plain_text: bool  # `str`: a reply that is not JSON is taken as the string itself
-    _adapter: TypeAdapter[Any] | None
+    _adapter: TypeAdapter[T] | None
     _raw: JsonSchema | None
 
     @staticmethod
@@ -433,7 +433,8 @@ async def structured(
         messages.append(reply.to_message())
         verdict = run.check(reply, messages, tools_allowed=False)
         if verdict == "valid":
-            return run.value
+            value: T = run.value  # validated against output_type
+            return value
         if verdict == "invalid":
             raise OutputInvalid(run.errors, run.text, run.attempts)
 

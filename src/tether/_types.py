@@ -9,18 +9,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal
 
 from pydantic import TypeAdapter
+from typing_extensions import TypeVar
 
 from tether._errors import InvalidInput
-from tether.events import ModelCallEnded, TraceEvent, stored
+from tether._fields import new_dict, new_list
+from tether.events import Event, ModelCallEnded, TraceEvent, stored
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 T = TypeVar("T")
-OutputT = TypeVar("OutputT")
+OutputT = TypeVar("OutputT", default=Any)  # a bare RunResult is RunResult[Any]
 
 
 class StopReason(enum.StrEnum):
@@ -42,8 +43,39 @@ class StopReason(enum.StrEnum):
     ERROR = "error"
 
 
+class CallDecision(enum.StrEnum):
+    """What became of a tool call (`ToolResult.decision`, the tool_call event's, the audit record's): one
+    of these, alone or with `:<who or why>` after it (approved:alice, refused:taint, denied:bob). A
+    str, so `decision == CallDecision.AWAITING_APPROVAL` and `decision == "awaiting_approval"` agree."""
+
+    ALLOWED = "allowed"
+    APPROVED = "approved"  # approved:<by>
+    REFUSED = "refused"  # refused:<why>, by the policy (taint, egress, secret, ceiling, ...)
+    DENIED = "denied"  # denied:<by>, by the person asked
+    WITHHELD = "withheld"  # it ran, but the policy kept its result from the model
+    AWAITING_APPROVAL = "awaiting_approval"  # parked: the run stops until a person decides
+    DEFERRED = "deferred"  # held back until the untrusted content it would act on is summarised
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # a background job whose process died
+    LOOP_DETECTED = "loop_detected"
+    REPEAT_SUPPRESSED = "repeat_suppressed"
+    TOOL_CALL_BUDGET = "tool_call_budget"
+
+    @classmethod
+    def of(cls, decision: str) -> CallDecision | None:
+        """The decision's kind, without what follows its colon; None for one tether does not make."""
+        try:
+            return cls(decision.partition(":")[0])
+        except ValueError:
+            return None
+
+
 # A tool call's decision that ends its run with StopReason.APPROVAL_BUDGET (a policy's refusal)
-APPROVAL_BUDGET_DECISION = "refused:approval_budget"
+APPROVAL_BUDGET_DECISION = f"{CallDecision.REFUSED}:approval_budget"
 
 
 class Effect(enum.StrEnum):
@@ -64,7 +96,7 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     parse_error: str | None = None
     raw_arguments: str | None = None
 
@@ -75,7 +107,7 @@ class Message:
 
     role: Role
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=new_list)
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -111,7 +143,7 @@ class ToolResult:
     is_error: bool = False
     handle: str | None = None  # key of the full result when `content` was capped
     full_chars: int = 0
-    decision: str = "allowed"  # executor decision: allowed, refused, invalid, unknown, ...
+    decision: str = "allowed"  # a CallDecision, alone or with :<who or why> (refused:taint)
     # a sub-agent parked on an approval: {"agent", "state"}; recorded with the result, so a replayed
     # durable run knows it without running the tool again (the loop keeps it in RunState.children)
     parked: dict[str, Any] | None = None
@@ -186,10 +218,10 @@ class ModelRequest:
     """
 
     messages: list[Message]
-    tools: list[ToolSpec] = field(default_factory=list)
+    tools: list[ToolSpec] = field(default_factory=new_list)
     max_output_tokens: int | None = None
     temperature: float | None = None
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=new_list)
     tool_choice: str | None = None
     output_schema: OutputSchema | None = None
 
@@ -199,7 +231,7 @@ class ModelReply:
     """A model's answer: text, tool calls, or both, with the tokens it used."""
 
     text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     finish_reason: str = ""
@@ -227,10 +259,10 @@ class RunResult(Generic[OutputT]):
     run_id: str
     stop_reason: StopReason
     answer: str
-    findings: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
-    messages: list[Message] = field(default_factory=list)
-    trace: list[TraceEvent] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=new_list)
+    trace: list[TraceEvent] = field(default_factory=new_list)
     error: str | None = None
     steps: int = 0
     task_state: dict[str, Any] | None = None  # tether.context.TaskState.to_dict(), when the run kept one
@@ -247,7 +279,7 @@ class RunResult(Generic[OutputT]):
         return self.stop_reason is StopReason.COMPLETED
 
     @property
-    def events(self) -> list[Any]:
+    def events(self) -> list[Event]:
         """The run's events, typed (`tether.events`): the trace's envelopes parsed."""
         return [stored(e) for e in self.trace]
 
@@ -297,26 +329,26 @@ class RunState:
 
     run_id: str
     user: str | None = None
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=new_list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
-    loop_counts: dict[str, int] = field(default_factory=dict)
-    loop_warned: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
+    loop_counts: dict[str, int] = field(default_factory=new_dict)
+    loop_warned: list[str] = field(default_factory=new_list)
+    findings: list[str] = field(default_factory=new_list)
     policy: dict[str, Any] | None = None  # None: the policy has not seen this run yet
-    handles: list[str] = field(default_factory=list)
+    handles: list[str] = field(default_factory=new_list)
     task_state: Any = None
     stop_reason: StopReason | None = None
     version: int = RUN_STATE_VERSION
-    pending: list[dict[str, Any]] = field(default_factory=list)  # calls awaiting a person's decision
-    decisions: list[dict[str, Any]] = field(default_factory=list)  # taken, applied when the run continues
+    pending: list[dict[str, Any]] = field(default_factory=new_list)  # calls awaiting a person's decision
+    decisions: list[dict[str, Any]] = field(default_factory=new_list)  # taken, applied when the run continues
     tainted: bool = False  # the run has read untrusted content (the policy's view, as the run last left it)
     # sub-agent runs parked on an approval: the parent's call id -> {"agent": name, "state": the child's
     # RunState as JSON}; its pending calls show in `pending` as "PARENT_CALL/CHILD_CALL"
-    children: dict[str, Any] = field(default_factory=dict)
+    children: dict[str, Any] = field(default_factory=new_dict)
     # background jobs (tether.tools._jobs): one dict each: id, tool, arguments, call_id, key (its idempotency
     # key), status (running, done, failed, cancelled, lost), seen (the model was given its result), result
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=new_list)
 
     def approve(self, call_id: str, *, by: str = "library", reason: str = "") -> RunState:
         """Approve one pending call; `agent.run(None, state=state)` then runs exactly that call (its
@@ -349,27 +381,33 @@ class RunState:
         return state
 
 
-@cache
-def _adapter(tp: type) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    """The TypeAdapter of a type or a generic alias (list[Message]), made once."""
+    found = _ADAPTERS.get(tp)
+    if found is None:
+        found = _ADAPTERS[tp] = TypeAdapter(tp)
+    return found
 
 
 def to_json(obj: Any) -> str:
     """Serialise any tether type (or list of them) to a JSON string."""
-    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
-    return _adapter(tp).dump_json(obj).decode()
+    return _adapter(type(obj)).dump_json(obj).decode()
 
 
 def to_jsonable(obj: Any) -> Any:
     """Serialise to plain Python (dicts, lists, str, numbers)."""
-    tp = cast("type[Any]", type(obj))  # obj is Any: its type is unknown to a checker
-    return _adapter(tp).dump_python(obj, mode="json")
+    return _adapter(type(obj)).dump_python(obj, mode="json")
 
 
 def from_json(tp: type[T], data: str | bytes) -> T:
     """Parse JSON produced by `to_json` back into `tp` (e.g. `from_json(RunResult, s)`)."""
-    return _adapter(tp).validate_json(data)
+    adapter: TypeAdapter[T] = _adapter(tp)
+    return adapter.validate_json(data)
 
 
 def from_jsonable(tp: type[T], data: Any) -> T:
-    return _adapter(tp).validate_python(data)
+    adapter: TypeAdapter[T] = _adapter(tp)
+    return adapter.validate_python(data)

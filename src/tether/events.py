@@ -21,11 +21,13 @@ import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, Generic, Literal, Union, get_args
 
 from pydantic import Field, TypeAdapter
+from typing_extensions import TypeVar
 
 from tether._errors import InvalidInput
+from tether._fields import new_dict, new_list
 
 # Process-wide observers of every run's typed events (tether.telemetry registers one): called as
 # observer(run_id, event) right after the event is stamped. An observer that raises is dropped.
@@ -42,19 +44,22 @@ class TraceEvent:
     step: int
     t: float  # seconds since the run started (run clock)
     duration: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=new_dict)
+
+
+# An event type's kind, a Literal: each type narrows the base's `kind` through its type parameter, so
+# every checker reads the override as the same type (pydantic's discriminator is that field).
+K = TypeVar("K", bound=str, default=str, covariant=True)
 
 
 @dataclass(slots=True, kw_only=True)
-class BaseEvent:
-    """What every event has: when (the run's step and seconds) and how long."""
+class BaseEvent(Generic[K]):
+    """What every event has: its kind, when (the run's step and seconds) and how long."""
 
-    # Each event type narrows `kind` to its Literal (pydantic's discriminator), which a type checker
-    # reads as overriding a class variable with an instance field: ignored there, on purpose.
-    kind: ClassVar[str]
     step: int = 0  # model calls made before it
     t: float = 0.0  # seconds since the run started
     duration: float = 0.0
+    kind: K  # after the times, where it always stood (each event type gives its default)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -91,8 +96,8 @@ def _one(getter: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 @dataclass(slots=True, kw_only=True)
-class RunStarted(BaseEvent):
-    kind: Literal["run_started"] = "run_started"  # pyright: ignore[reportIncompatibleVariableOverride]
+class RunStarted(BaseEvent[Literal["run_started"]]):
+    kind: Literal["run_started"] = "run_started"
     run_id: str = ""
     user: str | None = None
     resumed: bool = False  # continued from a RunState that had run before
@@ -103,16 +108,16 @@ class RunStarted(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
-class ModelCallStarted(BaseEvent):
-    kind: Literal["model_call_started"] = "model_call_started"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ModelCallStarted(BaseEvent[Literal["model_call_started"]]):
+    kind: Literal["model_call_started"] = "model_call_started"
     model: str = ""
     messages: int = 0
     purpose: str = "step"  # step, final (the partial answer), context (compaction, a critic)
 
 
 @dataclass(slots=True, kw_only=True)
-class ModelCallEnded(BaseEvent):
-    kind: Literal["model_call"] = "model_call"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ModelCallEnded(BaseEvent[Literal["model_call"]]):
+    kind: Literal["model_call"] = "model_call"
     model: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
@@ -125,17 +130,17 @@ class ModelCallEnded(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
-class TextStreamed(BaseEvent):
-    kind: Literal["text_delta"] = "text_delta"  # pyright: ignore[reportIncompatibleVariableOverride]
+class TextStreamed(BaseEvent[Literal["text_delta"]]):
+    kind: Literal["text_delta"] = "text_delta"
     text: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
-class ToolCallStarted(BaseEvent):
-    kind: Literal["tool_call_started"] = "tool_call_started"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ToolCallStarted(BaseEvent[Literal["tool_call_started"]]):
+    kind: Literal["tool_call_started"] = "tool_call_started"
     name: str = ""
     call_id: str = ""
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     index: int = 0  # its place in the model's reply (the idempotency key is run:step:index)
 
 
@@ -143,11 +148,11 @@ PREVIEW_CHARS = 1_000
 
 
 @dataclass(slots=True, kw_only=True)
-class ToolCallEnded(BaseEvent):
-    kind: Literal["tool_call"] = "tool_call"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ToolCallEnded(BaseEvent[Literal["tool_call"]]):
+    kind: Literal["tool_call"] = "tool_call"
     name: str = ""
     call_id: str = ""
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     decision: str = ""  # the policy's: allowed, approved:<by>, refused:<why>, denied:<by>, awaiting_approval, ...
     is_error: bool = False
     result_chars: int = 0
@@ -162,28 +167,28 @@ class ToolCallEnded(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
-class ApprovalRequested(BaseEvent):
-    kind: Literal["approval_requested"] = "approval_requested"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ApprovalRequested(BaseEvent[Literal["approval_requested"]]):
+    kind: Literal["approval_requested"] = "approval_requested"
     call_id: str = ""
     tool: str = ""
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     reason: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
-class ApprovalDecided(BaseEvent):
-    kind: Literal["approval_decided"] = "approval_decided"  # pyright: ignore[reportIncompatibleVariableOverride]
+class ApprovalDecided(BaseEvent[Literal["approval_decided"]]):
+    kind: Literal["approval_decided"] = "approval_decided"
     call_id: str = ""
     approved: bool = False
     by: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
-class Notice(BaseEvent):
+class Notice(BaseEvent[Literal["notice"]]):
     """Something the run did that is not a step: a redaction, a budget skip, a suppressed repeat."""
 
-    kind: Literal["notice"] = "notice"  # pyright: ignore[reportIncompatibleVariableOverride]
-    notice: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["notice"] = "notice"
+    notice: dict[str, Any] = field(default_factory=new_dict)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -191,57 +196,57 @@ class Notice(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
-class Error(BaseEvent):
-    kind: Literal["error"] = "error"  # pyright: ignore[reportIncompatibleVariableOverride]
+class Error(BaseEvent[Literal["error"]]):
+    kind: Literal["error"] = "error"
     error: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
-class RunStopped(BaseEvent):
-    kind: Literal["stop"] = "stop"  # pyright: ignore[reportIncompatibleVariableOverride]
+class RunStopped(BaseEvent[Literal["stop"]]):
+    kind: Literal["stop"] = "stop"
     stop_reason: str = ""
     steps: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
-class CriticReviewed(BaseEvent):
-    kind: Literal["critic"] = "critic"  # pyright: ignore[reportIncompatibleVariableOverride]
+class CriticReviewed(BaseEvent[Literal["critic"]]):
+    kind: Literal["critic"] = "critic"
     ok: bool = True
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=new_list)
     input_tokens: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
-class FilterVerdict(BaseEvent):
+class FilterVerdict(BaseEvent[Literal["filter_verdict"]]):
     """The safety filter's verdict on the user's request (`input`) or the final answer (`output`)."""
 
-    kind: Literal["filter_verdict"] = "filter_verdict"  # pyright: ignore[reportIncompatibleVariableOverride]
+    kind: Literal["filter_verdict"] = "filter_verdict"
     side: str = "input"  # input | output
     score: float = 0.0
     threshold: float = 0.0
     flagged: bool = False  # score >= threshold: the request was refused, or the answer withheld
-    reasons: list[str] = field(default_factory=list)  # the matched rules' reasons
-    matched: list[str] = field(default_factory=list)  # the matched rules' names
+    reasons: list[str] = field(default_factory=new_list)  # the matched rules' reasons
+    matched: list[str] = field(default_factory=new_list)  # the matched rules' names
     cached: bool = False  # answered from the verdict cache
 
 
 @dataclass(slots=True, kw_only=True)
-class JobStarted(BaseEvent):
+class JobStarted(BaseEvent[Literal["job_started"]]):
     """A job tool's call started its job in the background (docs/jobs.md); the call was answered at once."""
 
-    kind: Literal["job_started"] = "job_started"  # pyright: ignore[reportIncompatibleVariableOverride]
+    kind: Literal["job_started"] = "job_started"
     job_id: str = ""
     name: str = ""
     call_id: str = ""
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=new_dict)
     key: str = ""  # its idempotency key (run:step:index)
 
 
 @dataclass(slots=True, kw_only=True)
-class JobEnded(BaseEvent):
+class JobEnded(BaseEvent[Literal["job_ended"]]):
     """A job ended: done, failed, cancelled or lost (its process died while it ran)."""
 
-    kind: Literal["job_ended"] = "job_ended"  # pyright: ignore[reportIncompatibleVariableOverride]
+    kind: Literal["job_ended"] = "job_ended"
     job_id: str = ""
     name: str = ""
     status: str = ""
@@ -250,19 +255,23 @@ class JobEnded(BaseEvent):
     preview: str = ""
 
 
+# The union of every event type, and the type `typed`, `from_json` and `RunResult.events` give: a `match`
+# or an `isinstance` on it narrows to one type. The Annotated form tells pydantic to pick by `kind`.
 Event = Annotated[
     Union[RunStarted, ModelCallStarted, ModelCallEnded, TextStreamed, ToolCallStarted,  # noqa: UP007
           ToolCallEnded, ApprovalRequested, ApprovalDecided, Notice, Error, RunStopped, CriticReviewed,
           FilterVerdict, JobStarted, JobEnded],
     Field(discriminator="kind"),
 ]
-EVENT_TYPES: dict[str, type[Any]] = {tp.__dataclass_fields__["kind"].default: tp for tp in get_args(get_args(Event)[0])}
+EVENT_TYPES: dict[str, type[Event]] = {
+    tp.__dataclass_fields__["kind"].default: tp for tp in get_args(get_args(Event)[0])
+}
 START_KINDS = frozenset({"run_started", "model_call_started", "tool_call_started"})
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
-_LIST: TypeAdapter[Any] = TypeAdapter(list[Event])
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+_LIST: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
 
 
-def typed(envelope: TraceEvent) -> Any:
+def typed(envelope: TraceEvent) -> Event:
     """The typed event of an envelope (unknown payload keys are ignored; a kind tether does not know
     raises ValueError)."""
     tp = EVENT_TYPES.get(envelope.kind)
@@ -270,12 +279,19 @@ def typed(envelope: TraceEvent) -> Any:
         raise InvalidInput(f"unknown event kind {envelope.kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
     if tp is Notice:
         return Notice(notice=dict(envelope.data), step=envelope.step, t=envelope.t, duration=envelope.duration)
-    names = {f.name for f in dataclasses.fields(tp)} - {"kind", "step", "t", "duration"}
+    names = _FIELDS[tp]
     return tp(step=envelope.step, t=envelope.t, duration=envelope.duration,
               **{k: v for k, v in envelope.data.items() if k in names})
 
 
-def stored(envelope: TraceEvent) -> Any:
+# each type's payload fields (all but kind and the times), which an envelope's data may set
+_FIELDS: dict[type[Event], frozenset[str]] = {
+    tp: frozenset(f.name for f in dataclasses.fields(tp)) - {"kind", "step", "t", "duration"}
+    for tp in EVENT_TYPES.values()
+}
+
+
+def stored(envelope: TraceEvent) -> Event:
     """`typed`, for events read back from storage: a kind this version does not know (written by a
     newer one) comes back as a Notice carrying its kind and data, instead of an error."""
     try:
@@ -285,13 +301,14 @@ def stored(envelope: TraceEvent) -> Any:
                       duration=envelope.duration)
 
 
-def to_json(event: Any) -> str:
+def to_json(event: Event) -> str:
     return _ADAPTER.dump_json(event).decode()
 
 
-def from_json(data: str | bytes) -> Any:
+def from_json(data: str | bytes) -> Event:
+    """An event from `to_json`'s JSON (the type its `kind` names)."""
     return _ADAPTER.validate_json(data)
 
 
-def list_to_json(events: list[Any]) -> str:
+def list_to_json(events: list[Event]) -> str:
     return _LIST.dump_json(events).decode()

@@ -24,7 +24,7 @@ import typer
 
 from tether._errors import NotFound, OperationFailed
 from tether._terminal import clean, json_safe
-from tether._types import StopReason
+from tether._types import CallDecision, StopReason
 from tether.cli import _options as o
 from tether.cli._console import err_console, read_prompt, reporter_for
 from tether.cli._progress import EXIT_ERROR
@@ -150,7 +150,7 @@ async def until_parked(run_id: str, work: Any) -> Any:
                 events = [stored(e) for e in store.events(run_id)]
                 steps = max(row.steps, sum(isinstance(e, ModelCallEnded) for e in events))
                 # the parked call has its event too (decision awaiting_approval): it has not run
-                ran = sum(isinstance(e, ToolCallEnded) and e.decision != "awaiting_approval" for e in events)
+                ran = sum(isinstance(e, ToolCallEnded) and e.decision != CallDecision.AWAITING_APPROVAL for e in events)
                 return RunResult(run_id, StopReason.AWAITING_APPROVAL, "", steps=steps,
                                  usage=Usage(model_calls=steps, tool_calls=ran),
                                  error=f"parked: tether approve {run_id} {p.get('call_id')}, then tether resume {run_id}")
@@ -235,7 +235,7 @@ def _interrupted_line(run_id: str) -> str:
     try:
         store = runtime().store
         spent = run_totals(store, run_id)
-        ran = sum(1 for e in store.events(run_id) if e.kind == "tool_call" and e.data.get("decision") != "awaiting_approval")
+        ran = sum(1 for e in store.events(run_id) if e.kind == "tool_call" and e.data.get("decision") != CallDecision.AWAITING_APPROVAL)
         done = f" after {spent.model_calls} model calls and {ran} tool calls"
     except Exception:  # the database went away too: the way on is the same
         done = ""

@@ -196,7 +196,7 @@ class Compactor:
             out.append(state_msg)
         return out
 
-    def task_state(self) -> dict | None:
+    def task_state(self) -> dict[str, Any] | None:
         state = self.config.board.close(self.run_id) or self.state
         return None if state.empty else state.to_dict()
 
@@ -273,7 +273,7 @@ class Compactor:
             calls = [f"- {c.name}({json.dumps(c.arguments, ensure_ascii=False, default=str)[:160]})"
                      for m in span for c in m.tool_calls]
             lines = [*filter(None, self.summary.splitlines()), *calls]
-            words, keep = 0, []
+            words, keep = 0, list[str]()
             for line in reversed(lines):
                 words += len(line.split())
                 if words > self.config.summary_words and keep:

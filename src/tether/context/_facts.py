@@ -4,7 +4,7 @@ are kept verbatim from what is folded away, so no fact depends on the summarizin
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from tether._types import Message
 
@@ -76,7 +76,7 @@ class FactList:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
     def render(self) -> str:

@@ -136,7 +136,8 @@ class TaskState:
         return from_json(cls, data)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(self)
+        data: dict[str, Any] = to_jsonable(self)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskState:

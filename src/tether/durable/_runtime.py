@@ -200,7 +200,8 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
         result: RunResult = RunResult(run_id, StopReason.CANCELLED, "", error=f"run {cancelled_above} was cancelled",
                                       state=state)
         rt.store.finish_run(result, first_seq=events.base)
-        return to_jsonable(result)
+        cancelled: dict[str, Any] = to_jsonable(result)
+        return cancelled
     # past pending already (running, parked): a process ran it before and stopped, and this is a
     # recovery, which replays from the start
     row = rt.store.run(run_id)
@@ -216,7 +217,7 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
         rt.store.set_status(run_id, "cancelled")
         await outside_workflow(asyncio.to_thread(cancel_children, rt.store, DBOS, run_id))
     rt.store.finish_run(result, stored_events=events.flushed, first_seq=events.base)
-    out = to_jsonable(result)
+    out: dict[str, Any] = to_jsonable(result)
     out["trace"] = []  # the events are in the store; the workflow output stays small
     return out
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 from tether._errors import InvalidInput, TetherError
-from tether._types import ModelReply, ModelRequest, RunState, to_jsonable
+from tether._types import ModelReply, ModelRequest, RunState, TextDelta, to_jsonable
 from tether.models._base import ModelError
 from tether.models._scripted import ReplayModel, request_fingerprint, transcript_fingerprint
 from tether.policy._canonical import canonical_json
@@ -96,12 +96,12 @@ class CassetteRecorder:
         self.name = getattr(model, "name", "recorded")
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        out = await self.inner.complete(request)
+        out: ModelReply = await self.inner.complete(request)
         self.cassette.model.append({"request": request_fingerprint(request), "messages": len(request.messages),
                                     "reply": to_jsonable(out)})
         return out
 
-    def stream(self, request: ModelRequest):
+    def stream(self, request: ModelRequest) -> AsyncIterator[TextDelta | ModelReply]:
         from tether.models._base import stream_by_completing
 
         return stream_by_completing(self, request)

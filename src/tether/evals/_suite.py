@@ -191,7 +191,8 @@ def load_callable(ref: str, base: Path) -> Callable[..., Any]:
         raise SuiteError(str(exc)) from exc
     if not callable(fn):
         raise SuiteError(f"{ref!r} is not a function")
-    return fn
+    loaded: Callable[..., Any] = fn
+    return loaded
 
 
 def _load_factory(path: Path, ref: str) -> Callable[..., Any]:

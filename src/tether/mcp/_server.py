@@ -135,7 +135,7 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
         # what an agent tool's run spent, for a tether client to charge to its own run's budget
         meta = usage_to_meta(used) if used.model_calls else None
         return mt.CallToolResult(content=[mt.TextContent(text=result.content)], is_error=result.is_error,
-                                 meta=meta)  # pyright: ignore[reportCallIssue] - `_meta`'s field name
+                                 _meta=meta)  # (the field `meta`, by its alias)
 
     from tether import __version__
 

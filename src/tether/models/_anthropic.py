@@ -313,8 +313,9 @@ class AnthropicStreamState:
         if kind == "content_block_delta":
             delta = event.delta
             if delta.type == "text_delta":
-                self._text.append(delta.text)
-                return delta.text
+                text: str = delta.text
+                self._text.append(text)
+                return text
             if delta.type == "input_json_delta" and event.index in self._blocks:
                 self._blocks[event.index][2].append(delta.partial_json)
         elif kind == "content_block_start":
@@ -323,14 +324,15 @@ class AnthropicStreamState:
                 start = [block.input] if block.input else []  # usually {} with the JSON in deltas
                 self._blocks[event.index] = [block.id, block.name, start]
             elif block.type == "text" and block.text:
-                self._text.append(block.text)
-                return block.text
+                first: str = block.text
+                self._text.append(first)
+                return first
         elif kind == "message_start":
             message = event.message
             self.model = message.model or self.model
-            start = _usage(message.usage)
-            self.input_tokens = start.input_tokens
-            self.cached = (start.cached_input_tokens, start.cache_write_tokens)
+            opening = _usage(message.usage)
+            self.input_tokens = opening.input_tokens
+            self.cached = (opening.cached_input_tokens, opening.cache_write_tokens)
             self.output_tokens = getattr(message.usage, "output_tokens", 0) or 0
         elif kind == "message_delta":
             if event.delta.stop_reason:

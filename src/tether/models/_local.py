@@ -160,7 +160,8 @@ class _Engine:
         out = self.server.handle_chat_completions(body)
         if isinstance(out, dict) and "error" in out:
             raise InvalidInput(_error_text(out["error"]))
-        return out
+        reply: dict[str, Any] = out
+        return reply
 
     def chat_until_loop(self, body: dict[str, Any]) -> dict[str, Any]:
         """`chat`, streamed: generation stops as soon as the text starts repeating itself (cut

@@ -217,7 +217,8 @@ class OpenAICompatModel:
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._given_client is not None:
             return self._given_client
-        return self._clients.get()
+        client: openai.AsyncOpenAI = self._clients.get()
+        return client
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(request.messages)}

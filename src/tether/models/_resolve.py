@@ -199,7 +199,8 @@ def _anthropic(
     if api_key:
         kwargs["api_key"] = api_key
     try:
-        return module.AnthropicModel(name, **kwargs)
+        made: Model = module.AnthropicModel(name, **kwargs)
+        return made
     except (ValueError, ImportError, TypeError) as exc:
         raise ModelConfigError(f"anthropic:{name}: {exc}") from None
 
@@ -223,7 +224,7 @@ def _local(path: str | None, announce: Callable[[str], None] | None, *, fallback
     if path is not None and not Path(path).expanduser().is_file():
         raise ModelConfigError(f"local:{path}: no such GGUF file")
     try:
-        model = module.LocalModel(path=str(Path(path).expanduser()) if path else None)
+        model: Model = module.LocalModel(path=str(Path(path).expanduser()) if path else None)
     except (unavailable, ImportError, FileNotFoundError) as exc:
         raise ModelConfigError(_local_failure(str(exc), fallback)) from exc
     if announce is not None:
@@ -249,7 +250,8 @@ def _wrap_text_protocol(model: Model, protocol: str) -> Model:
         module = importlib.import_module("tether.models._text_protocol")
     except ImportError as exc:
         raise ModelConfigError(f"--text-protocol needs tether.models._text_protocol, missing here ({exc})") from exc
-    return module.TextProtocolModel(model, protocol=protocol)
+    wrapped: Model = module.TextProtocolModel(model, protocol=protocol)
+    return wrapped
 
 
 # ---- what is available (for `tether models`) -------------------------------------------------

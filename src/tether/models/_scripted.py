@@ -158,7 +158,7 @@ class RecordingModel:
             fh.write(json.dumps(record) + "\n")
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        out = await self.inner.complete(request)
+        out: ModelReply = await self.inner.complete(request)
         self._write(request, out)
         return out
 

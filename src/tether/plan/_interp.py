@@ -36,6 +36,7 @@ import operator
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from tether._errors import TetherError
 from tether.plan._values import LITERAL, NONE, Caps, Value, deep_caps, plain, tag
@@ -336,12 +337,12 @@ class Interpreter:
         if isinstance(seq.v, dict) and isinstance(key.v, str):
             if key.v not in seq.v:
                 raise ProgramError(f"no field {key.v!r}", line, kind="KeyError", caps=caps | key.caps)
-            return seq.v[key.v]
+            return cast(Value, seq.v[key.v])
         if isinstance(seq.v, list) and isinstance(key.v, int) and not isinstance(key.v, bool):
             if not -len(seq.v) <= key.v < len(seq.v):
                 raise ProgramError(f"index {key.v} is out of range (length {len(seq.v)})", line, kind="IndexError",
                                    caps=caps | key.caps)
-            return seq.v[key.v]
+            return cast(Value, seq.v[key.v])
         raise ProgramError(f"cannot change an item of a {type(seq.v).__name__} at a {type(key.v).__name__}", line,
                            kind="TypeError", caps=caps | key.caps)
 
@@ -406,11 +407,11 @@ class Interpreter:
             case ast.Name(id=name):
                 return self._load(name, node)
             case ast.JoinedStr(values=values):
-                got = [await self.expr(v, pc) for v in values]
-                caps = Caps.union(g.caps for g in got)
-                if sum(len(str(g.v)) for g in got) > MAX_CHARS:
+                pieces = [await self.expr(v, pc) for v in values]
+                caps = Caps.union(g.caps for g in pieces)
+                if sum(len(str(g.v)) for g in pieces) > MAX_CHARS:
                     raise LimitError(f"an f-string over {MAX_CHARS} characters", node.lineno, caps=caps)
-                return Value("".join(str(g.v) for g in got), caps)
+                return Value("".join(str(g.v) for g in pieces), caps)
             case ast.FormattedValue(value=value, format_spec=spec):
                 got = await self.expr(value, pc)
                 fmt = await self.expr(spec, pc) if spec is not None else Value("", NONE)
@@ -445,11 +446,11 @@ class Interpreter:
             case ast.Compare(left=left, ops=ops, comparators=comparators):
                 a = await self.expr(left, pc)
                 caps, ok = deep_caps(a), True
-                for op, right in zip(ops, comparators, strict=True):
+                for cmp, right in zip(ops, comparators, strict=True):
                     b = await self.expr(right, pc)
                     caps = caps | deep_caps(b)
                     try:
-                        ok = bool(_CMP[type(op)](plain(a), plain(b)))
+                        ok = bool(_CMP[type(cmp)](plain(a), plain(b)))
                     except TypeError as exc:
                         raise ProgramError(f"cannot compare: {exc}", node.lineno, kind="TypeError", caps=caps) from None
                     if not ok:
@@ -553,7 +554,7 @@ class Interpreter:
             fields = ", ".join(sorted(record.v)[:20])  # the field names are the record's: its sources
             raise ProgramError(f"no field {str(key.v)[:100]!r} (fields: {fields})", getattr(node, "lineno", None),
                                kind="KeyError", caps=record.caps | key.caps)
-        return record.v[key.v].with_caps(record.caps | key.caps)
+        return cast(Value, record.v[key.v]).with_caps(record.caps | key.caps)
 
     async def _comprehension(self, elt: ast.expr, generators: list[ast.comprehension], pc: Caps,
                              node: ast.AST) -> Value:
@@ -631,9 +632,9 @@ class Interpreter:
         if any(k.arg is None for k in node.keywords):
             raise ProgramError("**arguments are not supported", line)
         args = [await self.expr(a, pc) for a in node.args]
-        kw = {str(k.arg): await self.expr(k.value, pc) for k in node.keywords}
+        named = {str(k.arg): await self.expr(k.value, pc) for k in node.keywords}
         if name == "final_answer":
-            if len(args) != 1 or kw:
+            if len(args) != 1 or named:
                 raise ProgramError("final_answer takes one value", line)
             bounded(args[0], line)
             self.answer = fresh(args[0]).with_caps(pc)  # a copy: a later change to the list is not the answer
@@ -641,7 +642,7 @@ class Interpreter:
         if name == "extract":
             if self.extract is None:
                 raise ProgramError("this plan has no quarantined reader (extract)", line)
-            if len(args) != 3 or kw:
+            if len(args) != 3 or named:
                 raise ProgramError("extract(instruction, text, fields) takes three values", line)
             try:
                 got = await self.extract(args[0], args[1], args[2], pc)
@@ -650,7 +651,7 @@ class Interpreter:
             bounded(got, line, deep_caps(got))
             return got
         if name in _BUILTINS:
-            return self._builtin(name, args, kw, line)
+            return self._builtin(name, args, named, line)
         raise ProgramError(f"no tool or function named '{name}' (tools: {', '.join(sorted(self.tools))})", line)
 
     def _builtin(self, name: str, args: list[Value], kw: dict[str, Value], line: int) -> Value:
@@ -693,7 +694,7 @@ class Interpreter:
                 if not args or not isinstance(args[0].v, str):
                     raise ProgramError(".get() takes a string key", line)
                 if args[0].v in v:
-                    return v[args[0].v].with_caps(receiver.caps | args[0].caps)
+                    return cast(Value, v[args[0].v]).with_caps(receiver.caps | args[0].caps)
                 return (args[1] if len(args) > 1 else Value(None, NONE)).with_caps(receiver.caps | caps)
             if method == "keys":
                 return Value([Value(k, receiver.caps) for k in v], receiver.caps)
@@ -749,7 +750,7 @@ class Interpreter:
                 if not isinstance(at, int) or isinstance(at, bool) or not -len(v) <= at < len(v):
                     raise ProgramError(f".pop(): no index {str(at)[:40]} (length {len(v)})", line, kind="IndexError",
                                        caps=caps)
-                return v.pop(at).with_caps(box.caps | (args[0].caps if args else NONE) | pc)
+                return cast(Value, v.pop(at)).with_caps(box.caps | (args[0].caps if args else NONE) | pc)
             return Value(None, pc)
         if method not in ("update", "pop", "setdefault"):
             raise ProgramError(f"dict.{method}() is not supported", line, kind="AttributeError")
@@ -765,7 +766,7 @@ class Interpreter:
         if not isinstance(key.v, str):
             raise ProgramError(f".{method}() takes a string key", line, kind="TypeError", caps=key.caps)
         if key.v in v:
-            got = v.pop(key.v) if method == "pop" else v[key.v]
+            got: Value = v.pop(key.v) if method == "pop" else v[key.v]
             return got.with_caps(box.caps | key.caps | pc)
         if len(args) < 2 and method == "pop":
             raise ProgramError(f".pop(): no field {key.v[:100]!r}", line, kind="KeyError", caps=box.caps | key.caps)

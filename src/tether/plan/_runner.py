@@ -20,9 +20,9 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from tether._errors import InvalidInput
 from tether._output import OutputInvalid, structured
@@ -102,7 +102,7 @@ def program_of(text: str) -> str:
     return (found.group(1) if found else text).strip()
 
 
-def field_model(fields: Any) -> type:
+def field_model(fields: Any) -> type[BaseModel]:
     """A pydantic model for `extract`'s fields: bounded strings and lists, enums where given."""
     if not isinstance(fields, dict) or not fields:
         raise ProgramError("extract's fields are a dict of name -> type")
@@ -111,7 +111,7 @@ def field_model(fields: Any) -> type:
         if not isinstance(name, str) or not name.isidentifier():
             raise ProgramError(f"extract field names are identifiers, not {name!r}")
         if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
-            spec[name] = (Literal.__getitem__(tuple(kind)), ...)  # type: ignore[attr-defined]
+            spec[name] = (cast(Any, Literal)[tuple(kind)], ...)  # Literal["a", "b"] from the list
         elif kind == "str":
             spec[name] = (str, Field(..., max_length=MAX_FIELD_CHARS))
         elif kind in ("int", "float", "bool"):
@@ -331,7 +331,7 @@ class PlanMode:
             except Exception as exc:  # a reader that fails (network, key): this plan fails, the run goes on
                 raise ProgramError(f"extract: the reader failed ({type(exc).__name__})", kind="ExtractError") from None
             caps = Caps.of(EXTRACT) | deep_caps(text) | deep_caps(instruction) | deep_caps(fields) | pc
-            answer = got.model_dump()  # type: ignore[attr-defined]
+            answer = got.model_dump()
             bounded(answer, caps=caps)  # a 5,000-digit int
             return tag(answer, caps)
         return extract

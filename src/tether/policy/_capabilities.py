@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from tether._errors import InvalidInput
 from tether._types import Effect
@@ -64,8 +64,8 @@ class Capability:
     def effect_for(self, tool: Tool, args: dict[str, Any]) -> Effect:
         """The effect class of this call (may depend on its arguments)."""
         spec = self.effect if self.effect is not None else tool.effect
-        if type(spec) is Effect:  # the usual case; Effect(spec) would only hand it back
-            return cast(Effect, spec)
+        if isinstance(spec, Effect):  # the usual case; Effect(spec) would only hand it back
+            return spec
         if callable(spec) and not isinstance(spec, str):
             spec = spec(args)
         return Effect(spec)

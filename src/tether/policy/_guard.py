@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 from tether._types import Effect, ToolCall
 from tether.policy._capabilities import Capability
@@ -106,6 +106,6 @@ def prepared(guard: Guard | Check, policy: SafetyPolicy, tool: Tool, cap: Capabi
     call) runs on `tool`'s calls, or None when it cannot apply."""
     prepare = getattr(guard, "prepare", None)
     if prepare is not None:
-        return prepare(policy, tool, cap)
+        return cast("Check | None", prepare(policy, tool, cap))
     check = getattr(guard, "check", None)
     return check if check is not None else guard  # type: ignore[return-value]

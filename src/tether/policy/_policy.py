@@ -29,7 +29,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from tether._errors import InvalidInput, InvalidType
-from tether._types import APPROVAL_BUDGET_DECISION, Effect, ToolCall, ToolResult
+from tether._types import APPROVAL_BUDGET_DECISION, CallDecision, Effect, ToolCall, ToolResult
 from tether.policy._approvals import (
     RULE_BY,
     ApprovalBook,
@@ -359,13 +359,13 @@ class SafetyPolicy:
             for check in self._plan(c):
                 found = check(c)
                 if found is not None:
-                    if type(found) is str:  # a reason to ask a person
+                    if isinstance(found, str):  # a reason to ask a person
                         c.ask.append(found)
                         continue
                     stop = found
                     break
         if stop is not None:
-            return await self._stop(c, stop)  # type: ignore[arg-type]  # not a str: those continue above
+            return await self._stop(c, stop)
         return await self._approve(c)
 
     def _plan(self, c: CallView) -> tuple[Check, ...]:
@@ -520,7 +520,7 @@ class SafetyPolicy:
         if type(state) is not PolicyState:
             state = self._state(ctx)
         pend = state.pending.pop(result.call_id, None)
-        if pend is not None and result.decision == "awaiting_approval":
+        if pend is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             # the tool parked its work for a person (a sub-agent awaiting approval): nothing was done
             # yet, so running the same call again to finish it is not a repeat, nor another use
             state.calls[tool.name] -= 1

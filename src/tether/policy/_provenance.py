@@ -387,9 +387,9 @@ class Provenance:
                             found[tok] = src
             if self.private_numbers:
                 for number in _numbers(v) if isinstance(v, str) else (v,) if _is_number(v) else ():
-                    src = self.private_numbers.get(float(number))
-                    if src is not None:
-                        found[_fmt_number(number)] = src
+                    source = self.private_numbers.get(float(number))
+                    if source is not None:
+                        found[_fmt_number(number)] = source
         return found
 
     @staticmethod

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
 from tether._errors import InvalidInput
 from tether.policy._output_filter import scan
@@ -54,7 +54,7 @@ class Rule:
         if self._rx is not None:
             hit = self._rx.search(text) is not None
         else:
-            got = self.test(text)  # pyright: ignore[reportCallIssue]
+            got = cast("Callable[[str], Any]", self.test)(text)  # no pattern: a function
             if isinstance(got, RuleResult):
                 return got
             if isinstance(got, tuple):
@@ -265,7 +265,7 @@ class SafetyFilter:
             if strictness not in THRESHOLDS:
                 raise InvalidInput(f"strictness must be one of {sorted(THRESHOLDS)} or a number, got {strictness!r}")
             self.threshold = THRESHOLDS[strictness]
-            self.strictness = strictness
+            self.strictness: str = strictness
         else:
             if not 0.0 < strictness <= 1.0:
                 raise InvalidInput(f"threshold must be in (0, 1], got {strictness}")
@@ -335,7 +335,7 @@ def as_filter(spec: Any, side: Literal["input", "output"]) -> SafetyFilter | Non
     if isinstance(spec, str | int | float):
         if isinstance(spec, str) and spec not in THRESHOLDS:
             raise InvalidInput(f"{side}_filter: strictness must be one of {list(STRICTNESS_CHOICES)}, got {spec!r}")
-        return make(spec)  # pyright: ignore[reportArgumentType]
+        return make(cast("Strictness | float", spec))  # a str is one of THRESHOLDS (checked above)
     if isinstance(spec, Iterable) or callable(spec):
         rules = [spec] if callable(spec) or isinstance(spec, Rule) else list(spec)  # pyright: ignore[reportUnknownArgumentType]
         return SafetyFilter(rules, strictness="standard", cache=SHARED_CACHE, name=side)  # pyright: ignore[reportUnknownArgumentType]

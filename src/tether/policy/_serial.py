@@ -9,8 +9,7 @@ keeps its own form declares it with `Annotated[T, Codec(dump, load)]`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import PlainSerializer, PlainValidator, TypeAdapter, ValidationError
 
@@ -25,9 +24,14 @@ def Codec(dump: Callable[[Any], Any], load: Callable[[Any], Any]) -> tuple[Plain
     return PlainValidator(load), PlainSerializer(dump, return_type=Any)
 
 
-@cache
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
 def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    return TypeAdapter(cls)
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def dump_state(obj: Any, version: int) -> dict[str, Any]:
@@ -44,7 +48,7 @@ def load_state(cls: type[T], data: Any, version: int) -> T:
         raise InvalidInput(f"{_name(cls)} version {found!r} is not supported (expected {version})")
     fields = {k: v for k, v in data.items() if k != "version"}  # pyright: ignore[reportUnknownVariableType]
     try:
-        return _adapter(cls).validate_python(fields)
+        return cast(T, _adapter(cls).validate_python(fields))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top)"

@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import InvalidInput
 from tether.rag._base import Retriever
 from tether.rag._metrics import summarize
+
+if TYPE_CHECKING:
+    from tether.rag._index import Index
 
 RETRIEVERS = ("tfidf", "bm25", "dense", "hybrid", "best")
 
@@ -24,7 +27,7 @@ class Collection:
     qrels: dict[str, dict[str, int]]
 
 
-def _jsonl(path: Path) -> list[dict]:
+def _jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
@@ -133,7 +136,7 @@ def evaluate(retriever: Retriever, col: Collection, *, fitted: bool = False) -> 
     return out
 
 
-def evaluate_index(index, col: Collection, depth: int = 1000) -> dict[str, float]:
+def evaluate_index(index: Index, col: Collection, depth: int = 1000) -> dict[str, float]:
     """Put the collection in `index` (one source per document id, so reruns find it unchanged and
     reuse its stored vectors), then run every judged query through `index.search`.
 

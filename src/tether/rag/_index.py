@@ -180,7 +180,7 @@ class Index:
         self.vectors_pending: str | None = None  # why that was not this index's own retriever
 
     @classmethod
-    def open(cls, name_or_path: str | Path, **kwargs) -> Index:
+    def open(cls, name_or_path: str | Path, **kwargs: Any) -> Index:
         """Open (or create) an index by name (under `default_root()`), by directory path, or in
         PostgreSQL by URL (`postgresql://user@host/db#name`, see tether.rag._pg_index)."""
         backend = _backend(name_or_path)
@@ -197,7 +197,7 @@ class Index:
         return (index_path(name_or_path) / "index.sqlite").exists()
 
     @classmethod
-    def at_url(cls, url: str, **kwargs) -> Index:
+    def at_url(cls, url: str, **kwargs: Any) -> Index:
         """An index a backend keeps at `url` (see BACKENDS); a directory index has no URL."""
         raise InvalidInput(f"{cls.__name__} is kept in a directory, not at a URL ({url!r})")
 
@@ -334,7 +334,8 @@ class Index:
     # Reads take the lock too: on the shared connection they would see a change half applied.
     def __len__(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+            count: int = self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+            return count
 
     def sources(self) -> list[str]:
         with self._lock:
@@ -511,7 +512,7 @@ class Index:
                 continue
             with np.load(f, allow_pickle=False) as stored:
                 part.restore(dict(stored))  # type: ignore[attr-defined]
-            part.update(dropped, [c.indexed_text for c in new])  # type: ignore[attr-defined]
+            part.update(dropped, [c.indexed_text for c in new])  # pyright: ignore[reportAttributeAccessIssue]
             tmp = self.path / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
             np.savez(tmp, **part.arrays())  # type: ignore[attr-defined]
             try:
@@ -669,7 +670,7 @@ class Index:
             else:
                 self._fit_lexical(part, texts)
         if hasattr(retriever, "prepare"):
-            retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
+            retriever.prepare(self._knn_graph(retriever))  # pyright: ignore[reportAttributeAccessIssue]
         return retriever
 
     def _lexical_meanwhile(self, rows: list[Chunk], gen: str) -> Retriever:
@@ -707,7 +708,7 @@ class Index:
                     part.restore(dict(stored))  # type: ignore[attr-defined]
                 return
         part.fit(texts)
-        self._save_derived(name, name, lambda path: np.savez(path, **part.arrays()), key)  # type: ignore[attr-defined]
+        self._save_derived(name, name, lambda path: np.savez(path, **part.arrays()), key)  # pyright: ignore[reportAttributeAccessIssue]
 
     def _save_derived(self, name: str, meta_key: str, write: Callable[[str], None], key: str | None = None) -> None:
         """Write a file derived from the vectors (`write(path)`), if the store is still at the
@@ -746,7 +747,7 @@ class Index:
         with self._flock("swap.lock", fcntl.LOCK_SH):
             f = self._file("knn.npy")
             if f is not None and self._meta("knn_generation") == self._vectors_key():
-                graph = np.load(f)
+                graph: np.ndarray = np.load(f)
                 if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
                     return graph
         from tether.rag._dense import knn_graph
@@ -865,7 +866,8 @@ def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
 def retriever_parts(retriever: Retriever) -> Iterable[Retriever]:
     """The retrievers a fused retriever combines (itself when it is not fused)."""
     if hasattr(retriever, "parts"):
-        return retriever.parts  # type: ignore[attr-defined]
+        parts: Iterable[Retriever] = retriever.parts  # pyright: ignore[reportAttributeAccessIssue]
+        return parts
     if hasattr(retriever, "lexical"):
         return [retriever.lexical, retriever.dense]  # type: ignore[attr-defined]
     return [retriever]

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether._errors import InvalidType
+from tether._types import CallDecision
 from tether.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -62,7 +63,7 @@ def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
     named by its kind (`tool_call_started`, `tool_call`, ...) and carries its typed payload; a
     pending approval adds `confirm_request` and a status, the stop adds the answer first."""
     match event:
-        case ToolCallEnded(decision="awaiting_approval"):
+        case ToolCallEnded(decision=CallDecision.AWAITING_APPROVAL):
             return [(event.kind, event.data),
                     ("confirm_request", {"call_id": event.call_id, "tool": event.name, "arguments": event.arguments}),
                     ("status", {"status": "awaiting_approval"})]

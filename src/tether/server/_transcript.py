@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._types import Message
+from tether._types import CallDecision, Message
 from tether.durable._fork import model_turns, said_by_user
 from tether.events import TraceEvent
 
@@ -122,7 +122,7 @@ def spans(events: list[TraceEvent], children: list[tuple[Any, list[TraceEvent], 
         elif e.kind == "confirm_request":
             out.append(Span("approval", f"approval: {d.get('tool', '')}", offset + e.t, 0.0, depth, "asked a person"))
         elif e.kind == "tool_call":
-            if d.get("decision") == "awaiting_approval":
+            if d.get("decision") == CallDecision.AWAITING_APPROVAL:
                 continue  # the confirm_request bar says it; the call runs (and gets its bar) once decided
             out.append(Span("tool", f"tool {d.get('name', '')}", start, e.duration, depth, str(d.get("decision", ""))))
             child = next((c for c in pending if c[0].agent == d.get("name")), None)

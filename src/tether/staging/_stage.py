@@ -487,13 +487,13 @@ def _select(changes: list[Change], paths: Iterable[str] | None, *, explicit_only
     code run later when `explicit_only`."""
     report = ApplyReport()
     if paths is None:
-        chosen = []
+        every: list[Change] = []
         for c in changes:
             if explicit_only and c.runs_later:
                 report.skipped[c.path] = f"runs later ({c.runs_later}): apply it by name"
             else:
-                chosen.append(c)
-        return chosen, report
+                every.append(c)
+        return every, report
     wanted = [os.path.normpath(p).strip("/") or "." for p in paths]
     if any(w == ".." or w.startswith("../") for w in wanted):
         raise InvalidInput("paths must be relative to the workspace, without '..'")

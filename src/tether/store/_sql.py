@@ -304,7 +304,8 @@ class RunStore:
         rows = self._rows("SELECT owner, body FROM tether_results WHERE handle = :h", {"h": handle})
         if not rows or rows[0][0] != owner:
             return None
-        return rows[0][1]
+        body: str = rows[0][1]
+        return body
 
     # -- idempotency (tether.policy._idempotency.IdempotencyCache) --------------------------------
 

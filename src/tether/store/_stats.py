@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tether._errors import InvalidInput
+from tether._types import CallDecision
 from tether.store._sql import RunStore
 
 GROUPS = ("day", "agent", "model", "tool", "run")
@@ -77,7 +78,7 @@ def usage_stats(store: RunStore, by: str = "day", *, since: float | None = None,
             seen.setdefault(key, set()).add(run_id)
             if by == "model":
                 row.add_call(d)
-            elif d.get("decision") != "awaiting_approval":  # a parked call has not run (yet)
+            elif d.get("decision") != CallDecision.AWAITING_APPROVAL:  # a parked call has not run (yet)
                 row.tool_calls += 1
                 row.tool_errors += _failed(d)
         for key, runs in seen.items():
@@ -99,7 +100,7 @@ def _tool_errors(store: RunStore, clause: str, params: dict[str, Any]) -> dict[s
 
 def _failed(event: dict[str, Any]) -> bool:
     """Whether a tool_call event records a call that ran and failed (a parked call has not run yet)."""
-    return event.get("decision") != "awaiting_approval" and bool(event.get("is_error"))
+    return event.get("decision") != CallDecision.AWAITING_APPROVAL and bool(event.get("is_error"))
 
 
 def run_totals(store: RunStore, run_id: str, through: int | None = None) -> UsageRow:

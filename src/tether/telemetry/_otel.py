@@ -32,6 +32,7 @@ from typing import Any
 
 from tether._errors import TetherError
 from tether._loop import INTERRUPTED
+from tether._types import CallDecision
 from tether.events import (
     OBSERVERS,
     ApprovalDecided,
@@ -125,7 +126,7 @@ class OtelObserver:
             root = True
         origin = {k: v for k, v in (("gen_ai.provider.name", event.provider),
                                     ("server.address", event.server_address)) if v}
-        attributes = {"gen_ai.operation.name": "invoke_agent", "tether.run.id": run_id,
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "tether.run.id": run_id,
                       "tether.run.resumed": event.resumed, **_agent_attributes(agent)}
         if event.provider:
             attributes["gen_ai.provider.name"] = event.provider
@@ -140,8 +141,8 @@ class OtelObserver:
         inside = trace.set_span_in_context(run.span)
         match event:
             case ModelCallStarted():
-                attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": event.model,
-                              "tether.purpose": event.purpose, "tether.step": event.step}
+                attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": event.model,
+                                              "tether.purpose": event.purpose, "tether.step": event.step}
                 if event.model == run.model:
                     attributes.update(run.origin)
                 run.call = self.tracer.start_span(f"chat {event.model}", context=inside, kind=trace.SpanKind.CLIENT,
@@ -158,9 +159,9 @@ class OtelObserver:
                     span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
                 span.end()
             case ToolCallStarted():
-                attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.name,
-                                              "gen_ai.tool.call.id": event.call_id, "tether.step": event.step,
-                                              "tether.tool.index": event.index}
+                attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.name,
+                              "gen_ai.tool.call.id": event.call_id, "tether.step": event.step,
+                              "tether.tool.index": event.index}
                 if self.capture_content:
                     attributes["gen_ai.tool.call.arguments"] = json.dumps(event.arguments, ensure_ascii=False,
                                                                           default=str)
@@ -168,7 +169,7 @@ class OtelObserver:
                                               kind=trace.SpanKind.INTERNAL, attributes=attributes)
                 run.tools[event.call_id] = span
                 run.by_index[(event.step, event.index)] = span
-            case ToolCallEnded(decision="awaiting_approval"):
+            case ToolCallEnded(decision=CallDecision.AWAITING_APPROVAL):
                 # Parked for a person: not a failure, and not a call yet (it runs, as a span of its
                 # own, once approved). The wait is an event on the run's span.
                 run.span.add_event("tether.awaiting_approval", {"tether.call.id": event.call_id,
@@ -277,7 +278,7 @@ def _tool_error_type(decision: str) -> str:
     """error.type of a failed tool call: the policy's verdict (refused, denied, timeout, ...), or
     tool_error when the tool ran and failed."""
     kind = decision.split(":", 1)[0]
-    return "tool_error" if kind in ("", "allowed", "approved", "failed") else kind
+    return "tool_error" if kind in ("", CallDecision.ALLOWED, CallDecision.APPROVED, CallDecision.FAILED) else kind
 
 
 def _error_type(message: str) -> str:

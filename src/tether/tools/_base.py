@@ -14,9 +14,10 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Unpack, overload
+from typing import Any, Protocol, Unpack, cast, overload
 
 from tether._errors import InvalidInput
+from tether._fields import new_dict
 from tether._types import Effect, ToolSpec
 from tether.tools._context import ToolContext as ToolContext  # re-exported: its public home
 from tether.tools._declares import NO_DECLARATIONS, Declares, DeclaresKeywords, legacy_keys, merge_legacy
@@ -48,7 +49,7 @@ class Tool:
     max_result_chars: int | None = None
     context_param: str | None = None
     is_async: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = field(default_factory=new_dict)
     effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
     declares: Declares = NO_DECLARATIONS  # what it tells the safety policy (read `declared`)
     spec: ToolSpec = field(init=False)
@@ -149,7 +150,7 @@ def tool(
     """
     declared = declares if declares is not None else NO_DECLARATIONS
     if declarations:
-        declared = dataclasses.replace(declared, **declarations)  # pyright: ignore[reportArgumentType]
+        declared = dataclasses.replace(declared, **cast(dict[str, Any], declarations))
 
     def build(f: Callable[..., Any]) -> Tool:
         doc_desc, param_docs = parse_docstring(f.__doc__)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether._fields import new_dict
+
 
 class CancelSignal:
     """Set once when a call is cancelled; safe to read, wait on and set from any thread.
@@ -76,7 +78,7 @@ class ToolContext:
     call_id: str
     user: str | None = None
     idempotency_key: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=new_dict)
     cancel_event: CancelSignal = field(default_factory=CancelSignal)
 
     @property

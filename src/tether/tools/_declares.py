@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Literal, TypedDict
 
 from tether._compat import REMOVED_IN
@@ -136,7 +137,8 @@ def merge_legacy(name: str, base: Declares, legacy: Mapping[str, Any]) -> Declar
 
 def _user_stacklevel() -> int:
     """The stack level of the first frame outside tether (where the user declared the tool)."""
-    frame, level = sys._getframe(1), 1  # pyright: ignore[reportPrivateUsage]
+    frame: FrameType | None = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+    level = 1
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("tether"):
         frame, level = frame.f_back, level + 1
     return level

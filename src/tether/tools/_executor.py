@@ -555,7 +555,7 @@ class Executor:
         if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
         elif type(value) is JobNote:  # job_status / job_wait: the job as the model now knows it
-            value, untrusted, job = value.text, value.untrusted or None, value.job or None
+            untrusted, job, value = value.untrusted or None, value.job or None, value.text
         try:
             text = shape(value)
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
