@@ -168,6 +168,8 @@ class ApprovalRequested(BaseEvent):
     tool: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    batch: str = ""  # set when the call is asked about with others of its turn (one question)
+    batch_summary: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -176,6 +178,7 @@ class ApprovalDecided(BaseEvent):
     call_id: str = ""
     approved: bool = False
     by: str = ""
+    batch: str = ""  # the batch whose one answer decided this call, if any
 
 
 @dataclass(slots=True, kw_only=True)

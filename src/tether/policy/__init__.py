@@ -4,6 +4,7 @@ the executor through `SafetyPolicy` (the executor's Policy seam)."""
 
 from tether.policy._approvals import (
     AllowRule,
+    ApprovalBatch,
     ApprovalBook,
     ApprovalDecision,
     ApprovalRequest,
@@ -43,6 +44,7 @@ __all__ = [
     "INPUT_RULES",
     "OUTPUT_RULES",
     "AllowRule",
+    "ApprovalBatch",
     "ApprovalBook",
     "ApprovalDecision",
     "ApprovalRequest",

@@ -133,6 +133,7 @@ class _Pending:
     reason: str
     step: int
     written: list[Any] = field(default_factory=list)  # values to record as untrusted once it ran
+    batch: str = ""  # the approval batch that decided it, if any
 
 
 @dataclass(slots=True)
@@ -171,6 +172,9 @@ class PolicyState:
     secrets: dict[str, str] = field(default_factory=dict)
     asked: int = 0  # approvals asked of a person or an approver in this run
     denied: int = 0  # of them, denied
+    counted_batches: set[str] = field(default_factory=set)  # batch ids the approval budget has counted
+    # calls of the current turn asked about together: call id -> {"batch": id, "batch_summary": text}
+    batched: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def tainted(self) -> bool:
@@ -185,6 +189,7 @@ class PolicyState:
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
             "secrets": dict(sorted(self.secrets.items())), "asked": self.asked, "denied": self.denied,
+            "counted_batches": sorted(self.counted_batches),
         }
 
     @classmethod
@@ -207,6 +212,7 @@ class PolicyState:
             labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
             secrets=_load_secrets(data.get("secrets")),
             asked=int(data.get("asked", 0)), denied=int(data.get("denied", 0)),
+            counted_batches={str(b) for b in data.get("counted_batches", ())},
         )
 
 
@@ -231,6 +237,7 @@ class _Call:
     key: str = ""  # the action key of a guarded call
     egress_paths: list[str] = field(default_factory=list)
     ask: list[str] = field(default_factory=list)  # why a person must approve (empty: no need)
+    batch: str = ""  # the approval batch that decided it, if any
 
 
 class SafetyPolicy:
@@ -335,7 +342,8 @@ class SafetyPolicy:
         (`provenance`: argument path -> user, trusted, untrusted, model, neutral), shown to the approver
         as information only."""
         return [{"call_id": cid, "tool": a["tool"], "arguments": a["arguments"], "reason": a["reason"],
-                 "provenance": dict(a.get("provenance") or {})} for cid, a in state.awaiting.items()]
+                 "provenance": dict(a.get("provenance") or {}),
+                 **{k: a[k] for k in ("batch", "batch_summary") if a.get(k)}} for cid, a in state.awaiting.items()]
 
     def decide(self, state: PolicyState, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         """Record a decision on one pending call. It binds to that call's tool and canonical
@@ -345,7 +353,24 @@ class SafetyPolicy:
         if asked is None:
             raise InvalidInput(f"no call {call_id!r} awaits approval in run {state.run_id!r}")
         state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
-                                         "call_id": call_id}
+                                         "call_id": call_id, **({"batch": asked["batch"]} if asked.get("batch") else {})}
+
+    def decide_batch(self, state: PolicyState, batch: str, approved: bool, by: str, reason: str = "") -> list[str]:
+        """Record one decision for every pending call of a batch (calls one turn announced together),
+        each bound to its own action key; counted once by the approval budget. Returns their call ids."""
+        ids = [cid for cid, a in state.awaiting.items() if a.get("batch") == batch]
+        if not ids:
+            raise InvalidInput(f"no batch {batch!r} awaits approval in run {state.run_id!r}")
+        for cid in ids:
+            self.decide(state, cid, approved, by, reason)
+        return ids
+
+    async def announce_turn(self, calls: list[tuple[Tool, dict[str, Any], ToolCall]], ctx: CallContext) -> list[dict[str, Any]]:
+        """The calls one model turn announced, before any runs: those that need a person's approval are
+        asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
+        from tether.policy._batch import announce_turn
+
+        return await announce_turn(self, calls, ctx)
 
     def bound_descendants(self, ctx: CallContext | None) -> Capabilities:
         """The sub-agents below this run stay within its capabilities (tool permitted, ceilings, the
@@ -665,7 +690,9 @@ class SafetyPolicy:
         # a call an allow rule approves (RuleApprover) asks nobody: the approval budget does not stop it
         ruled = bool(ask) and bool(getattr(self.approver, "allows", None)) and self.approver.allows(  # type: ignore[attr-defined]
             tool.name, c.args)
-        if ask and not ruled and (spent := self._approval_budget_spent(state)):
+        # decided with its batch: that one question was counted (once) and answered already
+        c.batch = str((state.decisions.get(action_key(tool.name, c.args)) or {}).get("batch") or "") if ask else ""
+        if ask and not ruled and not c.batch and (spent := self._approval_budget_spent(state)):
             release()
             return await self._stop(c, Stop(APPROVAL_BUDGET_DECISION,
                                             f"{spent}; the run stops here. Needed because {'; '.join(ask)}."))
@@ -677,8 +704,12 @@ class SafetyPolicy:
             answer = await self._ask(state, tool, c.args, c.prov, c.effect, "; ".join(ask), c.call, c.ctx)
             pending = answer.status == "pending"
             # --yes asks nobody; a rule the person gave once (RuleApprover) is not asked again
-            state.asked -= pending or not getattr(self.approver, "asks_a_person", True) or answer.by.startswith(RULE_BY)
-            state.denied -= pending or answer.approved
+            counted = bool(c.batch) and c.batch in state.counted_batches  # a batch counts once
+            state.asked -= pending or counted or not getattr(self.approver, "asks_a_person", True) or \
+                answer.by.startswith(RULE_BY)
+            state.denied -= pending or counted or answer.approved
+            if c.batch:
+                state.counted_batches.add(c.batch)
             if not answer.approved:
                 release()
                 if pending:
@@ -697,7 +728,7 @@ class SafetyPolicy:
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
         state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
-                                            c.ctx.step, written)
+                                            c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision)
 
     def _approval_budget_spent(self, state: PolicyState) -> str | None:
@@ -744,7 +775,7 @@ class SafetyPolicy:
             for cid in [c for c, a in state.awaiting.items() if a["key"] == key]:
                 del state.awaiting[cid]  # the same action asked again: one entry, the latest call
             state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason,
-                                       "provenance": prov}
+                                       "provenance": prov, **state.batched.get(call.id, {})}
         return answer
 
     async def _stop(self, c: _Call, stop: Stop) -> Verdict:
@@ -764,7 +795,7 @@ class SafetyPolicy:
         self.audit.record(AuditRecord(
             run_id=c.state.run_id, tool=c.tool.name, decision=decision, call_id=c.call.id, user=c.state.user,
             step=c.ctx.step, arguments=c.args, provenance=c.prov, effect=c.effect.value if c.effect_known else "",
-            by=by, reason=reason, outcome="not_run", tainted=c.state.tainted))
+            by=by, reason=reason, outcome="not_run", tainted=c.state.tainted, batch=c.batch))
 
     # -- after ---------------------------------------------------------------------------------
 
@@ -815,7 +846,7 @@ class SafetyPolicy:
             self.audit.record(AuditRecord(  # positional (field order), one per call
                 state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
                 pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
-                result.content[:200], state.prov.tainted))
+                result.content[:200], state.prov.tainted, batch=pend.batch))
         if untrusted and self.wrap_outputs:
             state.labels[result.call_id] = tool.name
         return result
