@@ -4,7 +4,10 @@ what was approved (bound to its exact action key)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tether import Agent, Limits, StopReason
 from tether._types import RunState
@@ -167,3 +170,52 @@ def test_pending_batch_is_listed_together_and_decided_at_once() -> None:
 def test_summary_lists_the_exact_calls_of_a_tool_that_declares_nothing() -> None:
     reqs = [ApprovalRequest("r", None, "post", {"channel": c}, f"k{c}", "", "") for c in ("a", "b")]
     assert batch_summary(reqs) == 'post(channel="a"); post(channel="b")'
+
+
+# -- the task service: a batch in its approvals API, over real HTTP and a SQLite run database ----------
+
+def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> None:
+    pytest.importorskip("httpx")
+    pytest.importorskip("dbos")
+    import httpx
+    from test_console import csrf_of, login
+    from test_service import Service, events, submit, wait_status
+
+    svc = Service(tmp_path)
+    svc.start()
+    try:
+        alice = svc.key("alice")
+        task = submit(svc, alice, "payroll")
+        body = wait_status(svc, alice, task, "awaiting_approval")
+        pending = body["pending_approvals"]
+        assert [p["call_id"] for p in pending] == ["p0", "p1", "p2"] and svc.ledger() == []
+        assert len({p["batch"] for p in pending}) == 1 and pending[0]["batch"]
+        assert pending[0]["batch_summary"] == 'charge(amount=10); charge(amount=20); charge(amount=30)'
+        ok = httpx.post(f"{svc.url}/v1/tasks/{task}/confirm", json={"call_id": "p0", "approved": True, "batch": True},
+                        headers=alice, timeout=30)
+        assert ok.status_code == 200, ok.text
+        # max_approvals=1: the group was one question, so all three ran
+        body = wait_status(svc, alice, task, "completed", "stopped")
+        assert body["status"] == "completed", body
+        assert sorted(svc.ledger()) == ["charge 10", "charge 20", "charge 30"]
+        assert body["answer"] == "Done: charged 10, charged 20, charged 30"
+        seen = events(svc, alice, task)
+        assert [e for e in seen if e["event"] == "confirm_batch"]
+        decided = [e["data"]["approval"] for e in seen if e["event"] == "status" and "approval" in e["data"]]
+        assert sorted(d["call_id"] for d in decided) == ["p0", "p1", "p2"]
+        assert {d["batch"] for d in decided} == {pending[0]["batch"]}
+        # the console shows the group with its one question; "Deny all" answers every call of it
+        client = login(svc, alice["Authorization"].removeprefix("Bearer "))
+        other = submit(svc, alice, "payroll")
+        wait_status(svc, alice, other, "awaiting_approval")
+        page = client.get(f"/runs/{other}")
+        assert "Approve all 3" in page.text and "charge(amount=10); charge(amount=20)" in page.text
+        assert page.text.count('class="batch-call"') == 3
+        done = client.post(f"/runs/{other}/decide", data={"csrf": csrf_of(client), "call_id": "p0", "batch": "yes",
+                                                          "approved": "no"})
+        assert done.status_code == 303, done.text
+        body = wait_status(svc, alice, other, "completed", "stopped")
+        assert len(svc.ledger()) == 3  # nothing more was charged
+        assert body["answer"].count("approval denied by alice") == 3, body["answer"]
+    finally:
+        svc.stop()

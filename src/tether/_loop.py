@@ -833,9 +833,12 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
     if child is None and ctx.policy_state is None:
         return None
     if child is None:
-        mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
+        waiting = spec.executor.policy.pending(ctx.policy_state)
+        mine = [p for p in waiting if p.get("call_id") == call.id]
         pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
                                         "reason": result.content}
+        if pending.get("batch"):  # the whole group, so the person sees (and may answer) it at once
+            pending = {**pending, "batch_calls": [p for p in waiting if p.get("batch") == pending["batch"]]}
         asked = [{**pending, "step": ctx.step}]
     else:
         asked = _children_pending({call.id: child}, ctx.step)
