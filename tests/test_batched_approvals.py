@@ -219,3 +219,25 @@ def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> N
         assert body["answer"].count("approval denied by alice") == 3, body["answer"]
     finally:
         svc.stop()
+
+
+def test_a_batch_answer_is_for_its_turn_only() -> None:
+    """An answer the group got that a call of it never used does not approve an identical call of a
+    later turn, even a turn of one call: it asks again."""
+    import asyncio
+
+    from tether.policy import Capabilities, Capability
+    from tether.tools._executor import CallContext
+
+    oracle = OracleApprover([("send_money", p) for p in PAYS])
+    policy = SafetyPolicy(approver=oracle, capabilities=Capabilities([Capability("send_money", requires_approval=True)],
+                                                                    unlisted="inherit"))
+    state = policy.start_run("r", None, ["pay my invoices"], [])
+    ctx = CallContext(run_id="r", policy_state=state)
+    send = Bank().tools()[1]
+    items = [(send, send.validator.validate(p), call("send_money", **p)) for p in PAYS]
+    decided = asyncio.run(policy.announce_turn(items, ctx))
+    assert [d["approved"] for d in decided] == [True] * 3 and len(oracle.asked) == 1
+    assert len(state.decisions) == 3  # none used: the calls were never made
+    asyncio.run(policy.announce_turn(items[:1], ctx))  # the next turn, one call
+    assert state.decisions == {}

@@ -765,10 +765,11 @@ async def _run_tools(
         if result.decision == "awaiting_approval":
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
+            batch, summary = _batch_of(spec, ctx, call.id)
             emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content,
-                                   **_batch_of(spec, ctx, call.id)))
+                                   batch=batch, batch_summary=summary))
 
-    if len(to_run) > 1:  # the calls that need approval: one question for the group (tether.policy._batch)
+    if to_run:  # the calls that need approval: one question for the group (tether.policy._batch)
         for d in await spec.executor.announce([calls[i] for i in to_run], ctx):
             emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d["by"]),
                                  batch=str(d["batch"])))
@@ -856,15 +857,15 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
 BATCH_DECIDED = "tether.batch_decided"  # ctx.extra: call id -> the batch decision that decided it
 
 
-def _batch_of(spec: RunSpec, ctx: CallContext, call_id: str) -> dict[str, str]:
-    """The batch a pending call was asked about with (`batch`, `batch_summary`), if any."""
+def _batch_of(spec: RunSpec, ctx: CallContext, call_id: str) -> tuple[str, str]:
+    """The batch a pending call was asked about with and its summary ("", "" when none)."""
     if ctx.policy_state is None:
-        return {}
+        return "", ""
     with contextlib.suppress(Exception):
         for p in spec.executor.policy.pending(ctx.policy_state):
             if p.get("call_id") == call_id and p.get("batch"):
-                return {"batch": str(p["batch"]), "batch_summary": str(p.get("batch_summary") or "")}
-    return {}
+                return str(p["batch"]), str(p.get("batch_summary") or "")
+    return "", ""
 
 
 def _apply_decision(spec: RunSpec, ctx: CallContext, d: dict[str, Any]) -> list[str]:
@@ -881,9 +882,10 @@ def _apply_decision(spec: RunSpec, ctx: CallContext, d: dict[str, Any]) -> list[
     if ctx.policy_state is None:
         raise InvalidInput("this run's policy takes no decisions on pending calls")
     policy = spec.executor.policy
-    if d.get("batch") and callable(decide_batch := getattr(policy, "decide_batch", None)):
-        ids = decide_batch(ctx.policy_state, str(d["batch"]), bool(d.get("approved")), str(d.get("by") or "unknown"),
-                           str(d.get("reason") or ""))
+    decide_batch: Any = getattr(policy, "decide_batch", None)
+    if d.get("batch") and decide_batch is not None:
+        ids: list[str] = decide_batch(ctx.policy_state, str(d["batch"]), bool(d.get("approved")),
+                                      str(d.get("by") or "unknown"), str(d.get("reason") or ""))
         return [call_id, *(i for i in ids if i != call_id)]
     policy.decide(ctx.policy_state, call_id, bool(d.get("approved")), str(d.get("by") or "unknown"),
                   str(d.get("reason") or ""))

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tether._agent import Agent
 from tether._loop import DirectStepRunner, RunSpec, _tool_call_ended
@@ -89,8 +89,8 @@ async def run_plan(spec: RunSpec, state: RunState, agent: Agent[Any] | None = No
     fallback = getattr(spec.executor.policy, "approver", None) or DenyAll()
     model_steps = itertools.count(1)
     mode = PlanMode(
-        _Recorded(spec.model, runner, model_steps), list(spec.executor.tools.values()),
-        reader=_Recorded(getattr(agent, "reader", None) or spec.model, runner, model_steps),
+        cast(Model, _Recorded(spec.model, runner, model_steps)), list(spec.executor.tools.values()),
+        reader=cast(Model, _Recorded(getattr(agent, "reader", None) or spec.model, runner, model_steps)),
         policies=dict(getattr(agent, "policies", None) or {}), trusted_tools=tuple(getattr(agent, "trusted_tools", ())),
         approver=_Parking(spec, emit, fallback), max_attempts=int(getattr(agent, "max_attempts", 3)), user=spec.user,
         max_tokens=spec.limits.max_tokens, max_cost_usd=spec.limits.max_cost_usd)

@@ -37,6 +37,8 @@ async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, 
     state.batched.clear()
     for key in [k for k, d in state.decisions.items() if d.get("batch")]:
         del state.decisions[key]  # an earlier turn's batch answer is for that turn's calls only
+    if len(calls) < 2:
+        return []
     group: list[_Call] = []
     for tool, args, call in calls:
         c = _Call(tool, call, ctx, state, args, plain_args(args))

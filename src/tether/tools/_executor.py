@@ -473,8 +473,8 @@ class Executor:
         """Tell the policy the calls one model turn announced, before any runs (`announce_turn`: it may
         ask one question for those that need approval). Returns the decisions it took now; never raises
         (a failure leaves each call to ask on its own)."""
-        hook = getattr(self.policy, "announce_turn", None)
-        if not callable(hook):
+        hook: Any = getattr(self.policy, "announce_turn", None)
+        if hook is None:
             return []
         items = []
         for call in calls:
