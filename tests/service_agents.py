@@ -232,7 +232,8 @@ def team(user: str | None) -> Agent:
                  limits=Limits(max_steps=5))
 
 
-AGENTS = {"calc": calc, "billing": billing, "payroll": payroll, "billing_twice": billing_twice, "slow": slow, "booking": booking,
+AGENTS = {"calc": calc, "billing": billing, "billing_twice": billing_twice, "slow": slow, "booking": booking,
           "chatty": chatty, "invoice": invoice, "team": team}
+BATCH_AGENTS = {"payroll": payroll}  # tests/test_batched_approvals.py
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

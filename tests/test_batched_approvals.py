@@ -182,7 +182,7 @@ def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> N
     from test_service import Service, events, submit, wait_status
 
     svc = Service(tmp_path)
-    svc.start()
+    svc.start(f"{Path(__file__).parent / 'service_agents.py'}:BATCH_AGENTS")
     try:
         alice = svc.key("alice")
         task = submit(svc, alice, "payroll")
