@@ -241,3 +241,15 @@ def test_a_batch_answer_is_for_its_turn_only() -> None:
     assert len(state.decisions) == 3  # none used: the calls were never made
     asyncio.run(policy.announce_turn(items[:1], ctx))  # the next turn, one call
     assert state.decisions == {}
+
+
+def test_the_cli_approver_chain_asks_one_question_for_the_group() -> None:
+    """The CLI's terminal approver sits behind its pausing wrapper and its allow rules: both pass the
+    group through as one question."""
+    from tether.cli._build import PausingApprover
+    from tether.policy import RuleApprover
+
+    person = Answers("y")
+    approver = RuleApprover([], PausingApprover(TerminalApprover(ask=person.ask, out=person, by="alice"), None))
+    bank, res, _ = _run(approver, call("read_invoices"), _pays(), "paid")
+    assert res.completed and bank.sent == PAYS and len(person.prompts) == 1
