@@ -116,6 +116,13 @@ def charge_twice_script(request: ModelRequest):
     return f"Done: {request.messages[-1].content}"
 
 
+def payroll_script(request: ModelRequest):
+    """Three charges needing approval, announced in one turn: one question for the group."""
+    if _turn(request) == 0:
+        return [ToolCall(f"p{i}", "charge", {"amount": amount}) for i, amount in enumerate((10, 20, 30))]
+    return "Done: " + ", ".join(m.content for m in request.messages if m.role == "tool")
+
+
 def slow_script(request: ModelRequest):
     n = _turn(request)
     return ToolCall(f"w{n}", "wait", {"seconds": 0.5}) if n < 40 else "done"
@@ -161,6 +168,12 @@ def billing(user: str | None) -> Agent:
 def billing_twice(user: str | None) -> Agent:
     caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
     return Agent(ScriptedModel(charge_twice_script), tools=[charge], policy=SafetyPolicy(capabilities=caps),
+                 limits=Limits(max_steps=5))
+
+
+def payroll(user: str | None) -> Agent:
+    caps = Capabilities([Capability("charge", requires_approval=True)], unlisted="inherit")
+    return Agent(ScriptedModel(payroll_script), tools=[charge], policy=SafetyPolicy(capabilities=caps, max_approvals=1),
                  limits=Limits(max_steps=5))
 
 
@@ -221,5 +234,6 @@ def team(user: str | None) -> Agent:
 
 AGENTS = {"calc": calc, "billing": billing, "billing_twice": billing_twice, "slow": slow, "booking": booking,
           "chatty": chatty, "invoice": invoice, "team": team}
+BATCH_AGENTS = {"payroll": payroll}  # tests/test_batched_approvals.py
 FUZZ_AGENTS = {"calc": calc, "billing": billing}  # cheap ones, for schemathesis
 SHUTDOWN_AGENTS = {"steps": steps, "billing": billing}  # tests/test_service_shutdown.py

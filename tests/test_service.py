@@ -332,7 +332,7 @@ def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
     body = wait_status(service, alice, task, "awaiting_approval")
     assert body["pending_approvals"] == [{"call_id": "c1", "tool": "charge", "arguments": {"amount": 99},
                                           "reason": body["pending_approvals"][0]["reason"],
-                                          "provenance": {"amount": "model"}}]  # 99: in no source the run saw
+                                          "provenance": {"amount": "model"}, "batch": "", "batch_summary": ""}]  # 99: in no source the run saw
     assert len(service.ledger()) == before
     wrong = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c9", "approved": True}, headers=alice)
     assert wrong.status_code == 409 and "waits on call 'c1'" in wrong.json()["error"]

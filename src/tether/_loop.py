@@ -835,8 +835,14 @@ async def _run_tools(
         if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
-            emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content))
+            batch, summary = _batch_of(spec, ctx, call.id)
+            emit(ApprovalRequested(call_id=call.id, tool=call.name, arguments=call.arguments, reason=result.content,
+                                   batch=batch, batch_summary=summary))
 
+    if to_run:  # the calls that need approval: one question for the group (tether.policy._batch)
+        for d in await spec.executor.announce([calls[i] for i in to_run], ctx):
+            emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d["by"]),
+                                 batch=str(d["batch"])))
     runner.begin_turn(ctx.step, to_run)
     if len(to_run) == 1:
         await one(to_run[0])
@@ -864,12 +870,13 @@ async def _run_tools(
     for i in to_run:
         while (result := results[i]) is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             asked = True
-            decisions = await _wait_approvals(spec, calls[i], result, ctx)
+            with_batch = ctx.extra.get(BATCH_DECIDED, {}).pop(calls[i].id, None)  # decided with an earlier call
+            decisions = [with_batch] if with_batch is not None else await _wait_approvals(spec, calls[i], result, ctx)
             if decisions is None:
                 break  # this runner cannot wait: the run stops awaiting approval
             for decision in decisions:
                 emit(ApprovalDecided(call_id=str(decision["call_id"]), approved=bool(decision.get("approved")),
-                                     by=str(decision.get("by") or "")))
+                                     by=str(decision.get("by") or ""), batch=str(decision.get("batch") or "")))
             await one(i)  # that exact call again: it runs, or its denial is its answer
         else:
             continue
@@ -899,9 +906,12 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
     if child is None and ctx.policy_state is None:
         return None
     if child is None:
-        mine = [p for p in spec.executor.policy.pending(ctx.policy_state) if p.get("call_id") == call.id]
+        waiting = spec.executor.policy.pending(ctx.policy_state)
+        mine = [p for p in waiting if p.get("call_id") == call.id]
         pending = mine[0] if mine else {"call_id": call.id, "tool": call.name, "arguments": call.arguments,
                                         "reason": result.content}
+        if pending.get("batch"):  # the whole group, so the person sees (and may answer) it at once
+            pending = {**pending, "batch_calls": [p for p in waiting if p.get("batch") == pending["batch"]]}
         asked = [{**pending, "step": ctx.step}]
     else:
         asked = _children_pending({call.id: child}, ctx.step)
@@ -911,25 +921,47 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
         if decision is None:
             return None
         decided.append(d := {**decision, "call_id": pending["call_id"]})
-        _apply_decision(spec, ctx, d)
+        for other in _apply_decision(spec, ctx, d)[1:]:  # one answer for a batch: its other calls run after
+            ctx.extra.setdefault(BATCH_DECIDED, {})[other] = {**d, "call_id": other}
     return decided
 
 
-def _apply_decision(spec: RunSpec, ctx: CallContext, d: dict[str, Any]) -> str:
+BATCH_DECIDED = "tether.batch_decided"  # ctx.extra: call id -> the batch decision that decided it
+
+
+def _batch_of(spec: RunSpec, ctx: CallContext, call_id: str) -> tuple[str, str]:
+    """The batch a pending call was asked about with and its summary ("", "" when none)."""
+    if ctx.policy_state is None:
+        return "", ""
+    with contextlib.suppress(Exception):
+        for p in spec.executor.policy.pending(ctx.policy_state):
+            if p.get("call_id") == call_id and p.get("batch"):
+                return str(p["batch"]), str(p.get("batch_summary") or "")
+    return "", ""
+
+
+def _apply_decision(spec: RunSpec, ctx: CallContext, d: dict[str, Any]) -> list[str]:
     """Give one decision to whoever asked: a parked sub-agent ("CALL/CHILD_CALL": its state keeps it
-    for when the call runs again) or the policy (bound to that call's tool and arguments). Returns
-    the run's own call to run again."""
+    for when the call runs again) or the policy (bound to that call's tool and arguments; with
+    `batch`, to every pending call of that batch, each bound to its own). Returns the run's own
+    calls to run again, the decided call first."""
     call_id = str(d["call_id"])
     head, _, child_call = call_id.partition("/")
     child = _children(ctx).get(head)
     if child_call and child is not None:
         child["state"].setdefault("decisions", []).append({**d, "call_id": child_call})
-        return head
+        return [head]
     if ctx.policy_state is None:
         raise InvalidInput("this run's policy takes no decisions on pending calls")
-    spec.executor.policy.decide(ctx.policy_state, call_id, bool(d.get("approved")), str(d.get("by") or "unknown"),
-                                str(d.get("reason") or ""))
-    return call_id
+    policy = spec.executor.policy
+    decide_batch: Any = getattr(policy, "decide_batch", None)
+    if d.get("batch") and decide_batch is not None:
+        ids: list[str] = decide_batch(ctx.policy_state, str(d["batch"]), bool(d.get("approved")),
+                                      str(d.get("by") or "unknown"), str(d.get("reason") or ""))
+        return [call_id, *(i for i in ids if i != call_id)]
+    policy.decide(ctx.policy_state, call_id, bool(d.get("approved")), str(d.get("by") or "unknown"),
+                  str(d.get("reason") or ""))
+    return [call_id]
 
 
 async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budget: Budget,
@@ -945,9 +977,9 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
     steps = {p["call_id"]: p.get("step", budget.steps) for p in state.pending}
     rerun: dict[str, dict[str, Any]] = {}  # parent call id -> the decision that reruns it
     for d in state.decisions:
-        head = _apply_decision(spec, ctx, d)
-        steps.setdefault(head, steps.get(d["call_id"], budget.steps))
-        rerun.setdefault(head, d)
+        for head in _apply_decision(spec, ctx, d):
+            steps.setdefault(head, steps.get(d["call_id"], budget.steps))
+            rerun.setdefault(head, {**d, "call_id": head} if d.get("batch") and head != d["call_id"] else d)
     parked = False
     for call_id, d in rerun.items():
         index, call = next(((k, c) for k, c in enumerate(messages[turn].tool_calls) if c.id == call_id)
@@ -969,7 +1001,8 @@ async def _resume_decided(spec: RunSpec, state: RunState, ctx: CallContext, budg
         if result.parked is not None:
             state.children[call_id] = result.parked
         messages[slot] = result.to_message()
-        emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or "")))
+        emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d.get("by") or ""),
+                             batch=str(d.get("batch") or "")))
         emit(_tool_call_ended(call, result), started)
         parked = parked or result.decision == CallDecision.AWAITING_APPROVAL
     state.decisions = []

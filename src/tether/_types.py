@@ -359,6 +359,23 @@ class RunState:
         """Deny one pending call; when the run continues, the denial (with `reason`) is its answer."""
         return self._decide(call_id, False, by, reason)
 
+    def approve_batch(self, batch: str, *, by: str = "library", reason: str = "") -> RunState:
+        """Approve every pending call of a batch (calls one turn announced together, `pending[i]["batch"]`):
+        one decision, each call bound to its own tool and arguments."""
+        return self._decide_batch(batch, True, by, reason)
+
+    def deny_batch(self, batch: str, reason: str = "", *, by: str = "library") -> RunState:
+        """Deny every pending call of a batch."""
+        return self._decide_batch(batch, False, by, reason)
+
+    def _decide_batch(self, batch: str, approved: bool, by: str, reason: str) -> RunState:
+        calls = [str(p.get("call_id")) for p in self.pending if p.get("batch") == batch]
+        if not calls:
+            raise InvalidInput(f"no batch {batch!r} awaits a decision in run {self.run_id!r}")
+        self._decide(calls[0], approved, by, reason)
+        self.decisions[-1]["batch"] = batch
+        return self
+
     def _decide(self, call_id: str, approved: bool, by: str, reason: str) -> RunState:
         if not any(p.get("call_id") == call_id for p in self.pending):
             waiting = ", ".join(str(p.get("call_id")) for p in self.pending) or "none"

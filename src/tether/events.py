@@ -173,6 +173,8 @@ class ApprovalRequested(BaseEvent[Literal["approval_requested"]]):
     tool: str = ""
     arguments: dict[str, Any] = field(default_factory=new_dict)
     reason: str = ""
+    batch: str = ""  # set when the call is asked about with others of its turn (one question)
+    batch_summary: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -181,6 +183,7 @@ class ApprovalDecided(BaseEvent[Literal["approval_decided"]]):
     call_id: str = ""
     approved: bool = False
     by: str = ""
+    batch: str = ""  # the batch whose one answer decided this call, if any
 
 
 @dataclass(slots=True, kw_only=True)

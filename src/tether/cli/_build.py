@@ -301,3 +301,14 @@ class PausingApprover:
     async def request(self, req: ApprovalRequest) -> ApprovalDecision:
         with self.pause():
             return await self.inner.request(req)
+
+    @property
+    def batches(self) -> bool:
+        from tether.policy._approvals import asks_in_batches
+
+        return asks_in_batches(self.inner)
+
+    async def request_batch(self, batch: Any) -> list[ApprovalDecision]:
+        """The calls of one turn as one question (the terminal's: all, none or one by one)."""
+        with self.pause():
+            return await self.inner.request_batch(batch)  # type: ignore[attr-defined]  # see `batches`

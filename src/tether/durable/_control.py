@@ -60,8 +60,9 @@ def cancel(database: str | os.PathLike[str] | None, run_id: str) -> str:
 
 
 def decide(store: RunStore, dbos: Messenger, run_id: str, call_id: str, *, approved: bool = True,
-           by: str | None = None, reason: str = "") -> dict[str, Any]:
-    """`approve` over an open store and DBOS (the task service's own, in its process)."""
+           by: str | None = None, reason: str = "", batch: str = "") -> dict[str, Any]:
+    """`approve` over an open store and DBOS (the task service's own, in its process); with `batch`
+    (the pending call's batch id), the one decision answers every call of that batch."""
     row = _find(store, store.url, run_id)
     if row.status == "decided":
         raise ControlError(f"call {call_id} of run {run_id} is already decided")
@@ -76,7 +77,8 @@ def decide(store: RunStore, dbos: Messenger, run_id: str, call_id: str, *, appro
         raise ControlError(f"call {call_id} of run {run_id} is already decided")
     try:
         dbos.send(run_id, {"call_id": call_id, "step": pending.get("step"), "approved": approved,
-                           "by": by or _whoami(), "reason": reason}, APPROVAL_TOPIC)
+                           "by": by or _whoami(), "reason": reason, **({"batch": batch} if batch else {})},
+                  APPROVAL_TOPIC)
     except BaseException:
         store.set_status(run_id, "awaiting_approval", pending=pending)
         raise

@@ -3,6 +3,7 @@ user's request and the tools' signatures alone; tether interprets it with every 
 carried exactly; untrusted text is read only by a quarantined reader; per-argument policies are
 checked before every call. See docs/plan-mode.md."""
 
+from tether.plan._agent import PlanAgent
 from tether.plan._interp import Interpreter, LimitError, ProgramError
 from tether.plan._policies import (
     ALLOW,
@@ -30,6 +31,7 @@ __all__ = [
     "Decision",
     "Interpreter",
     "LimitError",
+    "PlanAgent",
     "PlanCall",
     "PlanMode",
     "PlanPolicy",

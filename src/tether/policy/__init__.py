@@ -5,6 +5,7 @@ the executor through `SafetyPolicy` (the executor's Policy seam), whose checks a
 
 from tether.policy._approvals import (
     AllowRule,
+    ApprovalBatch,
     ApprovalBook,
     ApprovalDecision,
     ApprovalRequest,
@@ -59,6 +60,7 @@ __all__ = [
     "INPUT_RULES",
     "OUTPUT_RULES",
     "AllowRule",
+    "ApprovalBatch",
     "ApprovalBook",
     "ApprovalDecision",
     "ApprovalRequest",

@@ -67,6 +67,73 @@ class Approver(Protocol):
     async def request(self, req: ApprovalRequest) -> ApprovalDecision: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalBatch:
+    """One question for calls a model turn announced together: each call's own request (bound to its
+    exact action key) and a summary of the group (`batch_summary`)."""
+
+    id: str
+    requests: tuple[ApprovalRequest, ...]
+    summary: str
+
+
+class BatchApprover(Approver, Protocol):
+    """An approver that answers a group in one question: one decision per request, in order. An
+    approver without `request_batch` is asked once per call."""
+
+    async def request_batch(self, batch: ApprovalBatch) -> list[ApprovalDecision]: ...
+
+
+def asks_in_batches(approver: object) -> bool:
+    """Whether `approver` answers a group of calls as one question (`request_batch`; a wrapper says so
+    with a `batches` attribute)."""
+    return bool(getattr(approver, "batches", callable(getattr(approver, "request_batch", None))))
+
+
+# A tool declares how its calls add up in a batch question with metadata={"approval_summary": {...}}:
+# "noun" (one call: "payment"), "amount" (the argument summed), "party" (the argument counted, e.g. the
+# recipient) and "party_noun" ("payee"). Plural forms add an "s".
+SUMMARY_KEY = "approval_summary"
+
+
+def batch_summary(requests: Iterable[ApprovalRequest], declared: dict[str, dict[str, Any]] | None = None) -> str:
+    """A short sentence for a group of calls: by the tool's declared fields where it declares them
+    ("3 payments, 1,240.00 in total, to these 2 payees: A, B"), else the exact calls listed."""
+    groups: dict[str, list[ApprovalRequest]] = {}
+    for req in requests:
+        groups.setdefault(req.tool, []).append(req)
+    parts: list[str] = []
+    for tool, reqs in groups.items():
+        spec = (declared or {}).get(tool) or {}
+        if not spec:
+            parts.extend(f"{r.tool}({_short_args(r.arguments)})" for r in reqs)
+            continue
+        noun = str(spec.get("noun") or tool)
+        text = f"{len(reqs)} {noun}{'' if len(reqs) == 1 else 's'}"
+        amount = spec.get("amount")
+        if amount:
+            values = [r.arguments.get(amount) for r in reqs]
+            nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if len(nums) == len(values):
+                text += f", {sum(nums):,.2f} in total"
+            else:
+                text += f" (amounts: {', '.join(repr(v) for v in values)})"
+        party = spec.get("party")
+        if party:
+            names = list(dict.fromkeys(json.dumps(r.arguments.get(party), ensure_ascii=False, default=str)
+                                       .strip('"') for r in reqs))
+            pnoun = str(spec.get("party_noun") or party)
+            text += f", to {'this' if len(names) == 1 else f'these {len(names)}'} {pnoun}" \
+                    f"{'' if len(names) == 1 else 's'}: {', '.join(names)}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _short_args(arguments: dict[str, Any], limit: int = 80) -> str:
+    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in arguments.items())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 class DenyAll:
     """The default: nothing guarded runs."""
 
@@ -98,9 +165,17 @@ class OracleApprover:
 
     async def request(self, req: ApprovalRequest) -> ApprovalDecision:
         self.asked.append(req)
+        return self._decide(req)
+
+    def _decide(self, req: ApprovalRequest) -> ApprovalDecision:
         if req.key in self.allowed:
             return ApprovalDecision("approved", self.by)
         return ApprovalDecision("denied", self.by, "not an action the task needs")
+
+    async def request_batch(self, batch: ApprovalBatch) -> list[ApprovalDecision]:
+        """One prompt for the group (`asked` grows by one, its first request), decided call by call."""
+        self.asked.append(batch.requests[0])
+        return [self._decide(req) for req in batch.requests]
 
 
 DecideFn = Callable[[ApprovalRequest], "ApprovalDecision | bool | Awaitable[ApprovalDecision | bool]"]
@@ -149,26 +224,55 @@ class TerminalApprover:
             lines.append("  dry run: " + req.dry_run.replace("\n", "\n    "))
         return "\n".join(lines)
 
+    async def _answer(self, prompt: str) -> str:
+        try:
+            return (await asyncio.to_thread(self.ask, prompt)).strip().lower()
+        except (EOFError, KeyboardInterrupt):
+            return ""
+
     async def request(self, req: ApprovalRequest) -> ApprovalDecision:
+        async with self._lock:  # one question at a time
+            return await self._request(req)
+
+    async def _request(self, req: ApprovalRequest) -> ApprovalDecision:
         rule = suggested_rule(req)
         choices = "[y/N, v to view in full" + (f", a to allow '{rule}' for this run" if rule else "") + "] "
-        async with self._lock:  # one question at a time
-            out = self.out or sys.stderr
-            print(self.render(req), file=out, flush=True)
-            while True:
-                try:
-                    answer = (await asyncio.to_thread(self.ask, f"Approve? {choices}")).strip().lower()
-                except (EOFError, KeyboardInterrupt):
-                    answer = ""
-                if answer in ("v", "view"):  # every argument whole: nothing approved unseen
-                    print(show_whole(req.arguments), file=out, flush=True)
-                    continue
-                break
+        out = self.out or sys.stderr
+        print(self.render(req), file=out, flush=True)
+        while True:
+            answer = await self._answer(f"Approve? {choices}")
+            if answer in ("v", "view"):  # every argument whole: nothing approved unseen
+                print(show_whole(req.arguments), file=out, flush=True)
+                continue
+            break
         if answer in ("y", "yes"):
             return ApprovalDecision("approved", self.by)
         if rule and answer in ("a", "allow"):
             return ApprovalDecision("approved", self.by, ADD_RULE + rule)
         return ApprovalDecision("denied", self.by, "declined at the terminal")
+
+    async def request_batch(self, batch: ApprovalBatch) -> list[ApprovalDecision]:
+        """The group in one question, each call shown in full below its summary: `y` approves all,
+        `o` asks call by call, anything else (EOF included) denies all."""
+        n = len(batch.requests)
+        async with self._lock:
+            out = self.out or sys.stderr
+            lines = [f"Approval needed for {n} calls announced together: {batch.summary}"]
+            for k, req in enumerate(batch.requests, 1):
+                lines.append(f"[{k}/{n}] " + self.render(req).replace("\n", "\n      "))
+            print("\n".join(lines), file=out, flush=True)
+            while True:
+                answer = await self._answer(f"Approve all {n}? [y = all, N = none, o = one by one, v to view in full] ")
+                if answer in ("v", "view"):
+                    for k, req in enumerate(batch.requests, 1):
+                        print(f"[{k}/{n}]\n" + show_whole(req.arguments), file=out, flush=True)
+                    continue
+                break
+            if answer in ("o", "one"):
+                return [await self._request(req) for req in batch.requests]
+        if answer in ("y", "yes", "a", "all"):
+            return [ApprovalDecision("approved", self.by) for _ in batch.requests]
+        return [ApprovalDecision("denied", self.by, "declined at the terminal") for _ in batch.requests]
 
 
 def show_whole(arguments: dict[str, Any]) -> str:
@@ -255,6 +359,19 @@ class RuleApprover:
     @property
     def asks_a_person(self) -> bool:
         return bool(getattr(self.inner, "asks_a_person", True))
+
+    @property
+    def batches(self) -> bool:
+        return asks_in_batches(self.inner)
+
+    async def request_batch(self, batch: ApprovalBatch) -> list[ApprovalDecision]:
+        """The inner approver's answer to the group (the policy leaves calls a rule allows out of it)."""
+        decisions = await self.inner.request_batch(batch)  # type: ignore[attr-defined]  # see `batches`
+        for decision in decisions:
+            if decision.approved and decision.reason.startswith(ADD_RULE):
+                with contextlib.suppress(ValueError):
+                    self.rules.append(AllowRule.parse(decision.reason[len(ADD_RULE):]))
+        return list(decisions)
 
     def allows(self, tool: str, arguments: dict[str, Any]) -> bool:
         """Whether a rule approves this call (then nobody is asked)."""

@@ -34,6 +34,7 @@ class AuditRecord:
     detail: str = ""  # excerpt of the result or error
     tainted: bool = False
     t: float = field(default_factory=time.time)
+    batch: str = ""  # the approval batch (calls of one turn asked about together) that decided it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +92,9 @@ class SqliteSink:
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS audit (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, tool TEXT,"
                 " decision TEXT, call_id TEXT, user TEXT, step INTEGER, arguments TEXT, provenance TEXT,"
-                " effect TEXT, by TEXT, reason TEXT, outcome TEXT, detail TEXT, tainted INTEGER, t REAL)")
+                " effect TEXT, by TEXT, reason TEXT, outcome TEXT, detail TEXT, tainted INTEGER, t REAL, batch TEXT)")
+            if "batch" not in {row[1] for row in self._db.execute("PRAGMA table_info(audit)")}:
+                self._db.execute("ALTER TABLE audit ADD COLUMN batch TEXT DEFAULT ''")  # written before batches
             self._db.execute("CREATE INDEX IF NOT EXISTS audit_run ON audit(run_id)")
             self._db.commit()
 
@@ -125,6 +128,7 @@ class SqliteSink:
             d["arguments"] = json.loads(d["arguments"])
             d["provenance"] = json.loads(d["provenance"])
             d["tainted"] = bool(d["tainted"])
+            d["batch"] = d["batch"] or ""
             out.append(AuditRecord(**d))
         return out
 

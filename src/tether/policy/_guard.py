@@ -74,6 +74,7 @@ class CallView:
     key: str = ""  # the action key of a guarded call
     egress_paths: list[str] = field(default_factory=list)
     ask: list[str] = field(default_factory=list)  # why a person must approve (empty: no need)
+    batch: str = ""  # the approval batch that decided it, if any
 
 
 GuardResult: TypeAlias = "Stop | str | None"

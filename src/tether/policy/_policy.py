@@ -55,7 +55,7 @@ from tether.policy._leaks import (
 )
 from tether.policy._output_filter import Finding, filter_output
 from tether.policy._provenance import Origin
-from tether.policy._state import PolicyState, _Pending
+from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Verdict
 
@@ -228,7 +228,9 @@ class SafetyPolicy:
         (`provenance`: argument path -> user, trusted, untrusted, model, neutral), shown to the approver
         as information only."""
         return [{"call_id": cid, "tool": a["tool"], "arguments": a["arguments"], "reason": a["reason"],
-                 "provenance": dict(a.get("provenance") or {})} for cid, a in state.awaiting.items()]
+                 "provenance": dict(a.get("provenance") or {}),
+                 **{k: v for k, v in a.items() if k in ("batch", "batch_summary") and v}}
+                for cid, a in state.awaiting.items()]
 
     def decide(self, state: PolicyState, call_id: str, approved: bool, by: str, reason: str = "") -> None:
         """Record a decision on one pending call. It binds to that call's tool and canonical
@@ -237,8 +239,27 @@ class SafetyPolicy:
         asked = state.awaiting.pop(call_id, None)
         if asked is None:
             raise InvalidInput(f"no call {call_id!r} awaits approval in run {state.run_id!r}")
-        state.decisions[asked["key"]] = {"approved": bool(approved), "by": str(by), "reason": str(reason),
-                                         "call_id": call_id}
+        decided: Decided = {"approved": bool(approved), "by": str(by), "reason": str(reason), "call_id": call_id}
+        if asked.get("batch"):
+            decided["batch"] = asked.get("batch", "")
+        state.decisions[asked["key"]] = decided
+
+    def decide_batch(self, state: PolicyState, batch: str, approved: bool, by: str, reason: str = "") -> list[str]:
+        """Record one decision for every pending call of a batch (calls one turn announced together),
+        each bound to its own action key; counted once by the approval budget. Returns their call ids."""
+        ids = [cid for cid, a in state.awaiting.items() if a.get("batch") == batch]
+        if not ids:
+            raise InvalidInput(f"no batch {batch!r} awaits approval in run {state.run_id!r}")
+        for cid in ids:
+            self.decide(state, cid, approved, by, reason)
+        return ids
+
+    async def announce_turn(self, calls: list[tuple[Tool, dict[str, Any], ToolCall]], ctx: CallContext) -> list[dict[str, Any]]:
+        """The calls one model turn announced, before any runs: those that need a person's approval are
+        asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
+        from tether.policy._batch import announce_turn
+
+        return await announce_turn(self, calls, ctx)
 
     def bound_descendants(self, ctx: CallContext | None) -> Capabilities:
         """The sub-agents below this run stay within its capabilities (tool permitted, ceilings, the
@@ -354,6 +375,13 @@ class SafetyPolicy:
         state = ctx.policy_state
         c = CallView(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), raw_args,
                      plain_args(raw_args), self)
+        stop = self._checked(c)
+        if stop is not None:
+            return await self._stop(c, stop)
+        return await self._approve(c)
+
+    def _checked(self, c: CallView) -> Stop | None:
+        """Every guard on `c` in order: the first Stop, or None (the reasons to ask are in `c.ask`)."""
         stop = self._capability(c)
         if stop is None:
             for check in self._plan(c):
@@ -362,11 +390,8 @@ class SafetyPolicy:
                     if isinstance(found, str):  # a reason to ask a person
                         c.ask.append(found)
                         continue
-                    stop = found
-                    break
-        if stop is not None:
-            return await self._stop(c, stop)
-        return await self._approve(c)
+                    return found
+        return stop
 
     def _plan(self, c: CallView) -> tuple[Check, ...]:
         """The checks of `self.guards` that can apply to this tool and capability, in order (a guard's
@@ -413,7 +438,10 @@ class SafetyPolicy:
         # a call an allow rule approves (RuleApprover) asks nobody: the approval budget does not stop it
         ruled = bool(ask) and bool(getattr(self.approver, "allows", None)) and self.approver.allows(  # type: ignore[attr-defined]
             tool.name, c.args)
-        if ask and not ruled and (spent := self._approval_budget_spent(state)):
+        # decided with its batch: that one question was counted (once) and answered already
+        with_batch = state.decisions.get(action_key(tool.name, c.args)) if ask else None
+        c.batch = with_batch.get("batch", "") if with_batch is not None else ""
+        if ask and not ruled and not c.batch and (spent := self._approval_budget_spent(state)):
             release()
             return await self._stop(c, Stop(APPROVAL_BUDGET_DECISION,
                                             f"{spent}; the run stops here. Needed because {'; '.join(ask)}."))
@@ -425,8 +453,12 @@ class SafetyPolicy:
             answer = await self._ask(state, tool, c.args, c.prov, c.effect, "; ".join(ask), c.call, c.ctx)
             pending = answer.status == "pending"
             # --yes asks nobody; a rule the person gave once (RuleApprover) is not asked again
-            state.asked -= pending or not getattr(self.approver, "asks_a_person", True) or answer.by.startswith(RULE_BY)
-            state.denied -= pending or answer.approved
+            counted = bool(c.batch) and c.batch in state.counted_batches  # a batch counts once
+            state.asked -= pending or counted or not getattr(self.approver, "asks_a_person", True) or \
+                answer.by.startswith(RULE_BY)
+            state.denied -= pending or counted or answer.approved
+            if c.batch:
+                state.counted_batches.add(c.batch)
             if not answer.approved:
                 release()
                 if pending:
@@ -445,7 +477,7 @@ class SafetyPolicy:
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
         state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
-                                            c.ctx.step, written)
+                                            c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision)
 
     def _approval_budget_spent(self, state: PolicyState) -> str | None:
@@ -477,8 +509,11 @@ class SafetyPolicy:
         if answer.status == "pending":
             for cid in [c for c, a in state.awaiting.items() if a["key"] == key]:
                 del state.awaiting[cid]  # the same action asked again: one entry, the latest call
-            state.awaiting[call.id] = {"tool": tool.name, "arguments": args, "key": key, "reason": reason,
-                                       "provenance": prov}
+            waiting: Awaiting = {"tool": tool.name, "arguments": args, "key": key, "reason": reason,
+                                 "provenance": prov}
+            if (batched := state.batched.get(call.id)):
+                waiting["batch"], waiting["batch_summary"] = batched.get("batch", ""), batched.get("batch_summary", "")
+            state.awaiting[call.id] = waiting
         return answer
 
     async def _stop(self, c: CallView, stop: Stop) -> Verdict:
@@ -498,7 +533,7 @@ class SafetyPolicy:
         self.audit.record(AuditRecord(
             run_id=c.state.run_id, tool=c.tool.name, decision=decision, call_id=c.call.id, user=c.state.user,
             step=c.ctx.step, arguments=c.args, provenance=c.prov, effect=c.effect.value if c.effect_known else "",
-            by=by, reason=reason, outcome="not_run", tainted=c.state.tainted))
+            by=by, reason=reason, outcome="not_run", tainted=c.state.tainted, batch=c.batch))
 
     # -- after ---------------------------------------------------------------------------------
 
@@ -550,7 +585,7 @@ class SafetyPolicy:
             self.audit.record(AuditRecord(  # positional (field order), one per call
                 state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
                 pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
-                result.content[:200], state.prov.tainted))
+                result.content[:200], state.prov.tainted, batch=pend.batch))
         if untrusted and self.wrap_outputs:
             state.labels[result.call_id] = tool.name
         return result

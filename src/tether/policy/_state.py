@@ -26,6 +26,8 @@ class Awaiting(TypedDict):
     key: str  # the action key the decision binds to
     reason: str
     provenance: NotRequired[dict[str, str]]
+    batch: NotRequired[str]  # the approval batch it was asked in, if any
+    batch_summary: NotRequired[str]
 
 
 class Decided(TypedDict):
@@ -35,6 +37,7 @@ class Decided(TypedDict):
     by: str
     reason: str
     call_id: NotRequired[str]
+    batch: NotRequired[str]  # the approval batch it was decided with, if any
 
 
 @dataclass
@@ -49,6 +52,7 @@ class _Pending:
     reason: str
     step: int
     written: list[Any] = field(default_factory=list[Any])  # values to record as untrusted once it ran
+    batch: str = ""  # the approval batch that decided it, if any
 
 
 def _load_prov(data: Any) -> Provenance:
@@ -87,6 +91,9 @@ class PolicyState:
     secrets: Secrets = field(default_factory=dict[str, str])
     asked: int = 0  # approvals asked of a person or an approver in this run
     denied: int = 0  # of them, denied
+    counted_batches: Names = field(default_factory=set[str])  # batch ids the approval budget has counted
+    # calls of the current turn asked about together: call id -> {"batch": id, "batch_summary": text}
+    batched: dict[str, dict[str, str]] = field(default_factory=dict[str, dict[str, str]])
 
     @property
     def tainted(self) -> bool:

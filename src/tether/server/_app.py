@@ -79,6 +79,17 @@ class PendingCall(BaseModel):
     provenance: dict[str, str] = Field(default_factory=dict, description=(
         "Where each argument value came from (path -> user, trusted, untrusted, model, neutral): "
         "information for the approver, never a reason to skip the approval"))
+    batch: str = Field("", description=(
+        "Set when the call was announced with others of its turn that also need approval: one question for "
+        "the group (confirm with `batch: true` to answer every call of it at once)"))
+    batch_summary: str = ""
+
+
+def _pending_call(p: dict[str, Any]) -> PendingCall:
+    return PendingCall(call_id=str(p.get("call_id")), tool=str(p.get("tool")), arguments=dict(p.get("arguments") or {}),
+                       reason=str(p.get("reason") or ""),
+                       provenance={str(k): str(v) for k, v in dict(p.get("provenance") or {}).items()},
+                       batch=str(p.get("batch") or ""), batch_summary=str(p.get("batch_summary") or ""))
 
 
 class TaskOut(BaseModel):
@@ -114,6 +125,9 @@ class ConfirmIn(BaseModel):
     call_id: str = Field(min_length=1)
     approved: bool
     reason: str = ""
+    batch: bool = Field(False, description=(
+        "Answer every call of the pending call's batch with this one decision (each bound to its own "
+        "tool and arguments; counted once by the approval budget)"))
 
 
 class Confirmed(BaseModel):
@@ -320,11 +334,7 @@ def create_app(tasks: Tasks) -> FastAPI:
     async def get_task(task_id: str, user: User) -> TaskOut:
         row = await tasks.get(user, task_id)
         findings = await tasks.db(tasks.rt.store.findings, task_id)
-        pending = [PendingCall(call_id=str(row.pending.get("call_id")), tool=str(row.pending.get("tool")),
-                               arguments=dict(row.pending.get("arguments") or {}),
-                               reason=str(row.pending.get("reason") or ""),
-                               provenance={str(k): str(v) for k, v in dict(row.pending.get("provenance") or {}).items()}
-                               )] if row.pending else []
+        pending = [_pending_call(p) for p in (row.pending.get("batch_calls") or [row.pending])] if row.pending else []
         return TaskOut(task_id=row.run_id, agent=row.agent, status=row.status, prompt=row.prompt,
                        stop_reason=row.stop_reason, answer=row.answer, error=row.error, usage=row.usage,
                        steps=row.steps, findings=findings,
@@ -353,7 +363,7 @@ def create_app(tasks: Tasks) -> FastAPI:
 
     @app.post("/v1/tasks/{task_id}/confirm", response_model=Confirmed, responses=ERRORS)
     async def confirm(task_id: str, body: ConfirmIn, user: User) -> Confirmed:
-        await tasks.confirm(user, task_id, body.call_id, body.approved, body.reason)
+        await tasks.confirm(user, task_id, body.call_id, body.approved, body.reason, batch=body.batch)
         return Confirmed(task_id=task_id, call_id=body.call_id, approved=body.approved)
 
     @app.get("/v1/tasks/{task_id}/changes", response_model=ChangesOut, responses=ERRORS)

@@ -418,7 +418,8 @@ def add_console(app: FastAPI, tasks: Tasks) -> None:
     async def decide(request: Request, run_id: str) -> Response:
         user, _, form = await posted(request)
         approved = form.get("approved") == "yes"
-        await tasks.confirm(user, run_id, form.get("call_id", ""), approved, form.get("reason", "")[:2000])
+        await tasks.confirm(user, run_id, form.get("call_id", ""), approved, form.get("reason", "")[:2000],
+                            batch=form.get("batch") == "yes")
         return back(f"/runs/{quote(run_id, safe='')}")
 
     app.post("/runs/{run_id}/decide", include_in_schema=False)(decide)

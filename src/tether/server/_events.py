@@ -71,6 +71,8 @@ def derive(event: BaseEvent, answer: str | None) -> list[SseItem]:
             return [("status", {"status": "running", "approval": event.data})]
         case Notice(notice={"approval": approval}):  # runs stored before approval_decided existed
             return [("status", {"status": "running", "approval": approval})]
+        case ApprovalRequested(batch=batch) if batch:  # one question for the calls of its turn
+            return [("confirm_batch", {"call_id": event.call_id, "batch": batch, "batch_summary": event.batch_summary})]
         case ApprovalRequested():
             return []  # confirm_request, derived from the tool_call, announces it
         case RunStopped():

@@ -12,6 +12,9 @@ TOML (`tether serve --agents agents.toml`):
     limits = { max_steps = 10, max_seconds = 120 }
     strictness = "standard"               # the safety filter on each request and answer: off (default),
                                           # lenient, standard, strict; or { input = "strict", output = "off" }
+    plan = true                           # plan mode (docs/plan-mode.md): the model writes the plan, its
+                                          # approvals park the task for the confirm endpoint
+    options = { max_result_chars = 20000 }  # any other Agent (or, with plan, PlanAgent) option by name
 
     [agents.assistant.policy]             # optional: the safety policy (tether.policy.SafetyPolicy)
     unlisted = "inherit"                  # tools not under [..policy.tools]: their own declarations
@@ -130,7 +133,8 @@ def _from_toml(path: Path) -> Registry:
     agents = data.get("agents")
     if not isinstance(agents, dict) or not agents:
         raise RegistryError(f"{path}: no [agents.NAME] tables")
-    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy", "staged", "strictness"}
+    allowed = {"model", "tools", "workspace", "instructions", "limits", "policy", "staged", "strictness", "plan",
+               "options"}
     factories: dict[str, AgentFactory] = {}
     staged: dict[str, Any] = {}
     for name, cfg in agents.items():
@@ -164,10 +168,14 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any], *, staged: bool = 
             parse_spec(str(cfg["model"]))
         policy_from_toml(cfg.get("policy"), tool_names)
         filters = strictness_from_toml(cfg.get("strictness"))
+        cls, given = agent_options(cfg)
+        if isinstance(given.get("reader"), str):
+            parse_spec(given["reader"])
     except (RegistryError, CliError, ModelConfigError) as exc:
         raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
 
     def build(user: str | None, task_id: str | None = None) -> Agent:
+        options = dict(given)
         try:
             stage = _task_stage(workspace, task_id) if staged and task_id is not None else None
             tools = build_tools(cfg.get("tools") or "none", workspace, stage=stage)
@@ -175,10 +183,44 @@ def _toml_factory(path: Path, name: str, cfg: dict[str, Any], *, staged: bool = 
         except (CliError, ModelConfigError) as exc:
             raise RegistryError(f"{path}: agents.{name}: {exc}") from exc
         policy = policy_from_toml(cfg.get("policy"), {t.name for t in tools})  # per run: its state is the run's
-        return Agent(model, tools=tools, instructions=str(cfg.get("instructions") or ""), limits=limits, user=user,
-                     name=name, policy=policy, input_filter=filters["input"], output_filter=filters["output"])
+        if isinstance(options.get("reader"), str):  # a plan's quarantined reader, as a model spec
+            try:
+                options["reader"] = resolve_model(options["reader"])
+            except ModelConfigError as exc:
+                raise RegistryError(f"{path}: agents.{name}: options.reader: {exc}") from exc
+        return cls(model, tools=tools, instructions=str(cfg.get("instructions") or ""), limits=limits, user=user,
+                   name=name, policy=policy, input_filter=filters["input"], output_filter=filters["output"], **options)
 
     return build
+
+
+# set by an agent's own keys, or by the service itself: not an `options` entry
+_OWNED = {"model", "tools", "instructions", "limits", "user", "name", "policy", "input_filter", "output_filter",
+          "executor", "durable", "step_runner", "clock", "context", "results", "pricing"}
+
+
+def agent_options(cfg: dict[str, Any]) -> tuple[type[Agent], dict[str, Any]]:
+    """The agent class (`PlanAgent` with `plan = true`) and the `options` table passed to it by name:
+    any of its other plain options (an unknown or owned name is one clear error)."""
+
+    plan = cfg.get("plan", False)
+    if not isinstance(plan, bool):
+        raise RegistryError(f"plan must be true or false, not {plan!r}")
+    cls: type[Agent] = Agent
+    if plan:
+        from tether.plan import PlanAgent
+
+        cls = PlanAgent
+    options = cfg.get("options") or {}
+    if not isinstance(options, dict):
+        raise RegistryError("options must be a table of Agent options, e.g. options = { max_result_chars = 20000 }")
+    known = {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")} - _OWNED
+    unknown = sorted(set(options) - known)
+    if unknown:
+        owned = sorted(set(unknown) & _OWNED)
+        raise RegistryError(f"options {unknown} are not taken" + (f" ({owned} are set by their own keys or the service)"
+                                                                  if owned else "") + f"; known: {sorted(known)}")
+    return cls, dict(options)
 
 
 def _task_stage(workspace: Path, task_id: str) -> Any:

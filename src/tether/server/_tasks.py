@@ -204,8 +204,10 @@ class Tasks:
 
     # -- act -----------------------------------------------------------------------------------------
 
-    async def confirm(self, user: str, task_id: str, call_id: str, approved: bool, reason: str) -> dict[str, Any]:
-        """Decide the call the task waits on; exactly that call, exactly once."""
+    async def confirm(self, user: str, task_id: str, call_id: str, approved: bool, reason: str, *,
+                      batch: bool = False) -> dict[str, Any]:
+        """Decide the call the task waits on; exactly that call, exactly once (with `batch`, every call of
+        its batch, each bound to its own arguments)."""
         from dbos import DBOS
 
         from tether.durable._control import ControlError, decide
@@ -216,13 +218,15 @@ class Tasks:
             raise TaskError(409, f"task {task_id} is {row.status}, not waiting for a confirmation")
         if row.pending.get("call_id") != call_id:
             raise TaskError(409, f"task {task_id} waits on call {row.pending.get('call_id')!r}, not {call_id!r}")
+        if batch and not row.pending.get("batch"):
+            raise TaskError(409, f"call {call_id} of task {task_id} is not part of a batch; confirm it alone")
         # keyed by the exact pending call: call ids are unique only within one model reply
         key = f"{row.pending.get('step')}:{call_id}"
         if not await self.db(self.tables.record_decision, task_id, key, approved, user, reason):
             raise TaskError(409, f"call {call_id} of task {task_id} was already answered")
         try:
             return await self.db(decide, self.rt.store, DBOS, task_id, call_id, approved=approved, by=user,
-                                           reason=reason)
+                                 reason=reason, batch=str(row.pending["batch"]) if batch else "")
         except ControlError as exc:
             await self.db(self.tables.forget_decision, task_id, key)
             raise TaskError(409, str(exc)) from exc

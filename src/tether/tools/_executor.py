@@ -372,39 +372,10 @@ class Executor:
         """Run one call through every check; never raises (except cancellation). `index` is the
         call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
         itself (the durable runner checkpoints it there)."""
-        tool = self.tools.get(call.name)
-        if tool is None:
-            names = ", ".join(self.tools) or "none"
-            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", "unknown_tool")
-        if call.parse_error is not None:
-            return self._error(
-                call,
-                f"invalid arguments for '{call.name}': {call.parse_error}. Call it again with a JSON object "
-                "that matches its parameters.",
-                "invalid_arguments",
-            )
-        try:
-            args = tool.validator.validate(call.arguments)
-        except ArgumentError as exc:
-            return self._error(
-                call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
-                "invalid_arguments",
-            )
-        except Exception as exc:  # a validator bug must not crash the run, nor let the call through
-            return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
-                               f"{exc}", "invalid_arguments")
-        for bound in ctx.bounds:
-            try:
-                reason = bound.refusal(tool, args, ctx.user)
-                if not isinstance(reason, str | None):  # a coroutine (PolicyBound)
-                    reason = await reason
-                if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
-                    reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
-                              "which this agent's policy cannot ask for")
-            except Exception as exc:  # fail closed
-                reason = f"the delegating run's capability check failed - {type(exc).__name__}: {exc}"
-            if reason is not None:
-                return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
+        checked = await self._checked(call, ctx)
+        if isinstance(checked, ToolResult):
+            return checked
+        tool, args = checked
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except asyncio.CancelledError:  # e.g. while a person was being asked
@@ -459,6 +430,63 @@ class Executor:
                               f"'{call.name}' finished after it was cancelled: {result.content}")
             raise ToolCancelled(result)
         return result
+
+    async def _checked(self, call: ToolCall, ctx: CallContext) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """The call's tool and validated arguments, or the error that answers it (an unknown tool,
+        invalid arguments, a delegating run's refusal): every check before the policy's."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools) or "none"
+            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", "unknown_tool")
+        if call.parse_error is not None:
+            return self._error(
+                call,
+                f"invalid arguments for '{call.name}': {call.parse_error}. Call it again with a JSON object "
+                "that matches its parameters.",
+                "invalid_arguments",
+            )
+        try:
+            args = tool.validator.validate(call.arguments)
+        except ArgumentError as exc:
+            return self._error(
+                call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
+                "invalid_arguments",
+            )
+        except Exception as exc:  # a validator bug must not crash the run, nor let the call through
+            return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
+                               f"{exc}", "invalid_arguments")
+        for bound in ctx.bounds:
+            try:
+                reason = bound.refusal(tool, args, ctx.user)
+                if not isinstance(reason, str | None):  # a coroutine (PolicyBound)
+                    reason = await reason
+                if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
+                    reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
+                              "which this agent's policy cannot ask for")
+            except Exception as exc:  # fail closed
+                reason = f"the delegating run's capability check failed - {type(exc).__name__}: {exc}"
+            if reason is not None:
+                return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
+        return tool, args
+
+    async def announce(self, calls: list[ToolCall], ctx: CallContext) -> list[dict[str, Any]]:
+        """Tell the policy the calls one model turn announced, before any runs (`announce_turn`: it may
+        ask one question for those that need approval). Returns the decisions it took now; never raises
+        (a failure leaves each call to ask on its own)."""
+        hook: Any = getattr(self.policy, "announce_turn", None)
+        if hook is None:
+            return []
+        items = []
+        for call in calls:
+            checked = await self._checked(call, ctx)
+            if not isinstance(checked, ToolResult):
+                items.append((*checked, call))
+        try:
+            return list(await hook(items, ctx))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return []
 
     async def _run_job(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext,
                        index: int) -> ToolResult:
