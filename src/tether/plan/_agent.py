@@ -116,7 +116,8 @@ class _Recorded:
         self.steps = iter(steps)
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        return await self.runner.model_step(next(self.steps), lambda: self.model.complete(request))
+        reply: ModelReply = await self.runner.model_step(next(self.steps), lambda: self.model.complete(request))
+        return reply
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

@@ -31,7 +31,8 @@ async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, 
                         ctx: CallContext) -> list[dict[str, Any]]:
     """Ask once about the turn's calls that need approval (two or more); returns the decisions taken
     (`call_id`, `approved`, `by`, `batch`), empty when nothing was asked now."""
-    from tether.policy._policy import PolicyState, _Call, _describe, _dry_run, plain_args
+    from tether.policy._policy import _Call, _describe, _dry_run, plain_args
+    from tether.policy._state import PolicyState
 
     state = ctx.policy_state if type(ctx.policy_state) is PolicyState else policy._state(ctx)
     state.batched.clear()
