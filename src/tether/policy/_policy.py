@@ -57,6 +57,8 @@ from tether.policy._output_filter import Finding, filter_output, scan
 from tether.policy._provenance import SAFE_ORIGINS, Origin, Provenance, is_money, words
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Verdict
+from tether.values import _decide as hidden
+from tether.values._store import ValueStore
 
 NOTE_PREFIX = "[tether] "  # how the label note after a turn's results begins
 FREE_TEXT_WORDS = 3  # a risk-free argument's value of fewer words (a date, an id) is checked anyway
@@ -171,6 +173,7 @@ class PolicyState:
     secrets: dict[str, str] = field(default_factory=dict)
     asked: int = 0  # approvals asked of a person or an approver in this run
     denied: int = 0  # of them, denied
+    values: ValueStore = field(default_factory=ValueStore)  # hidden values (tether.values), by handle
 
     @property
     def tainted(self) -> bool:
@@ -185,6 +188,7 @@ class PolicyState:
             "has_prompt": self.has_prompt, "awaiting": dict(self.awaiting), "decisions": dict(self.decisions),
             "written_paths": sorted(self.written_paths), "labels": dict(self.labels),
             "secrets": dict(sorted(self.secrets.items())), "asked": self.asked, "denied": self.denied,
+            "values": self.values.dump(),
         }
 
     @classmethod
@@ -207,6 +211,7 @@ class PolicyState:
             labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
             secrets=_load_secrets(data.get("secrets")),
             asked=int(data.get("asked", 0)), denied=int(data.get("denied", 0)),
+            values=ValueStore.load(data["values"]) if "values" in data else ValueStore(enabled=False),
         )
 
 
@@ -268,6 +273,8 @@ class SafetyPolicy:
         max_approvals: int | None = 20,
         max_denials: int | None = 5,
         environment: Mapping[str, str] | None = None,
+        hidden_values: bool = True,
+        query_model: Any = None,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -293,6 +300,9 @@ class SafetyPolicy:
         self.max_denials = max_denials
         # whose values are secrets in every run (None: this process's environment, read when used)
         self.environment = environment
+        # untrusted outputs of tools that hide (tether.values) stay behind handles; False: all visible
+        self.hidden_values = hidden_values
+        self.query_model = query_model  # answers inspect_value (None: the agent's own model)
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         # per tool name: (tool, capability, the guards that apply); see _plan
         self._plans: dict[str, tuple[Tool, Capability, tuple[Callable[[_Call], Stop | None], ...]]] = {}
@@ -307,7 +317,7 @@ class SafetyPolicy:
         its RunState (`state=`). Tool outputs of earlier turns count as untrusted: the policy never
         saw where they came from. To drive the executor by hand, start a state here and pass it as
         `CallContext(policy_state=...)`: a call without one is refused."""
-        state = PolicyState(run_id, user)
+        state = PolicyState(run_id, user, values=ValueStore(enabled=self.hidden_values))
         for text in user_texts:
             if text:
                 state.prov.add_user(text)
@@ -356,6 +366,9 @@ class SafetyPolicy:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
         append the actions that were held for the user to confirm."""
         run_id = state.run_id if state is not None else ""
+        withheld: list[str] = []
+        if state is not None:  # the user may read their own data: handles become values, secret ones withheld
+            answer, withheld = state.values.render(answer)
         if state is not None and state.held:
             # held actions carry the model's arguments: they are filtered with the answer
             answer = answer.rstrip() + "\n\nNot done, waiting for your confirmation:\n" + "\n".join(
@@ -364,6 +377,7 @@ class SafetyPolicy:
         text, leaks = redact(answer, self.secrets_of(state))
         findings = [Finding("secret", f"({leak.how})", f"a secret value read from {leak.source} ({leak.how}); "
                                                        "secrets must not leave the run") for leak in leaks]
+        findings += [Finding("secret", ref, f"{ref} is a secret hidden value; not shown") for ref in withheld]
         text, more = filter_output(text, egress=self.egress)
         findings += more
         if state is not None and state.tainted:
@@ -487,6 +501,7 @@ class SafetyPolicy:
             (self._guard_rate, cap.per_run is not None or cap.per_user is not None),
             (functools.partial(self._guard_declaration, problem or ""), problem is not None),
             (self._guard_provenance_trace, True),
+            (self._guard_hidden_values, self.hidden_values),
             (self._guard_egress, True),
             (self._guard_argument_scan, self.scan_arguments),
             (self._guard_provenance, True),
@@ -549,6 +564,24 @@ class SafetyPolicy:
         # a staged effect lands in the run's staged view (tether.staging), reviewed before it reaches the
         # workspace: reversible by construction, so nothing to ask about here
         c.guarded = c.checked_effect in self.guard_effects and not c.tool.metadata.get("staged")
+
+    def _guard_hidden_values(self, c: _Call) -> Stop | None:
+        """Hidden values passed by handle (tether.values), judged by the labels the substitution gave the
+        arguments: a secret goes only to a tool declared for it; an untrusted one makes an effect a
+        person's decision even while the model's context is clean."""
+        binding = c.state.values.binding(c.call.id)
+        if binding is None or not binding.used:
+            return None
+        c.prov.update(hidden.argument_origins(binding))
+        if (why := hidden.sink_refusal(c.tool, binding)) is not None:
+            return Stop("refused:secret", why)
+        why = hidden.untrusted_reason(binding)
+        # an undeclared effect is checked as reversible (fail closed), as after taint
+        effect = c.effect if c.tool.effect_declared or c.cap.effect is not None else Effect.REVERSIBLE
+        if why is None or effect not in self.guard_effects or c.tool.metadata.get("staged"):
+            return None
+        c.guarded = True
+        return _on_untrusted(c, why)
 
     def _guard_egress(self, c: _Call) -> Stop | None:
         """URL arguments: declared ones, and after taint any argument that is only a URL or host."""
@@ -791,12 +824,17 @@ class SafetyPolicy:
             # yet, so running the same call again to finish it is not a repeat, nor another use
             state.calls[tool.name] -= 1
             state.done.discard(action_key(tool.name, pend.args))
+        binding = state.values.take(result.call_id)  # the hidden values its arguments carried (tether.values)
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
         if result.untrusted is not None and (result.untrusted or (
                 tool.metadata.get("exact_provenance") and tool.name not in self.untrusted_tools)):
             untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
         source = tool.name
+        if binding is not None and binding.label.untrusted:  # computed from a value someone else wrote
+            untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
+        elif not untrusted and hidden.came_back(state.values, result.content):
+            untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
         if not untrusted and looks_injected(result.content):
             # declared trusted, but it speaks to the assistant: someone else wrote into it
             untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
@@ -805,10 +843,18 @@ class SafetyPolicy:
             path_arg = tool.metadata.get("writes_path")
             if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
                 state.written_paths.add(pend.args[path_arg])
-        state.prov.add_output(result.content, trusted=not untrusted, source=source,
-                              private=bool(tool.metadata.get("private_output")))
+        secret_from = None
         if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
-            _note_secrets(state, tool, pend, result.content, error=result.is_error)
+            secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
+        concealed = False
+        if binding is not None:
+            hidden.note_sent(state.values, binding)
+            label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
+            # the model sees the handle's line only (built from trusted facts): its context stays as it was
+            concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label)
+        if not concealed:
+            state.prov.add_output(result.content, trusted=not untrusted, source=source,
+                                  private=bool(tool.metadata.get("private_output")))
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
@@ -816,7 +862,7 @@ class SafetyPolicy:
                 state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
                 pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
                 result.content[:200], state.prov.tainted))
-        if untrusted and self.wrap_outputs:
+        if untrusted and self.wrap_outputs and not concealed:
             state.labels[result.call_id] = tool.name
         return result
 
@@ -851,19 +897,23 @@ def _load_secrets(data: Any) -> dict[str, str]:
     return dict.fromkeys((str(v) for v in data or ()), "a tool's output")  # states before sources were kept
 
 
-def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> None:
+def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> str | None:
     """Add the secret values an output holds to the run's set: every value of a secret-bearing source
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
-    source: its words are the tool's, not the file's."""
+    source: its words are the tool's, not the file's. Returns the secret-bearing source the whole output
+    came from (its label is secret), if any."""
     found: dict[str, str] = {}
+    bearer = None
     if error:
         pass
     elif tool.metadata.get("secret_output"):
+        bearer = tool.name
         found.update(dict.fromkeys(values_in(content), tool.name))
     elif pend is not None and not tool.metadata.get("writes_path"):
         names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
         if names:
+            bearer = names[0]
             found.update(dict.fromkeys(values_in(content, names[0]), names[0]))
     for m in _GREP_LINE.finditer(content):
         if (name := secret_file(m.group(1))) is not None:
@@ -875,6 +925,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
         if len(state.secrets) >= MAX_SECRETS:
             break
         state.secrets.setdefault(value, source)
+    return bearer
 
 
 def plain_args(args: dict[str, Any]) -> dict[str, Any]:

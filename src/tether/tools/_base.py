@@ -48,6 +48,8 @@ class Tool:
     is_async: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
+    # keep an untrusted or secret output behind a handle (tether.values): None, the default for its kind
+    hide_output: bool | None = None
     spec: ToolSpec = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +95,7 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    hide_output: bool | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -108,6 +111,7 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    hide_output: bool | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a typed function; the schema comes from its hints and docstring.
 
@@ -116,7 +120,9 @@ def tool(
     `effect` the tool runs as read-only, but after taint the safety policy checks its calls as if
     it were reversible (declare `effect="read_only"` for a tool that changes nothing). `job=True`
     runs each call in the background and answers it at once with a job id (docs/jobs.md; the same
-    as `metadata={"job": True}`).
+    as `metadata={"job": True}`). `hide_output=True` keeps an untrusted or secret output out of the
+    model's context behind a handle (docs/hidden_values.md); False keeps it visible; None (the default)
+    hides it for untrusted sources of others' text (web, mail, MCP) and secret outputs.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -135,6 +141,7 @@ def tool(
             max_result_chars=max_result_chars,
             context_param=context_param,
             metadata={**(metadata or {}), **({"job": True} if job else {})},
+            hide_output=hide_output,
         )
 
     if fn is not None:

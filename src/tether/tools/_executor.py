@@ -36,6 +36,8 @@ from tether.tools._results import (
     shape,
 )
 from tether.tools._schema import ArgumentError
+from tether.values._declare import hides
+from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
 
 @dataclass(slots=True)
@@ -371,7 +373,18 @@ class Executor:
     async def execute(self, call: ToolCall, ctx: CallContext, index: int = 0, step: ToolStepFn = _direct) -> ToolResult:
         """Run one call through every check; never raises (except cancellation). `index` is the
         call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
-        itself (the durable runner checkpoints it there)."""
+        itself (the durable runner checkpoints it there). Handles of hidden values in the arguments
+        (tether.values) are replaced by their values first; the policy reads their labels."""
+        store = values_of(ctx.policy_state)
+        if store is None:
+            return await self._execute(call, ctx, index, step, None)
+        try:
+            return await self._execute(call, ctx, index, step, store)
+        finally:
+            store.take(call.id)  # the binding of a call that ended before its result was checked
+
+    async def _execute(self, call: ToolCall, ctx: CallContext, index: int, step: ToolStepFn,
+                       store: ValueStore | None) -> ToolResult:
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -383,8 +396,14 @@ class Executor:
                 "that matches its parameters.",
                 "invalid_arguments",
             )
+        arguments = call.arguments
+        if store is not None:
+            try:
+                arguments = store.bind(call.id, ctx.step, index, call.arguments)
+            except UnknownHandle as exc:
+                return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
         try:
-            args = tool.validator.validate(call.arguments)
+            args = tool.validator.validate(arguments)
         except ArgumentError as exc:
             return self._error(
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
@@ -428,11 +447,14 @@ class Executor:
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []
+        # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
+        limit = tool.max_result_chars or self.max_result_chars
+        hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
         try:
             if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
-                result = await self._run(tool, args, call, ctx, index, cancelled)
+                result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
             else:
-                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled))
+                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled, hiding))
         except asyncio.CancelledError:
             if cancelled and cancelled[0] is not None:
                 raise ToolCancelled(cancelled[0]) from None
@@ -453,6 +475,10 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if hiding and len(result.content) > limit:  # shown after all: capped now
+            result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
+            if result.handle is not None:
+                ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
             result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
                               f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
@@ -476,7 +502,7 @@ class Executor:
         return result
 
     async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int,
-                   cancelled: list[ToolResult | None] | None = None) -> ToolResult:
+                   cancelled: list[ToolResult | None] | None = None, hiding: bool = False) -> ToolResult:
         """Run the tool itself, bounded by its timeout. A cancelled call is noted in `cancelled`: a sync
         tool whose thread ends within the grace returns its (late) result, noted None; otherwise the
         call's answer is noted and the cancellation goes on."""
@@ -561,7 +587,7 @@ class Executor:
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
             return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
                                "failed")
-        limit = tool.max_result_chars or self.max_result_chars
+        limit = MAX_VALUE_CHARS if hiding else tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,
                           job=job)
