@@ -358,3 +358,12 @@ def test_substitution_labels_a_call_with_the_join_of_exactly_what_it_substituted
                                           ("$v3_1", TRUSTED)) if h in text)
     assert binding.label == expected
     assert "$v" not in json.dumps(out)
+
+
+def test_a_handle_inside_longer_text_is_replaced_and_labels_the_call() -> None:
+    store = ValueStore()
+    store.hide("$v1_1", "plain words", untrusted("read_email"), "output")
+    out = store.bind("c", 2, 0, {"body": "Quote: $v1_1.Thanks", "n": 3})
+    binding = store.take("c")
+    assert out == {"body": "Quote: plain words.Thanks", "n": 3}
+    assert binding is not None and binding.label.untrusted and binding.used == {"body": ["$v1_1"]}

@@ -848,7 +848,7 @@ class SafetyPolicy:
             secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
         concealed = False
         if binding is not None:
-            hidden.note_sent(state.values, binding)
+            hidden.note_sent(state.values, tool, binding)
             label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
             # the model sees the handle's line only (built from trusted facts): its context stays as it was
             concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label)

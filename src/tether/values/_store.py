@@ -118,7 +118,17 @@ class ValueStore:
         return v
 
     def _inline(self, m: re.Match[str], binding: Binding, labels: list[Label], path: str) -> str:
-        value, label = self._resolve(m)
+        """A handle inside longer text. What follows it reads as a part only of a JSON value: after a
+        text value, `$v3_1.Thanks` is the value, then ".Thanks"."""
+        try:
+            value, label = self._resolve(m)
+        except UnknownHandle:
+            bare = HANDLE.fullmatch(f"$v{m.group(1)}_{m.group(2)}")
+            hidden = self.values.get(bare.group()) if bare is not None and m.group(3) else None
+            if hidden is None or hidden.value.lstrip()[:1] in ("{", "["):
+                raise
+            self._note(binding, labels, path, bare.group(), hidden.value, hidden.label)  # type: ignore[union-attr]
+            return hidden.value + m.group(3)
         self._note(binding, labels, path, m.group(), value, label)
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
