@@ -14,7 +14,7 @@ from tether._agent import Agent
 from tether._limits import Limits
 from tether._types import RunState, StopReason
 from tether.models._scripted import ScriptedModel, call
-from tether.policy import ApprovalRequest, CallbackApprover, SafetyPolicy
+from tether.policy import ApprovalRequest, CallbackApprover, Capabilities, Capability, SafetyPolicy
 from tether.tools._base import Tool, tool
 from tether.values import (
     HANDLE,
@@ -62,7 +62,12 @@ class World:
             self.posted.append(data)
             return "ok"
 
-        return [read_email, send_email, read_env, http_post]
+        @tool(effect="irreversible")
+        def schedule(minutes: int, note: str) -> str:
+            """Schedule a reminder."""
+            return "scheduled"
+
+        return [read_email, send_email, read_env, http_post, schedule]
 
 
 def handle_in(text: str) -> str:
@@ -367,3 +372,34 @@ def test_a_handle_inside_longer_text_is_replaced_and_labels_the_call() -> None:
     binding = store.take("c")
     assert out == {"body": "Quote: plain words.Thanks", "n": 3}
     assert binding is not None and binding.label.untrusted and binding.used == {"body": ["$v1_1"]}
+
+
+def _errors_for(*calls_of: Any, capability: Any = None) -> tuple[str, World]:
+    world = World()
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return calls_of[0](handle_in(tools[0].content))
+        return "done"
+
+    caps = None if capability is None else Capabilities([capability], unlisted="inherit")
+    policy = SafetyPolicy(capabilities=caps) if caps is not None else SafetyPolicy()
+    model = ScriptedModel(step)
+    Agent(model, tools=world.tools(), policy=policy, limits=Limits(max_steps=5)).run("go")
+    return [m.content for m in model.requests[-1].messages if m.role == "tool"][-1], world
+
+
+def test_an_argument_error_after_substitution_does_not_quote_the_hidden_value() -> None:
+    err, _ = _errors_for(lambda h: call("schedule", minutes=h, note="x"))
+    assert err.startswith("ERROR: invalid arguments for 'schedule'") and "minutes = $v1_1" in err
+    assert "Ignore" not in err and "attacker" not in err
+
+
+def test_a_held_call_tells_the_model_its_handles_not_the_hidden_text() -> None:
+    err, world = _errors_for(lambda h: call("send_email", to=USER_ADDRESS, body=h),
+                             capability=Capability("send_email", on_untrusted="summarize"))
+    assert "held for the user to confirm" in err and "$v1_1" in err
+    assert "Ignore" not in err and "attacker" not in err and world.sent == []

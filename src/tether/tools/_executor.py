@@ -402,9 +402,16 @@ class Executor:
                 arguments = store.bind(call.id, ctx.step, index, call.arguments)
             except UnknownHandle as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
+        binding = store.binding(call.id) if store is not None else None
         try:
             args = tool.validator.validate(arguments)
         except ArgumentError as exc:
+            if binding is not None and binding.quotes_hidden:  # its details would quote the hidden values
+                refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
+                return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
+                                   "they do not fit its parameters (details not shown: they would quote the "
+                                   "values). A handle stands for text, or for the JSON part it names.",
+                                   "invalid_arguments")
             return self._error(
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
                 "invalid_arguments",
@@ -432,6 +439,9 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", "refused:policy_error")
+        if binding is not None and binding.quotes_hidden and verdict.action != "allow":
+            # a held action's line, a host: never the hidden text
+            verdict = dataclasses.replace(verdict, reason=binding.mask(verdict.reason))
         if verdict.action == "refuse":
             return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
         if verdict.action == "await_approval":
@@ -475,6 +485,8 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
+            result.content = binding.mask(result.content)
         if hiding and len(result.content) > limit:  # shown after all: capped now
             result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
             if result.handle is not None:
