@@ -403,3 +403,26 @@ def test_a_held_call_tells_the_model_its_handles_not_the_hidden_text() -> None:
                              capability=Capability("send_email", on_untrusted="summarize"))
     assert "held for the user to confirm" in err and "$v1_1" in err
     assert "Ignore" not in err and "attacker" not in err and world.sent == []
+
+
+def test_a_sub_agent_given_a_hidden_untrusted_value_starts_tainted() -> None:
+    child_model = ScriptedModel([call("send_email", to=USER_ADDRESS, body="as the task says"), "done"])
+    world, asked = World(), []
+    child = Agent(child_model, tools=world.tools(), policy=SafetyPolicy(), name="helper")
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return call("helper", task=f"Handle this mail: {handle_in(tools[0].content)}")
+        return "done"
+
+    def decide(req: ApprovalRequest) -> bool:
+        asked.append(req)
+        return True
+
+    parent = Agent(ScriptedModel(step), tools=[*world.tools(), child.as_tool("helper", "A helper.")],
+                   policy=SafetyPolicy(approver=CallbackApprover(decide)), limits=Limits(max_steps=5))
+    parent.run("deal with my mail")
+    assert world.sent == []  # the child's send, chosen after reading the injected task, was refused by its policy

@@ -251,6 +251,12 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+def _untrusted_args(ctx: CallContext, call: ToolCall) -> bool:
+    store = values_of(ctx.policy_state)
+    binding = store.binding(call.id) if store is not None else None
+    return binding is not None and binding.label.untrusted
+
+
 class ToolCancelled(asyncio.CancelledError):
     """A call cancelled while it ran (or before its tool started): still a cancellation, carrying the
     call's truthful answer in `result` (finished after the cancel, stopped, not run, or left running)."""
@@ -526,6 +532,7 @@ class Executor:
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
                 idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
+                untrusted_args=_untrusted_args(ctx, call),
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
