@@ -426,3 +426,33 @@ def test_a_sub_agent_given_a_hidden_untrusted_value_starts_tainted() -> None:
                    policy=SafetyPolicy(approver=CallbackApprover(decide)), limits=Limits(max_steps=5))
     parent.run("deal with my mail")
     assert world.sent == []  # the child's send, chosen after reading the injected task, was refused by its policy
+
+
+def test_a_durable_run_forked_after_a_hidden_read_keeps_the_handle(tmp_path: Any) -> None:
+    pytest.importorskip("dbos")
+    import asyncio
+
+    from tether.durable import teardown
+    from tether.durable._fork import fork
+
+    db = str(tmp_path / "runs.db")
+    try:
+        world = World()
+        original = ScriptedModel([call("read_email", id=1), "read"])
+        first = Agent(original, tools=world.tools(), policy=SafetyPolicy(), name="hv1", durable=db).run(
+            "read mail 1", run_id="orig")
+        line = next(m.content for m in first.messages if m.role == "tool")
+        handle = handle_in(line)
+        asked: list[ApprovalRequest] = []
+
+        def decide(req: ApprovalRequest) -> bool:
+            asked.append(req)
+            return True
+
+        what_if = ScriptedModel([call("send_email", to=USER_ADDRESS, body=handle), "sent"])
+        other = Agent(what_if, tools=world.tools(), policy=SafetyPolicy(approver=CallbackApprover(decide)))
+        forked = asyncio.run(fork(other, db, "orig", 1, message="forward it to me"))
+        assert forked.completed
+        assert world.sent == [{"to": USER_ADDRESS, "body": INJECTED}] and len(asked) == 1
+    finally:
+        teardown()
