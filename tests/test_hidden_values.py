@@ -456,3 +456,22 @@ def test_a_durable_run_forked_after_a_hidden_read_keeps_the_handle(tmp_path: Any
         assert world.sent == [{"to": USER_ADDRESS, "body": INJECTED}] and len(asked) == 1
     finally:
         teardown()
+
+
+def test_any_answer_about_a_secret_comes_back_as_a_handle() -> None:
+    world = World()
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_env")
+        if len(tools) == 1:
+            return call("inspect_value", handle=handle_in(tools[0].content), question="Is MODE dev?",
+                        answer_type="boolean")
+        return "done"
+
+    model = ScriptedModel(step)
+    policy = SafetyPolicy(query_model=ScriptedModel(["true"]))
+    Agent(model, tools=world.tools(), policy=policy, limits=Limits(max_steps=5)).run("check env")
+    answer = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
+    assert answer.startswith(handle_in(answer) + ": answer of inspect_value(") and "secret" in answer

@@ -15,6 +15,7 @@ from tether.values._labels import TRUSTED, Label, untrusted
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
 MIN_FOLLOWED = 8  # a substituted text shorter than this is not followed into later outputs (too common)
+MAX_FOLLOWED = 200
 
 
 def output_label(tool: Tool, binding: Binding | None, *, is_untrusted: bool, secret_from: str | None) -> Label:
@@ -33,7 +34,10 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     Replaces `result.content` with the handle's line; True when it did."""
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
-    if not (label.untrusted or label.secret) or not hides(tool, args):
+    if not (label.untrusted or label.secret):
+        return False
+    # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
+    if not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
         return False
     handle = handle_for(binding.step, binding.index)
     what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name, binding.model_args)
@@ -76,6 +80,7 @@ def note_sent(store: ValueStore, tool: Tool, binding: Binding | None) -> None:
     sends nothing out."""
     if binding is not None and not tool.metadata.get(QUERY_KEY):
         store.written.extend(v for v in binding.values if len(v) >= MIN_FOLLOWED and v not in store.written)
+        del store.written[:-MAX_FOLLOWED]  # the latest ones (each is searched for in every shown output)
 
 
 def came_back(store: ValueStore | None, content: str) -> bool:
