@@ -844,9 +844,9 @@ class SafetyPolicy:
             path_arg = tool.metadata.get("writes_path")
             if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
                 state.written_paths.add(pend.args[path_arg])
-        secret_from = None
-        if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
-            secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
+        # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
+        # output came from a secret-bearing source (its hidden value's label is secret)
+        secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
         concealed = False
         if binding is not None:
             hidden.note_sent(state.values, tool, binding)
@@ -904,18 +904,18 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
     source: its words are the tool's, not the file's. Returns the secret-bearing source the whole output
     came from (its label is secret), if any."""
-    found: dict[str, str] = {}
-    bearer = None
     if error:
-        pass
-    elif tool.metadata.get("secret_output"):
-        bearer = tool.name
-        found.update(dict.fromkeys(values_in(content), tool.name))
-    elif pend is not None and not tool.metadata.get("writes_path"):
-        names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
-        if names:
-            bearer = names[0]
-            found.update(dict.fromkeys(values_in(content, names[0]), names[0]))
+        return None
+    file_name = None  # a secret file the call names
+    if not tool.metadata.get("secret_output") and pend is not None and not tool.metadata.get("writes_path"):
+        file_name = next((n for k, v in pend.args.items() if k in _READS and isinstance(v, str)
+                          for n in secret_files_named(v)), None)
+    bearer = tool.name if tool.metadata.get("secret_output") else file_name
+    if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
+        return bearer
+    found: dict[str, str] = {}
+    if bearer is not None:
+        found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
     for m in _GREP_LINE.finditer(content):
         if (name := secret_file(m.group(1))) is not None:
             for value in values_in(m.group(2), name):
