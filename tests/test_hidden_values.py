@@ -500,3 +500,27 @@ def test_a_value_read_from_dotenv_is_secret_whatever_its_name_and_is_refused_at_
     line, err = [m.content for m in model.requests[-1].messages if m.role == "tool"]
     assert "secret" in line and "plainword77" not in line
     assert "secret value" in err and "plainword77" not in err and world.posted == []
+
+
+def test_a_background_job_given_an_untrusted_value_delivers_an_untrusted_result() -> None:
+    world = World()
+
+    @tool(job=True, effect="read_only")
+    async def summarize(text: str) -> str:
+        """Summarise a text (slowly)."""
+        return "summary: " + text[:60]
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return call("summarize", text=handle_in(tools[0].content))
+        if len(tools) == 2:
+            return call("job_wait", job_id=tools[1].content.split()[1])
+        return "done"
+
+    res = Agent(ScriptedModel(step), tools=[*world.tools(), summarize], policy=SafetyPolicy(),
+                limits=Limits(max_steps=6)).run("summarise my mail")
+    assert any("summary: Hi!" in m.content for m in res.messages if m.role == "tool")
+    assert res.tainted  # the summary of the hidden text was shown: the run is tainted

@@ -457,7 +457,9 @@ class Executor:
             args = verdict.arguments
         jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
         if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
-            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", tool.untrusted_output,
+            # a job given untrusted hidden values delivers a result computed from them: untrusted
+            untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
+            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                               functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index),
                               step)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
