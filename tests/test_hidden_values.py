@@ -508,7 +508,7 @@ def test_a_background_job_given_an_untrusted_value_delivers_an_untrusted_result(
     @tool(job=True, effect="read_only")
     async def summarize(text: str) -> str:
         """Summarise a text (slowly)."""
-        return "summary: " + text[:60]
+        return "summary: " + text[-16:]  # the end of the injected mail: no instruction-like text
 
     def step(request: Any) -> Any:
         tools = [m for m in request.messages if m.role == "tool"]
@@ -522,5 +522,5 @@ def test_a_background_job_given_an_untrusted_value_delivers_an_untrusted_result(
 
     res = Agent(ScriptedModel(step), tools=[*world.tools(), summarize], policy=SafetyPolicy(),
                 limits=Limits(max_steps=6)).run("summarise my mail")
-    assert any("summary: Hi!" in m.content for m in res.messages if m.role == "tool")
+    assert any("summary: Lunch on Friday?" in m.content for m in res.messages if m.role == "tool")
     assert res.tainted  # the summary of the hidden text was shown: the run is tainted
