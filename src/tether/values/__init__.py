@@ -34,6 +34,7 @@ The quarantined query (added by `Agent` when a tool may hide; `query_tool(model)
                   max_chars: int = 80)                # string, at most 200
     # boolean/enum/number/date: the answer is shown (from untrusted data, it taints the context);
     # string/email/iban/url/regex: the answer is a new hidden value ($v4_1), labelled as what it read.
+    # any answer about a secret value: a new hidden value too.
 
 The decision (tether.policy.SafetyPolicy): an effect asks when an argument's label is untrusted, or
 when the context is tainted (a visible untrusted output or a shown query answer from untrusted data).
