@@ -524,3 +524,22 @@ def test_a_background_job_given_an_untrusted_value_delivers_an_untrusted_result(
                 limits=Limits(max_steps=6)).run("summarise my mail")
     assert any("summary: Lunch on Friday?" in m.content for m in res.messages if m.role == "tool")
     assert res.tainted  # the summary of the hidden text was shown: the run is tainted
+
+
+def test_the_readers_tokens_go_on_the_runs_bill() -> None:
+    from tether._types import ModelReply, Usage
+
+    world = World()
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return call("inspect_value", handle=handle_in(tools[0].content), question="Lunch?", answer_type="boolean")
+        return "done"
+
+    reader = ScriptedModel([ModelReply("yes", usage=Usage(input_tokens=1000, output_tokens=1))])
+    res = Agent(ScriptedModel(step), tools=world.tools(), policy=SafetyPolicy(query_model=reader),
+                limits=Limits(max_steps=5)).run("is it about lunch?")
+    assert res.usage.input_tokens >= 1000 and res.usage.model_calls == 4

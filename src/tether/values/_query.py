@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import re2
 
 from tether._errors import InvalidInput, OperationFailed
-from tether._types import Effect, Message, ModelRequest
+from tether._types import Effect, Message, ModelRequest, Usage
 from tether.models._base import Model
-from tether.tools._base import Tool, tool
+from tether.tools._base import Tool, ToolContext, tool
 from tether.tools.builtin._regex import translate
 from tether.values._declare import QUERY_KEY, hides
 
@@ -52,8 +52,8 @@ _SHAPES = {
 def query_tool(model: Model, *, name: str = QUERY_TOOL) -> Tool:
     """The quarantined query tool, answering with `model` (given no tools; the agent's own or another)."""
 
-    async def inspect_value(handle: Any, question: str, answer_type: AnswerType, options: list[str] | None = None,
-                            pattern: str | None = None, max_chars: int = 80) -> str:
+    async def inspect_value(handle: Any, question: str, answer_type: AnswerType, context: ToolContext,
+                            options: list[str] | None = None, pattern: str | None = None, max_chars: int = 80) -> str:
         """Ask a question about a hidden value ($v3_1, or a part: $v3_1.body) without seeing it. A reader
         with no tools answers; its answer must fit answer_type: boolean, enum (give options), number,
         date (YYYY-MM-DD), email, iban, url, regex (give pattern), or string (at most max_chars). Booleans,
@@ -83,9 +83,22 @@ def query_tool(model: Model, *, name: str = QUERY_TOOL) -> Tool:
             reply = await model.complete(request)
         except Exception as exc:
             raise OperationFailed(f"the reader failed ({type(exc).__name__}); try again") from None
+        _charge(context, reply.usage)
         return validate_answer(reply.text, answer_type, options, pattern, max_chars)
 
     return tool(name=name, effect=Effect.READ_ONLY, metadata={QUERY_KEY: True})(inspect_value)
+
+
+def _charge(context: ToolContext, used: Usage) -> None:
+    """The reader's tokens go on the run's bill, as a sub-agent's do."""
+    # imported here: the loop imports the executor, which imports this package
+    from tether._loop import PARENT_KEY, ParentRun
+
+    parent = context.extra.get(PARENT_KEY)
+    if isinstance(parent, ParentRun):
+        used = used.copy()
+        used.model_calls = max(used.model_calls, 1)
+        parent.budget.settle(None, None, used)
 
 
 def _check_request(answer_type: str, options: list[str] | None, pattern: str | None, max_chars: int) -> str:
