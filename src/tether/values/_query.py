@@ -13,13 +13,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import re2
-
 from tether._errors import InvalidInput, OperationFailed
 from tether._types import Effect, Message, ModelRequest, Usage
 from tether.models._base import Model
 from tether.tools._base import Tool, ToolContext, tool
-from tether.tools.builtin._regex import translate
 from tether.values._declare import QUERY_KEY, hides
 
 QUERY_TOOL = "inspect_value"
@@ -33,8 +30,6 @@ _NUMBER = re.compile(r"[-+]?\d{1,18}(?:\.\d{1,12})?")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9\-]{1,63}(?:\.[A-Za-z0-9\-]{1,63})*\.[A-Za-z]{2,24}")
 _IBAN = re.compile(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}")
 _URL_CHARS = re.compile(r"[^\s<>\"'`\\\x00-\x1f\x7f]{1,2000}")
-_RE2 = re2.Options()
-_RE2.log_errors = False
 
 _SHAPES = {
     "boolean": "exactly `true` or `false`",
@@ -122,8 +117,15 @@ def _check_request(answer_type: str, options: list[str] | None, pattern: str | N
 
 
 def _compile(pattern: str) -> Any:
+    # imported when used: the executor imports this package, and most runs ask no regex
+    import re2
+
+    from tether.tools.builtin._regex import translate
+
+    options = re2.Options()
+    options.log_errors = False
     try:  # RE2: linear time, so a reply cannot make a caller's pattern run forever
-        return re2.compile(f"(?:{translate(pattern)})", _RE2)
+        return re2.compile(f"(?:{translate(pattern)})", options)
     except Exception:
         raise InvalidInput("the pattern is not a valid regular expression (RE2 syntax: no backreferences or "
                            "lookaround)") from None
