@@ -42,9 +42,11 @@ def test_print_mode_with_mcp_servers(tmp_path: Path) -> None:
     assert "mcp: MCP server 'broken' failed to start" in proc.stderr and "missing FLAKY_TOKEN" in proc.stderr
     first, second = (r.body for r in model.requests)
     names = {t["function"]["name"] for t in first["tools"]}
-    assert {"calculator", "ev__get-sum", "ev__echo"} <= names
+    assert {"calculator", "ev__get-sum", "ev__echo", "inspect_value"} <= names
     tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
-    assert "The sum of 20 and 22 is 42" in tool_messages[-1]["content"]
+    # an MCP output not declared trusted is a hidden value (docs/hidden_values.md): the model gets a handle
+    assert tool_messages[-1]["content"].startswith("$v1_1: output of ev__get-sum(a=20, b=22), 27 characters")
+    assert "42" not in tool_messages[-1]["content"]
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -120,9 +122,10 @@ def test_result_text() -> None:
 
 
 def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
-    # pid changes nothing: declared so, it runs in the second turn too, after the first turn's
-    # untrusted MCP output (undeclared, it would be an effect chosen after taint and need approval)
-    config = write_config(tmp_path / "mcp.json", {"ok": flaky("ok", connectTimeout=60, effects={"pid": "read_only"})})
+    # pid changes nothing: declared so, it runs in the second turn too (undeclared, it would be an
+    # effect of unknown kind); its output is declared trusted, so the model sees the pid (not a handle)
+    config = write_config(tmp_path / "mcp.json", {"ok": flaky("ok", connectTimeout=60, effects={"pid": "read_only"},
+                                                              trustedOutput=["pid"])})
     script = [chat_completion(None, [tool_call("ok__pid", {})]), chat_completion("first"),
               chat_completion(None, [tool_call("ok__pid", {}, id="call_2")]), chat_completion("second")]
     with FakeOpenAIServer(script) as model:
@@ -130,7 +133,7 @@ def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
                               cwd=tmp_path, input="one\ntwo\n", capture_output=True, text=True, timeout=120,
                               env=env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url))
     assert (proc.returncode, proc.stdout) == (0, "first\nsecond\n"), proc.stderr
-    # the last tool message (the policy's label note for untrusted MCP output follows it)
+    # the last tool message
     pids = [[m for m in r.body["messages"] if m["role"] == "tool"][-1]["content"].strip().split("\n")[0]
             for r in model.requests[1::2]]
     assert len(pids) == 2 and pids[0].isdigit() and pids[0] == pids[1]  # the same server process served both

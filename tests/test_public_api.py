@@ -89,8 +89,9 @@ def test_tether_raises_no_bare_builtin_error() -> None:
 
 # The public surface: these modules, and the names in their __all__. Everything else is implementation.
 PUBLIC_MODULES = ("tether", "tether.context", "tether.durable", "tether.evals", "tether.events", "tether.mcp",
-                  "tether.models", "tether.plan", "tether.policy", "tether.rag", "tether.server", "tether.steps", "tether.store", "tether.team",
-                  "tether.telemetry", "tether.tools", "tether.tools.builtin")
+                  "tether.models", "tether.plan", "tether.policy", "tether.rag", "tether.server", "tether.steps",
+                  "tether.store", "tether.team", "tether.telemetry", "tether.tools", "tether.tools.builtin",
+                  "tether.values")
 
 
 def test_the_docs_and_examples_import_only_public_names() -> None:

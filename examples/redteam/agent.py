@@ -110,6 +110,9 @@ def build_agent(model, *, user: str | None = None, approver: Approver | None = N
         Capability("send_email", guarded_args=("to",)),
         Capability("transfer", ceilings={"amount": 100}, guarded_args=("recipient", "amount")),
     ], unlisted="inherit")
-    policy = SafetyPolicy(capabilities=caps, approver=approver, egress=EgressPolicy(["docs.corp.example"]))
+    # the recorded replies play a model that read the injected text, so outputs are shown (the visible
+    # mode): with hidden values on, a real model would never have read it (docs/hidden_values.md)
+    policy = SafetyPolicy(capabilities=caps, approver=approver, egress=EgressPolicy(["docs.corp.example"]),
+                          hidden_values=False)
     return Agent(model, tools=wrap_tools(tools), policy=policy, user=user,
                  limits=limits or Limits(max_steps=8, max_seconds=60))

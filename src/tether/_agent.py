@@ -94,7 +94,9 @@ class Agent(Generic[OutputT]):
 
             self.policy = SafetyPolicy()
         if self.executor is None:
-            self.executor = Executor(self.tools, policy=self.policy, max_result_chars=self.max_result_chars,
+            from tether.values import with_query_tool  # + inspect_value, when a tool may hide its output
+
+            self.executor = Executor(with_query_tool(self.tools, self.policy, self.model), policy=self.policy, max_result_chars=self.max_result_chars,
                                      default_timeout=self.tool_timeout, results=self.results,
                                      max_workers=max(8, self.limits.max_parallel_tools))
         if self.limits.max_cost_usd is not None:  # refused now, not after the money is spent

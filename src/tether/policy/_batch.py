@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tether._errors import OperationFailed
 from tether._types import ToolCall
 from tether.policy._approvals import (
     SUMMARY_KEY,
@@ -69,7 +70,7 @@ async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, 
     try:
         answers = list(await policy.approver.request_batch(ApprovalBatch(batch, requests, summary)))  # type: ignore[attr-defined]
         if len(answers) != len(requests):
-            raise ValueError(f"{len(answers)} answers for {len(requests)} calls")
+            raise OperationFailed(f"{len(answers)} answers for {len(requests)} calls")
     except Exception as exc:  # a broken approver denies
         answers = [ApprovalDecision("denied", "error", f"approver failed: {type(exc).__name__}: {exc}")] * len(requests)
     decided = []

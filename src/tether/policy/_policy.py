@@ -58,6 +58,8 @@ from tether.policy._provenance import Origin
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Verdict
+from tether.values import _decide as hidden
+from tether.values._store import ValueStore
 
 NOTE_PREFIX = "[tether] "  # how the label note after a turn's results begins
 _Call = CallView  # the guards' view of a call was `_Call` here (kept for edits made against that name)
@@ -160,6 +162,8 @@ class SafetyPolicy:
         max_denials: int | None = 5,
         environment: Mapping[str, str] | None = None,
         guards: Iterable[Guard | Check] | None = None,
+        hidden_values: bool = True,
+        query_model: Any = None,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -185,6 +189,9 @@ class SafetyPolicy:
         self.max_denials = max_denials
         # whose values are secrets in every run (None: this process's environment, read when used)
         self.environment = environment
+        # untrusted outputs of tools that hide (tether.values) stay behind handles; False: all visible
+        self.hidden_values = hidden_values
+        self.query_model = query_model  # answers inspect_value (None: the agent's own model)
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         self.guards: tuple[Guard | Check, ...] = tuple(default_guards() if guards is None else guards)
         # per tool name: (tool, capability, the checks that apply); see _plan
@@ -200,7 +207,7 @@ class SafetyPolicy:
         its RunState (`state=`). Tool outputs of earlier turns count as untrusted: the policy never
         saw where they came from. To drive the executor by hand, start a state here and pass it as
         `CallContext(policy_state=...)`: a call without one is refused."""
-        state = PolicyState(run_id, user)
+        state = PolicyState(run_id, user, values=ValueStore(enabled=self.hidden_values))
         for text in user_texts:
             if text:
                 state.prov.add_user(text)
@@ -270,6 +277,9 @@ class SafetyPolicy:
         """Filter the final answer (redacting secrets, internal URLs, exfiltration links) and
         append the actions that were held for the user to confirm."""
         run_id = state.run_id if state is not None else ""
+        withheld: list[str] = []
+        if state is not None:  # the user may read their own data: handles become values, secret ones withheld
+            answer, withheld = state.values.render(answer)
         if state is not None and state.held:
             # held actions carry the model's arguments: they are filtered with the answer
             answer = answer.rstrip() + "\n\nNot done, waiting for your confirmation:\n" + "\n".join(
@@ -278,6 +288,7 @@ class SafetyPolicy:
         text, leaks = redact(answer, self.secrets_of(state))
         findings = [Finding("secret", f"({leak.how})", f"a secret value read from {leak.source} ({leak.how}); "
                                                        "secrets must not leave the run") for leak in leaks]
+        findings += [Finding("secret", ref, f"{ref} is a secret hidden value; not shown") for ref in withheld]
         text, more = filter_output(text, egress=self.egress)
         findings += more
         if state is not None and state.tainted:
@@ -560,6 +571,7 @@ class SafetyPolicy:
             # yet, so running the same call again to finish it is not a repeat, nor another use
             state.calls[tool.name] -= 1
             state.done.discard(action_key(tool.name, pend.args))
+        binding = state.values.take(result.call_id)  # the hidden values its arguments carried (tether.values)
         untrusted = self.is_untrusted_source(tool, state) or (
             tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
         declared = tool.declared
@@ -567,6 +579,11 @@ class SafetyPolicy:
                 declared.exact_provenance and tool.name not in self.untrusted_tools)):
             untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
         source = tool.name
+        exact = result.untrusted is False and bool(declared.exact_provenance)
+        if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
+            untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
+        elif not untrusted and hidden.came_back(state.values, result.content):
+            untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
         if not untrusted and looks_injected(result.content):
             # declared trusted, but it speaks to the assistant: someone else wrote into it
             untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
@@ -575,10 +592,18 @@ class SafetyPolicy:
             path_arg = declared.writes_path
             if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
                 state.written_paths.add(pend.args[path_arg])
-        state.prov.add_output(result.content, trusted=not untrusted, source=source,
-                              private=bool(declared.private_output))
-        if len(state.secrets) < MAX_SECRETS:  # the exact values the answer filter then looks for
-            _note_secrets(state, tool, pend, result.content, error=result.is_error)
+        # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
+        # output came from a secret-bearing source (its hidden value's label is secret)
+        secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
+        concealed = False
+        if binding is not None:
+            hidden.note_sent(state.values, tool, binding)
+            label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
+            # the model sees the handle's line only (built from trusted facts): its context stays as it was
+            concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label)
+        if not concealed:
+            state.prov.add_output(result.content, trusted=not untrusted, source=source,
+                                  private=bool(declared.private_output))
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
@@ -586,7 +611,7 @@ class SafetyPolicy:
                 state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
                 pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
                 result.content[:200], state.prov.tainted, batch=pend.batch))
-        if untrusted and self.wrap_outputs:
+        if untrusted and self.wrap_outputs and not concealed:
             state.labels[result.call_id] = tool.name
         return result
 
@@ -615,20 +640,25 @@ _FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secre
 _READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
 
 
-def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> None:
+def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> str | None:
     """Add the secret values an output holds to the run's set: every value of a secret-bearing source
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
-    source: its words are the tool's, not the file's."""
-    found: dict[str, str] = {}
+    source: its words are the tool's, not the file's. Returns the secret-bearing source the whole output
+    came from (its label is secret), if any."""
     if error:
-        pass
-    elif tool.declared.secret_output:
-        found.update(dict.fromkeys(values_in(content), tool.name))
-    elif pend is not None and not tool.declared.writes_path:
-        names = [n for k, v in pend.args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)]
-        if names:
-            found.update(dict.fromkeys(values_in(content, names[0]), names[0]))
+        return None
+    declared = tool.declared
+    file_name = None  # a secret file the call names
+    if not declared.secret_output and pend is not None and not declared.writes_path:
+        file_name = next((n for k, v in pend.args.items() if k in _READS and isinstance(v, str)
+                          for n in secret_files_named(v)), None)
+    bearer = tool.name if declared.secret_output else file_name
+    if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
+        return bearer
+    found: dict[str, str] = {}
+    if bearer is not None:
+        found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
     for m in _GREP_LINE.finditer(content):
         if (name := secret_file(m.group(1))) is not None:
             for value in values_in(m.group(2), name):
@@ -639,6 +669,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
         if len(state.secrets) >= MAX_SECRETS:
             break
         state.secrets.setdefault(value, source)
+    return bearer
 
 
 def plain_args(args: dict[str, Any]) -> dict[str, Any]:

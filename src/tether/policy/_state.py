@@ -14,6 +14,7 @@ from typing_extensions import TypedDict
 
 from tether.policy._provenance import Provenance
 from tether.policy._serial import Codec, dump_state, load_state
+from tether.values._store import ValueStore
 
 STATE_VERSION = 1
 
@@ -55,12 +56,17 @@ class _Pending:
     batch: str = ""  # the approval batch that decided it, if any
 
 
+def _load_values(data: Any) -> ValueStore:
+    return data if isinstance(data, ValueStore) else ValueStore.load(data)
+
+
 def _load_prov(data: Any) -> Provenance:
     return data if isinstance(data, Provenance) else Provenance.load(data or {})
 
 
 # field types with a JSON form of their own (see tether.policy._serial)
 ProvenanceField = Annotated[Provenance, *Codec(Provenance.dump, _load_prov)]
+ValuesField = Annotated[ValueStore, *Codec(ValueStore.dump, _load_values)]
 Names = Annotated[set[str], *Codec(sorted, lambda v: {str(x) for x in v})]  # dumped sorted: equal states, equal JSON
 Secrets = Annotated[dict[str, str], *Codec(lambda d: dict(sorted(d.items())), lambda v: _load_secrets(v))]
 
@@ -91,6 +97,7 @@ class PolicyState:
     secrets: Secrets = field(default_factory=dict[str, str])
     asked: int = 0  # approvals asked of a person or an approver in this run
     denied: int = 0  # of them, denied
+    values: ValuesField = field(default_factory=ValueStore)  # hidden values (tether.values), by handle
     counted_batches: Names = field(default_factory=set[str])  # batch ids the approval budget has counted
     # calls of the current turn asked about together: call id -> {"batch": id, "batch_summary": text}
     batched: dict[str, dict[str, str]] = field(default_factory=dict[str, dict[str, str]])

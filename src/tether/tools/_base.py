@@ -52,6 +52,8 @@ class Tool:
     metadata: dict[str, Any] = field(default_factory=new_dict)
     effect_declared: bool = True  # False when `@tool` was not told the effect (the policy fails closed)
     declares: Declares = NO_DECLARATIONS  # what it tells the safety policy (read `declared`)
+    # keep an untrusted or secret output behind a handle (tether.values): None, the default for its kind
+    hide_output: bool | None = None
     spec: ToolSpec = field(init=False)
     # the deprecated metadata keys last merged into `declared`: (those keys, `declares` then, the result)
     _legacy: tuple[dict[str, Any], Declares, Declares] | None = field(default=None, init=False, repr=False)
@@ -118,6 +120,7 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    hide_output: bool | None = None,
     declares: Declares | None = None,
     **declarations: Unpack[DeclaresKeywords],
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -135,6 +138,7 @@ def tool(
     max_result_chars: int | None = None,
     metadata: dict[str, Any] | None = None,
     job: bool = False,
+    hide_output: bool | None = None,
     declares: Declares | None = None,
     **declarations: Unpack[DeclaresKeywords],
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -145,8 +149,11 @@ def tool(
     `effect` the tool runs as read-only, but after taint the safety policy checks its calls as if
     it were reversible (declare `effect="read_only"` for a tool that changes nothing). `job=True`
     runs each call in the background and answers it at once with a job id (docs/jobs.md; the same
-    as `metadata={"job": True}`). The other keywords are the tool's declarations to the safety policy
-    (`url_args=["url"]`, `private_output=True`, ...; see `Declares`), or pass `declares=Declares(...)`.
+    as `metadata={"job": True}`). `hide_output=True` keeps an untrusted or secret output out of the
+    model's context behind a handle (docs/hidden_values.md); False keeps it visible; None (the default)
+    hides it for untrusted sources of others' text (web, mail, MCP) and secret outputs. The other
+    keywords are the tool's declarations to the safety policy (`url_args=["url"]`, `private_output=True`,
+    ...; see `Declares`), or pass `declares=Declares(...)`.
     """
     declared = declares if declares is not None else NO_DECLARATIONS
     if declarations:
@@ -169,6 +176,7 @@ def tool(
             context_param=context_param,
             metadata={**(metadata or {}), **({"job": True} if job else {})},
             declares=declared,
+            hide_output=hide_output,
         )
 
     if fn is not None:

@@ -36,6 +36,8 @@ from tether.tools._results import (
     shape,
 )
 from tether.tools._schema import ArgumentError
+from tether.values._declare import hides
+from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
 
 @dataclass(slots=True)
@@ -249,6 +251,12 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+def _untrusted_args(ctx: CallContext, call: ToolCall) -> bool:
+    store = values_of(ctx.policy_state)
+    binding = store.binding(call.id) if store is not None else None
+    return binding is not None and binding.label.untrusted
+
+
 class ToolCancelled(asyncio.CancelledError):
     """A call cancelled while it ran (or before its tool started): still a cancellation, carrying the
     call's truthful answer in `result` (finished after the cancel, stopped, not run, or left running)."""
@@ -260,6 +268,16 @@ class ToolCancelled(asyncio.CancelledError):
 
 _NOT_ENDED = object()  # a cancelled sync tool's thread did not end within the grace
 CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled sync tool's thread may take to end and be reported
+
+
+# What the model is told when the policy stops a call that carries hidden values: fixed texts (never the
+# policy's own reason, which may quote the values in forms no mask can list), by decision.
+_VALUE_FREE_REASONS = {
+    "refused:secret": "it carries a secret value, and this tool is not declared to take secrets "
+                      "(@tool(secret_sink=True)); a secret may go only to a tool declared for it",
+    "deferred": "it was held for the user to confirm (not done now); tell the user it is waiting for their "
+                "confirmation and do not try to do it another way",
+}
 
 
 class Executor:
@@ -371,11 +389,23 @@ class Executor:
     async def execute(self, call: ToolCall, ctx: CallContext, index: int = 0, step: ToolStepFn = _direct) -> ToolResult:
         """Run one call through every check; never raises (except cancellation). `index` is the
         call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
-        itself (the durable runner checkpoints it there)."""
-        checked = await self._checked(call, ctx)
+        itself (the durable runner checkpoints it there). Handles of hidden values in the arguments
+        (tether.values) are replaced by their values first; the policy reads their labels."""
+        store = values_of(ctx.policy_state)
+        if store is None:
+            return await self._execute(call, ctx, index, step, None)
+        try:
+            return await self._execute(call, ctx, index, step, store)
+        finally:
+            store.take(call.id)  # the binding of a call that ended before its result was checked
+
+    async def _execute(self, call: ToolCall, ctx: CallContext, index: int, step: ToolStepFn,
+                       store: ValueStore | None) -> ToolResult:
+        checked = await self._checked(call, ctx, store, index)
         if isinstance(checked, ToolResult):
             return checked
         tool, args = checked
+        binding = store.binding(call.id) if store is not None else None
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except asyncio.CancelledError:  # e.g. while a person was being asked
@@ -384,6 +414,14 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", "refused:policy_error")
+        if binding is not None and binding.quotes_hidden and verdict.action != "allow":
+            # The reason may quote the hidden values in forms no mask can list (a host the egress check
+            # parsed out of one, a held action's line): the model is told the decision and the handles only.
+            refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
+            known = _VALUE_FREE_REASONS.get(verdict.decision or "")
+            verdict = dataclasses.replace(verdict, reason=(
+                f"{verdict.decision or verdict.action} with the hidden values put in ({refs}): "
+                + (known or "the policy's reason is not shown to you because it could quote those values")))
         if verdict.action == "refuse":
             return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
         if verdict.action == "await_approval":
@@ -393,17 +431,22 @@ class Executor:
             args = verdict.arguments
         jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
         if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
-            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", tool.untrusted_output,
+            # a job given untrusted hidden values delivers a result computed from them: untrusted
+            untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
+            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                               functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index),
                               step)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []
+        # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
+        limit = tool.max_result_chars or self.max_result_chars
+        hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
         try:
             if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
-                result = await self._run(tool, args, call, ctx, index, cancelled)
+                result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
             else:
-                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled))
+                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled, hiding))
         except asyncio.CancelledError:
             if cancelled and cancelled[0] is not None:
                 raise ToolCancelled(cancelled[0]) from None
@@ -424,6 +467,12 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
+            result.content = binding.mask(result.content)
+        if hiding and len(result.content) > limit:  # shown after all: capped now
+            result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
+            if result.handle is not None:
+                ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
         if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
             result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
                               f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
@@ -431,9 +480,11 @@ class Executor:
             raise ToolCancelled(result)
         return result
 
-    async def _checked(self, call: ToolCall, ctx: CallContext) -> tuple[Tool, dict[str, Any]] | ToolResult:
-        """The call's tool and validated arguments, or the error that answers it (an unknown tool,
-        invalid arguments, a delegating run's refusal): every check before the policy's."""
+    async def _checked(self, call: ToolCall, ctx: CallContext, store: ValueStore | None = None,
+                       index: int = 0) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """The call's tool and validated arguments (hidden values put in when `store` is given), or the
+        error that answers it (an unknown tool, an unknown handle, invalid arguments, a delegating run's
+        refusal): every check before the policy's."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -445,9 +496,22 @@ class Executor:
                 "that matches its parameters.",
                 "invalid_arguments",
             )
+        arguments = call.arguments
+        if store is not None:
+            try:
+                arguments = store.bind(call.id, ctx.step, index, call.arguments)
+            except UnknownHandle as exc:
+                return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
+        binding = store.binding(call.id) if store is not None else None
         try:
-            args = tool.validator.validate(call.arguments)
+            args = tool.validator.validate(arguments)
         except ArgumentError as exc:
+            if binding is not None and binding.quotes_hidden:  # its details would quote the hidden values
+                refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
+                return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
+                                   "they do not fit its parameters (details not shown: they would quote the "
+                                   "values). A handle stands for text, or for the JSON part it names.",
+                                   "invalid_arguments")
             return self._error(
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
                 "invalid_arguments",
@@ -504,7 +568,7 @@ class Executor:
         return result
 
     async def _run(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext, index: int,
-                   cancelled: list[ToolResult | None] | None = None) -> ToolResult:
+                   cancelled: list[ToolResult | None] | None = None, hiding: bool = False) -> ToolResult:
         """Run the tool itself, bounded by its timeout. A cancelled call is noted in `cancelled`: a sync
         tool whose thread ends within the grace returns its (late) result, noted None; otherwise the
         call's answer is noted and the cancellation goes on."""
@@ -516,6 +580,7 @@ class Executor:
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
                 idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
+                untrusted_args=_untrusted_args(ctx, call),
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
@@ -589,7 +654,7 @@ class Executor:
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
             return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
                                "failed")
-        limit = tool.max_result_chars or self.max_result_chars
+        limit = MAX_VALUE_CHARS if hiding else tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,
                           job=job)

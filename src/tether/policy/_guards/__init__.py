@@ -9,6 +9,7 @@ from tether.policy._guards._ceilings import CeilingGuard
 from tether.policy._guards._declarations import DeclarationGuard
 from tether.policy._guards._effect import EffectGuard
 from tether.policy._guards._egress import EgressGuard
+from tether.policy._guards._hidden_values import HiddenValuesGuard
 from tether.policy._guards._provenance import ProvenanceGuard
 from tether.policy._guards._rate import RateGuard
 from tether.policy._guards._taint import TaintGuard
@@ -21,6 +22,7 @@ __all__ = [
     "DeclarationGuard",
     "EffectGuard",
     "EgressGuard",
+    "HiddenValuesGuard",
     "ProvenanceGuard",
     "RateGuard",
     "TaintGuard",
@@ -31,8 +33,8 @@ __all__ = [
 
 def default_guards() -> list[Guard]:
     """The guards of `SafetyPolicy()`, in order: authorization -> effect class -> ceilings -> rate
-    limits -> declarations -> trace (where values came from) -> egress -> argument scan -> provenance
-    -> taint. Insert a guard of your own where it belongs (after `TraceGuard` to read `trace`), remove
+    limits -> declarations -> trace (where values came from) -> hidden values (their labels) -> egress
+    -> argument scan -> provenance -> taint. Insert a guard of your own where it belongs (after `TraceGuard` to read `trace`), remove
     or replace one, and pass the list as `SafetyPolicy(guards=...)`."""
     return [AuthorizationGuard(), EffectGuard(), CeilingGuard(), RateGuard(), DeclarationGuard(), TraceGuard(),
-            EgressGuard(), ArgumentScanGuard(), ProvenanceGuard(), TaintGuard()]
+            HiddenValuesGuard(), EgressGuard(), ArgumentScanGuard(), ProvenanceGuard(), TaintGuard()]

@@ -1,0 +1,56 @@
+"""Labels and hidden values: untrusted text kept out of the deciding model's context (docs/hidden_values.md).
+
+Labels (one model for hidden values and plan mode)::
+
+    from tether.values import Label, TRUSTED, untrusted, secret, USER
+    Label(integrity="trusted" | "untrusted", sources=frozenset[str], readers=frozenset[str] | None)
+    label.join(other)   # untrusted wins, sources add up, readers intersect (None = public is the identity)
+    label.untrusted, label.secret (readers == frozenset()), label.may_read(USER), label.describe()
+    label.to_json() / Label.from_json(text), to_dict() / from_dict(data)
+
+Declaring a tool's output hidden (one declaration, `Tool.hide_output`; read by `hides(tool, args)`)::
+
+    @tool(hide_output=True)          # Tool(..., hide_output=True) / Tool.from_schema(..., hide_output=True)
+    @tool(hide_output=False)         # always visible (the old mode) for this tool
+    # None (default): hidden for a declared source web/browser/email/mail/messages/mcp and secret_output tools
+    SafetyPolicy(hidden_values=False)  # the old visible mode for the whole agent
+
+What the model sees instead of an untrusted (or secret) output of a hiding tool::
+
+    $v3_1: output of read_email(id=3), 2,144 characters, untrusted (read_email). The value is hidden
+    from you: pass $v3_1 as an argument to use it, or ask inspect_value about it.
+
+Handles are `$v<step>_<n>` (n-th call of turn `step`, 1-based; stable under durable replay). An argument
+that is exactly a handle (`"$v3_1"`, or a part of a JSON value: `"$v3_1.body"`, `"$v3_1[0].sender"`) is
+replaced by the value; handles inside longer text are replaced in place. The call's arguments carry the
+join of the substituted labels. An unknown handle: the call is not run, one error text.
+
+The quarantined query (added by `Agent` when a tool may hide; `query_tool(model)` to add it yourself)::
+
+    inspect_value(handle: str, question: str,
+                  answer_type: "boolean"|"enum"|"number"|"date"|"email"|"iban"|"url"|"regex"|"string",
+                  options: list[str] | None = None,   # enum
+                  pattern: str | None = None,         # regex (RE2)
+                  max_chars: int = 80)                # string, at most 200
+    # boolean/enum/number/date: the answer is shown (from untrusted data, it taints the context);
+    # string/email/iban/url/regex: the answer is a new hidden value ($v4_1), labelled as what it read.
+    # any answer about a secret value: a new hidden value too.
+
+The decision (tether.policy.SafetyPolicy): an effect asks when an argument's label is untrusted, or
+when the context is tainted (a visible untrusted output or a shown query answer from untrusted data).
+A secret-labelled argument is refused unless the tool is declared `@tool(secret_sink=True)`.
+The final answer's handles are shown to the user, secret ones replaced by a placeholder.
+
+State: `ValueStore` (values, labels, descriptions) lives in the policy's per-run state
+(`PolicyState.values`), dumped into `RunState.policy`, so resume, fork and durable runs keep it.
+"""
+
+from tether.values._declare import HANDLE_ANSWERS, HIDDEN_SOURCES, QUERY_KEY, SHOWN_ANSWERS, hides
+from tether.values._labels import TRUSTED, USER, Integrity, Label, join_all, secret, untrusted
+from tether.values._query import QUERY_TOOL, AnswerType, query_tool, validate_answer, with_query_tool
+from tether.values._store import HANDLE, Binding, Hidden, UnknownHandle, ValueStore, handle_for
+
+__all__ = ["HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",
+           "USER", "AnswerType", "Binding", "Hidden", "Integrity", "Label", "UnknownHandle", "ValueStore",
+           "handle_for", "hides", "join_all", "query_tool", "secret", "untrusted", "validate_answer",
+           "with_query_tool"]

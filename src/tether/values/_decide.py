@@ -1,0 +1,88 @@
+"""What the safety policy asks of hidden values: hide an output, judge a call's substituted arguments.
+
+Kept apart from tether.policy so the policy calls it at three points only (after a call, before a call,
+the final answer). Exact data flow: labels come from the executor's substitution, never from matching text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether._types import ToolResult
+from tether.tools._base import Tool
+from tether.values._declare import QUERY_KEY, hides
+from tether.values._labels import TRUSTED, Label, untrusted
+from tether.values._store import Binding, ValueStore, describe_call, handle_for
+
+MIN_FOLLOWED = 8  # a substituted text shorter than this is not followed into later outputs (too common)
+MAX_FOLLOWED = 200
+
+
+def output_label(tool: Tool, binding: Binding | None, *, is_untrusted: bool, secret_from: str | None) -> Label:
+    """The label of a call's output: its source's own, joined with what its arguments carried (an
+    answer computed from a hidden value is as untrusted, and as secret, as that value)."""
+    label = untrusted(tool.name) if is_untrusted else TRUSTED
+    if secret_from is not None:
+        label = label.join(Label("trusted", frozenset({secret_from}), frozenset()))
+    return label if binding is None else label.join(binding.label)
+
+
+def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None, binding: Binding | None,
+               result: ToolResult, label: Label) -> bool:
+    """Keep the output behind a handle when hiding is on, the call hides (declared, or the query's free
+    text), the output is untrusted or secret, and it is not an error (whose text is the tool's own).
+    Replaces `result.content` with the handle's line; True when it did."""
+    if store is None or not store.enabled or binding is None or result.is_error:
+        return False
+    if not (label.untrusted or label.secret):
+        return False
+    # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
+    if not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
+        return False
+    handle = handle_for(binding.step, binding.index)
+    what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name, binding.model_args)
+    result.content = store.hide(handle, result.content, label, what)
+    result.handle = None
+    return True
+
+
+def sink_refusal(tool: Tool, binding: Binding | None) -> str | None:
+    """A secret value passed by handle goes only to the query (which reads it for the run) or to a tool
+    declared `secret_sink` (a login, a vault); to any other tool it would leave the run."""
+    if binding is None or not binding.used or not binding.label.secret:
+        return None
+    if tool.metadata.get(QUERY_KEY) or tool.declared.secret_sink:
+        return None
+    refs = ", ".join(sorted({r for rs in binding.used.values() for r in rs}))
+    return (f"it would pass {refs}, a secret value ({binding.label.describe()}), to '{tool.name}', which is not "
+            "declared to take secrets; secrets must not leave the run")
+
+
+def untrusted_reason(binding: Binding | None) -> str | None:
+    """Why an effect with this binding needs a person: an argument is a value someone else wrote."""
+    if binding is None or not binding.label.untrusted:
+        return None
+    paths = ", ".join(f"{p} = {' '.join(rs)}" for p, rs in binding.used.items())
+    return (f"its arguments carry hidden values from outside this conversation ({paths}: "
+            f"{binding.label.describe()})")
+
+
+def argument_origins(binding: Binding | None) -> dict[str, str]:
+    """Argument path -> what was substituted there and its label (shown with an approval prompt)."""
+    if binding is None:
+        return {}
+    return {p: f"{' '.join(rs)} ({binding.label.describe()})" for p, rs in binding.used.items()}
+
+
+def note_sent(store: ValueStore, tool: Tool, binding: Binding | None) -> None:
+    """Untrusted texts a call sent out (written to a file, a record, a message): seen again in an output
+    the model will read, that output is treated as untrusted (the value came back visible). The query
+    sends nothing out."""
+    if binding is not None and not tool.metadata.get(QUERY_KEY):
+        store.written.extend(v for v in binding.values if len(v) >= MIN_FOLLOWED and v not in store.written)
+        del store.written[:-MAX_FOLLOWED]  # the latest ones (each is searched for in every shown output)
+
+
+def came_back(store: ValueStore | None, content: str) -> bool:
+    """Whether an output holds an untrusted hidden text a call sent out."""
+    return store is not None and any(w in content for w in store.written)
