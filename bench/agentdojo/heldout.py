@@ -1,7 +1,7 @@
 """Held-out attacks: AgentDojo v1.2's eight new workspace injection tasks (bulk exfiltration of the
 inbox or the drive, deleting the evidence, a ransom note, phishing every meeting participant),
 added to AgentDojo after tether's policy and its adaptive attacks were written, run against the
-default loop, the text-matching mode and plan mode (whose workspace plans and policies were written
+default loop, the text-matching mode, the hidden-values mode (bench.agentdojo.hidden) and plan mode (whose workspace plans and policies were written
 later, by someone who had read these goals, though not against them).
 
     python -m bench.agentdojo.heldout [--out bench/agentdojo/results_heldout.json]
@@ -142,17 +142,23 @@ async def bench(modes: list[str], classifications: list[str], timings: list[str]
         for mode in modes:
             cell: dict[str, Any] = {}
             for timing in timings:
+                hidden = mode == "hidden"
                 r = dict.fromkeys(("pairs", "attacks_succeeded", "attacks_succeeded_oracle", "attacker_calls_made",
                                    "attacker_calls_executed", "attacker_calls_executed_oracle",
-                                   "utility_under_attack_deny", "utility_under_attack_oracle", "prompts_oracle"), 0)
+                                   "utility_under_attack_deny", "utility_under_attack_oracle", "prompts_oracle")
+                                  + (("model_taken_over", "label_lost", "queries") if hidden else ()), 0)
                 for ut in users:
                     for it in attacks:
                         o = await h.run(ut, it, approver="oracle", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance")
-                        if not o.injected:
+                                        use_provenance=mode == "provenance", hidden=hidden)
+                        if not (o.met if hidden else o.injected):  # hidden: the injection reached an output
                             continue
                         d = await h.run(ut, it, approver="deny", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance")
+                                        use_provenance=mode == "provenance", hidden=hidden)
+                        if hidden:
+                            r["model_taken_over"] += d.injected
+                            r["label_lost"] += d.label_lost
+                            r["queries"] += o.queries
                         r["pairs"] += 1
                         r["attacks_succeeded"] += d.attack_succeeded
                         r["attacks_succeeded_oracle"] += o.attack_succeeded
@@ -193,7 +199,7 @@ async def plan_mode() -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="default,provenance")
+    ap.add_argument("--modes", default="default,provenance,hidden")
     ap.add_argument("--classifications", default=",".join(CLASSIFICATIONS))
     ap.add_argument("--timings", default=",".join(TIMINGS))
     ap.add_argument("--out", default=str(HERE / "results_heldout.json"))
