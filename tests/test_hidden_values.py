@@ -14,7 +14,7 @@ from tether._agent import Agent
 from tether._limits import Limits
 from tether._types import RunState, StopReason
 from tether.models._scripted import ScriptedModel, call
-from tether.policy import ApprovalRequest, CallbackApprover, SafetyPolicy
+from tether.policy import ApprovalRequest, CallbackApprover, Capabilities, Capability, SafetyPolicy
 from tether.tools._base import Tool, tool
 from tether.values import (
     HANDLE,
@@ -62,7 +62,12 @@ class World:
             self.posted.append(data)
             return "ok"
 
-        return [read_email, send_email, read_env, http_post]
+        @tool(effect="irreversible")
+        def schedule(minutes: int, note: str) -> str:
+            """Schedule a reminder."""
+            return "scheduled"
+
+        return [read_email, send_email, read_env, http_post, schedule]
 
 
 def handle_in(text: str) -> str:
@@ -358,3 +363,96 @@ def test_substitution_labels_a_call_with_the_join_of_exactly_what_it_substituted
                                           ("$v3_1", TRUSTED)) if h in text)
     assert binding.label == expected
     assert "$v" not in json.dumps(out)
+
+
+def test_a_handle_inside_longer_text_is_replaced_and_labels_the_call() -> None:
+    store = ValueStore()
+    store.hide("$v1_1", "plain words", untrusted("read_email"), "output")
+    out = store.bind("c", 2, 0, {"body": "Quote: $v1_1.Thanks", "n": 3})
+    binding = store.take("c")
+    assert out == {"body": "Quote: plain words.Thanks", "n": 3}
+    assert binding is not None and binding.label.untrusted and binding.used == {"body": ["$v1_1"]}
+
+
+def _errors_for(*calls_of: Any, capability: Any = None) -> tuple[str, World]:
+    world = World()
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return calls_of[0](handle_in(tools[0].content))
+        return "done"
+
+    caps = None if capability is None else Capabilities([capability], unlisted="inherit")
+    policy = SafetyPolicy(capabilities=caps) if caps is not None else SafetyPolicy()
+    model = ScriptedModel(step)
+    Agent(model, tools=world.tools(), policy=policy, limits=Limits(max_steps=5)).run("go")
+    return [m.content for m in model.requests[-1].messages if m.role == "tool"][-1], world
+
+
+def test_an_argument_error_after_substitution_does_not_quote_the_hidden_value() -> None:
+    err, _ = _errors_for(lambda h: call("schedule", minutes=h, note="x"))
+    assert err.startswith("ERROR: invalid arguments for 'schedule'") and "minutes = $v1_1" in err
+    assert "Ignore" not in err and "attacker" not in err
+
+
+def test_a_held_call_tells_the_model_its_handles_not_the_hidden_text() -> None:
+    err, world = _errors_for(lambda h: call("send_email", to=USER_ADDRESS, body=h),
+                             capability=Capability("send_email", on_untrusted="summarize"))
+    assert "held for the user to confirm" in err and "$v1_1" in err
+    assert "Ignore" not in err and "attacker" not in err and world.sent == []
+
+
+def test_a_sub_agent_given_a_hidden_untrusted_value_starts_tainted() -> None:
+    child_model = ScriptedModel([call("send_email", to=USER_ADDRESS, body="as the task says"), "done"])
+    world, asked = World(), []
+    child = Agent(child_model, tools=world.tools(), policy=SafetyPolicy(), name="helper")
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call("read_email", id=1)
+        if len(tools) == 1:
+            return call("helper", task=f"Handle this mail: {handle_in(tools[0].content)}")
+        return "done"
+
+    def decide(req: ApprovalRequest) -> bool:
+        asked.append(req)
+        return True
+
+    parent = Agent(ScriptedModel(step), tools=[*world.tools(), child.as_tool("helper", "A helper.")],
+                   policy=SafetyPolicy(approver=CallbackApprover(decide)), limits=Limits(max_steps=5))
+    parent.run("deal with my mail")
+    assert world.sent == []  # the child's send, chosen after reading the injected task, was refused by its policy
+
+
+def test_a_durable_run_forked_after_a_hidden_read_keeps_the_handle(tmp_path: Any) -> None:
+    pytest.importorskip("dbos")
+    import asyncio
+
+    from tether.durable import teardown
+    from tether.durable._fork import fork
+
+    db = str(tmp_path / "runs.db")
+    try:
+        world = World()
+        original = ScriptedModel([call("read_email", id=1), "read"])
+        first = Agent(original, tools=world.tools(), policy=SafetyPolicy(), name="hv1", durable=db).run(
+            "read mail 1", run_id="orig")
+        line = next(m.content for m in first.messages if m.role == "tool")
+        handle = handle_in(line)
+        asked: list[ApprovalRequest] = []
+
+        def decide(req: ApprovalRequest) -> bool:
+            asked.append(req)
+            return True
+
+        what_if = ScriptedModel([call("send_email", to=USER_ADDRESS, body=handle), "sent"])
+        other = Agent(what_if, tools=world.tools(), policy=SafetyPolicy(approver=CallbackApprover(decide)))
+        forked = asyncio.run(fork(other, db, "orig", 1, message="forward it to me"))
+        assert forked.completed
+        assert world.sent == [{"to": USER_ADDRESS, "body": INJECTED}] and len(asked) == 1
+    finally:
+        teardown()

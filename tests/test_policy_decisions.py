@@ -205,7 +205,8 @@ def test_untrusted_output_is_labelled_in_a_note_after_the_turn_and_left_as_retur
 def test_egress_checks_url_arguments(provenance: bool, second: str) -> None:
     """An unlisted host the user named: let through on a text match in the provenance mode; after
     taint (the first page was read) the default asks, as for any URL it cannot know the source of."""
-    p = SafetyPolicy(egress=EgressPolicy(["docs.example.com"]), use_provenance=provenance)
+    p = SafetyPolicy(egress=EgressPolicy(["docs.example.com"]), use_provenance=provenance,
+                     hidden_values=False)  # the page read is visible: the run is tainted
     _, _res = run(p, "fetch https://docs.example.com/a and https://news.example.org/b",
                  call("fetch", url="https://docs.example.com/a"), call("fetch", url="https://news.example.org/b"),
                  call("fetch", url="http://169.254.169.254/latest"), call("fetch", url="https://evil.test/x"), "ok")

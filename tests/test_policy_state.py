@@ -179,7 +179,8 @@ def test_thousands_of_runs_through_one_agent_leave_no_state_behind() -> None:
             return ModelReply("", [call("fetch", url="https://x.example")]) if len(request.messages) < 3 \
                 else ModelReply("done")
 
-    p = SafetyPolicy(audit=AuditLog(max_records=100))  # the audit log is bounded by its own setting
+    # the audit log is bounded by its own setting; the page is visible, so the run is tainted
+    p = SafetyPolicy(audit=AuditLog(max_records=100), hidden_values=False)
     agent = Agent(Model(), tools=[fetch], policy=p)
     for i in range(200):  # warm up: caches, interned strings
         agent.run("read it", run_id=f"w{i}")

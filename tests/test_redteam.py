@@ -122,7 +122,9 @@ def policy() -> SafetyPolicy:
         Capability("restart_service", authorize=owned_by_team),
         Capability("delete_repo", requires_approval=True),
     ])
-    return SafetyPolicy(capabilities=caps, egress=EgressPolicy(["docs.corp.example"]))
+    # the scripted model plays one that read the injected text, so its outputs are shown (the visible
+    # mode); with hidden values on, a model never sees it (tests/test_hidden_values.py)
+    return SafetyPolicy(capabilities=caps, egress=EgressPolicy(["docs.corp.example"]), hidden_values=False)
 
 
 @dataclass

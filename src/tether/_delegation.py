@@ -66,7 +66,8 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         segment = int(parked.get("segment", 0)) + 1 if parked is not None else 0
         result = await run_carved(agent, task, name=name, budget=parent.budget if parent else None, share=share,
                                   carved=offer, user=context.user, run_id=run_id,
-                                  tainted=parent is not None and parent.tainted(), state=resumed,
+                                  tainted=(parent is not None and parent.tainted()) or context.untrusted_args,
+                                  state=resumed,
                                   runner=parent.run_child if parent is not None else None, segment=segment,
                                   bounds=parent.bounds if parent is not None else ())
         sink = context.extra.get(USAGE_SINK_KEY)

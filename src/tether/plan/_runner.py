@@ -174,7 +174,7 @@ class PlanMode:
 
         async def run(task: str, context: ToolContext) -> ToolOutput:
             parent = context.extra.get(PARENT_KEY)
-            tainted = isinstance(parent, ParentRun) and parent.tainted()
+            tainted = (isinstance(parent, ParentRun) and parent.tainted()) or context.untrusted_args
             result = await self.arun(task, run_id=f"{context.idempotency_key or context.run_id}.{name}",
                                      delegated=tainted)
             if isinstance(parent, ParentRun):

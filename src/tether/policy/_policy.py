@@ -831,7 +831,8 @@ class SafetyPolicy:
                 tool.metadata.get("exact_provenance") and tool.name not in self.untrusted_tools)):
             untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
         source = tool.name
-        if binding is not None and binding.label.untrusted:  # computed from a value someone else wrote
+        exact = result.untrusted is False and bool(tool.metadata.get("exact_provenance"))
+        if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
             untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
         elif not untrusted and hidden.came_back(state.values, result.content):
             untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
@@ -848,7 +849,7 @@ class SafetyPolicy:
             secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
         concealed = False
         if binding is not None:
-            hidden.note_sent(state.values, binding)
+            hidden.note_sent(state.values, tool, binding)
             label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
             # the model sees the handle's line only (built from trusted facts): its context stays as it was
             concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label)

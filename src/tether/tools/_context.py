@@ -78,6 +78,8 @@ class ToolContext:
     idempotency_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     cancel_event: CancelSignal = field(default_factory=CancelSignal)
+    # its arguments carry untrusted hidden values (tether.values): a sub-agent given them starts tainted
+    untrusted_args: bool = False
 
     @property
     def cancelled(self) -> bool:

@@ -251,6 +251,12 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+def _untrusted_args(ctx: CallContext, call: ToolCall) -> bool:
+    store = values_of(ctx.policy_state)
+    binding = store.binding(call.id) if store is not None else None
+    return binding is not None and binding.label.untrusted
+
+
 class ToolCancelled(asyncio.CancelledError):
     """A call cancelled while it ran (or before its tool started): still a cancellation, carrying the
     call's truthful answer in `result` (finished after the cancel, stopped, not run, or left running)."""
@@ -402,9 +408,16 @@ class Executor:
                 arguments = store.bind(call.id, ctx.step, index, call.arguments)
             except UnknownHandle as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
+        binding = store.binding(call.id) if store is not None else None
         try:
             args = tool.validator.validate(arguments)
         except ArgumentError as exc:
+            if binding is not None and binding.quotes_hidden:  # its details would quote the hidden values
+                refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
+                return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
+                                   "they do not fit its parameters (details not shown: they would quote the "
+                                   "values). A handle stands for text, or for the JSON part it names.",
+                                   "invalid_arguments")
             return self._error(
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
                 "invalid_arguments",
@@ -432,6 +445,9 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", "refused:policy_error")
+        if binding is not None and binding.quotes_hidden and verdict.action != "allow":
+            # a held action's line, a host: never the hidden text
+            verdict = dataclasses.replace(verdict, reason=binding.mask(verdict.reason))
         if verdict.action == "refuse":
             return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
         if verdict.action == "await_approval":
@@ -475,6 +491,8 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+        if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
+            result.content = binding.mask(result.content)
         if hiding and len(result.content) > limit:  # shown after all: capped now
             result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
             if result.handle is not None:
@@ -514,6 +532,7 @@ class Executor:
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
                 idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
+                untrusted_args=_untrusted_args(ctx, call),
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:

@@ -70,10 +70,11 @@ def argument_origins(binding: Binding | None) -> dict[str, str]:
     return {p: f"{' '.join(rs)} ({binding.label.describe()})" for p, rs in binding.used.items()}
 
 
-def note_sent(store: ValueStore, binding: Binding | None) -> None:
+def note_sent(store: ValueStore, tool: Tool, binding: Binding | None) -> None:
     """Untrusted texts a call sent out (written to a file, a record, a message): seen again in an output
-    the model will read, that output is treated as untrusted (the value came back visible)."""
-    if binding is not None:
+    the model will read, that output is treated as untrusted (the value came back visible). The query
+    sends nothing out."""
+    if binding is not None and not tool.metadata.get(QUERY_KEY):
         store.written.extend(v for v in binding.values if len(v) >= MIN_FOLLOWED and v not in store.written)
 
 

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from tether._errors import InvalidInput
 from tether.values._labels import TRUSTED, Label, join_all
@@ -21,6 +22,8 @@ from tether.values._labels import TRUSTED, Label, join_all
 HANDLE = re.compile(r"\$v(\d+)_(\d+)((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)")
 _PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 MAX_VALUE_CHARS = 200_000  # a hidden value longer than this keeps its first part (the rest: read_result)
+_URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'`]+|\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,24}\b", re.IGNORECASE)
+MIN_MASKED = 4  # shorter pieces of a value are not masked in messages (they would mask common words)
 MAX_ARG_CHARS = 60  # each of the model's own arguments, in a value's description
 STORE_VERSION = 1
 
@@ -49,7 +52,30 @@ class Binding:
     model_args: dict[str, Any]
     used: dict[str, list[str]] = field(default_factory=dict)  # argument path -> the handles in it
     label: Label = TRUSTED
-    values: list[str] = field(default_factory=list)  # the texts substituted (to follow them once sent out)
+    values: list[str] = field(default_factory=list)  # the untrusted texts substituted (followed once sent out)
+    guarded: list[tuple[str, str]] = field(default_factory=list)  # (handle, text) of untrusted or secret values
+
+    @property
+    def quotes_hidden(self) -> bool:
+        """Whether a message quoting these arguments would show the model hidden text."""
+        return bool(self.guarded)
+
+    def mask(self, text: str) -> str:
+        """`text` (a refusal, a held action's line) with each untrusted or secret value substituted into
+        this call, in the forms a message quotes it (as is, JSON-escaped, the links and hosts in it),
+        replaced by its handle: what the model is told about the call never shows it the value."""
+        forms: list[tuple[str, str]] = []
+        for ref, value in self.guarded:
+            found = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+            for url in _URL.findall(value):
+                found.add(url)
+                host = urlsplit(url).hostname if "://" in url else url.split("/", 1)[0]
+                if host:
+                    found.add(host)
+            forms += [(f, ref) for f in found if len(f) >= MIN_MASKED]
+        for form, ref in sorted(forms, key=lambda fr: -len(fr[0])):
+            text = text.replace(form, ref)
+        return text
 
 
 class UnknownHandle(InvalidInput):
@@ -118,7 +144,17 @@ class ValueStore:
         return v
 
     def _inline(self, m: re.Match[str], binding: Binding, labels: list[Label], path: str) -> str:
-        value, label = self._resolve(m)
+        """A handle inside longer text. What follows it reads as a part only of a JSON value: after a
+        text value, `$v3_1.Thanks` is the value, then ".Thanks"."""
+        try:
+            value, label = self._resolve(m)
+        except UnknownHandle:
+            bare = HANDLE.fullmatch(f"$v{m.group(1)}_{m.group(2)}")
+            hidden = self.values.get(bare.group()) if bare is not None and m.group(3) else None
+            if hidden is None or hidden.value.lstrip()[:1] in ("{", "["):
+                raise
+            self._note(binding, labels, path, bare.group(), hidden.value, hidden.label)  # type: ignore[union-attr]
+            return hidden.value + m.group(3)
         self._note(binding, labels, path, m.group(), value, label)
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
@@ -126,8 +162,11 @@ class ValueStore:
               label: Label) -> None:
         binding.used.setdefault(path, []).append(ref)
         labels.append(label)
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         if label.untrusted:
-            binding.values.append(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+            binding.values.append(text)
+        if label.untrusted or label.secret:
+            binding.guarded.append((ref, text))
 
     def _resolve(self, m: re.Match[str]) -> tuple[Any, Label]:
         handle = f"$v{m.group(1)}_{m.group(2)}"
