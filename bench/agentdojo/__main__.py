@@ -225,6 +225,10 @@ def main() -> None:
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
     ap.add_argument("--jobs", type=int, default=1, help="suites run in parallel processes (default 1)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
+    ap.add_argument("--update", metavar="FILE", default=None,
+                    help="write FILE's figures with the modes run now replaced or added (the other modes, "
+                         "and the undefended baseline if skipped, stay those of FILE's run; `runs` says which "
+                         "run each mode comes from)")
     args = ap.parse_args()
     classifications = args.classifications.split(",")
     timings = [t for t in args.timings.split(",") if t]
@@ -243,7 +247,11 @@ def main() -> None:
     out = {"agentdojo_version": VERSION, "injections_per_user_task": args.injections or "all",
            "seconds": round(time.perf_counter() - started, 1), "suites": per_suite,
            "totals": _totals(per_suite, modes, classifications, timings)}
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    run = {"modes": modes, "suites": names, "classifications": classifications, "timings": timings,
+           "seconds": out["seconds"], "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    written = update(json.loads(Path(args.update).read_text()), out, run) if args.update else {**out, "runs": {
+        m: run for m in modes}}
+    Path(args.out).write_text(json.dumps(written, indent=2) + "\n")
 
     print(f"AgentDojo {VERSION}, worst-case scripted model, tether SafetyPolicy ({out['seconds']} s)")
     if not args.no_undefended:
@@ -296,6 +304,31 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+def update(old: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """`old` (a results file) with the modes of `new` replaced or added, suite by suite and
+    classification by classification; `runs` records the run each mode's figures come from."""
+    merged = json.loads(json.dumps(old))
+    runs = merged.setdefault("runs", {})
+    for m in ("default", "provenance"):  # figures written before `runs` existed: the file's own run
+        if m not in run["modes"] and any(m in c for r in old["suites"].values() for c in r.values()
+                                         if isinstance(c, dict)):
+            runs.setdefault(m, {"seconds": old.get("seconds"), "note": "the run that wrote this file first"})
+    for s_name, r in new["suites"].items():
+        dest = merged["suites"].setdefault(s_name, {})
+        for key, value in r.items():
+            if isinstance(value, dict) and key in CLASSIFICATIONS:
+                dest.setdefault(key, {}).update(value)
+            elif key not in dest or key not in ("seconds", "cpu_seconds", "undefended"):
+                dest[key] = value
+            else:
+                dest[f"{key}_{'_'.join(run['modes'])}"] = value
+    for m in run["modes"]:
+        runs[m] = run
+    modes = [m for m in ("default", "provenance", "hidden") if m in runs]
+    merged["totals"] = _totals(merged["suites"], modes, list(CLASSIFICATIONS), list(TIMINGS))
+    return merged
+
+
 def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[str],
             timings: list[str]) -> dict[str, Any]:
     """Per mode and classification, over the suites: clean utility and prompts (beside the blunt rule's),
@@ -305,9 +338,13 @@ def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[s
         for c in classifications:
             t: Counter[str] = Counter()
             for r in per_suite.values():
-                rc = r[c][m]
+                rc = r.get(c, {}).get(m)
+                if rc is None:
+                    continue
                 t.update({k: v for k, v in rc["clean"].items()})
                 for timing in timings:
+                    if timing not in rc["timings"]:
+                        continue
                     per = rc["timings"][timing]
                     for kind in ("agentdojo", "adaptive"):
                         t["attack_pairs"] += per[kind]["pairs"]
