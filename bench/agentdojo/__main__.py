@@ -54,7 +54,8 @@ HIDDEN_ATTACK_KEYS = ("model_taken_over", "model_taken_over_oracle", "label_lost
 
 
 async def bench_suite(name: str, suite: Any, max_injections: int | None, classifications: list[str],
-                      timings: list[str], undefended: bool, modes: list[str]) -> dict[str, Any]:
+                      timings: list[str], undefended: bool, modes: list[str], clean: bool = True,
+                      attack_utility: bool = True) -> dict[str, Any]:
     users = list(suite.user_tasks.values())
     injections = list(suite.injection_tasks.values())
     adaptive = attacks(name, suite.load_and_inject_default_environment(suite.get_injection_vector_defaults()))
@@ -74,19 +75,26 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
         out["undefended"] = und
     for cname in classifications:
         h = SuiteHarness(name, suite, CLASSIFICATIONS[cname], adaptive)
-        out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings, mode)
+        h.check_attack_utility = attack_utility
+        out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings, mode, clean)
                       for mode in modes}
+        if not attack_utility:  # not measured: None, not 0
+            for per_mode in out[cname].values():
+                for per in per_mode["timings"].values():
+                    for r in [per["agentdojo"], per["adaptive"], *per.get("hidden_adaptive", {}).values()]:
+                        r.update({k: None for k in r if k.startswith("utility_under_attack")})
     return out
 
 
 async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], adaptive: list[Any],
-                      max_injections: int | None, timings: list[str], mode: str) -> dict[str, Any]:
+                      max_injections: int | None, timings: list[str], mode: str,
+                      clean_runs: bool = True) -> dict[str, Any]:
     """One classification under one mode of the policy (default, provenance or hidden)."""
     provenance, hidden = mode == "provenance", mode == "hidden"
     clean = dict.fromkeys(CLEAN_KEYS + (HIDDEN_CLEAN_KEYS if hidden else ()), 0)
     reasons: Counter[str] = Counter()
     failed: list[str] = []
-    for ut in users:
+    for ut in users if clean_runs else ():
         clean["user_tasks"] += 1
         deny = await h.run(ut, None, approver="deny", use_provenance=provenance, hidden=hidden)
         oracle = await h.run(ut, None, approver="oracle", use_provenance=provenance, hidden=hidden)
@@ -106,8 +114,8 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
             clean["tasks_with_queries"] += oracle.queries > 0
             clean["plan_calls_skipped"] += oracle.skipped
             reasons.update(oracle.reasons or {})
-    res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}}
-    if hidden:
+    res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}} if clean_runs else {"timings": {}}
+    if hidden and clean_runs:
         res["prompt_reasons"] = dict(sorted(reasons.items()))
     # Until the model sees an injection every timing runs the same calls, and a deny-all run sees
     # a subset of the outputs an oracle run sees: a pair whose oracle run never met the injection
@@ -195,11 +203,11 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
     return out
 
 
-def _run_suite(job: tuple[str, int | None, list[str], list[str], bool, list[str]]) -> dict[str, Any]:
-    name, max_injections, classifications, timings, undefended, modes = job
+def _run_suite(job: tuple[str, int | None, list[str], list[str], bool, list[str], bool, bool]) -> dict[str, Any]:
+    name, max_injections, classifications, timings, undefended, modes, clean, attack_utility = job
     t0 = time.perf_counter()
     out = asyncio.run(bench_suite(name, get_suites(VERSION)[name], max_injections, classifications, timings,
-                                  undefended, modes))
+                                  undefended, modes, clean, attack_utility))
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["cpu_seconds"] = round(time.process_time(), 1)
     return out
@@ -223,6 +231,9 @@ def main() -> None:
     ap.add_argument("--injections", type=int, default=None,
                     help="at most N AgentDojo injection tasks per user task (default: all)")
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
+    ap.add_argument("--no-clean", action="store_true", help="skip the clean runs (with --update: keep FILE's)")
+    ap.add_argument("--no-attack-utility", action="store_true",
+                    help="skip AgentDojo's utility check in attacked runs (half their time; written as null)")
     ap.add_argument("--jobs", type=int, default=1, help="suites run in parallel processes (default 1)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     ap.add_argument("--update", metavar="FILE", default=None,
@@ -238,7 +249,8 @@ def main() -> None:
     started = time.perf_counter()
     per_suite: dict[str, dict[str, Any]] = {}
     names = args.suites.split(",")
-    jobs = [(n, args.injections, classifications, timings, not args.no_undefended, modes) for n in names]
+    jobs = [(n, args.injections, classifications, timings, not args.no_undefended, modes, not args.no_clean,
+             not args.no_attack_utility) for n in names]
     if args.jobs > 1:
         with ProcessPoolExecutor(min(args.jobs, len(names))) as pool:
             per_suite = dict(zip(names, pool.map(_run_suite, jobs), strict=True))
@@ -278,7 +290,10 @@ def main() -> None:
         for c in classifications:
             cells = []
             for n in names:
-                k = per_suite[n][c][m]["clean"]
+                k = per_suite[n][c][m].get("clean")
+                if k is None:
+                    cells.append("(not run)")
+                    continue
                 cells.append(f"{k['utility_deny']}, {k['utility_oracle']}/{k['user_tasks']}, {k['approval_prompts']}"
                              f" ({k['tasks_with_prompts']}), {k['approval_prompts_no_provenance']}")
             print(f"{m:<12}{c:<15}" + "".join(f"{x:>32}" for x in cells))
@@ -286,7 +301,7 @@ def main() -> None:
         for m in modes:
             for c in classifications:
                 rc = r[c][m]
-                if rc["oracle_failures"]:
+                if rc.get("oracle_failures"):
                     print(f"{n}/{c}/{m}: user tasks failing with the oracle approver: {', '.join(rc['oracle_failures'])}")
                 if rc["trusted_tools_that_carried_injections"]:
                     print(f"NOTE {n}/{c}: tools classified trusted returned injected text: "
@@ -317,13 +332,16 @@ def update(old: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dic
         dest = merged["suites"].setdefault(s_name, {})
         for key, value in r.items():
             if isinstance(value, dict) and key in CLASSIFICATIONS:
-                dest.setdefault(key, {}).update(value)
+                for mode, md in value.items():  # a mode's timings add up over runs; the rest is replaced
+                    prev = dest.setdefault(key, {}).get(mode, {})
+                    dest[key][mode] = {**prev, **md, "timings": {**prev.get("timings", {}), **md["timings"]}}
             elif key not in dest or key not in ("seconds", "cpu_seconds", "undefended"):
                 dest[key] = value
             else:
                 dest[f"{key}_{'_'.join(run['modes'])}"] = value
-    for m in run["modes"]:
-        runs[m] = run
+    for m in run["modes"]:  # a mode run in parts (timings, the clean runs) lists each part's run
+        prev = runs.get(m)
+        runs[m] = [*(prev if isinstance(prev, list) else []), run] if prev and "modes" in str(prev) else run
     modes = [m for m in ("default", "provenance", "hidden") if m in runs]
     merged["totals"] = _totals(merged["suites"], modes, list(CLASSIFICATIONS), list(TIMINGS))
     return merged
@@ -341,7 +359,7 @@ def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[s
                 rc = r.get(c, {}).get(m)
                 if rc is None:
                     continue
-                t.update({k: v for k, v in rc["clean"].items()})
+                t.update({k: v for k, v in rc.get("clean", {}).items()})
                 for timing in timings:
                     if timing not in rc["timings"]:
                         continue
