@@ -17,7 +17,7 @@ taint asks), `provenance` (`use_provenance=True`: text matching may let a call t
 competent planner for the user task, the injection's worst case once injected text reaches the model;
 also its queries, the prompts' reasons, how the model was taken over, effects that ran unasked with
 injected text in their arguments, and the adaptive attacks on handles and queries, `hidden_adaptive`,
-each against one AgentDojo injection task per suite, in the first timing only).
+each against one AgentDojo injection task per suite, in the first timing and the `bench` classification).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ HIDDEN_CLEAN_KEYS = ("queries", "queries_failed", "tasks_with_queries", "plan_ca
 # ... and under attack (deny-all runs): pairs where injected text reached the model, effects that ran
 # unasked with injected text in their arguments (a label lost)
 HIDDEN_ATTACK_KEYS = ("model_taken_over", "model_taken_over_oracle", "label_lost")
+CLASSIFICATIONS_FOR_VARIANTS = "bench"  # the classification the attacks on handles and queries run under
 
 
 async def bench_suite(name: str, suite: Any, max_injections: int | None, classifications: list[str],
@@ -76,8 +77,10 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
     for cname in classifications:
         h = SuiteHarness(name, suite, CLASSIFICATIONS[cname], adaptive)
         h.check_attack_utility = attack_utility
-        out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings, mode, clean)
-                      for mode in modes}
+        # the attacks on handles and queries test the hidden values themselves: under one classification
+        variants = cname == CLASSIFICATIONS_FOR_VARIANTS
+        out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings, mode, clean,
+                                              variants) for mode in modes}
         if not attack_utility:  # not measured: None, not 0
             for per_mode in out[cname].values():
                 for per in per_mode["timings"].values():
@@ -88,7 +91,7 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
 
 async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], adaptive: list[Any],
                       max_injections: int | None, timings: list[str], mode: str,
-                      clean_runs: bool = True) -> dict[str, Any]:
+                      clean_runs: bool = True, variants: bool = True) -> dict[str, Any]:
     """One classification under one mode of the policy (default, provenance or hidden)."""
     provenance, hidden = mode == "provenance", mode == "hidden"
     clean = dict.fromkeys(CLEAN_KEYS + (HIDDEN_CLEAN_KEYS if hidden else ()), 0)
@@ -162,7 +165,7 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                             d.attacker_effects_executed + o.attacker_effects_executed)
         if hidden:
             per["taken_over_how"] = dict(sorted(taken.items()))
-            if timing == timings[0]:  # the attacks on handles and queries: in the first timing (time)
+            if timing == timings[0] and variants:  # the attacks on handles and queries: the first timing
                 per["hidden_adaptive"] = await _hidden_adaptive(h, users, injections, timing)
         res["timings"][timing] = per
     res["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
@@ -341,7 +344,12 @@ def update(old: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dic
                 dest[f"{key}_{'_'.join(run['modes'])}"] = value
     for m in run["modes"]:  # a mode run in parts (timings, the clean runs) lists each part's run
         prev = runs.get(m)
-        runs[m] = [*(prev if isinstance(prev, list) else []), run] if prev and "modes" in str(prev) else run
+        if isinstance(prev, list):
+            runs[m] = [*prev, run]
+        elif isinstance(prev, dict) and "modes" in prev:
+            runs[m] = [prev, run]
+        else:
+            runs[m] = run
     modes = [m for m in ("default", "provenance", "hidden") if m in runs]
     merged["totals"] = _totals(merged["suites"], modes, list(CLASSIFICATIONS), list(TIMINGS))
     return merged
