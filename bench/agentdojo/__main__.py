@@ -56,8 +56,11 @@ CLASSIFICATIONS_FOR_VARIANTS = "bench"  # the classification the attacks on hand
 
 async def bench_suite(name: str, suite: Any, max_injections: int | None, classifications: list[str],
                       timings: list[str], undefended: bool, modes: list[str], clean: bool = True,
-                      attack_utility: bool = True) -> dict[str, Any]:
+                      attack_utility: bool = True, user_slice: str | None = None) -> dict[str, Any]:
     users = list(suite.user_tasks.values())
+    if user_slice:  # a part of the user tasks (bench.agentdojo.merge adds the parts up)
+        start, _, stop = user_slice.partition(":")
+        users = users[int(start or 0):int(stop) if stop else None]
     injections = list(suite.injection_tasks.values())
     adaptive = attacks(name, suite.load_and_inject_default_environment(suite.get_injection_vector_defaults()))
     out: dict[str, Any] = {"user_tasks": len(users), "injection_tasks": len(injections),
@@ -81,6 +84,9 @@ async def bench_suite(name: str, suite: Any, max_injections: int | None, classif
         variants = cname == CLASSIFICATIONS_FOR_VARIANTS
         out[cname] = {mode: await _classified(h, users, injections, adaptive, max_injections, timings, mode, clean,
                                               variants) for mode in modes}
+        if user_slice:
+            for per_mode in out[cname].values():
+                per_mode["user_task_slices"] = [user_slice]
         if not attack_utility:  # not measured: None, not 0
             for per_mode in out[cname].values():
                 for per in per_mode["timings"].values():
@@ -206,11 +212,12 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
     return out
 
 
-def _run_suite(job: tuple[str, int | None, list[str], list[str], bool, list[str], bool, bool]) -> dict[str, Any]:
-    name, max_injections, classifications, timings, undefended, modes, clean, attack_utility = job
+def _run_suite(job: tuple[str, int | None, list[str], list[str], bool, list[str], bool, bool, str | None]
+               ) -> dict[str, Any]:
+    name, max_injections, classifications, timings, undefended, modes, clean, attack_utility, user_slice = job
     t0 = time.perf_counter()
     out = asyncio.run(bench_suite(name, get_suites(VERSION)[name], max_injections, classifications, timings,
-                                  undefended, modes, clean, attack_utility))
+                                  undefended, modes, clean, attack_utility, user_slice))
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["cpu_seconds"] = round(time.process_time(), 1)
     return out
@@ -234,6 +241,8 @@ def main() -> None:
     ap.add_argument("--injections", type=int, default=None,
                     help="at most N AgentDojo injection tasks per user task (default: all)")
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended baseline")
+    ap.add_argument("--user-tasks", default=None, metavar="I:J",
+                    help="only the user tasks I to J-1 of each suite (a part; bench.agentdojo.merge adds parts up)")
     ap.add_argument("--no-clean", action="store_true", help="skip the clean runs (with --update: keep FILE's)")
     ap.add_argument("--no-attack-utility", action="store_true",
                     help="skip AgentDojo's utility check in attacked runs (half their time; written as null)")
@@ -253,7 +262,7 @@ def main() -> None:
     per_suite: dict[str, dict[str, Any]] = {}
     names = args.suites.split(",")
     jobs = [(n, args.injections, classifications, timings, not args.no_undefended, modes, not args.no_clean,
-             not args.no_attack_utility) for n in names]
+             not args.no_attack_utility, args.user_tasks) for n in names]
     if args.jobs > 1:
         with ProcessPoolExecutor(min(args.jobs, len(names))) as pool:
             per_suite = dict(zip(names, pool.map(_run_suite, jobs), strict=True))
@@ -337,7 +346,10 @@ def update(old: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dic
             if isinstance(value, dict) and key in CLASSIFICATIONS:
                 for mode, md in value.items():  # a mode's timings add up over runs; the rest is replaced
                     prev = dest.setdefault(key, {}).get(mode, {})
-                    dest[key][mode] = {**prev, **md, "timings": {**prev.get("timings", {}), **md["timings"]}}
+                    if "user_task_slices" in md and "user_task_slices" in prev:  # parts of the user tasks
+                        dest[key][mode] = add_up(prev, md)
+                    else:
+                        dest[key][mode] = {**prev, **md, "timings": {**prev.get("timings", {}), **md["timings"]}}
             elif key not in dest or key not in ("seconds", "cpu_seconds", "undefended"):
                 dest[key] = value
             else:
@@ -353,6 +365,19 @@ def update(old: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dic
     modes = [m for m in ("default", "provenance", "hidden") if m in runs]
     merged["totals"] = _totals(merged["suites"], modes, list(CLASSIFICATIONS), list(TIMINGS))
     return merged
+
+
+def add_up(a: Any, b: Any) -> Any:
+    """Two parts' figures added up: numbers summed (None stays None), lists joined, dicts key by key."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: add_up(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
+    if isinstance(a, list) and isinstance(b, list):
+        return [*a, *b]
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a if a == b else None
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a + b
+    return a
 
 
 def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[str],
