@@ -17,7 +17,7 @@ taint asks), `provenance` (`use_provenance=True`: text matching may let a call t
 competent planner for the user task, the injection's worst case once injected text reaches the model;
 also its queries, the prompts' reasons, how the model was taken over, effects that ran unasked with
 injected text in their arguments, and the adaptive attacks on handles and queries, `hidden_adaptive`,
-each against one AgentDojo injection task per suite, in the first timing and the `bench` classification).
+each against one AgentDojo injection task per suite, in the `immediate` timing and the `bench` classification).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                             d.attacker_effects_executed + o.attacker_effects_executed)
         if hidden:
             per["taken_over_how"] = dict(sorted(taken.items()))
-            if timing == timings[0] and variants:  # the attacks on handles and queries: the first timing
+            if timing == TIMINGS[0] and variants:  # the attacks on handles and queries: `immediate` only
                 per["hidden_adaptive"] = await _hidden_adaptive(h, users, injections, timing)
         res["timings"][timing] = per
     res["trusted_tools_that_carried_injections"] = sorted(set(h.tainted_trusted))
