@@ -251,7 +251,7 @@ def main() -> None:
                 print(f"{cname:<15}{mode:<12}{timing:<12}{r['pairs']:>7}"
                       f"{r['attacks_succeeded']:>14} / {r['attacks_succeeded_oracle']:<7}"
                       f"{r['attacker_calls_executed']:>19} / {r['attacker_calls_executed_oracle']:<9}"
-                      f"{str(r['utility_under_attack_deny']):>12} / {str(r['utility_under_attack_oracle']):<7}")
+                      f"{r['utility_under_attack_deny']!s:>12} / {r['utility_under_attack_oracle']!s:<7}")
     pmr = res.get("plan_mode") or {}
     if pmr:
         print(f"\nplan mode (compromised reader), {pmr['pairs']} pairs: attacker effects deny-all / oracle "
