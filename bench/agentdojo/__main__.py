@@ -418,6 +418,8 @@ def _print_totals(totals: dict[str, Any]) -> None:
           "attacker calls with an effect executed deny-all / oracle (pairs x timings)")
     for m, per in totals.items():
         for c, t in per.items():
+            t = {"utility_oracle": "-", "user_tasks": "-", "utility_deny": "-", "approval_prompts": "-",
+                 "approval_prompts_no_provenance": "-", **t}  # a part without clean runs
             line = (f"{m:<12}{c:<12} utility {t['utility_oracle']}/{t['user_tasks']} oracle, {t['utility_deny']} deny-all;"
                     f" prompts {t['approval_prompts']} ({t['approval_prompts_no_provenance']}); attacker calls executed "
                     f"{t['attacker_calls_executed']} / {t['attacker_calls_executed_oracle']} ({t['attack_pairs']})")

@@ -229,8 +229,9 @@ def main() -> None:
         runs = old.setdefault("runs", {})
         for m in {m for c in old.get("defended", {}).values() for m in c} - set(modes):
             runs.setdefault(m, {"seconds": old.get("seconds"), "note": "the run that wrote this file first"})
-        for cname, per_mode in res["defended"].items():
-            old.setdefault("defended", {}).setdefault(cname, {}).update(per_mode)
+        for cname, per_mode in res["defended"].items():  # timing by timing
+            for mode, cell in per_mode.items():
+                old.setdefault("defended", {}).setdefault(cname, {}).setdefault(mode, {}).update(cell)
         for key in ("undefended", "plan_mode"):
             if res.get(key):
                 old[key] = res[key]
