@@ -93,3 +93,24 @@ def test_a_clean_hidden_run_passes_values_by_query_and_asks_once() -> None:
     # once because its recipient is a value the bill's author wrote
     assert out.utility and out.queries == 4 and out.queries_failed == 0 and out.prompts == 1
     assert out.reasons == {"untrusted_argument": 1}
+
+
+def test_parts_of_the_user_tasks_add_up_when_merged() -> None:
+    from bench.agentdojo.__main__ import update
+
+    def part(prompts: int, executed: int, failures: list[str], sl: str) -> dict:
+        mode = {"clean": {"user_tasks": 10, "approval_prompts": prompts}, "oracle_failures": failures,
+                "timings": {"immediate": {"agentdojo": {"pairs": 60, "attacker_calls_executed": executed,
+                                                         "utility_under_attack_deny": None}}},
+                "user_task_slices": [sl]}
+        return {"suites": {"workspace": {"bench": {"hidden": mode}}}}
+
+    base: dict = {"suites": {"workspace": {"bench": {"default": {"clean": {"user_tasks": 40}, "timings": {}}}}}}
+    merged = update(base, part(3, 0, [], "0:10"), {"modes": ["hidden"]})
+    merged = update(merged, part(5, 1, ["user_task_12"], "10:20"), {"modes": ["hidden"]})
+    hidden = merged["suites"]["workspace"]["bench"]["hidden"]
+    assert hidden["clean"] == {"user_tasks": 20, "approval_prompts": 8}
+    assert hidden["timings"]["immediate"]["agentdojo"] == {"pairs": 120, "attacker_calls_executed": 1,
+                                                           "utility_under_attack_deny": None}
+    assert hidden["oracle_failures"] == ["user_task_12"] and hidden["user_task_slices"] == ["0:10", "10:20"]
+    assert merged["suites"]["workspace"]["bench"]["default"]["clean"] == {"user_tasks": 40}  # kept

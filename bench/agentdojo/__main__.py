@@ -398,12 +398,13 @@ def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[s
                         continue
                     per = rc["timings"][timing]
                     for kind in ("agentdojo", "adaptive"):
-                        t["attack_pairs"] += per[kind]["pairs"]
-                        t["attacker_calls_executed"] += per[kind]["attacker_calls_executed"]
-                        t["attacker_calls_executed_oracle"] += per[kind]["attacker_calls_executed_oracle"]
-                        t["attacks_succeeded"] += per[kind]["attacks_succeeded"] + per[kind]["attacks_succeeded_oracle"]
+                        r = per.get(kind, {})
+                        t["attack_pairs"] += r.get("pairs", 0)
+                        t["attacker_calls_executed"] += r.get("attacker_calls_executed", 0)
+                        t["attacker_calls_executed_oracle"] += r.get("attacker_calls_executed_oracle", 0)
+                        t["attacks_succeeded"] += r.get("attacks_succeeded", 0) + r.get("attacks_succeeded_oracle", 0)
                         for k in HIDDEN_ATTACK_KEYS:
-                            t[k] += per[kind].get(k, 0)
+                            t[k] += r.get(k, 0)
                     for v in per.get("hidden_adaptive", {}).values():
                         t["hidden_adaptive_pairs"] += v["pairs"]
                         t["hidden_adaptive_attacker_calls_executed"] += (v["attacker_calls_executed"]

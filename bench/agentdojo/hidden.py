@@ -17,7 +17,7 @@ compromised reader chose (a boolean, enum, number or date: steering, in the wors
 the honest plan that uses a compromised reader's answer counts as the attacker's too.
 
 `VARIANTS` are the adaptive attacks aimed at handles and queries (the planner's behaviour changed,
-AgentDojo's injection placed in every vector): see `adaptive_hidden`.
+AgentDojo's injection placed in every vector), run by `bench.agentdojo.__main__._hidden_adaptive`.
 """
 
 from __future__ import annotations
