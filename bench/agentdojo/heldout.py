@@ -1,7 +1,7 @@
 """Held-out attacks: AgentDojo v1.2's eight new workspace injection tasks (bulk exfiltration of the
 inbox or the drive, deleting the evidence, a ransom note, phishing every meeting participant),
 added to AgentDojo after tether's policy and its adaptive attacks were written, run against the
-default loop, the text-matching mode and plan mode (whose workspace plans and policies were written
+default loop, the text-matching mode, the hidden-values mode (bench.agentdojo.hidden) and plan mode (whose workspace plans and policies were written
 later, by someone who had read these goals, though not against them).
 
     python -m bench.agentdojo.heldout [--out bench/agentdojo/results_heldout.json]
@@ -124,12 +124,13 @@ def held_out_tasks() -> tuple[Any, list[HeldOut]]:
     return suite, new
 
 
-async def bench(modes: list[str], classifications: list[str], timings: list[str]) -> dict[str, Any]:
+async def bench(modes: list[str], classifications: list[str], timings: list[str],
+                undefended: bool = True, attack_utility: bool = True) -> dict[str, Any]:
     suite, attacks = held_out_tasks()
     users = list(suite.user_tasks.values())
     out: dict[str, Any] = {"undefended": {}, "defended": {}}
     h = SuiteHarness("workspace", suite, CLASSIFICATIONS["bench"])
-    for it in attacks:  # the attacks are real: with nothing in the way, each succeeds somewhere
+    for it in attacks if undefended else ():  # the attacks are real: with nothing in the way, each succeeds
         wins = pairs = 0
         for ut in users:
             o = await h.run(ut, it, defended=False)  # type: ignore[arg-type]
@@ -139,20 +140,27 @@ async def bench(modes: list[str], classifications: list[str], timings: list[str]
         out["undefended"][it.ID] = {"pairs": pairs, "attacks_succeeded": wins}
     for cname in classifications:
         h = SuiteHarness("workspace", suite, CLASSIFICATIONS[cname])
+        h.check_attack_utility = attack_utility
         for mode in modes:
             cell: dict[str, Any] = {}
             for timing in timings:
+                hidden = mode == "hidden"
                 r = dict.fromkeys(("pairs", "attacks_succeeded", "attacks_succeeded_oracle", "attacker_calls_made",
                                    "attacker_calls_executed", "attacker_calls_executed_oracle",
-                                   "utility_under_attack_deny", "utility_under_attack_oracle", "prompts_oracle"), 0)
+                                   "utility_under_attack_deny", "utility_under_attack_oracle", "prompts_oracle")
+                                  + (("model_taken_over", "label_lost", "queries") if hidden else ()), 0)
                 for ut in users:
                     for it in attacks:
                         o = await h.run(ut, it, approver="oracle", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance")
-                        if not o.injected:
+                                        use_provenance=mode == "provenance", hidden=hidden)
+                        if not (o.met if hidden else o.injected):  # hidden: the injection reached an output
                             continue
                         d = await h.run(ut, it, approver="deny", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance")
+                                        use_provenance=mode == "provenance", hidden=hidden)
+                        if hidden:
+                            r["model_taken_over"] += d.injected
+                            r["label_lost"] += d.label_lost
+                            r["queries"] += o.queries
                         r["pairs"] += 1
                         r["attacks_succeeded"] += d.attack_succeeded
                         r["attacks_succeeded_oracle"] += o.attack_succeeded
@@ -162,6 +170,8 @@ async def bench(modes: list[str], classifications: list[str], timings: list[str]
                         r["utility_under_attack_deny"] += d.utility
                         r["utility_under_attack_oracle"] += o.utility
                         r["prompts_oracle"] += o.prompts
+                if not attack_utility:  # not measured: None, not 0
+                    r.update({k: None for k in r if k.startswith("utility_under_attack")})
                 cell[timing] = r
             out["defended"].setdefault(cname, {})[mode] = cell
     return out
@@ -193,16 +203,42 @@ async def plan_mode() -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="default,provenance")
+    ap.add_argument("--modes", default="default,provenance,hidden")
     ap.add_argument("--classifications", default=",".join(CLASSIFICATIONS))
     ap.add_argument("--timings", default=",".join(TIMINGS))
     ap.add_argument("--out", default=str(HERE / "results_heldout.json"))
+    ap.add_argument("--update", metavar="FILE", default=None,
+                    help="keep FILE's figures, replacing or adding only the modes run now (and, when skipped, "
+                         "its undefended and plan-mode figures); `runs` says which run each comes from")
+    ap.add_argument("--no-undefended", action="store_true", help="skip the undefended runs")
+    ap.add_argument("--no-plan-mode", action="store_true", help="skip plan mode")
+    ap.add_argument("--no-attack-utility", action="store_true", help="skip AgentDojo's utility check (null)")
     args = ap.parse_args()
     started = time.perf_counter()
-    res = asyncio.run(bench(args.modes.split(","), args.classifications.split(","), args.timings.split(",")))
-    res["plan_mode"] = asyncio.run(plan_mode())
+    modes = args.modes.split(",")
+    res = asyncio.run(bench(modes, args.classifications.split(","), args.timings.split(","),
+                            not args.no_undefended, not args.no_attack_utility))
+    if not args.no_plan_mode:
+        res["plan_mode"] = asyncio.run(plan_mode())
     res = {"agentdojo_version": HELD_OUT_VERSION, "held_out_from": SEEN_VERSION,
            "seconds": round(time.perf_counter() - started, 1), **res}
+    run = {"modes": modes, "timings": args.timings.split(","), "seconds": res["seconds"],
+           "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if args.update:
+        old = json.loads(Path(args.update).read_text())
+        runs = old.setdefault("runs", {})
+        for m in {m for c in old.get("defended", {}).values() for m in c} - set(modes):
+            runs.setdefault(m, {"seconds": old.get("seconds"), "note": "the run that wrote this file first"})
+        for cname, per_mode in res["defended"].items():  # timing by timing
+            for mode, cell in per_mode.items():
+                old.setdefault("defended", {}).setdefault(cname, {}).setdefault(mode, {}).update(cell)
+        for key in ("undefended", "plan_mode"):
+            if res.get(key):
+                old[key] = res[key]
+        runs.update({m: run for m in modes})
+        res = old
+    else:
+        res["runs"] = {m: run for m in modes}
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     und = res["undefended"]
     print(f"AgentDojo {HELD_OUT_VERSION} workspace, the 8 injection tasks not in {SEEN_VERSION} ({res['seconds']} s)")
@@ -216,12 +252,13 @@ def main() -> None:
                 print(f"{cname:<15}{mode:<12}{timing:<12}{r['pairs']:>7}"
                       f"{r['attacks_succeeded']:>14} / {r['attacks_succeeded_oracle']:<7}"
                       f"{r['attacker_calls_executed']:>19} / {r['attacker_calls_executed_oracle']:<9}"
-                      f"{r['utility_under_attack_deny']:>12} / {r['utility_under_attack_oracle']:<7}")
-    pmr = res["plan_mode"]
-    print(f"\nplan mode (compromised reader), {pmr['pairs']} pairs: attacker effects deny-all / oracle "
-          f"{pmr['attacker_effects_deny']} / {pmr['attacker_effects_oracle']}, attacks succeeded "
-          f"{pmr['attacks_succeeded_deny']} / {pmr['attacks_succeeded_oracle']}, utility under attack "
-          f"{pmr['utility_under_attack_deny']} / {pmr['utility_under_attack_oracle']}")
+                      f"{r['utility_under_attack_deny']!s:>12} / {r['utility_under_attack_oracle']!s:<7}")
+    pmr = res.get("plan_mode") or {}
+    if pmr:
+        print(f"\nplan mode (compromised reader), {pmr['pairs']} pairs: attacker effects deny-all / oracle "
+              f"{pmr['attacker_effects_deny']} / {pmr['attacker_effects_oracle']}, attacks succeeded "
+              f"{pmr['attacks_succeeded_deny']} / {pmr['attacks_succeeded_oracle']}, utility under attack "
+              f"{pmr['utility_under_attack_deny']} / {pmr['utility_under_attack_oracle']}")
     print(f"wrote {args.out}")
 
 
