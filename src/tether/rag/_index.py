@@ -6,8 +6,9 @@ Layout of an index directory:
   windows.npy    float32 [windows, dim], overlapping windows of chunks longer than the window
                  (dense scores a chunk by the max over its vector and its windows); memory-mapped
   window_owner.npy  int64 [windows], the chunk row each window belongs to (ascending)
-  knn.npy        the neighbour graph `best` smooths over (rebuilt when the store changes)
-  ivf.npz        the IVF partition, only for stores above the ANN threshold
+  neighbours.npz the neighbour graph `best` smooths over, with the generation it is of; carried to
+                 the next generation by each change (tether.rag._neighbours)
+  ann-GEN.hnsw   the HNSW index of generation GEN, only for stores above the ANN threshold
 
 Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
 its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
@@ -47,12 +48,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tether._errors import InvalidInput, MissingFile
-from tether.rag._ann import IVFIndex
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
 from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag._encoder import Embedder
 from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
+from tether.rag._neighbours import Neighbours
 from tether.rag._settings import BEST
 
 # Called as progress(done, total) while passages are embedded (done counts passages).
@@ -234,6 +235,12 @@ class Index:
     def _put_file(self, name: str, written: Path) -> None:
         """Store the file `written` (in `self.path`) as `name`, replacing it atomically."""
         os.replace(written, self.path / name)
+
+    def _drop_files(self, prefix: str, keep: str = "") -> None:
+        """Remove the stored files whose names start with `prefix`, except `keep`."""
+        for f in self.path.glob(prefix + "*"):
+            if f.name != keep:
+                f.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Store the settings given to the constructor, and close."""
@@ -492,8 +499,10 @@ class Index:
                         f"embed; searches answer from their words meanwhile")
         more = _embed(self._dense(), fresh, offset=len(reused.vectors) if reused else 0,
                       progress=self._progress(), cache=self._cache())
-        self._store_vectors(more if reused is None else
-                            _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True))), gen)
+        final = more if reused is None else _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True)))
+        self._store_vectors(final, gen)
+        if reused is not None:  # the neighbour state follows the vectors, by the change alone
+            self._update_neighbours(dropped, kept + len(dropped), final.vectors, gen)
         self._retriever = None
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
@@ -659,17 +668,19 @@ class Index:
             self._fit_lexical(retriever, texts)
             return retriever
         assert stored is not None
+        state = self._neighbours(stored.vectors, self._graph_k(retriever))
         for part in retriever_parts(retriever):
             if isinstance(part, DenseRetriever):
                 part._embedder = self.embedder
                 part.ann_threshold = self.ann_threshold
                 part.window, part.stride = self.window, self.stride
-                part.set_vectors(stored.vectors, self._ivf(stored.vectors, self.ann_threshold),
-                                 windows=stored.windows, owner=stored.owner)
+                part.set_vectors(stored.vectors, state.ann if state else None, windows=stored.windows,
+                                 owner=stored.owner)
             else:
                 self._fit_lexical(part, texts)
         if hasattr(retriever, "prepare"):
-            retriever.prepare(self._knn_graph(retriever))  # type: ignore[attr-defined]
+            graph = state.rows if state is not None and state.k else None
+            retriever.prepare(graph if len(rows) >= getattr(retriever, "min_store", 0) else None)  # type: ignore[attr-defined]
         return retriever
 
     def _lexical_meanwhile(self, rows: list[Chunk], gen: str) -> Retriever:
@@ -725,36 +736,84 @@ class Index:
         finally:
             written.unlink(missing_ok=True)
 
-    def _ivf(self, vectors: np.ndarray, threshold: int) -> IVFIndex | None:
-        """The IVF partition for a large store: loaded when current, else built and saved."""
-        if len(vectors) <= threshold:
-            return None
-        with self._flock("swap.lock", fcntl.LOCK_SH):
-            f = self._file("ivf.npz")
-            if f is not None and self._meta("ivf_generation") == self._vectors_key():
-                ivf = IVFIndex.load(str(f))
-                if len(ivf.assign) == len(vectors):
-                    return ivf
-        ivf = IVFIndex.build(np.asarray(vectors))
-        self._save_derived("ivf.npz", "ivf_generation", ivf.save)
-        return ivf
+    # -- the neighbour state (tether.rag._neighbours): carried per generation, rebuilt only without one
 
-    def _knn_graph(self, retriever: Retriever) -> np.ndarray | None:
-        neighbours = getattr(retriever, "neighbours", 0)
-        if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
-            return None
-        with self._flock("swap.lock", fcntl.LOCK_SH):
-            f = self._file("knn.npy")
-            if f is not None and self._meta("knn_generation") == self._vectors_key():
-                graph = np.load(f)
-                if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
-                    return graph
-        from tether.rag._dense import knn_graph
+    @staticmethod
+    def _graph_k(retriever: Retriever) -> int:
+        """How many neighbours per passage `retriever` smooths over (0: none)."""
+        return int(getattr(retriever, "neighbours", 0) or 0) if getattr(retriever, "gain", 0) else 0
 
-        dense = retriever.dense  # type: ignore[attr-defined]
-        graph = knn_graph(np.asarray(dense.vectors), neighbours, ivf=dense.ivf)
-        self._save_derived("knn.npy", "knn_generation", lambda path: np.save(path, graph))
-        return graph
+    def _neighbours_key(self, generation: str, rows: int, k: int) -> str:
+        """What a stored neighbour state is valid for: the generation, the embedder, `k`, and
+        whether it has an HNSW index (the store is above the ANN threshold)."""
+        return f"{generation}:{self.embedder.name}:{k}:{'ann' if rows > self.ann_threshold else 'exact'}"
+
+    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
+        """The stored neighbour state if it was saved for `key` (its file names its own key, so a
+        state replaced halfway by a stopped writer is never taken for another generation's)."""
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            f = self._file("neighbours.npz")
+            if f is None:
+                return None
+            stored_key, ann_name = Neighbours.stored_key(f)
+            if stored_key != key:
+                return None
+            ann_file = self._file(ann_name) if ann_name else None
+            if ann_name and ann_file is None:
+                return None
+            return Neighbours.load(f, ann_file, dim)
+
+    def _neighbours(self, vectors: np.ndarray, k: int) -> Neighbours | None:
+        """The neighbour state of the current generation: loaded, else built and saved."""
+        n = len(vectors)
+        if not k and n <= self.ann_threshold:
+            return None
+        key = self._neighbours_key(self._built_generation or "0", n, k)
+        state = self._load_neighbours(key, vectors.shape[1])
+        if state is not None and len(state.rows) == n:
+            return state
+        state = Neighbours.build(np.asarray(vectors), k, n > self.ann_threshold)
+        self._save_neighbours(state, key, self._built_generation or "0")
+        return state
+
+    def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
+        """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
+        its generation first, then neighbours.npz (the switch), then older HNSW files removed."""
+        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        stem = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}"
+        tmp_npz, tmp_ann = stem.with_suffix(".npz.tmp"), stem.with_suffix(".hnsw.tmp")
+        try:
+            state.save(tmp_npz, key, ann_name)
+            if state.ann is not None:
+                state.ann.save(tmp_ann)
+            with self._flock("swap.lock", fcntl.LOCK_EX):
+                if (self._meta("generation") or "0") != generation:
+                    return  # another process changed the store meanwhile: its readers build their own
+                if state.ann is not None:
+                    self._put_file(ann_name, tmp_ann)
+                self._put_file("neighbours.npz", tmp_npz)
+                self._drop_files("ann-", keep=ann_name)
+        finally:
+            tmp_npz.unlink(missing_ok=True)
+            tmp_ann.unlink(missing_ok=True)
+
+    def _update_neighbours(self, dropped: list[int], old_n: int, vectors: np.ndarray, generation: str) -> None:
+        """Carry the neighbour state of the last generation to `generation` (rows `dropped`, the
+        new rows' vectors at the end of `vectors`), if there is one for the same settings; a change
+        of more than half the store is left to the next search's full build."""
+        from tether.rag._evaluate import make_retriever
+
+        k = self._graph_k(make_retriever(self.retriever_name))
+        n = len(vectors)
+        if not k and n <= self.ann_threshold:
+            return
+        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), old_n, k), vectors.shape[1])
+        if prev is None or len(prev.rows) != old_n or (prev.ann is not None) != (n > self.ann_threshold):
+            return
+        if 2 * (n - old_n + 2 * len(dropped)) > old_n:  # new rows plus dropped ones (counted twice: both ends)
+            return
+        prev.update(np.asarray(vectors), np.asarray(dropped, dtype=np.int64))
+        self._save_neighbours(prev, self._neighbours_key(generation, n, k), generation)
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
         """The `k` best passages for `query`, with chunk id, source, heading, text and score.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tether._errors import InvalidInput, MissingDependency
-from tether.rag._index import _SCHEMA, BACKENDS, Index
+from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's `INSERT OR REPLACE` as PostgreSQL upserts: the conflict key of each table.
@@ -165,6 +165,11 @@ class PostgresIndex(Index):
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO files(name, data) VALUES (?, ?)", (name, written.read_bytes()))
         written.unlink()
+
+    def _drop_files(self, prefix: str, keep: str = "") -> None:
+        with self._db:
+            self._db.execute("DELETE FROM files WHERE name LIKE ? ESCAPE '\\' AND name <> ?",
+                             (_like_prefix(prefix), keep))
 
     def _lock_key(self, name: str) -> str:
         return f"tether-index:{self._schema}:{name}"
