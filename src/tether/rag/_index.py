@@ -470,9 +470,10 @@ class Index:
         report.chunks_removed += len(dropped)
         report.chunks_added += len(new)
         plan: tuple[_Vectors | None, list[str]] | None = None
+        old_n = len(self)
         if self.uses_vectors:  # read the old vectors before the rows they belong to change
-            plan, new = self._plan_vectors(self.chunks(), new, gone_set)
-        kept = len(self) - len(dropped)
+            plan, new = self._plan_vectors(old_n, dropped, new)
+        kept = old_n - len(dropped)
         per_source = Counter(c.source for c in new)
         gen = str(int(self._meta("generation") or 0) + 1)
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
@@ -546,25 +547,29 @@ class Index:
 
     # -- vectors --------------------------------------------------------------------------------
 
-    def _plan_vectors(self, old_rows: list[Chunk], new: list[Chunk],
-                      gone: set[str]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
+    def _plan_vectors(self, old_n: int, dropped: list[int],
+                      new: list[Chunk]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
         """((vectors reused for the first rows, texts to embed for the rest), `new` in row order).
-        Kept rows, and new chunks whose text is already stored (a changed file's untouched
-        passages), reuse their vectors; with nothing usable on disk every row is embedded."""
-        old = self._load_vectors(len(old_rows))
+        Kept rows, and new chunks whose text a dropped row had (a changed file's untouched
+        passages), reuse their vectors; with nothing usable on disk every row is embedded. Reads
+        the dropped rows' texts only: the cost is the change's."""
+        old = self._load_vectors(old_n)
         if old is None:
-            kept = [c for c in old_rows if c.source not in gone]
+            gone = set(dropped)
+            kept = [c for i, c in enumerate(self.chunks()) if i not in gone]
             return (None, [c.indexed_text for c in kept + new]), new
-        row_of_text = {c.indexed_text: i for i, c in enumerate(old_rows)}
-        take = [i for i, c in enumerate(old_rows) if c.source not in gone]
-        fresh: list[Chunk] = []
-        for c in new:
-            if c.indexed_text in row_of_text:
-                take.append(row_of_text[c.indexed_text])
-            else:
-                fresh.append(c)
-        new = [c for c in new if c.indexed_text in row_of_text] + fresh
-        return (_select(old, np.asarray(take, dtype=np.int64)), [c.indexed_text for c in fresh]), new
+        row_of_text: dict[str, int] = {}
+        for start in range(0, len(dropped), 500):
+            part = dropped[start : start + 500]
+            for row, *c in self._db.execute(
+                    f"SELECT row, id, source, position, heading, text FROM chunks WHERE row IN ({','.join('?' * len(part))})",
+                    part).fetchall():
+                row_of_text[Chunk(*c).indexed_text] = row
+        take = np.delete(np.arange(old_n, dtype=np.int64), np.asarray(dropped, dtype=np.int64))
+        reused = [c for c in new if c.indexed_text in row_of_text]
+        fresh = [c for c in new if c.indexed_text not in row_of_text]
+        take = np.concatenate([take, np.asarray([row_of_text[c.indexed_text] for c in reused], dtype=np.int64)])
+        return (_select(old, take), [c.indexed_text for c in fresh]), reused + fresh
 
     def _complete_vectors(self) -> None:
         """Embed and store the vectors of the current rows if they have none (an ingest stopped
@@ -906,19 +911,16 @@ class _CachedEmbedder:
 
 def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
     """The vectors of chunk `rows` (in that order) with their windows, owners renumbered 0..len-1."""
-    ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1)) if len(v.owner) else None
-    wins: list[np.ndarray] = []
-    owners: list[np.ndarray] = []
-    if ptr is not None:
-        for new_row, r in enumerate(rows):
-            a, b = ptr[r], ptr[r + 1]
-            if b > a:
-                wins.append(np.asarray(v.windows[a:b]))
-                owners.append(np.full(b - a, new_row, dtype=np.int64))
     dim = v.vectors.shape[1]
-    return _Vectors(np.asarray(v.vectors[rows], dtype=np.float32).reshape(len(rows), dim),
-                    np.concatenate(wins) if wins else np.zeros((0, dim), dtype=np.float32),
-                    np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64))
+    vectors = np.asarray(v.vectors[rows], dtype=np.float32).reshape(len(rows), dim)
+    if not len(v.owner) or not len(rows):
+        return _Vectors(vectors, np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=np.int64))
+    ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1))
+    lens = ptr[rows + 1] - ptr[rows]
+    starts = np.repeat(ptr[rows] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    take = starts + np.arange(int(lens.sum()))  # every window of each row, rows in the order given
+    return _Vectors(vectors, np.asarray(v.windows[take], dtype=np.float32).reshape(len(take), dim),
+                    np.repeat(np.arange(len(rows), dtype=np.int64), lens))
 
 
 def retriever_parts(retriever: Retriever) -> Iterable[Retriever]:
