@@ -48,7 +48,8 @@ class HashedBag:
 
     name = "hashed-bag-384"
     dim = 384
-    _slot: dict[str, int] = {}
+    def __init__(self) -> None:
+        self._slot: dict[str, int] = {}
 
     def embed(self, texts):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -99,7 +100,6 @@ def _recalls(idx, rng: random.Random) -> tuple[float, float]:
     hits = []
     for _ in range(20):
         q = " ".join(rng.choice(WORDS) for _ in range(3))
-        qv = dense.query_vector(q)
         got = {i for i, _ in dense.search(q, 10)}
         ann, dense.ivf = dense.ivf, None  # exact: every passage scored with its windows
         truth = {i for i, _ in dense.search(q, 10)}
