@@ -488,6 +488,7 @@ class Index:
             )
             self._db.executemany("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  [(src, digest, per_source[src]) for src, digest in hashes.items()])
+            self._rows_written(new)
             self._set_meta("generation", gen)
         self._update_lexical(dropped, new, gen)
         self._retriever = None
@@ -505,6 +506,10 @@ class Index:
         if reused is not None:  # the neighbour state follows the vectors, by the change alone
             self._update_neighbours(dropped, kept + len(dropped), final.vectors, gen)
         self._retriever = None
+
+    def _rows_written(self, new: list[Chunk]) -> None:
+        """Called in the transaction that stores a change's rows, after they are written (a backend
+        that keeps more per row, PostgreSQL's terms, writes it here)."""
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Carry a stored lexical state (BM25's) from the last generation to `gen`: the rows `dropped`

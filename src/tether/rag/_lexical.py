@@ -142,6 +142,8 @@ class BM25Retriever:
         # Term counts per posting and passage lengths, so `update` can recompute weights without the texts
         self._tf = np.zeros(0, dtype=np.float32)
         self._doclen = np.zeros(0, dtype=np.float32)
+        # Scores computed elsewhere from the same settings (a PostgreSQL index's server: _pg_lexical)
+        self.remote: Callable[[str], np.ndarray] | None = None
 
     def _tokens(self, text: str) -> list[str]:
         return stemmed_tokens(text) if self.stem else word_tokens(text)
@@ -285,6 +287,8 @@ class BM25Retriever:
         return out
 
     def scores(self, query: str) -> np.ndarray:
+        if self.remote is not None:
+            return self.remote(query)
         weights = self.term_weights(query)
         first = self._post.score(weights)
         if self.rm3 is None:
