@@ -465,8 +465,9 @@ class Index:
         gone_set = set(gone)
         # Per-source bookkeeping costs the change, not the store: the rows of the gone sources are
         # read by source (indexed), the kept rows are only renumbered, never read, for a lexical index.
-        dropped = sorted(r for src in gone_set
-                         for (r,) in self._db.execute("SELECT row FROM chunks WHERE source = ?", (src,)))
+        gone_rows = sorted((r, cid) for src in gone_set
+                           for r, cid in self._db.execute("SELECT row, id FROM chunks WHERE source = ?", (src,)))
+        dropped = [r for r, _ in gone_rows]
         report.chunks_removed += len(dropped)
         report.chunks_added += len(new)
         plan: tuple[_Vectors | None, list[str]] | None = None
@@ -488,7 +489,7 @@ class Index:
             )
             self._db.executemany("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  [(src, digest, per_source[src]) for src, digest in hashes.items()])
-            self._rows_written(new)
+            self._rows_written([cid for _, cid in gone_rows], new)
             self._set_meta("generation", gen)
         self._update_lexical(dropped, new, gen)
         self._retriever = None
@@ -507,9 +508,10 @@ class Index:
             self._update_neighbours(dropped, kept + len(dropped), final.vectors, gen)
         self._retriever = None
 
-    def _rows_written(self, new: list[Chunk]) -> None:
-        """Called in the transaction that stores a change's rows, after they are written (a backend
-        that keeps more per row, PostgreSQL's terms, writes it here)."""
+    def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
+        """Called in the transaction that stores a change's rows, after they are written (`gone`: the
+        ids of the chunks it deleted); a backend that keeps more per row (PostgreSQL's terms) does
+        the same to it here."""
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Carry a stored lexical state (BM25's) from the last generation to `gen`: the rows `dropped`

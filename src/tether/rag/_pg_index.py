@@ -174,8 +174,9 @@ class PostgresIndex(Index):
 
     # -- BM25 on the server (tether.rag._pg_lexical) ------------------------------------------------
 
-    def _rows_written(self, new: list[Chunk]) -> None:
+    def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
         if self._meta("postings") == "1":
+            _pg_lexical.delete_postings(self._db.conn, gone)
             _pg_lexical.write_postings(self._db.conn, new)
             return
         # an index written before the server kept terms (or an empty one): all of its rows, once
@@ -194,7 +195,7 @@ class PostgresIndex(Index):
         if self._meta("postings") != "1":
             with self._writing(), self._flock("swap.lock", fcntl.LOCK_EX), self._db:
                 if self._meta("postings") != "1":
-                    self._rows_written([])
+                    self._rows_written([], [])
         part.remote = _pg_lexical.ServerBM25(self._db.conn, part, [c.id for c in self._rows]).scores
 
     def _drop_files(self, prefix: str, keep: str = "") -> None:
