@@ -138,3 +138,16 @@ def test_above_the_threshold_the_hnsw_index_follows_each_change_and_repeats(tmp_
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(graph, exact, strict=True)])
     assert recall > 0.9
     assert [f.name for f in (tmp_path / "a").glob("ann-*.hnsw")] == ["ann-4.hnsw"]  # older generations' gone
+
+
+def test_a_graph_built_on_a_tiny_store_is_rebuilt_once_it_can_hold_k_neighbours(tmp_path: Path) -> None:
+    with Index(tmp_path / "ix", retriever="best", embedder=RandomEmbedder()) as idx:
+        idx.add_texts(TEXTS[:8])
+        idx.search("topic1", 3)  # a graph of 7 neighbours per passage
+        for start in range(8, len(TEXTS), 4):  # small changes, each carried
+            idx.add_texts(TEXTS[start : start + 4])
+        idx.search("topic1", 3)
+        retriever: Any = idx._retriever
+        assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))
+    stored = Neighbours.load(tmp_path / "ix" / "neighbours.npz", None, RandomEmbedder.dim)
+    assert stored.k == 10  # else every search would rebuild the 10-neighbour graph by brute force

@@ -822,6 +822,8 @@ class Index:
         prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), old_n, k), vectors.shape[1])
         if prev is None or len(prev.rows) != old_n or (prev.ann is not None) != (n > self.ann_threshold):
             return
+        if prev.k < min(k, n - 1):  # built when the store had fewer than k + 1 rows: build it whole
+            return
         if 2 * (n - old_n + 2 * len(dropped)) > old_n:  # new rows plus dropped ones (counted twice: both ends)
             return
         prev.update(np.asarray(vectors), np.asarray(dropped, dtype=np.int64))
