@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from tether.rag._ann import IVFIndex
 from tether.rag._base import Hit
 from tether.rag._dense import knn_graph
 from tether.rag._evaluate import load_collection
 from tether.rag._index import Index
+from tether.rag._neighbours import HNSW
 from tether.rag._text import simple_tokens
 from tether.rag._tool import shape_hits
 
@@ -67,7 +67,7 @@ def test_neighbour_graph_is_rebuilt_for_another_embedder(tmp_path):
         assert np.array_equal(retriever.graph, knn_graph(vectors, 10))  # type: ignore[union-attr]
 
 
-def test_ivf_partition_is_rebuilt_for_another_embedder(tmp_path):
+def test_hnsw_index_is_rebuilt_for_another_embedder(tmp_path):
     texts = [f"topic{i % 9} item{i} part{i % 4}" for i in range(30)]
     with Index(tmp_path / "ix", retriever="dense", embedder=HashEmbedder(0), ann_threshold=2) as idx:
         for i, t in enumerate(texts):
@@ -76,9 +76,11 @@ def test_ivf_partition_is_rebuilt_for_another_embedder(tmp_path):
     other = HashEmbedder(5)
     with Index(tmp_path / "ix", retriever="dense", embedder=other, ann_threshold=2) as idx:
         idx.search("topic1", 1)
-        ivf = idx._retriever.ivf  # type: ignore[union-attr]
-        expected = IVFIndex.build(other.embed([c.indexed_text for c in idx.chunks()]))
-        assert np.allclose(ivf.centroids, expected.centroids)
+        ann = idx._retriever.ivf  # type: ignore[union-attr]
+        assert isinstance(ann, HNSW)
+        vectors = other.embed([c.indexed_text for c in idx.chunks()])
+        found = ann.index.get_items(ann.labels)
+        assert np.allclose(found, vectors, atol=1e-6)  # the new embedder's vectors, not the old ones
 
 
 def test_search_tool_output_never_exceeds_its_cap() -> None:

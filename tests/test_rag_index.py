@@ -13,6 +13,7 @@ pytest.importorskip("Stemmer")
 from rag_fakes import BagEmbedder
 
 from tether.rag._index import Index, default_root, index_path
+from tether.rag._neighbours import HNSW
 
 
 @pytest.fixture
@@ -120,17 +121,16 @@ def test_a_different_embedder_triggers_one_re_embedding(tmp_path, docs):
     assert other.texts == 3 + 1
 
 
-def test_large_stores_use_a_persisted_ivf_partition(tmp_path, docs):
+def test_large_stores_use_a_persisted_hnsw_index(tmp_path, docs):
     with Index(tmp_path / "ix", retriever="dense", embedder=BagEmbedder(), ann_threshold=2) as idx:
         idx.ingest(docs)
         assert idx.search("Norway", 1)[0].source.endswith("shipping.txt")
-    ivf_file = tmp_path / "ix" / "ivf.npz"
-    assert ivf_file.exists()
-    stamp = ivf_file.stat().st_mtime_ns
+    [ann_file] = (tmp_path / "ix").glob("ann-*.hnsw")
+    stamp = ann_file.stat().st_mtime_ns
     with Index(tmp_path / "ix", embedder=BagEmbedder(), ann_threshold=2) as idx:
         idx.search("Norway", 1)
-        assert idx._retriever.ivf is not None  # type: ignore[union-attr]
-    assert ivf_file.stat().st_mtime_ns == stamp  # reused, not rebuilt
+        assert isinstance(idx._retriever.ivf, HNSW)  # type: ignore[union-attr]
+    assert ann_file.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
 def test_schema_is_plain_sqlite(tmp_path, docs):

@@ -6,7 +6,16 @@ centroids, and exactly scored against the vectors of its `nprobe` nearest lists.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
+
+
+class Candidates(Protocol):
+    """What dense search asks an approximate index: the rows worth scoring for a query (IVFIndex
+    here, tether.rag._neighbours.HNSW for a stored index)."""
+
+    def candidates(self, query: np.ndarray) -> np.ndarray: ...
 
 
 def kmeans(x: np.ndarray, k: int, *, iters: int = 12, sample: int = 50_000, seed: int = 0) -> np.ndarray:

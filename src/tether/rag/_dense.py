@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tether._errors import InvalidInput
-from tether.rag._ann import IVFIndex
+from tether.rag._ann import Candidates, IVFIndex
 from tether.rag._base import top_k
 from tether.rag._encoder import Embedder, MiniLMEncoder
 
@@ -177,7 +177,7 @@ class DenseRetriever:
         self.window_owner = np.zeros(0, dtype=np.int64)
         self._starts = np.zeros(0, dtype=np.int64)  # first row of each owner's run of windows
         self._ptr = np.zeros(1, dtype=np.int64)  # windows of passage i: rows _ptr[i]:_ptr[i+1]
-        self.ivf: IVFIndex | None = None
+        self.ivf: Candidates | None = None
         self.progress: Callable[[int, int], None] | None = None  # called while `fit` embeds
 
     @property
@@ -208,7 +208,7 @@ class DenseRetriever:
     def set_vectors(
         self,
         vectors: np.ndarray,
-        ivf: IVFIndex | None = None,
+        ivf: Candidates | None = None,
         *,
         windows: np.ndarray | None = None,
         owner: np.ndarray | None = None,
@@ -298,7 +298,7 @@ class DenseRetriever:
         return [(int(rows[i]), s) for i, s in top_k(part, k)]
 
 
-def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 256, ivf: IVFIndex | None = None) -> np.ndarray:
+def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 256, ivf: Candidates | None = None) -> np.ndarray:
     """Each vector's `k` nearest other vectors by cosine, as an (n, k) array of row numbers."""
     n = len(vectors)
     k = min(k, max(n - 1, 0))

@@ -6,8 +6,9 @@ Layout of an index directory:
   windows.npy    float32 [windows, dim], overlapping windows of chunks longer than the window
                  (dense scores a chunk by the max over its vector and its windows); memory-mapped
   window_owner.npy  int64 [windows], the chunk row each window belongs to (ascending)
-  knn.npy        the neighbour graph `best` smooths over (rebuilt when the store changes)
-  ivf.npz        the IVF partition, only for stores above the ANN threshold
+  neighbours.npz the neighbour graph `best` smooths over, with the generation it is of; carried to
+                 the next generation by each change (tether.rag._neighbours)
+  ann-GEN.hnsw   the HNSW index of generation GEN, only for stores above the ANN threshold
 
 Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
 its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
@@ -47,12 +48,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tether._errors import InvalidInput, MissingFile
-from tether.rag._ann import IVFIndex
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
 from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag._encoder import Embedder
 from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
+from tether.rag._neighbours import Neighbours
 from tether.rag._settings import BEST
 
 # Called as progress(done, total) while passages are embedded (done counts passages).
@@ -234,6 +235,12 @@ class Index:
     def _put_file(self, name: str, written: Path) -> None:
         """Store the file `written` (in `self.path`) as `name`, replacing it atomically."""
         os.replace(written, self.path / name)
+
+    def _drop_files(self, prefix: str, keep: str = "") -> None:
+        """Remove the stored files whose names start with `prefix`, except `keep`."""
+        for f in self.path.glob(prefix + "*"):
+            if f.name != keep:
+                f.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Store the settings given to the constructor, and close."""
@@ -459,14 +466,16 @@ class Index:
         gone_set = set(gone)
         # Per-source bookkeeping costs the change, not the store: the rows of the gone sources are
         # read by source (indexed), the kept rows are only renumbered, never read, for a lexical index.
-        dropped = sorted(r for src in gone_set
-                         for (r,) in self._db.execute("SELECT row FROM chunks WHERE source = ?", (src,)))
+        gone_rows = sorted((r, cid) for src in gone_set
+                           for r, cid in self._db.execute("SELECT row, id FROM chunks WHERE source = ?", (src,)))
+        dropped = [r for r, _ in gone_rows]
         report.chunks_removed += len(dropped)
         report.chunks_added += len(new)
         plan: tuple[_Vectors | None, list[str]] | None = None
+        old_n = len(self)
         if self.uses_vectors:  # read the old vectors before the rows they belong to change
-            plan, new = self._plan_vectors(self.chunks(), new, gone_set)
-        kept = len(self) - len(dropped)
+            plan, new = self._plan_vectors(old_n, dropped, new)
+        kept = old_n - len(dropped)
         per_source = Counter(c.source for c in new)
         gen = str(int(self._meta("generation") or 0) + 1)
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
@@ -481,6 +490,7 @@ class Index:
             )
             self._db.executemany("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  [(src, digest, per_source[src]) for src, digest in hashes.items()])
+            self._rows_written([cid for _, cid in gone_rows], new)
             self._set_meta("generation", gen)
         self._update_lexical(dropped, new, gen)
         self._retriever = None
@@ -493,9 +503,16 @@ class Index:
                         f"embed; searches answer from their words meanwhile")
         more = _embed(self._dense(), fresh, offset=len(reused.vectors) if reused else 0,
                       progress=self._progress(), cache=self._cache())
-        self._store_vectors(more if reused is None else
-                            _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True))), gen)
+        final = more if reused is None else _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True)))
+        self._store_vectors(final, gen)
+        if reused is not None:  # the neighbour state follows the vectors, by the change alone
+            self._update_neighbours(dropped, kept + len(dropped), final.vectors, gen)
         self._retriever = None
+
+    def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
+        """Called in the transaction that stores a change's rows, after they are written (`gone`: the
+        ids of the chunks it deleted); a backend that keeps more per row (PostgreSQL's terms) does
+        the same to it here."""
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Carry a stored lexical state (BM25's) from the last generation to `gen`: the rows `dropped`
@@ -538,25 +555,29 @@ class Index:
 
     # -- vectors --------------------------------------------------------------------------------
 
-    def _plan_vectors(self, old_rows: list[Chunk], new: list[Chunk],
-                      gone: set[str]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
+    def _plan_vectors(self, old_n: int, dropped: list[int],
+                      new: list[Chunk]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
         """((vectors reused for the first rows, texts to embed for the rest), `new` in row order).
-        Kept rows, and new chunks whose text is already stored (a changed file's untouched
-        passages), reuse their vectors; with nothing usable on disk every row is embedded."""
-        old = self._load_vectors(len(old_rows))
+        Kept rows, and new chunks whose text a dropped row had (a changed file's untouched
+        passages), reuse their vectors; with nothing usable on disk every row is embedded. Reads
+        the dropped rows' texts only: the cost is the change's."""
+        old = self._load_vectors(old_n)
         if old is None:
-            kept = [c for c in old_rows if c.source not in gone]
+            gone = set(dropped)
+            kept = [c for i, c in enumerate(self.chunks()) if i not in gone]
             return (None, [c.indexed_text for c in kept + new]), new
-        row_of_text = {c.indexed_text: i for i, c in enumerate(old_rows)}
-        take = [i for i, c in enumerate(old_rows) if c.source not in gone]
-        fresh: list[Chunk] = []
-        for c in new:
-            if c.indexed_text in row_of_text:
-                take.append(row_of_text[c.indexed_text])
-            else:
-                fresh.append(c)
-        new = [c for c in new if c.indexed_text in row_of_text] + fresh
-        return (_select(old, np.asarray(take, dtype=np.int64)), [c.indexed_text for c in fresh]), new
+        row_of_text: dict[str, int] = {}
+        for start in range(0, len(dropped), 500):
+            part = dropped[start : start + 500]
+            for row, *c in self._db.execute(
+                    f"SELECT row, id, source, position, heading, text FROM chunks WHERE row IN ({','.join('?' * len(part))})",
+                    part).fetchall():
+                row_of_text[Chunk(*c).indexed_text] = row
+        take = np.delete(np.arange(old_n, dtype=np.int64), np.asarray(dropped, dtype=np.int64))
+        reused = [c for c in new if c.indexed_text in row_of_text]
+        fresh = [c for c in new if c.indexed_text not in row_of_text]
+        take = np.concatenate([take, np.asarray([row_of_text[c.indexed_text] for c in reused], dtype=np.int64)])
+        return (_select(old, take), [c.indexed_text for c in fresh]), reused + fresh
 
     def _complete_vectors(self) -> None:
         """Embed and store the vectors of the current rows if they have none (an ingest stopped
@@ -660,17 +681,19 @@ class Index:
             self._fit_lexical(retriever, texts)
             return retriever
         assert stored is not None
+        state = self._neighbours(stored.vectors, self._graph_k(retriever))
         for part in retriever_parts(retriever):
             if isinstance(part, DenseRetriever):
                 part._embedder = self.embedder
                 part.ann_threshold = self.ann_threshold
                 part.window, part.stride = self.window, self.stride
-                part.set_vectors(stored.vectors, self._ivf(stored.vectors, self.ann_threshold),
-                                 windows=stored.windows, owner=stored.owner)
+                part.set_vectors(stored.vectors, state.ann if state else None, windows=stored.windows,
+                                 owner=stored.owner)
             else:
                 self._fit_lexical(part, texts)
         if hasattr(retriever, "prepare"):
-            retriever.prepare(self._knn_graph(retriever))  # pyright: ignore[reportAttributeAccessIssue]
+            graph = state.rows if state is not None and state.k else None
+            retriever.prepare(graph if len(rows) >= getattr(retriever, "min_store", 0) else None)  # pyright: ignore[reportAttributeAccessIssue]
         return retriever
 
     def _lexical_meanwhile(self, rows: list[Chunk], gen: str) -> Retriever:
@@ -726,36 +749,86 @@ class Index:
         finally:
             written.unlink(missing_ok=True)
 
-    def _ivf(self, vectors: np.ndarray, threshold: int) -> IVFIndex | None:
-        """The IVF partition for a large store: loaded when current, else built and saved."""
-        if len(vectors) <= threshold:
-            return None
-        with self._flock("swap.lock", fcntl.LOCK_SH):
-            f = self._file("ivf.npz")
-            if f is not None and self._meta("ivf_generation") == self._vectors_key():
-                ivf = IVFIndex.load(str(f))
-                if len(ivf.assign) == len(vectors):
-                    return ivf
-        ivf = IVFIndex.build(np.asarray(vectors))
-        self._save_derived("ivf.npz", "ivf_generation", ivf.save)
-        return ivf
+    # -- the neighbour state (tether.rag._neighbours): carried per generation, rebuilt only without one
 
-    def _knn_graph(self, retriever: Retriever) -> np.ndarray | None:
-        neighbours = getattr(retriever, "neighbours", 0)
-        if not neighbours or len(self._rows) < getattr(retriever, "min_store", 0):
-            return None
-        with self._flock("swap.lock", fcntl.LOCK_SH):
-            f = self._file("knn.npy")
-            if f is not None and self._meta("knn_generation") == self._vectors_key():
-                graph: np.ndarray = np.load(f)
-                if graph.shape[0] == len(self._rows) and graph.shape[1] >= min(neighbours, max(len(self._rows) - 1, 0)):
-                    return graph
-        from tether.rag._dense import knn_graph
+    @staticmethod
+    def _graph_k(retriever: Retriever) -> int:
+        """How many neighbours per passage `retriever` smooths over (0: none)."""
+        return int(getattr(retriever, "neighbours", 0) or 0) if getattr(retriever, "gain", 0) else 0
 
-        dense = retriever.dense  # type: ignore[attr-defined]
-        graph = knn_graph(np.asarray(dense.vectors), neighbours, ivf=dense.ivf)
-        self._save_derived("knn.npy", "knn_generation", lambda path: np.save(path, graph))
-        return graph
+    def _neighbours_key(self, generation: str, rows: int, k: int) -> str:
+        """What a stored neighbour state is valid for: the generation, the embedder, `k`, and
+        whether it has an HNSW index (the store is above the ANN threshold)."""
+        return f"{generation}:{self.embedder.name}:{k}:{'ann' if rows > self.ann_threshold else 'exact'}"
+
+    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
+        """The stored neighbour state if it was saved for `key` (its file names its own key, so a
+        state replaced halfway by a stopped writer is never taken for another generation's)."""
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            f = self._file("neighbours.npz")
+            if f is None:
+                return None
+            stored_key, ann_name = Neighbours.stored_key(f)
+            if stored_key != key:
+                return None
+            ann_file = self._file(ann_name) if ann_name else None
+            if ann_name and ann_file is None:
+                return None
+            return Neighbours.load(f, ann_file, dim)
+
+    def _neighbours(self, vectors: np.ndarray, k: int) -> Neighbours | None:
+        """The neighbour state of the current generation: loaded, else built and saved."""
+        n = len(vectors)
+        if not k and n <= self.ann_threshold:
+            return None
+        key = self._neighbours_key(self._built_generation or "0", n, k)
+        state = self._load_neighbours(key, vectors.shape[1])
+        if state is not None and len(state.rows) == n:
+            return state
+        state = Neighbours.build(np.asarray(vectors), k, n > self.ann_threshold)
+        self._save_neighbours(state, key, self._built_generation or "0")
+        return state
+
+    def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
+        """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
+        its generation first, then neighbours.npz (the switch), then older HNSW files removed."""
+        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        stem = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}"
+        tmp_npz, tmp_ann = stem.with_suffix(".npz.tmp"), stem.with_suffix(".hnsw.tmp")
+        try:
+            state.save(tmp_npz, key, ann_name)
+            if state.ann is not None:
+                state.ann.save(tmp_ann)
+            with self._flock("swap.lock", fcntl.LOCK_EX):
+                if (self._meta("generation") or "0") != generation:
+                    return  # another process changed the store meanwhile: its readers build their own
+                if state.ann is not None:
+                    self._put_file(ann_name, tmp_ann)
+                self._put_file("neighbours.npz", tmp_npz)
+                self._drop_files("ann-", keep=ann_name)
+        finally:
+            tmp_npz.unlink(missing_ok=True)
+            tmp_ann.unlink(missing_ok=True)
+
+    def _update_neighbours(self, dropped: list[int], old_n: int, vectors: np.ndarray, generation: str) -> None:
+        """Carry the neighbour state of the last generation to `generation` (rows `dropped`, the
+        new rows' vectors at the end of `vectors`), if there is one for the same settings; a change
+        of more than half the store is left to the next search's full build."""
+        from tether.rag._evaluate import make_retriever
+
+        k = self._graph_k(make_retriever(self.retriever_name))
+        n = len(vectors)
+        if not k and n <= self.ann_threshold:
+            return
+        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), old_n, k), vectors.shape[1])
+        if prev is None or len(prev.rows) != old_n or (prev.ann is not None) != (n > self.ann_threshold):
+            return
+        if prev.k < min(k, n - 1):  # built when the store had fewer than k + 1 rows: build it whole
+            return
+        if 2 * (n - old_n + 2 * len(dropped)) > old_n:  # new rows plus dropped ones (counted twice: both ends)
+            return
+        prev.update(np.asarray(vectors), np.asarray(dropped, dtype=np.int64))
+        self._save_neighbours(prev, self._neighbours_key(generation, n, k), generation)
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
         """The `k` best passages for `query`, with chunk id, source, heading, text and score.
@@ -848,19 +921,16 @@ class _CachedEmbedder:
 
 def _select(v: _Vectors, rows: np.ndarray) -> _Vectors:
     """The vectors of chunk `rows` (in that order) with their windows, owners renumbered 0..len-1."""
-    ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1)) if len(v.owner) else None
-    wins: list[np.ndarray] = []
-    owners: list[np.ndarray] = []
-    if ptr is not None:
-        for new_row, r in enumerate(rows):
-            a, b = ptr[r], ptr[r + 1]
-            if b > a:
-                wins.append(np.asarray(v.windows[a:b]))
-                owners.append(np.full(b - a, new_row, dtype=np.int64))
     dim = v.vectors.shape[1]
-    return _Vectors(np.asarray(v.vectors[rows], dtype=np.float32).reshape(len(rows), dim),
-                    np.concatenate(wins) if wins else np.zeros((0, dim), dtype=np.float32),
-                    np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64))
+    vectors = np.asarray(v.vectors[rows], dtype=np.float32).reshape(len(rows), dim)
+    if not len(v.owner) or not len(rows):
+        return _Vectors(vectors, np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=np.int64))
+    ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1))
+    lens = ptr[rows + 1] - ptr[rows]
+    starts = np.repeat(ptr[rows] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    take = starts + np.arange(int(lens.sum()))  # every window of each row, rows in the order given
+    return _Vectors(vectors, np.asarray(v.windows[take], dtype=np.float32).reshape(len(take), dim),
+                    np.repeat(np.arange(len(rows), dtype=np.int64), lens))
 
 
 def retriever_parts(retriever: Retriever) -> Iterable[Retriever]:

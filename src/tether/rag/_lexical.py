@@ -142,6 +142,8 @@ class BM25Retriever:
         # Term counts per posting and passage lengths, so `update` can recompute weights without the texts
         self._tf = np.zeros(0, dtype=np.float32)
         self._doclen = np.zeros(0, dtype=np.float32)
+        # Scores computed elsewhere from the same settings (a PostgreSQL index's server: _pg_lexical)
+        self.remote: Callable[[str], np.ndarray] | None = None
 
     def _tokens(self, text: str) -> list[str]:
         return stemmed_tokens(text) if self.stem else word_tokens(text)
@@ -183,12 +185,38 @@ class BM25Retriever:
         terms, docs = np.concatenate([terms, nt[first]]), np.concatenate([docs, nd[first]])
         tf = np.concatenate([tf, np.frombuffer(new_tf, dtype=np.int32)[first].astype(np.float32)])
         order = np.argsort(terms, kind="stable")
-        self._rebuild(terms[order], docs[order], tf[order],
-                      np.concatenate([doclen, np.asarray([len(t) for t in corpus], dtype=np.float32)]))
+        doclen = np.concatenate([doclen, np.asarray([len(t) for t in corpus], dtype=np.float32)])
+        forward = self._carry_forward(dropped, nt, nd, np.frombuffer(new_tf, dtype=np.int32), doclen, n_old)
+        self._rebuild(terms[order], docs[order], tf[order], doclen, forward)
 
-    def _rebuild(self, terms: np.ndarray, docs: np.ndarray, tf: np.ndarray, doclen: np.ndarray) -> None:
+    def _carry_forward(self, dropped: Sequence[int], nt: np.ndarray, nd: np.ndarray, ntf: np.ndarray,
+                       doclen: np.ndarray, n_old: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """RM3's forward index after an update, from the last one (None without RM3): the dropped
+        passages' entries cut out, the new passages' appended (each passage's terms in term order,
+        as a full rebuild sorts them). A passage's tf / length does not change with the others, so
+        nothing is re-sorted: linear in the store, not n log n."""
+        if self.rm3 is None:
+            return None
+        counts = np.diff(self._fptr)
+        keep = np.ones(len(self._fterms), dtype=bool)
+        if len(dropped):
+            gone = np.asarray(dropped, dtype=np.int64)
+            keep[_ranges(self._fptr[gone], counts[gone])] = False
+            counts = np.delete(counts, gone)
+        by_doc = np.lexsort((nt, nd))  # only the new postings
+        new_docs = nd[by_doc]
+        fterms = np.concatenate([self._fterms[keep], nt[by_doc].astype(np.int64)])
+        fprob = np.concatenate([self._fprob[keep],
+                                ntf[by_doc].astype(np.float64) / np.maximum(doclen[new_docs], 1)])
+        counts = np.concatenate([counts, np.bincount(new_docs - n_old, minlength=len(doclen) - n_old)])
+        fptr = np.zeros(len(doclen) + 1, dtype=np.int64)
+        np.cumsum(counts, out=fptr[1:])
+        return fterms, fprob, fptr
+
+    def _rebuild(self, terms: np.ndarray, docs: np.ndarray, tf: np.ndarray, doclen: np.ndarray,
+                 forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         """Postings (BM25, Lucene variant, as bm25s computes it) from (term, passage, count) triples
-        in (term, passage) order."""
+        in (term, passage) order; RM3's forward index taken as `forward` when given."""
         n, n_terms = len(doclen), len(self.vocab)
         df = np.bincount(terms, minlength=n_terms)
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
@@ -203,7 +231,10 @@ class BM25Retriever:
         self._term_rank = np.zeros(n_terms, dtype=np.int64)
         for rank, term in enumerate(sorted(self.vocab)):
             self._term_rank[self.vocab[term]] = rank
-        if self.rm3 is not None:  # forward index: each passage's terms with tf / length
+        if self.rm3 is not None and forward is not None:
+            self._fterms, self._fprob, self._fptr = forward
+            self._common = df > self.rm3.max_df * max(n, 1)
+        elif self.rm3 is not None:  # forward index: each passage's terms with tf / length
             by_doc = np.lexsort((terms, docs))
             self._fterms = terms[by_doc]
             self._fprob = tf[by_doc].astype(np.float64) / np.maximum(doclen[docs[by_doc]], 1)
@@ -256,6 +287,8 @@ class BM25Retriever:
         return out
 
     def scores(self, query: str) -> np.ndarray:
+        if self.remote is not None:
+            return self.remote(query)
         weights = self.term_weights(query)
         first = self._post.score(weights)
         if self.rm3 is None:
@@ -265,6 +298,12 @@ class BM25Retriever:
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
         """The `k` best passages that share a term with the query (never padded with score-0 ones)."""
         return [(d, s) for d, s in top_k(self.scores(query), k) if s > 0]
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, concatenated."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
 
 
 def _vocab_arrays(vocab: dict[str, int]) -> dict[str, np.ndarray]:

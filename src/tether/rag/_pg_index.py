@@ -2,12 +2,13 @@
 
 `Index.open("postgresql://user@host:5432/db#support")` (or `tether ingest --index` with that URL)
 keeps the index `support` (default: `default`) in the schema `tether_index_support`: the same
-tables as the SQLite index (sources, chunks with their text, meta, the embedding checkpoints) and
-its arrays (vectors, windows, the stored BM25 state, the neighbour graph) in a `files` table. It is
-the SQLite `Index` with three things swapped: the connection, the locks (PostgreSQL advisory
-locks, exclusive for writers and shared for readers, as the flock files are) and where arrays live.
-Searching is the same code on the same data, so it ranks exactly as a SQLite index of the same
-documents. Each process reads the arrays of the current generation once and searches in memory.
+tables as the SQLite index (sources, chunks with their text, meta, the embedding checkpoints), the
+passages' stemmed terms as rows (`postings`, `doclen`: BM25 is computed by the server, see
+tether.rag._pg_lexical) and the remaining arrays (vectors, windows, the neighbour state) in a
+`files` table. It is the SQLite `Index` with four things swapped: the connection, the locks
+(PostgreSQL advisory locks, exclusive for writers and shared for readers, as the flock files are),
+where arrays live, and BM25 (on the server). It ranks as a SQLite index of the same documents. Each
+process reads the arrays of the current generation once and searches the vectors in memory.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from tether._errors import InvalidInput, MissingDependency
-from tether.rag._index import _SCHEMA, BACKENDS, Index
+from tether.rag import _pg_lexical
+from tether.rag._base import Retriever
+from tether.rag._chunking import Chunk
+from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix
+from tether.rag._lexical import BM25Retriever
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's `INSERT OR REPLACE` as PostgreSQL upserts: the conflict key of each table.
@@ -128,6 +133,7 @@ class PostgresIndex(Index):
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)))
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema)))
             db.executescript(_SCHEMA)
+            db.executescript(_pg_lexical.SCHEMA)
             db.execute("CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, data BYTEA NOT NULL)")
         finally:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
@@ -165,6 +171,37 @@ class PostgresIndex(Index):
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO files(name, data) VALUES (?, ?)", (name, written.read_bytes()))
         written.unlink()
+
+    # -- BM25 on the server (tether.rag._pg_lexical) ------------------------------------------------
+
+    def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
+        if self._meta("postings") == "1":
+            _pg_lexical.delete_postings(self._db.conn, gone)
+            _pg_lexical.write_postings(self._db.conn, new)
+            return
+        # an index written before the server kept terms (or an empty one): all of its rows, once
+        self._db.execute("DELETE FROM postings")
+        self._db.execute("DELETE FROM doclen")
+        _pg_lexical.write_postings(self._db.conn, self.chunks())
+        self._set_meta("postings", "1")
+
+    def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
+        """Nothing to carry: BM25's terms were written with the rows (`_rows_written`)."""
+
+    def _fit_lexical(self, part: Retriever, texts: list[str]) -> None:
+        if not isinstance(part, BM25Retriever) or not part.stem:
+            super()._fit_lexical(part, texts)
+            return
+        if self._meta("postings") != "1":
+            with self._writing(), self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+                if self._meta("postings") != "1":
+                    self._rows_written([], [])
+        part.remote = _pg_lexical.ServerBM25(self._db.conn, part, [c.id for c in self._rows]).scores
+
+    def _drop_files(self, prefix: str, keep: str = "") -> None:
+        with self._db:
+            self._db.execute("DELETE FROM files WHERE name LIKE ? ESCAPE '\\' AND name <> ?",
+                             (_like_prefix(prefix), keep))
 
     def _lock_key(self, name: str) -> str:
         return f"tether-index:{self._schema}:{name}"

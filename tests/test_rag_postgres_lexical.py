@@ -1,0 +1,61 @@
+"""BM25 computed by PostgreSQL (tether.rag._pg_lexical): it ranks as the SQLite index ranks, follows
+each change, and leaves no lexical state to download."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("bm25s")
+pytest.importorskip("Stemmer")
+pytest.importorskip("hnswlib")
+
+from store_fixtures import fresh_postgres_database
+from test_rag_ann import TEXTS, RandomEmbedder, change
+
+from tether.rag._index import Index
+
+QUERIES = ["topic1", "passage about theme2", "topic9 rewritten", "new passage", "nothing matches zebra"]
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    pytest.importorskip("psycopg")
+    yield from fresh_postgres_database()
+
+
+def ranked(idx: Index, query: str) -> list[tuple[str, float]]:
+    return [(h.id, round(h.score, 4)) for h in idx.search(query, 20)]
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "best"])
+def test_postgres_ranks_on_the_server_as_sqlite_ranks(tmp_path: Path, pg_url: str, retriever: str) -> None:
+    with Index(tmp_path / "ix", retriever=retriever, embedder=RandomEmbedder()) as lite, \
+            Index.open(pg_url + "#lex", retriever=retriever, embedder=RandomEmbedder()) as pg:
+        for idx in (lite, pg):
+            idx.add_texts(TEXTS)
+        for q in QUERIES:
+            assert ranked(pg, q) == ranked(lite, q), q
+        for idx in (lite, pg):
+            change(idx)  # a rewritten, a removed and two new passages: the server's terms follow
+        for q in QUERIES:
+            assert ranked(pg, q) == ranked(lite, q), q
+        names = [r[0] for r in pg._db.execute("SELECT name FROM files").fetchall()]
+        assert not [n for n in names if n.startswith("lexical-")]  # no BM25 state to download
+
+
+def test_an_index_without_server_terms_gets_them_once(tmp_path: Path, pg_url: str) -> None:
+    """An index written before the server kept terms: its first search writes them for every passage."""
+    with Index(tmp_path / "ix", retriever="bm25") as lite, Index.open(pg_url + "#old", retriever="bm25") as pg:
+        for idx in (lite, pg):
+            idx.add_texts(TEXTS)
+        with pg._db:
+            pg._db.execute("DELETE FROM postings")
+            pg._db.execute("DELETE FROM doclen")
+            pg._db.execute("DELETE FROM meta WHERE key = 'postings'")
+    with Index.open(pg_url + "#old") as pg, Index(tmp_path / "ix") as lite:
+        for q in QUERIES:
+            assert ranked(pg, q) == ranked(lite, q), q
+        assert pg._db.execute("SELECT count(DISTINCT id) FROM doclen").fetchone()[0] == len(TEXTS)
