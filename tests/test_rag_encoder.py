@@ -50,16 +50,18 @@ def test_the_default_encoder_computes_in_int8_and_agrees_with_the_shipped_graph(
     assert fast.path is not None and fast.path.recipe in (path_mod.SIGNED.name, path_mod.SEVEN.name), fast.path
     assert fast.model_path.parent == cache / "models" and fast.path.recipe in fast.name
     ops = [n.op_type for n in onnx.load(str(fast.model_path)).graph.node]
-    assert ops.count("DynamicQuantizeMatMul") == 30  # the weight products of the 6 layers but the last of each
-    assert ops.count("MatMul") == 18  # attention's two products per layer, and the feed-forward outputs
+    in_float = len(path_mod.SEVEN.keep_float) if fast.path.recipe == path_mod.SEVEN.name else 0
+    assert ops.count("DynamicQuantizeMatMul") == 36 - in_float  # the weight products of the 6 layers
+    assert ops.count("MatMul") == 12 + in_float  # attention's two products per layer (and those kept in float)
     texts = TEXTS
     if DATA is not None:  # real abstracts of varied length, as in the bench
         texts = TEXTS + [json.loads(line)["text"] for line in DATA.read_text().splitlines()[:60]]
     slow = MiniLMEncoder(source)
     cos = (fast.embed(texts) * slow.embed(texts)).sum(axis=1)
-    # Exact integer products on every CPU (the recipe this CPU computes exactly was chosen), so the
-    # same bar holds with or without VNNI: one letter .985-.988, abstracts .9956-.9975 on average.
-    assert cos.min() > 0.98 and cos.mean() > 0.994, cos
+    # Exact integer products on every CPU (a recipe this CPU computes exactly was chosen; before, a
+    # CPU without VNNI saturated 16-bit sums and one text fell to .966), so one bar holds with or
+    # without VNNI: one letter .975 (8-bit) / .985 (7-bit), abstracts .995 / .996 on average.
+    assert cos.min() > enc_mod.MIN_CHECK_COSINE and cos.mean() > 0.99, cos
     again = MiniLMEncoder()
     assert again.model_path == fast.model_path and again.path == fast.path  # decided once, then read back
 

@@ -266,4 +266,6 @@ def write_check_vectors(path: Path = CHECK_VECTORS) -> None:
             made = Path(tmp) / f"{recipe.name}.onnx"
             (recipe if recipe.seven_bits else replace(recipe, unsigned=True)).rewrite(source, made)
             exact[recipe.name] = MiniLMEncoder(made, threads=1).embed(CHECK_TEXTS)
-    np.savez(path, digest=np.array(file_digest(source)), vectors=vectors, **{f"int8_{k}": v for k, v in exact.items()})
+    arrays: dict[str, Any] = {"digest": np.array(file_digest(source)), "vectors": vectors,
+                              **{f"int8_{k}": v for k, v in exact.items()}}
+    np.savez(path, **arrays)
