@@ -169,3 +169,19 @@ def test_batches_hold_at_most_the_token_budget_and_do_not_change_vectors(source,
     assert np.allclose(together[: len(TEXTS)], alone, atol=1e-4)
     assert np.allclose(together[len(TEXTS) :], np.tile(alone, (6, 1)), atol=1e-4)
     assert e.embed([]).shape == (0, 384)
+
+
+def test_ingest_says_first_which_graph_embeds_here_and_doctor_says_the_same(source, cache, tmp_path, monkeypatch):
+    from rag_fakes import rag_cli
+
+    from tether.cli._doctor_cmd import encoder_check
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# Refunds\n\nRefunds are issued within 30 days of the return.\n")
+    r = rag_cli(monkeypatch, tmp_path)("ingest", str(docs), "--index", "kb")
+    assert r.exit_code == 0, r.stderr
+    first = " ".join(r.stderr.split("tether: ")[1].split())  # the first message, unwrapped
+    assert first.startswith("encoder: int8 (") and "on this CPU (" in first and "the float graph's speed" in first
+    shown = encoder_check(probe=False)
+    assert shown.state == "ok" and " ".join(shown.detail.split()) in first, (shown, first)
