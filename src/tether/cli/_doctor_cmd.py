@@ -120,16 +120,20 @@ def telemetry_check(env: Mapping[str, str], probe: bool = False) -> Check:
 
 
 def encoder_check(probe: bool = False) -> Check:
-    """The dense retrieval encoder (the `rag` extra): which graph runs here, and with `probe`, that it
-    loads and embeds a text."""
+    """The dense retrieval encoder (the `rag` extra): which graph runs on this CPU and why (decided
+    by measurement on first use, tether.rag._encoder_path), and with `probe`, that it loads and
+    embeds a text (deciding now if it was not yet)."""
     try:
-        from tether.rag._encoder import MiniLMEncoder, find_model_file
+        from tether.rag import _encoder_path as path
+        from tether.rag._encoder import MiniLMEncoder, file_digest, find_model_file
     except ImportError:
         return Check("encoder", "missing", "the rag extra is not installed (pip install 'tether[rag]')")
     try:
         source = find_model_file()
         if not probe:
-            return Check("encoder", "ok", f"{source}")
+            known = None if os.environ.get("TETHER_EMBED_MODEL") else path.load(source, file_digest(source))
+            return Check("encoder", "ok", known.line() if known else f"{source} (the graph for this CPU is chosen "
+                                                                     "by measurement at first use)")
         import time
 
         started = time.monotonic()
@@ -138,8 +142,7 @@ def encoder_check(probe: bool = False) -> Check:
     except Exception as exc:
         return Check("encoder", "broken", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}; unset "
                                           "TETHER_EMBED_MODEL or point it at an all-MiniLM-L6-v2 ONNX export")
-    kind = "int8" if encoder.model_path != source else "float"
-    return Check("encoder", "ok", f"{kind} graph {encoder.model_path.name}: loaded and embedded a text in "
+    return Check("encoder", "ok", f"{path.describe(encoder.path)}; loaded and embedded a text in "
                                   f"{time.monotonic() - started:.1f} s")
 
 

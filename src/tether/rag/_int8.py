@@ -10,18 +10,45 @@ no float copy of the 30,522-row table is made. Needs only the `onnx` package; ta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-RECIPE = "int8mm2"  # names the derived file: a new recipe makes a new file (and new stored vectors)
+PRODUCTS = ("query", "key", "value", "attention output", "feed-forward in", "feed-forward out")  # per layer
 
 
-def rewrite(source: Path, target: Path, *, keep_float: frozenset[tuple[int, int]] = frozenset()) -> int:
+def products(*kinds: str, layers: range | tuple[int, ...] = range(6)) -> frozenset[int]:
+    """The numbers of the weight products of these kinds (names in PRODUCTS) in these layers."""
+    return frozenset(layer * len(PRODUCTS) + PRODUCTS.index(k) for layer in layers for k in kinds)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a derived graph computes: its weight products in int8 but those in `keep_float`, with
+    uint8 weights when `unsigned` (see `rewrite`). `name` names the derived file."""
+
+    name: str
+    unsigned: bool = False
+    keep_float: frozenset[int] = frozenset()
+    seven_bits: bool = False
+
+    def rewrite(self, source: Path, target: Path) -> int:
+        return rewrite(source, target, unsigned=self.unsigned, keep_float=self.keep_float, seven_bits=self.seven_bits)
+
+
+def rewrite(source: Path, target: Path, *, unsigned: bool = False, keep_float: frozenset[int] = frozenset(),
+            seven_bits: bool = False) -> int:
     """Write the int8-computing graph of `source` to `target`; the number of products rewritten
     (0 when the graph does not have the shape described above, and then nothing is written).
-    Weight matrices of a shape in `keep_float` (K, N) stay float products.
+    The weight products are numbered in graph order (6 a layer: query, key, value, attention output,
+    feed-forward in, feed-forward out); those in `keep_float` stay float products. `unsigned` stores
+    the weights as uint8 around a zero point of 128 (the same values): onnxruntime then multiplies
+    uint8 by uint8, which CPUs without VNNI compute exactly, where uint8 by int8 (their
+    `vpmaddubsw`) saturates pairs of products at 16 bits. `seven_bits` halves the weights (rounded,
+    within -64..63, scales doubled): then no pair can saturate (2 x 255 x 64 < 32768), at the cost
+    of one bit of weight precision.
 
     Also drops the NaN guard after each softmax (`Where(IsNaN(p), 0, p)`): a row of attention
     scores is NaN only when every key of it is masked, and tether's inputs always keep [CLS]."""
@@ -54,6 +81,7 @@ def rewrite(source: Path, target: Path, *, keep_float: frozenset[tuple[int, int]
     dead: set[str] = set()  # outputs of Mul/Cast nodes no longer used
     added: list[Any] = []
     rewritten = 0
+    product = -1
     for node in graph.node:
         found = dequantized(node.input[1] if node.op_type == "MatMul" else node.input[0]) \
             if node.op_type in ("MatMul", "Gather") else None
@@ -64,13 +92,25 @@ def rewrite(source: Path, target: Path, *, keep_float: frozenset[tuple[int, int]
         scale = numpy_helper.to_array(scale_init).astype(np.float32)
         out = node.output[0]
         if node.op_type == "MatMul":
-            if (scale.size != weights.dims[1] or scale.shape[-1] != weights.dims[1]
-                    or tuple(weights.dims) in keep_float):
+            product += 1
+            if scale.size != weights.dims[1] or scale.shape[-1] != weights.dims[1] or product in keep_float:
                 nodes.append(node)
                 continue
+            name = weights.name
+            zero = np.zeros(scale.size, dtype=np.int8)
+            if seven_bits:
+                name = f"{out}__s7"
+                halved = np.clip(np.round(numpy_helper.to_array(weights).astype(np.float32) / 2), -64, 63)
+                added.append(numpy_helper.from_array(halved.astype(np.int8), name))
+                scale = scale * 2
+            elif unsigned:
+                name = f"{out}__u8"
+                shifted = numpy_helper.to_array(weights).astype(np.int16) + 128
+                added.append(numpy_helper.from_array(shifted.astype(np.uint8), name))
+                zero = np.full(scale.size, 128, dtype=np.uint8)
             added += [numpy_helper.from_array(scale.reshape(-1), f"{out}__scale"),
-                      numpy_helper.from_array(np.zeros(scale.size, dtype=np.int8), f"{out}__zero")]
-            nodes.append(helper.make_node("DynamicQuantizeMatMul", [node.input[0], weights.name, f"{out}__scale",
+                      numpy_helper.from_array(zero, f"{out}__zero")]
+            nodes.append(helper.make_node("DynamicQuantizeMatMul", [node.input[0], name, f"{out}__scale",
                                                                       f"{out}__zero"], [out], domain="com.microsoft"))
         else:  # Gather rows of an int8 table scaled per row: gather, then scale the gathered rows
             if node.attribute and any(a.name == "axis" and a.i != 0 for a in node.attribute):

@@ -1,0 +1,210 @@
+"""Which graph the MiniLM encoder runs on this CPU, decided once by measurement and remembered.
+
+Integer matrix products are exact only where the CPU multiplies uint8 by int8 into 32 bits (VNNI,
+AMX). CPUs without VNNI (AVX2, AVX-512 before Cascade Lake) run onnxruntime's uint8 x int8
+product on `vpmaddubsw`, which adds each pair of products in 16 bits and saturates: large
+activations times large weights come out clipped, and vectors drift (cosine .966 to the float
+graph on one text). With weights of 7 bits (-64..63) no pair can reach the limit (2 x 255 x 64 <
+32768): exact again at the same speed, one bit of weight precision less.
+
+So on first use each int8 candidate (`CANDIDATES`: 8-bit weights, then 7-bit) is derived, embeds
+`CHECK_TEXTS`, and is accepted only if its vectors match the exact integer result shipped with
+tether (cosine >= EXACT_COSINE) and the float graph's (>= MIN_CHECK_COSINE); every candidate and
+the float graph are timed on the same texts. The first accepted candidate in that order (the more
+precise) is used unless a later one is more than 10% faster, and only if it beats the float graph;
+otherwise the float graph runs, and the reason says so.
+The decision is kept under $TETHER_CACHE/models, per CPU (model and flags), onnxruntime version
+and shipped graph, and is what `tether doctor` and the first line of `tether ingest` show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tether.rag import _int8 as int8
+
+# Measured in bench/rag_encoder (CISI, every query, `best` nDCG@10): float .4750, every product in
+# int8 .4723, the feed-forward outputs kept in float .4696 for 24% more CPU: all in int8 where
+# exact. With 7-bit weights the feed-forward outputs (their inputs, GELU outputs, lose most to one
+# int8 scale per batch) stay in float: all products in 7 bits fall to cosine .96 on abstracts.
+SIGNED = int8.Recipe("i8all")
+SEVEN = int8.Recipe("i7ffo", seven_bits=True, keep_float=int8.products("feed-forward out"))
+CANDIDATES = (SIGNED, SEVEN)
+LABELS = {SIGNED.name: "int8 (8-bit weights)", SEVEN.name: "int8 (7-bit weights, for CPUs without VNNI)",
+          "float": "float (the shipped graph)"}
+EXACT_COSINE = 0.999  # to the exact int8 vectors: only rounding of float parts may differ
+MIN_CHECK_COSINE = 0.97  # to the float graph's vectors (a recipe measured at .99+ on abstracts)
+MIN_SPEEDUP = 1.1  # an int8 graph must beat the float one by this much to be worth it
+TIMING_TEXTS = 16  # CHECK_TEXTS repeated: one batch per call, as an ingest embeds them
+
+
+@dataclass
+class EncoderPath:
+    """The graph chosen for this CPU and why: what `tether doctor` and `tether ingest` show."""
+
+    graph: str  # the ONNX file to run
+    recipe: str  # a Recipe name, or "float"
+    reason: str
+    cpu: str
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)  # per candidate: cosines, ms per text
+    decided: str = ""  # when (UTC, ISO 8601)
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.recipe, self.recipe)
+
+    def line(self) -> str:
+        return f"encoder: {self.label} on this CPU ({self.cpu}): {self.reason}"
+
+
+def cpu_summary() -> tuple[str, str]:
+    """(a short description of this CPU's model and the flags that matter, a key for all its flags)."""
+    model, flags = "", ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = value.strip()
+    import platform
+
+    have = set(flags.split())
+    shown = [f for f in ("avx2", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm") if f in have]
+    summary = f"{model or platform.processor() or platform.machine()}; {' '.join(shown) or 'no int8 dot-product flags'}"
+    return summary, hashlib.sha256(f"{platform.machine()}|{model}|{' '.join(sorted(have))}".encode()).hexdigest()[:12]
+
+
+def decision_file(source: Path, digest: str) -> Path:
+    import onnxruntime as ort
+
+    from tether.rag._encoder import cache_root
+
+    _, cpu_key = cpu_summary()
+    recipes = "-".join(r.name for r in CANDIDATES)
+    return cache_root() / "models" / f"path-{cpu_key}-{recipes}-{digest}-ort{ort.__version__}.json"
+
+
+def derived_file(recipe: int8.Recipe, digest: str) -> Path:
+    import onnxruntime as ort
+
+    from tether.rag._encoder import cache_root
+
+    return cache_root() / "models" / f"minilm-{recipe.name}-{digest}-ort{ort.__version__}.onnx"
+
+
+def load(source: Path, digest: str) -> EncoderPath | None:
+    """The decision made earlier on this machine, if its graph is still there."""
+    try:
+        data = json.loads(decision_file(source, digest).read_text())
+        path = EncoderPath(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    return path if Path(path.graph).is_file() else None
+
+
+def decide(source: Path, digest: str, reference: dict[str, np.ndarray]) -> EncoderPath:
+    """Measure every candidate and the float graph here, choose, and remember the choice.
+
+    `reference`: the float graph's vectors of CHECK_TEXTS under "float", and the exact int8
+    vectors of each recipe under its name (when tether ships them for this graph)."""
+    from tether.rag._encoder import CHECK_TEXTS
+
+    summary, _ = cpu_summary()
+    measured: dict[str, dict[str, float]] = {}
+    texts = [CHECK_TEXTS[i % len(CHECK_TEXTS)] for i in range(TIMING_TEXTS)]
+    float_vectors, measured["float"] = _measure(source, texts)
+    float_ref = reference.get("float")
+    if float_ref is None:
+        float_ref = float_vectors[: len(CHECK_TEXTS)]
+    accepted: list[tuple[float, int8.Recipe, Path]] = []
+    failures: list[str] = []
+    target_dir = derived_file(SIGNED, digest).parent
+    for recipe in CANDIDATES:
+        target = derived_file(recipe, digest)
+        try:
+            target_dir.mkdir(parents=True, exist_ok=True)
+            if not target.is_file():
+                with tempfile.TemporaryDirectory(dir=target_dir, prefix=".derive-") as tmp:
+                    made = Path(tmp) / "int8.onnx"
+                    if not recipe.rewrite(source, made):
+                        failures.append(f"{LABELS[recipe.name]}: the graph is not the packaged one")
+                        continue
+                    os.replace(made, target)  # atomic: a racing process finds a whole file or none
+        except (ImportError, OSError) as exc:  # no `onnx` package; a read-only cache
+            failures.append(f"{LABELS[recipe.name]} could not be made ({exc})")
+            continue
+        vectors, m = _measure(target, texts)
+        got = vectors[: len(CHECK_TEXTS)]
+        m["cosine_to_float"] = round(float((got * float_ref).sum(axis=1).min()), 4)
+        exact = reference.get(recipe.name)
+        if exact is not None:
+            m["cosine_to_exact_int8"] = round(float((got * exact).sum(axis=1).min()), 5)
+        measured[recipe.name] = m
+        if exact is not None and m["cosine_to_exact_int8"] < EXACT_COSINE:
+            failures.append(f"{LABELS[recipe.name]} is not exact here (cosine {m['cosine_to_exact_int8']:.4f} to its "
+                            "exact result: 16-bit sums saturate without VNNI)")
+        elif m["cosine_to_float"] < MIN_CHECK_COSINE:
+            failures.append(f"{LABELS[recipe.name]} disagrees with the float graph (cosine "
+                            f"{m['cosine_to_float']:.3f} < {MIN_CHECK_COSINE})")
+        else:
+            accepted.append((m["ms_per_text"], recipe, target))
+    float_ms = measured["float"]["ms_per_text"]
+    why_not = "; ".join(failures)
+    if accepted:
+        fastest = min(a[0] for a in accepted)
+        ms, recipe, target = next(a for a in accepted if a[0] <= fastest * 1.1)
+        speedup = float_ms / ms
+        if speedup >= MIN_SPEEDUP:
+            reason = (f"{speedup:.1f}x the float graph's speed ({ms:.1f} vs {float_ms:.1f} ms a text), vectors within "
+                      f"{measured[recipe.name]['cosine_to_float']:.3f} of it" + (f"; {why_not}" if why_not else ""))
+            return _save(source, digest, EncoderPath(str(target), recipe.name, reason, summary, measured))
+        why_not = (f"{why_not}; " if why_not else "") + \
+            f"{LABELS[recipe.name]} is only {speedup:.2f}x the float graph's speed here"
+    reason = f"SLOW PATH, no int8 graph is usable here: {why_not or 'none could be made'}"
+    return _save(source, digest, EncoderPath(str(source), "float", reason, summary, measured))
+
+
+def _measure(graph: Path, texts: list[str]) -> tuple[np.ndarray, dict[str, float]]:
+    """The graph's vectors of `texts` and its CPU milliseconds a text (best of three, one thread)."""
+    from tether.rag._encoder import MiniLMEncoder
+
+    enc = MiniLMEncoder(graph, threads=1)
+    vectors = enc.embed(texts)
+    best = float("inf")
+    for _ in range(3):
+        t = time.thread_time()
+        enc.embed(texts)
+        best = min(best, time.thread_time() - t)
+    del enc
+    return vectors, {"ms_per_text": round(1000 * best / len(texts), 2)}
+
+
+def _save(source: Path, digest: str, path: EncoderPath) -> EncoderPath:
+    path.decided = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    target = decision_file(source, digest)
+    with contextlib.suppress(OSError):  # unwritable: decided again next time, still not silently
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".path-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(path), f, indent=1)
+        os.replace(tmp, target)
+    return path
+
+
+def describe(path: Any) -> str:
+    """One line for an encoder's `path`: None for a graph given by TETHER_EMBED_MODEL (or by path)."""
+    if isinstance(path, EncoderPath):
+        return path.line()
+    given = os.environ.get("TETHER_EMBED_MODEL")
+    return f"encoder: {given} (TETHER_EMBED_MODEL), run as is" if given else "encoder: a graph given by path, run as is"
