@@ -10,8 +10,8 @@ from typing import Any
 
 from tether._types import ToolResult
 from tether.tools._base import Tool
-from tether.values._defang import defang
 from tether.values._declare import QUERY_KEY, hides
+from tether.values._defang import defang
 from tether.values._labels import TRUSTED, Label, untrusted
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
