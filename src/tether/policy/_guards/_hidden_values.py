@@ -42,7 +42,8 @@ class HiddenValuesGuard(BaseGuard):
         if why is None or effect not in c.policy.guard_effects or c.declares.staged:
             return None
         c.guarded = True
-        if c.policy.payload_labels and _payload_only(c, binding):
+        # a capability that refuses or holds untrusted effects keeps doing so for payload too
+        if c.policy.payload_labels and c.cap.on_untrusted == "approve" and _payload_only(c, binding):
             return None
         return _on_untrusted(c, why)
 
