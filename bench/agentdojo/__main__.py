@@ -160,7 +160,7 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                         r["model_taken_over_oracle"] += o.injected
                         r["label_lost"] += d.label_lost
                         r["payload_delivered"] += d.payload_delivered
-                        r["live_links"] += d.live_links + o.live_links
+                        r["live_links"] += d.live_links
                         taken.update(x.how for x in (d, o) if x.how)
                     r["pairs"] += 1
                     r["attacks_succeeded"] += d.attack_succeeded
@@ -211,7 +211,7 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
             r["model_taken_over_oracle"] += o.injected
             r["label_lost"] += d.label_lost
             r["payload_delivered"] += d.payload_delivered
-            r["live_links"] += d.live_links + o.live_links
+            r["live_links"] += d.live_links
             r["queries"] += o.queries
             r["utility_under_attack_deny"] += d.utility
             r["utility_under_attack_oracle"] += o.utility
