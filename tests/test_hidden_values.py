@@ -564,7 +564,7 @@ class Mailer:
         @tool(effect="read_only", secret_output=True)
         def read_key() -> str:
             """The API key."""
-            return "sk-live-0123456789abcdef"
+            return "hunter2-not-a-pattern"  # no secret pattern: only its label says it is one
 
         @tool(effect="irreversible", **declares)
         def send_message(to: str, body: str) -> str:
@@ -652,8 +652,9 @@ def test_url_arguments_and_the_written_path_are_never_payload() -> None:
 
 
 def test_a_secret_in_a_payload_argument_is_still_refused_by_its_label() -> None:
-    mailer, asked, _ = _mailer_run(lambda h: {"to": "bob@home.example", "body": h}, first="read_key")
+    mailer, asked, policy = _mailer_run(lambda h: {"to": "bob@home.example", "body": h}, first="read_key")
     assert asked == [] and mailer.sent == []
+    assert [r.decision for r in policy.audit.query(tool="send_message")] == ["refused:secret"]
 
 
 def test_defang_makes_links_and_hosts_inert_and_leaves_plain_text() -> None:
