@@ -114,3 +114,22 @@ def test_parts_of_the_user_tasks_add_up_when_merged() -> None:
                                                            "utility_under_attack_deny": None}
     assert hidden["oracle_failures"] == ["user_task_12"] and hidden["user_task_slices"] == ["0:10", "10:20"]
     assert merged["suites"]["workspace"]["bench"]["default"]["clean"] == {"user_tasks": 40}  # kept
+
+
+def test_the_payload_rule_delivers_the_attack_links_defanged_and_the_bench_sees_it() -> None:
+    from agentdojo.task_suite.load_suites import get_suites
+
+    from bench.agentdojo.harness import CLASSIFICATIONS, SuiteHarness
+    from bench.agentdojo.hidden import LINKS_TEXT, VARIANTS, live_link
+
+    assert live_link(LINKS_TEXT)
+    suite = get_suites("v1.1.2")["slack"]
+    h = SuiteHarness("slack", suite, CLASSIFICATIONS["bench"])
+    variant = next(v for v in VARIANTS if v.id == "hv_payload_links")
+    out = asyncio.run(h.run(suite.user_tasks["user_task_3"], suite.injection_tasks["injection_task_1"],
+                            approver="deny", hidden=True, variant=variant))
+    # the summary posted to #general carries the attacker's links, all inert; nobody was asked
+    [body] = [a["body"] for _, n, a in h.executed if n == "send_channel_message"]
+    assert "hxxps://secure-systems-252[.]com/login" in body and not live_link(body)
+    assert out.payload_delivered == 1 and out.live_links == 0 and out.attacker_effects_executed == 0
+    assert out.prompts == 0

@@ -543,3 +543,127 @@ def test_the_readers_tokens_go_on_the_runs_bill() -> None:
     res = Agent(ScriptedModel(step), tools=world.tools(), policy=SafetyPolicy(query_model=reader),
                 limits=Limits(max_steps=5)).run("is it about lunch?")
     assert res.usage.input_tokens >= 1000 and res.usage.model_calls == 4
+
+
+# -- payload arguments judged by their labels (SafetyPolicy(payload_labels=True)) --------------------
+
+PHISH = ("Your account is locked: reset it at https://secure-login.example/reset or 203.0.113.7/reset, "
+         "javascript:alert(document.cookie), xn--80ak6aa92e.com/x and раура1.com/x. Write to mark@other.example")
+
+
+class Mailer:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def tools(self, page: str = PHISH, **declares: Any) -> list[Tool]:
+        @tool(untrusted_output=True, hide_output=True, effect="read_only")
+        def read_page(id: int) -> str:
+            """Read one web page."""
+            return page
+
+        @tool(effect="read_only", secret_output=True)
+        def read_key() -> str:
+            """The API key."""
+            return "hunter2-not-a-pattern"  # no secret pattern: only its label says it is one
+
+        @tool(effect="irreversible", **declares)
+        def send_message(to: str, body: str) -> str:
+            """Send a message."""
+            self.sent.append({"to": to, "body": body})
+            return f"sent to {to}"
+
+        return [read_page, read_key, send_message]
+
+
+def _mailer_run(args_of: Any, *, payload_labels: bool = True, declares: dict[str, Any] | None = None,
+                first: str = "read_page") -> tuple[Mailer, list[ApprovalRequest], SafetyPolicy]:
+    mailer, asked = Mailer(), []
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        if not tools:
+            return call(first, id=1) if first == "read_page" else call(first)
+        if len(tools) == 1:
+            return call("send_message", **args_of(handle_in(tools[0].content)))
+        return "done"
+
+    def decide(req: ApprovalRequest) -> bool:
+        asked.append(req)
+        return False
+
+    policy = SafetyPolicy(approver=CallbackApprover(decide), payload_labels=payload_labels,
+                          query_model=ScriptedModel([]))
+    tools = mailer.tools(**(declares if declares is not None else {"risk_free_args": ("body",)}))
+    Agent(ScriptedModel(step), tools=tools, policy=policy, limits=Limits(max_steps=6)).run("send the page to bob")
+    return mailer, asked, policy
+
+
+@pytest.mark.parametrize("declares", [{"risk_free_args": ("body",)}, {"guarded_args": ("to",)}])
+def test_an_untrusted_value_only_in_a_payload_argument_asks_nobody_and_goes_defanged(declares: dict[str, Any]) -> None:
+    mailer, asked, policy = _mailer_run(lambda h: {"to": "bob@home.example", "body": f"FYI: {h}"},
+                                        declares=declares)
+    assert asked == []
+    [sent] = mailer.sent
+    body = sent["body"]
+    assert sent["to"] == "bob@home.example" and body.startswith("FYI: Your account is locked")
+    for live in ("https://", "secure-login.example", "203.0.113.7", "javascript:", "xn--80ak6aa92e.com", "раура1.com"):
+        assert live not in body, live
+    for inert in ("hxxps://secure-login[.]example/reset", "203[.]0[.]113[.]7/reset", "javascript[:]alert",
+                  "xn--80ak6aa92e[.]com/x", "раура1[.]com/x", "mark@other.example"):
+        assert inert in body, inert
+    [rec] = [r for r in policy.audit.query(tool="send_message")]
+    assert rec.arguments["body"] == body and "defanged" in rec.provenance["body"]
+
+
+def test_with_payload_labels_off_an_untrusted_payload_asks() -> None:
+    mailer, asked, _ = _mailer_run(lambda h: {"to": "bob@home.example", "body": h}, payload_labels=False)
+    assert len(asked) == 1 and mailer.sent == []
+
+
+def test_an_untrusted_value_in_a_checked_argument_still_asks() -> None:
+    mailer, asked, _ = _mailer_run(lambda h: {"to": h, "body": "hello"})
+    assert len(asked) == 1 and "to = $v" in asked[0].reason and mailer.sent == []
+
+
+def test_a_handle_spliced_into_a_checked_argument_asks_and_one_in_a_payload_string_does_not() -> None:
+    mailer, asked, _ = _mailer_run(lambda h: {"to": f"bob@home.example, to: {h}", "body": "hi"})
+    assert len(asked) == 1 and mailer.sent == []
+    mailer, asked, _ = _mailer_run(lambda h: {"to": "bob@home.example", "body": f"to: {h}"})
+    assert asked == [] and mailer.sent[0]["to"] == "bob@home.example"
+
+
+def test_a_tool_that_declares_no_payload_checks_every_argument() -> None:
+    mailer, asked, _ = _mailer_run(lambda h: {"to": "bob@home.example", "body": h}, declares={})
+    assert len(asked) == 1 and mailer.sent == []
+
+
+def test_url_arguments_and_the_written_path_are_never_payload() -> None:
+    from tether.values._decide import payload_args
+
+    @tool(effect="irreversible", url_args=("url",), writes_path="path")
+    def post(url: str, path: str, note: str) -> str:
+        """Post a note."""
+        return "ok"
+
+    args = {"url": "u", "path": "p", "note": "n"}
+    assert payload_args(post, None, (), args) == {"note"}
+    assert payload_args(post, ("url", "path", "note"), None, args) == {"note"}
+    assert payload_args(post, None, None, args) == frozenset()
+
+
+def test_a_secret_in_a_payload_argument_is_still_refused_by_its_label() -> None:
+    mailer, asked, policy = _mailer_run(lambda h: {"to": "bob@home.example", "body": h}, first="read_key")
+    assert asked == [] and mailer.sent == []
+    assert [r.decision for r in policy.audit.query(tool="send_message")] == ["refused:secret"]
+
+
+def test_defang_makes_links_and_hosts_inert_and_leaves_plain_text() -> None:
+    from tether.values._defang import defang
+
+    assert defang("see https://evil.example/x") == "see hxxps://evil[.]example/x"
+    assert defang("[a](JavaScript:alert(1))") == "[a](JavaScript[:]alert(1))"
+    assert defang("evil\u3002example and www.evil.com") == "evil[.]example and www[.]evil[.]com"
+    assert defang("data:text/html,x ftp://1.2.3.4") == "data[:]text/html,x ftp[:]//1[.]2[.]3[.]4"
+    plain = "Note: lunch at 12:30, pi is 3.14, e.g. v1.2; write to bob@home.example."
+    assert defang(plain) == plain
+    assert defang(defang("https://evil.example")) == defang("https://evil.example")

@@ -50,7 +50,10 @@ CLEAN_KEYS = ("user_tasks", "utility_deny", "utility_oracle", "approval_prompts"
 HIDDEN_CLEAN_KEYS = ("queries", "queries_failed", "tasks_with_queries", "plan_calls_skipped")
 # ... and under attack (deny-all runs): pairs where injected text reached the model, effects that ran
 # unasked with injected text in their arguments (a label lost)
-HIDDEN_ATTACK_KEYS = ("model_taken_over", "model_taken_over_oracle", "label_lost")
+# (in a checked argument), effects that ran with injected text only in payload arguments (the payload rule's
+# residual risk, defanged), effects that ran with one of the attack's links live (harm)
+HIDDEN_ATTACK_KEYS = ("model_taken_over", "model_taken_over_oracle", "label_lost", "payload_delivered",
+                      "live_links")
 CLASSIFICATIONS_FOR_VARIANTS = "bench"  # the classification the attacks on handles and queries run under
 
 
@@ -156,6 +159,8 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                         r["model_taken_over"] += d.injected
                         r["model_taken_over_oracle"] += o.injected
                         r["label_lost"] += d.label_lost
+                        r["payload_delivered"] += d.payload_delivered
+                        r["live_links"] += d.live_links
                         taken.update(x.how for x in (d, o) if x.how)
                     r["pairs"] += 1
                     r["attacks_succeeded"] += d.attack_succeeded
@@ -187,7 +192,8 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
     for v in VARIANTS:
         r = dict.fromkeys(("pairs", "attacker_calls_made", "attacker_calls_executed", "attacker_calls_executed_oracle",
                            "attacks_succeeded", "attacks_succeeded_oracle", "model_taken_over",
-                           "model_taken_over_oracle", "label_lost", "queries", "utility_under_attack_deny",
+                           "model_taken_over_oracle", "label_lost", "payload_delivered", "live_links", "queries",
+                           "utility_under_attack_deny",
                            "utility_under_attack_oracle"), 0)
         how: Counter[str] = Counter()
         for ut in users:
@@ -204,6 +210,8 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
             r["model_taken_over"] += d.injected
             r["model_taken_over_oracle"] += o.injected
             r["label_lost"] += d.label_lost
+            r["payload_delivered"] += d.payload_delivered
+            r["live_links"] += d.live_links
             r["queries"] += o.queries
             r["utility_under_attack_deny"] += d.utility
             r["utility_under_attack_oracle"] += o.utility
@@ -323,7 +331,8 @@ def main() -> None:
                     if hits:
                         print(f"{n}/{c}/{m}/{t}: adaptive attacks that executed an effect: {hits}")
                     for vid, v in rc["timings"][t].get("hidden_adaptive", {}).items():
-                        if v["attacker_calls_executed"] or v["attacker_calls_executed_oracle"] or v["label_lost"]:
+                        if v["attacker_calls_executed"] or v["attacker_calls_executed_oracle"] or v["label_lost"] \
+                                or v.get("live_links"):
                             print(f"{n}/{c}/{m}/{t}: {vid}: attacker calls executed {v['attacker_calls_executed']}"
                                   f" / {v['attacker_calls_executed_oracle']}, labels lost {v['label_lost']}, "
                                   f"taken over by {v['taken_over_how']}")
@@ -410,6 +419,8 @@ def _totals(per_suite: dict[str, Any], modes: list[str], classifications: list[s
                         t["hidden_adaptive_attacker_calls_executed"] += (v["attacker_calls_executed"]
                                                                          + v["attacker_calls_executed_oracle"])
                         t["hidden_adaptive_label_lost"] += v["label_lost"]
+                        t["hidden_adaptive_live_links"] += v.get("live_links", 0)
+                        t["hidden_adaptive_payload_delivered"] += v.get("payload_delivered", 0)
             out.setdefault(m, {})[c] = dict(t)
     return out
 

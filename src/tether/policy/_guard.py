@@ -75,6 +75,7 @@ class CallView:
     egress_paths: list[str] = field(default_factory=list)
     ask: list[str] = field(default_factory=list)  # why a person must approve (empty: no need)
     batch: str = ""  # the approval batch that decided it, if any
+    arguments: dict[str, Any] | None = None  # the arguments the tool gets instead (a guard rewrote them)
 
 
 GuardResult: TypeAlias = "Stop | str | None"

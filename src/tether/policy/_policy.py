@@ -163,6 +163,7 @@ class SafetyPolicy:
         environment: Mapping[str, str] | None = None,
         guards: Iterable[Guard | Check] | None = None,
         hidden_values: bool = True,
+        payload_labels: bool = True,
         query_model: Any = None,
     ) -> None:
         if capabilities is None:
@@ -191,6 +192,8 @@ class SafetyPolicy:
         self.environment = environment
         # untrusted outputs of tools that hide (tether.values) stay behind handles; False: all visible
         self.hidden_values = hidden_values
+        # an untrusted hidden value only in payload arguments (a message body) asks nobody; defanged
+        self.payload_labels = payload_labels
         self.query_model = query_model  # answers inspect_value (None: the agent's own model)
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         self.guards: tuple[Guard | Check, ...] = tuple(default_guards() if guards is None else guards)
@@ -489,7 +492,7 @@ class SafetyPolicy:
             if c.tainted else []
         state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
                                             c.ctx.step, written, c.batch)
-        return Verdict("allow", "", decision)
+        return Verdict("allow", "", decision, c.arguments)
 
     def _approval_budget_spent(self, state: PolicyState) -> str | None:
         if self.max_denials is not None and state.denied >= self.max_denials:

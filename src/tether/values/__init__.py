@@ -36,8 +36,10 @@ The quarantined query (added by `Agent` when a tool may hide; `query_tool(model)
     # string/email/iban/url/regex: the answer is a new hidden value ($v4_1), labelled as what it read.
     # any answer about a secret value: a new hidden value too.
 
-The decision (tether.policy.SafetyPolicy): an effect asks when an argument's label is untrusted, or
-when the context is tainted (a visible untrusted output or a shown query answer from untrusted data).
+The decision (tether.policy.SafetyPolicy): an effect asks when a checked argument's label is untrusted,
+or when the context is tainted (a visible untrusted output or a shown query answer from untrusted data).
+Untrusted values only in payload arguments (declared `risk_free_args`, or outside `guarded_args`) ask
+nobody and go with their links and host names defanged (`SafetyPolicy(payload_labels=False)`: they ask).
 A secret-labelled argument is refused unless the tool is declared `@tool(secret_sink=True)`.
 The final answer's handles are shown to the user, secret ones replaced by a placeholder.
 

@@ -11,6 +11,7 @@ from typing import Any
 from tether._types import ToolResult
 from tether.tools._base import Tool
 from tether.values._declare import QUERY_KEY, hides
+from tether.values._defang import defang
 from tether.values._labels import TRUSTED, Label, untrusted
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
@@ -65,6 +66,79 @@ def untrusted_reason(binding: Binding | None) -> str | None:
     paths = ", ".join(f"{p} = {' '.join(rs)}" for p, rs in binding.used.items())
     return (f"its arguments carry hidden values from outside this conversation ({paths}: "
             f"{binding.label.describe()})")
+
+
+def payload_args(tool: Tool, risk_free: tuple[str, ...] | None, guarded: tuple[str, ...] | None,
+                 args: dict[str, Any]) -> frozenset[str]:
+    """The top-level arguments of this call that are payload (text for a person, derived from what was
+    read): the declared `risk_free_args`, else every argument not among a declared `guarded_args`; none
+    when the tool declares neither (fail closed). URL arguments and the written path are never payload."""
+    if isinstance(risk_free, tuple):
+        payload = frozenset(risk_free)
+    elif isinstance(guarded, tuple):
+        payload = frozenset(args) - frozenset(guarded)
+    else:
+        return frozenset()
+    declared = tool.declared
+    return payload - frozenset(declared.url_args) - ({declared.writes_path} if declared.writes_path else set())
+
+
+def checked_untrusted(binding: Binding, payload: frozenset[str]) -> list[str]:
+    """The argument paths carrying an untrusted value that are not payload (a recipient, an amount, a path)."""
+    return [p for p in binding.untrusted_paths() if p.split(".", 1)[0] not in payload]
+
+
+def defang_payload(args: dict[str, Any], binding: Binding) -> tuple[dict[str, Any], list[str]] | None:
+    """`args` with every text under an argument path that carries an untrusted value defanged (links and
+    host names made inert, tether.values._defang; the whole text, the model's own words in it too), and
+    the paths changed. None when a value there is not plain JSON (it cannot be rewritten: ask instead)."""
+    out = dict(args)
+    changed: list[str] = []
+    for path in binding.untrusted_paths():
+        keys = path.split(".")
+        try:
+            out = _rewrite(out, keys)
+        except _NotPlain:
+            return None
+        if _at(out, keys) != _at(args, keys):
+            changed.append(path)
+    return out, changed
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _defang_all(value: Any) -> Any:
+    if isinstance(value, str):
+        return defang(value)
+    if isinstance(value, dict):
+        return {defang(k) if isinstance(k, str) else k: _defang_all(v) for k, v in value.items()}  # type: ignore[misc]
+    if isinstance(value, list | tuple):
+        return type(value)(_defang_all(v) for v in value)  # type: ignore[arg-type]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    raise _NotPlain
+
+
+def _rewrite(container: Any, keys: list[str]) -> Any:
+    """A copy of `container` with the value at `keys` defanged (the copies made only along the path)."""
+    if not keys:
+        return _defang_all(container)
+    head, rest = keys[0], keys[1:]
+    if isinstance(container, dict) and head in container:
+        return {**container, head: _rewrite(container[head], rest)}
+    if isinstance(container, list) and head.isdigit() and int(head) < len(container):
+        copy = list(container)  # pyright: ignore[reportUnknownArgumentType]
+        copy[int(head)] = _rewrite(copy[int(head)], rest)
+        return copy
+    raise _NotPlain
+
+
+def _at(container: Any, keys: list[str]) -> Any:
+    for k in keys:
+        container = container[int(k)] if isinstance(container, list) else container[k]
+    return container
 
 
 def argument_origins(binding: Binding | None) -> dict[str, str]:

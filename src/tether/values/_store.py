@@ -54,6 +54,11 @@ class Binding:
     label: Label = TRUSTED
     values: list[str] = field(default_factory=list)  # the untrusted texts substituted (followed once sent out)
     guarded: list[tuple[str, str]] = field(default_factory=list)  # (handle, text) of untrusted or secret values
+    labels: dict[str, Label] = field(default_factory=dict)  # argument path -> the join of what was put there
+
+    def untrusted_paths(self) -> list[str]:
+        """The argument paths an untrusted value was substituted into."""
+        return [p for p, label in self.labels.items() if label.untrusted]
 
     @property
     def quotes_hidden(self) -> bool:
@@ -162,6 +167,7 @@ class ValueStore:
               label: Label) -> None:
         binding.used.setdefault(path, []).append(ref)
         labels.append(label)
+        binding.labels[path] = binding.labels.get(path, TRUSTED).join(label)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         if label.untrusted:
             binding.values.append(text)

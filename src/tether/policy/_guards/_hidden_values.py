@@ -8,6 +8,8 @@ from tether._types import Effect
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.policy._guards._taint import _on_untrusted
 from tether.values import _decide as hidden
+from tether.values._defang import defang
+from tether.values._store import Binding
 
 if TYPE_CHECKING:
     from tether.policy._capabilities import Capability
@@ -17,8 +19,11 @@ if TYPE_CHECKING:
 
 class HiddenValuesGuard(BaseGuard):
     """The arguments' labels, as substituting hidden values gave them: a secret goes only to a tool
-    declared `secret_sink`; an untrusted one makes an effect a person's decision (or refused, or held,
-    as `Capability.on_untrusted` says) even while the model's context is clean. Runs after `TraceGuard`;
+    declared `secret_sink`; an untrusted one in a checked argument (a recipient, an amount, a path, a
+    URL) makes an effect a person's decision (or refused, or held, as `Capability.on_untrusted` says)
+    even while the model's context is clean. With `SafetyPolicy(payload_labels=True)` (the default),
+    untrusted values only in payload arguments (declared `risk_free_args`, or outside `guarded_args`)
+    need no question: their texts go with links and host names defanged. Runs after `TraceGuard`;
     only with `SafetyPolicy(hidden_values=True)` (the default)."""
 
     def prepare(self, policy: SafetyPolicy, tool: Tool, cap: Capability) -> Check | None:
@@ -37,4 +42,29 @@ class HiddenValuesGuard(BaseGuard):
         if why is None or effect not in c.policy.guard_effects or c.declares.staged:
             return None
         c.guarded = True
+        # a capability that refuses or holds untrusted effects keeps doing so for payload too
+        if c.policy.payload_labels and c.cap.on_untrusted == "approve" and _payload_only(c, binding):
+            return None
         return _on_untrusted(c, why)
+
+
+def _payload_only(c: CallView, binding: Binding) -> bool:
+    """Whether every untrusted value is in a payload argument, with the texts there defanged (the call's
+    arguments replaced): the recipient, amount, path and URL are the user's or a trusted source's, so
+    what the attacker wrote can only be read by a person the user chose (docs/hidden_values.md)."""
+    risk_free = c.cap.risk_free_args if c.cap.risk_free_args is not None else c.declares.risk_free_args
+    guarded = c.cap.guarded_args if c.cap.guarded_args is not None else c.declares.guarded_args
+    payload = hidden.payload_args(c.tool, risk_free, guarded, c.args)
+    if not payload or hidden.checked_untrusted(binding, payload):
+        return False
+    raw = hidden.defang_payload(c.raw_args, binding)
+    plain = hidden.defang_payload(c.args, binding)
+    if raw is None or plain is None:
+        return False  # a value that is not plain JSON cannot be defanged: a person decides
+    c.raw_args, c.arguments = raw[0], raw[0]
+    c.args = plain[0]
+    # the texts as sent: seen again in an output, they taint as the originals would (note_sent)
+    binding.values.extend(d for v in list(binding.values) if (d := defang(v)) != v)
+    for path in plain[1]:
+        c.prov[path] = c.prov.get(path, "") + " (links and host names defanged)"
+    return True
