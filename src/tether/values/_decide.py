@@ -113,9 +113,11 @@ def _defang_all(value: Any) -> Any:
     if isinstance(value, str):
         return defang(value)
     if isinstance(value, dict):
-        return {defang(k) if isinstance(k, str) else k: _defang_all(v) for k, v in value.items()}  # type: ignore[misc]
+        mapping: dict[Any, Any] = value
+        return {defang(k) if isinstance(k, str) else k: _defang_all(v) for k, v in mapping.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_defang_all(v) for v in value)  # type: ignore[arg-type]
+        seq: list[Any] | tuple[Any, ...] = value
+        return type(seq)(_defang_all(v) for v in seq)
     if value is None or isinstance(value, bool | int | float):
         return value
     raise _NotPlain
