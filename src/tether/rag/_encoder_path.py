@@ -25,6 +25,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,23 @@ EXACT_COSINE = 0.999  # to the exact int8 vectors: only rounding of float parts 
 MIN_CHECK_COSINE = 0.97  # to the float graph's vectors (a recipe measured at .99+ on abstracts)
 MIN_SPEEDUP = 1.1  # an int8 graph must beat the float one by this much to be worth it
 TIMING_TEXTS = 16  # CHECK_TEXTS repeated: one batch per call, as an ingest embeds them
+
+
+# A derived graph is used only if its vectors of these texts agree with the exact int8 result
+# and the shipped graph's (tether.rag._encoder_path).
+CHECK_TEXTS = (
+    "The present study is a history of the Dewey Decimal Classification.",
+    "Patients with chronic renal failure were given a low-protein diet for six months.",
+    "An algorithm for sorting a list of records by several keys in one pass over a tape.",
+    "what is the capital of france",
+    "pip install 'tether[rag]' && tether ingest docs/ && tether search \"approval budget\"",
+)
+
+
+def cache_root() -> Path:
+    """Where derived files live: $TETHER_CACHE, else ~/.cache/tether."""
+    env = os.environ.get("TETHER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tether"
 
 
 @dataclass
@@ -88,8 +106,6 @@ def cpu_summary() -> tuple[str, str]:
 def decision_file(source: Path, digest: str) -> Path:
     import onnxruntime as ort
 
-    from tether.rag._encoder import cache_root
-
     _, cpu_key = cpu_summary()
     recipes = "-".join(r.name for r in CANDIDATES)
     return cache_root() / "models" / f"path-{cpu_key}-{recipes}-{digest}-ort{ort.__version__}.json"
@@ -97,8 +113,6 @@ def decision_file(source: Path, digest: str) -> Path:
 
 def derived_file(recipe: int8.Recipe, digest: str) -> Path:
     import onnxruntime as ort
-
-    from tether.rag._encoder import cache_root
 
     return cache_root() / "models" / f"minilm-{recipe.name}-{digest}-ort{ort.__version__}.onnx"
 
@@ -113,17 +127,16 @@ def load(source: Path, digest: str) -> EncoderPath | None:
     return path if Path(path.graph).is_file() else None
 
 
-def decide(source: Path, digest: str, reference: dict[str, np.ndarray]) -> EncoderPath:
+def decide(source: Path, digest: str, reference: dict[str, np.ndarray], encoder: Callable[..., Any]) -> EncoderPath:
     """Measure every candidate and the float graph here, choose, and remember the choice.
 
     `reference`: the float graph's vectors of CHECK_TEXTS under "float", and the exact int8
-    vectors of each recipe under its name (when tether ships them for this graph)."""
-    from tether.rag._encoder import CHECK_TEXTS
-
+    vectors of each recipe under its name (when tether ships them for this graph); `encoder`: makes the
+    encoder that runs a graph (`encoder(graph, threads=1)`, tether.rag._encoder.MiniLMEncoder)."""
     summary, _ = cpu_summary()
     measured: dict[str, dict[str, float]] = {}
     texts = [CHECK_TEXTS[i % len(CHECK_TEXTS)] for i in range(TIMING_TEXTS)]
-    float_vectors, measured["float"] = _measure(source, texts)
+    float_vectors, measured["float"] = _measure(encoder, source, texts)
     float_ref = reference.get("float")
     if float_ref is None:
         float_ref = float_vectors[: len(CHECK_TEXTS)]
@@ -144,7 +157,7 @@ def decide(source: Path, digest: str, reference: dict[str, np.ndarray]) -> Encod
         except (ImportError, OSError) as exc:  # no `onnx` package; a read-only cache
             failures.append(f"{LABELS[recipe.name]} could not be made ({exc})")
             continue
-        vectors, m = _measure(target, texts)
+        vectors, m = _measure(encoder, target, texts)
         got = vectors[: len(CHECK_TEXTS)]
         m["cosine_to_float"] = round(float((got * float_ref).sum(axis=1).min()), 4)
         exact = reference.get(recipe.name)
@@ -175,11 +188,9 @@ def decide(source: Path, digest: str, reference: dict[str, np.ndarray]) -> Encod
     return _save(source, digest, EncoderPath(str(source), "float", reason, summary, measured))
 
 
-def _measure(graph: Path, texts: list[str]) -> tuple[np.ndarray, dict[str, float]]:
+def _measure(encoder: Callable[..., Any], graph: Path, texts: list[str]) -> tuple[np.ndarray, dict[str, float]]:
     """The graph's vectors of `texts` and its CPU milliseconds a text (best of three, one thread)."""
-    from tether.rag._encoder import MiniLMEncoder
-
-    enc = MiniLMEncoder(graph, threads=1)
+    enc = encoder(graph, threads=1)
     vectors = enc.embed(texts)
     best = float("inf")
     for _ in range(3):
