@@ -11,41 +11,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_loop import FakeClock, add, endless, lookup  # the same fixtures as the loop's tests
 from test_policy_decisions import World
 
 from tether import Agent, CancelToken, InvalidInput, Limits, StopReason, tool
 from tether._tokens import EstimateCounter, MessageSizes, message_tokens
-from tether._types import Message, ModelRequest, RunResult, RunState, ToolCall, to_json
+from tether._types import Message, RunResult, RunState, ToolCall, to_json
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalBook, PendingApprover, SafetyPolicy
 from tether.steps import Admit, CallModel, End, Execute, Observe, PlanCalls, Start, Step, StopRun
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@tool
-def lookup(key: str) -> str:
-    """Look a key up."""
-    return f"value of {key}"
-
-
-def endless(req: ModelRequest):
-    """A model that never stops calling tools (distinct arguments each time)."""
-    if req.tool_choice == "none":
-        return "partial: I found some values"
-    return call("lookup", key=f"k{len(req.messages)}")
 
 
 async def stepped(agent: Agent, prompt: str | None, **kw: Any) -> tuple[list[Step], RunResult]:
