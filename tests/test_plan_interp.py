@@ -11,15 +11,21 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tether.plan import Caps, Interpreter, ProgramError, Value, deep_caps, plain, tag
+from tether.plan import Interpreter, Label, ProgramError, Value, deep_label, plain, tag
+from tether.values import join_all
+
+
+def lab(*sources: str) -> Label:
+    """The label of a value from `sources`: trusted when it is the user's request alone."""
+    return Label("trusted" if set(sources) <= {"user"} else "untrusted", frozenset(sources))
 
 
 def run(program: str, env: dict[str, Value] | None = None, tools: dict[str, Any] | None = None) -> Interpreter:
     """Run `program`; tools are plain functions whose results carry "tool:NAME" and their inputs' sources."""
     tools = tools or {}
 
-    async def call_tool(name: str, args: dict[str, Value], pc: Caps) -> Value:
-        caps = Caps.of(f"tool:{name}") | Caps.union(deep_caps(v) for v in args.values()) | pc
+    async def call_tool(name: str, args: dict[str, Value], pc: Label) -> Value:
+        caps = lab(f"tool:{name}") | join_all(deep_label(v) for v in args.values()) | pc
         return tag(tools[name](**{k: plain(v) for k, v in args.items()}), caps)
 
     interp = Interpreter(set(tools), call_tool, env=dict(env or {}))
@@ -28,17 +34,17 @@ def run(program: str, env: dict[str, Value] | None = None, tools: dict[str, Any]
 
 
 def src(interp: Interpreter, name: str) -> set[str]:
-    return set(deep_caps(interp.env[name]).sources)
+    return set(deep_label(interp.env[name]).sources)
 
 
 def untrusted(v: Any) -> Value:
-    return tag(v, Caps.of("tool:inbox"))
+    return tag(v, lab("tool:inbox"))
 
 
 def test_operations_carry_every_operands_sources() -> None:
     i = run("a = x + 1\nb = f'{x} and {y}'\nc = [x, 5][1]\nd = {'k': y}['k']\ne = 'z' if x > 0 else 'w'\n"
             "f = len(lst)\ng = lst[0]\nh = 7",
-            {"x": untrusted(3), "y": tag("hi", Caps.of("tool:contacts")), "lst": untrusted([1, 2])})
+            {"x": untrusted(3), "y": tag("hi", lab("tool:contacts")), "lst": untrusted([1, 2])})
     assert src(i, "a") == {"tool:inbox", "user"}
     assert src(i, "b") == {"tool:inbox", "tool:contacts", "user"}
     assert src(i, "c") == {"user"}  # the element picked by a constant index from a literal list
@@ -66,22 +72,22 @@ def test_a_loop_taints_what_it_assigns_and_appends_by_its_iterable() -> None:
 
 def test_a_comprehension_carries_its_list_and_filter() -> None:
     i = run("picked = [n * 2 for n in nums if n > limit]\nfirst = picked[0]\nsize = len(picked)",
-            {"nums": tag([1, 5, 9], Caps.of("tool:db")), "limit": untrusted(4)})
+            {"nums": tag([1, 5, 9], lab("tool:db")), "limit": untrusted(4)})
     assert plain(i.env["picked"]) == [10, 18]
     assert {"tool:db", "tool:inbox"} <= src(i, "first") and {"tool:db", "tool:inbox"} <= src(i, "size")
 
 
 def test_tool_calls_see_the_control_flow_and_results_carry_their_inputs() -> None:
-    seen: list[Caps] = []
+    seen: list[Label] = []
 
-    async def call_tool(name: str, args: dict[str, Value], pc: Caps) -> Value:
+    async def call_tool(name: str, args: dict[str, Value], pc: Label) -> Value:
         seen.append(pc)
-        return tag("ok", Caps.of(f"tool:{name}") | Caps.union(deep_caps(v) for v in args.values()) | pc)
+        return tag("ok", lab(f"tool:{name}") | join_all(deep_label(v) for v in args.values()) | pc)
 
     interp = Interpreter({"send"}, call_tool, env={"flag": untrusted(True)})
     asyncio.run(interp.run("if flag:\n    r = send(to='bob')\nfinal_answer(r)"))
     assert seen[0].sources == {"tool:inbox"}
-    assert deep_caps(interp.answer).sources >= {"tool:send", "tool:inbox", "user"}  # type: ignore[arg-type]
+    assert deep_label(interp.answer).sources >= {"tool:send", "tool:inbox", "user"}  # type: ignore[arg-type]
 
 
 def test_an_assigned_list_is_a_copy_so_an_alias_cannot_hide_a_flow() -> None:
@@ -167,17 +173,17 @@ SMALL = st.integers(-3, 3)
 
 
 def _outputs(program: str, values: dict[str, Any]) -> list[tuple[Any, frozenset[str]]] | None:
-    env = {k: tag(v, Caps.of(INPUTS[k])) for k, v in values.items()}
+    env = {k: tag(v, lab(INPUTS[k])) for k, v in values.items()}
     interp = Interpreter(set(), _no_tools, env=env, max_operations=20_000)
     try:
         asyncio.run(interp.run(program))
     except ProgramError:
         return None
     assert interp.answer is not None
-    return [(plain(x), deep_caps(x).sources) for x in interp.answer.v]
+    return [(plain(x), deep_label(x).sources) for x in interp.answer.v]
 
 
-async def _no_tools(name: str, args: dict[str, Value], pc: Caps) -> Value:
+async def _no_tools(name: str, args: dict[str, Value], pc: Label) -> Value:
     raise AssertionError("no tools here")
 
 

@@ -1,6 +1,6 @@
 """Plan mode: safety by data flow (CaMeL-style). The privileged model writes a program from the
 user's request and the tools' signatures alone; tether interprets it with every value's sources
-carried exactly; untrusted text is read only by a quarantined reader; per-argument policies are
+carried exactly (`tether.values.Label`: integrity and readers, as for hidden values); untrusted text is read only by a quarantined reader; per-argument policies are
 checked before every call. See docs/plan-mode.md."""
 
 from tether.plan._agent import PlanAgent
@@ -12,6 +12,7 @@ from tether.plan._policies import (
     PlanCall,
     PlanPolicy,
     ask,
+    confidentiality,
     defang,
     default_policy,
     deny,
@@ -20,16 +21,16 @@ from tether.plan._policies import (
     user_args,
 )
 from tether.plan._runner import PlanMode, PlannedCall, PlanResult
-from tether.plan._values import EXTRACT, USER, Caps, Value, deep_caps, plain, tag
+from tether.plan._values import EXTRACT, USER, Label, Value, deep_label, plain, tag
 
 __all__ = [
     "ALLOW",
     "BUILTIN_POLICIES",
     "EXTRACT",
     "USER",
-    "Caps",
     "Decision",
     "Interpreter",
+    "Label",
     "LimitError",
     "PlanAgent",
     "PlanCall",
@@ -40,7 +41,8 @@ __all__ = [
     "ProgramError",
     "Value",
     "ask",
-    "deep_caps",
+    "confidentiality",
+    "deep_label",
     "defang",
     "default_policy",
     "deny",

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from tether._errors import TetherError
-from tether.plan._values import LITERAL, NONE, Caps, Value, deep_caps, plain, tag
+from tether.plan._values import LITERAL, TRUSTED, Label, Value, deep_label, join_all, plain, tag
 
 MAX_OPERATIONS = 100_000
 MAX_ITEMS = 10_000  # range(), repeated strings and lists
@@ -47,19 +47,19 @@ MAX_CHARS = 1_000_000  # a string or list an operation makes
 MAX_INT_BITS = 4096  # far below Python's 4,300-digit limit on int <-> str, so no conversion can raise
 MAX_DEPTH = 64  # lists and dicts nested in each other
 
-ToolCaller = Callable[[str, dict[str, Value], Caps], Awaitable[Value]]
-Extractor = Callable[[Value, Value, Value, Caps], Awaitable[Value]]
+ToolCaller = Callable[[str, dict[str, Value], Label], Awaitable[Value]]
+Extractor = Callable[[Value, Value, Value, Label], Awaitable[Value]]
 
 
 class ProgramError(TetherError):
     """The plan cannot be run (a construct tether does not interpret, a name never assigned, a
-    tool's refusal): the message says what and where. `caps` holds the sources of the values the
+    tool's refusal): the message says what and where. `label` holds the sources of the values the
     message was computed from (quoted, measured or typed); `kind` names the error without them."""
 
     def __init__(self, message: str, line: int | None = None, *, kind: str = "ProgramError",
-                 caps: Caps = NONE) -> None:
+                 label: Label = TRUSTED) -> None:
         super().__init__(f"line {line}: {message}" if line else message)
-        self.message, self.line, self.kind, self.caps = message, line, kind, caps
+        self.message, self.line, self.kind, self.label = message, line, kind, label
 
     def at(self, line: int | None) -> ProgramError:
         """This error at `line` (one raised by a tool call or the reader has none of its own)."""
@@ -70,21 +70,21 @@ class ProgramError(TetherError):
     def for_planner(self, seen: frozenset[str]) -> str:
         """What the planner is told: the whole message when every source it was computed from is in
         `seen` (what the planner may read) and none is private, else only the error's kind and line."""
-        if self.caps.sources <= seen and self.caps.readers is None:
+        if self.label.sources <= seen and self.label.readers is None:
             return str(self)
         where = f"line {self.line}: " if self.line else ""
-        why = ", ".join(sorted(self.caps.sources - seen)) or "private data"
+        why = ", ".join(sorted(self.label.sources - seen)) or "private data"
         return f"{where}{self.kind} (the message depends on {why} and is withheld)"
 
 
 class LimitError(ProgramError):
     """A value or a computation over the plan's bounds."""
 
-    def __init__(self, message: str, line: int | None = None, *, caps: Caps = NONE) -> None:
-        super().__init__(message, line, kind="LimitError", caps=caps)
+    def __init__(self, message: str, line: int | None = None, *, label: Label = TRUSTED) -> None:
+        super().__init__(message, line, kind="LimitError", label=label)
 
 
-def bounded(obj: object, line: int | None = None, caps: Caps = NONE) -> None:
+def bounded(obj: object, line: int | None = None, label: Label = TRUSTED) -> None:
     """Refuses a plain value (or Value) nested deeper than MAX_DEPTH or holding an int over
     MAX_INT_BITS, walked without recursion, so converting it later cannot fail."""
     stack: list[tuple[object, int]] = [(obj, 0)]
@@ -95,10 +95,10 @@ def bounded(obj: object, line: int | None = None, caps: Caps = NONE) -> None:
         if isinstance(x, bool):
             continue
         if isinstance(x, int) and x.bit_length() > MAX_INT_BITS:
-            raise LimitError(f"a number over {MAX_INT_BITS} bits", line, caps=caps)
+            raise LimitError(f"a number over {MAX_INT_BITS} bits", line, label=label)
         if isinstance(x, (list, tuple, dict)):
             if depth >= MAX_DEPTH:
-                raise LimitError(f"lists or dicts nested more than {MAX_DEPTH} deep", line, caps=caps)
+                raise LimitError(f"lists or dicts nested more than {MAX_DEPTH} deep", line, label=label)
             stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
 
 
@@ -194,9 +194,9 @@ def fresh(value: Value) -> Value:
     stored value shares no container with another."""
     v = value.v
     if isinstance(v, list):
-        return Value([fresh(x) for x in v], value.caps)
+        return Value([fresh(x) for x in v], value.label)
     if isinstance(v, dict):
-        return Value({k: fresh(x) for k, x in v.items()}, value.caps)
+        return Value({k: fresh(x) for k, x in v.items()}, value.label)
     return value
 
 
@@ -212,7 +212,7 @@ class Interpreter:
     answer: Value | None = None
     operations: int = 0
     max_operations: int = MAX_OPERATIONS
-    literal: Caps = LITERAL  # what the plan's own literals carry: the user's, unless the request was not
+    literal: Label = LITERAL  # what the plan's own literals carry: the user's, unless the request was not
 
     async def run(self, program: str | ast.Module) -> Value | None:
         tree = parse(program) if isinstance(program, str) else program
@@ -222,21 +222,21 @@ class Interpreter:
                 raise ProgramError(f"no tool or function named '{node.func.id}' (tools: {', '.join(sorted(self.tools))})",
                                 node.lineno)
         for name, value in self.env.items():
-            bounded(value, caps=deep_caps(value))
+            bounded(value, label=deep_label(value))
             self.env[name] = fresh(value)
         try:
-            await self.block(tree.body, NONE)
+            await self.block(tree.body, TRUSTED)
         except RecursionError:  # a value or an expression nested past what Python's stack holds
             raise LimitError("the plan nests values or expressions too deeply") from None
         return self.answer
 
     # -- statements ----------------------------------------------------------------------------
 
-    async def block(self, body: list[ast.stmt], pc: Caps) -> None:
+    async def block(self, body: list[ast.stmt], pc: Label) -> None:
         for stmt in body:
             await self.stmt(stmt, pc)
 
-    async def stmt(self, node: ast.stmt, pc: Caps) -> None:
+    async def stmt(self, node: ast.stmt, pc: Label) -> None:
         self._tick(node)
         match node:
             case ast.Assign(targets=targets, value=value):
@@ -249,7 +249,7 @@ class Interpreter:
             case ast.AugAssign(target=ast.Subscript() as target, op=op, value=value):
                 name, box, chose = await self._container(target.value, pc)
                 key = await self.expr(target.slice, pc)  # each evaluated once, as in Python
-                old = self._pick(box, key, chose, node.lineno).with_caps(box.caps | key.caps)
+                old = self._pick(box, key, chose, node.lineno).with_label(box.label | key.label)
                 self._put(name, box, chose, key, self._binop(op, old, await self.expr(value, pc), node), pc,
                           node.lineno)
             case ast.AugAssign():
@@ -258,14 +258,14 @@ class Interpreter:
                 await self.expr(value, pc)
             case ast.If(test=test, body=body, orelse=orelse):
                 cond = await self.expr(test, pc)
-                inner = pc | deep_caps(cond)
+                inner = pc | deep_label(cond)
                 await self.block(body if plain(cond) else orelse, inner)
-                self._depend(assigned(body) | assigned(orelse), deep_caps(cond))
+                self._depend(assigned(body) | assigned(orelse), deep_label(cond))
             case ast.For(target=target, iter=it, body=body, orelse=orelse):
                 if orelse:
                     raise ProgramError("for ... else is not supported", node.lineno)
                 seq = await self.expr(it, pc)
-                over = deep_caps(seq) if not isinstance(seq.v, list) else seq.caps
+                over = deep_label(seq) if not isinstance(seq.v, list) else seq.label
                 inner = pc | over
                 for item in self._items(seq, node):
                     await self._assign(target, item, inner)
@@ -277,43 +277,43 @@ class Interpreter:
             case _:
                 raise ProgramError(f"{type(node).__name__} is not supported", node.lineno)
 
-    def _depend(self, names: set[str], caps: Caps) -> None:
+    def _depend(self, names: set[str], label: Label) -> None:
         for name in names:
             if name in self.env:
-                self.env[name] = self.env[name].with_caps(caps)
+                self.env[name] = self.env[name].with_label(label)
 
-    async def _assign(self, target: ast.expr, value: Value, pc: Caps) -> None:
+    async def _assign(self, target: ast.expr, value: Value, pc: Label) -> None:
         if isinstance(target, ast.Subscript):
             await self._store_item(target, value, pc)
         elif isinstance(target, (ast.Tuple, ast.List)):
             items = self._items(value, target)
             if len(items) != len(target.elts):
                 raise ProgramError(f"cannot unpack {len(items)} values into {len(target.elts)} names", target.lineno,
-                                   kind="ValueError", caps=value.caps)
+                                   kind="ValueError", label=value.label)
             for t, item in zip(target.elts, items, strict=True):
-                await self._assign(t, item.with_caps(value.caps), pc)
+                await self._assign(t, item.with_label(value.label), pc)
         else:
             self._store(target, value, pc)
 
-    def _store(self, target: ast.expr, value: Value, pc: Caps) -> None:
+    def _store(self, target: ast.expr, value: Value, pc: Label) -> None:
         match target:
             case ast.Name(id=name):
                 if name in self.tools or name in _BUILTINS or name in ("extract", "final_answer"):
                     raise ProgramError(f"'{name}' is a tool or a builtin; choose another name", target.lineno)
                 # copied: no list or dict is reachable from two names, so a change through one path
                 # cannot reach a value whose flow it does not label
-                self.env[name] = fresh(value).with_caps(pc)
+                self.env[name] = fresh(value).with_label(pc)
             case ast.Tuple(elts=elts) | ast.List(elts=elts):
                 items = self._items(value, target)
                 if len(items) != len(elts):
                     raise ProgramError(f"cannot unpack {len(items)} values into {len(elts)} names", target.lineno,
-                                       kind="ValueError", caps=value.caps)
+                                       kind="ValueError", label=value.label)
                 for t, item in zip(elts, items, strict=True):
-                    self._store(t, item.with_caps(value.caps), pc)
+                    self._store(t, item.with_label(value.label), pc)
             case _:
                 raise ProgramError("only names can be assigned here", target.lineno)
 
-    async def _container(self, path: ast.expr, pc: Caps) -> tuple[str, Value, Caps]:
+    async def _container(self, path: ast.expr, pc: Label) -> tuple[str, Value, Label]:
         """The list or dict a path names, to be changed: its root name, the container's own Value
         (not a copy) and what chose it: the control flow, the keys, and the containers on the way."""
         steps: list[ast.expr] = []
@@ -328,41 +328,41 @@ class Interpreter:
         for step in reversed(steps):
             key = Value(step.attr, self.literal) if isinstance(step, ast.Attribute) else \
                 await self.expr(step.slice, pc)  # type: ignore[attr-defined]
-            chose = chose | cur.caps | key.caps
+            chose = chose | cur.label | key.label
             cur = self._pick(cur, key, chose, line)
         return name, cur, chose
 
-    def _pick(self, seq: Value, key: Value, caps: Caps, line: int | None) -> Value:
+    def _pick(self, seq: Value, key: Value, label: Label, line: int | None) -> Value:
         """The item of `seq` at `key` itself (a container to change in place)."""
         if isinstance(seq.v, dict) and isinstance(key.v, str):
             if key.v not in seq.v:
-                raise ProgramError(f"no field {key.v!r}", line, kind="KeyError", caps=caps | key.caps)
+                raise ProgramError(f"no field {key.v!r}", line, kind="KeyError", label=label | key.label)
             return cast(Value, seq.v[key.v])
         if isinstance(seq.v, list) and isinstance(key.v, int) and not isinstance(key.v, bool):
             if not -len(seq.v) <= key.v < len(seq.v):
                 raise ProgramError(f"index {key.v} is out of range (length {len(seq.v)})", line, kind="IndexError",
-                                   caps=caps | key.caps)
+                                   label=label | key.label)
             return cast(Value, seq.v[key.v])
         raise ProgramError(f"cannot change an item of a {type(seq.v).__name__} at a {type(key.v).__name__}", line,
-                           kind="TypeError", caps=caps | key.caps)
+                           kind="TypeError", label=label | key.label)
 
-    def _label(self, name: str, caps: Caps) -> None:
-        """A change reached `name`'s containers under `caps`: every read through it carries them."""
-        self.env[name] = self.env[name].with_caps(caps)
+    def _label(self, name: str, label: Label) -> None:
+        """A change reached `name`'s containers under `label`: every read through it carries them."""
+        self.env[name] = self.env[name].with_label(label)
 
-    async def _store_item(self, target: ast.Subscript, value: Value, pc: Caps) -> None:
+    async def _store_item(self, target: ast.Subscript, value: Value, pc: Label) -> None:
         name, box, chose = await self._container(target.value, pc)
         self._put(name, box, chose, await self.expr(target.slice, pc), value, pc, target.lineno)
 
-    def _put(self, name: str, box: Value, chose: Caps, key: Value, value: Value, pc: Caps, line: int) -> None:
+    def _put(self, name: str, box: Value, chose: Label, key: Value, value: Value, pc: Label, line: int) -> None:
         """`box[key] = value`, `box` being reached from `name` (labelled with what chose the slot)."""
-        chose = chose | box.caps | key.caps
-        item = fresh(value).with_caps(pc)
+        chose = chose | box.label | key.label
+        item = fresh(value).with_label(pc)
         if isinstance(box.v, dict):
             if not isinstance(key.v, str):
-                raise ProgramError("dict keys must be strings", line, kind="TypeError", caps=key.caps)
+                raise ProgramError("dict keys must be strings", line, kind="TypeError", label=key.label)
             if key.v not in box.v and len(box.v) >= MAX_ITEMS:
-                raise LimitError(f"a dict over {MAX_ITEMS} items", line, caps=chose)
+                raise LimitError(f"a dict over {MAX_ITEMS} items", line, label=chose)
             box.v[key.v] = item
         else:
             self._pick(box, key, chose, line)  # the index must exist
@@ -375,14 +375,14 @@ class Interpreter:
         line = node if isinstance(node, int) or node is None else getattr(node, "lineno", None)
         if isinstance(v, (list, dict, str)) and len(v) > self.max_operations:
             raise LimitError(f"iterating over {len(v)} items is more than the plan's {self.max_operations} operations",
-                             line, caps=seq.caps)
+                             line, label=seq.label)
         if isinstance(v, list):
-            return [x.with_caps(seq.caps) for x in v]
+            return [x.with_label(seq.label) for x in v]
         if isinstance(v, dict):
-            return [Value(k, seq.caps) for k in v]
+            return [Value(k, seq.label) for k in v]
         if isinstance(v, str):
-            return [Value(ch, seq.caps) for ch in v]
-        raise ProgramError(f"cannot iterate over a {type(v).__name__}", line, kind="TypeError", caps=seq.caps)
+            return [Value(ch, seq.label) for ch in v]
+        raise ProgramError(f"cannot iterate over a {type(v).__name__}", line, kind="TypeError", label=seq.label)
 
     def _load(self, name: str, node: ast.AST) -> Value:
         if name not in self.env:
@@ -397,7 +397,7 @@ class Interpreter:
 
     # -- expressions ---------------------------------------------------------------------------
 
-    async def expr(self, node: ast.expr, pc: Caps) -> Value:
+    async def expr(self, node: ast.expr, pc: Label) -> Value:
         self._tick(node)
         match node:
             case ast.Constant(value=value):
@@ -408,81 +408,81 @@ class Interpreter:
                 return self._load(name, node)
             case ast.JoinedStr(values=values):
                 pieces = [await self.expr(v, pc) for v in values]
-                caps = Caps.union(g.caps for g in pieces)
+                label = join_all(g.label for g in pieces)
                 if sum(len(str(g.v)) for g in pieces) > MAX_CHARS:
-                    raise LimitError(f"an f-string over {MAX_CHARS} characters", node.lineno, caps=caps)
-                return Value("".join(str(g.v) for g in pieces), caps)
+                    raise LimitError(f"an f-string over {MAX_CHARS} characters", node.lineno, label=label)
+                return Value("".join(str(g.v) for g in pieces), label)
             case ast.FormattedValue(value=value, format_spec=spec):
                 got = await self.expr(value, pc)
-                fmt = await self.expr(spec, pc) if spec is not None else Value("", NONE)
+                fmt = await self.expr(spec, pc) if spec is not None else Value("", TRUSTED)
                 if not _FORMAT_SPEC.fullmatch(str(fmt.v)):
                     raise ProgramError(f"format spec {str(fmt.v)[:40]!r} is not supported (width and precision "
-                                       "up to 3 digits)", node.lineno, kind="ValueError", caps=fmt.caps)
+                                       "up to 3 digits)", node.lineno, kind="ValueError", label=fmt.label)
                 try:
                     text = format(plain(got), str(fmt.v))
                 except (ValueError, TypeError) as exc:
                     raise ProgramError(f"cannot format: {exc}", node.lineno, kind=type(exc).__name__,
-                                       caps=deep_caps(got) | fmt.caps) from None
-                return Value(text, deep_caps(got) | fmt.caps)
+                                       label=deep_label(got) | fmt.label) from None
+                return Value(text, deep_label(got) | fmt.label)
             case ast.BinOp(left=left, op=op, right=right):
                 return self._binop(op, await self.expr(left, pc), await self.expr(right, pc), node)
             case ast.UnaryOp(op=op, operand=operand):
                 got = await self.expr(operand, pc)
                 if isinstance(op, ast.Not):
-                    return Value(not plain(got), deep_caps(got))
+                    return Value(not plain(got), deep_label(got))
                 if not isinstance(got.v, (int, float)) or isinstance(got.v, bool):
-                    raise ProgramError("unary - and + take a number", node.lineno, kind="TypeError", caps=got.caps)
-                return Value(-got.v if isinstance(op, ast.USub) else +got.v, got.caps)
+                    raise ProgramError("unary - and + take a number", node.lineno, kind="TypeError", label=got.label)
+                return Value(-got.v if isinstance(op, ast.USub) else +got.v, got.label)
             case ast.BoolOp(op=op, values=values):
-                seen = NONE
+                seen = TRUSTED
                 result: Value | None = None
                 for v in values:  # an operand runs only when those before it let it: under their sources
                     result = await self.expr(v, pc | seen)
-                    seen = seen | deep_caps(result)
+                    seen = seen | deep_label(result)
                     if bool(plain(result)) is isinstance(op, ast.Or):
                         break  # which operand is the result depends on all those evaluated
                 assert result is not None
-                return result.with_caps(seen)
+                return result.with_label(seen)
             case ast.Compare(left=left, ops=ops, comparators=comparators):
                 a = await self.expr(left, pc)
-                caps, ok = deep_caps(a), True
+                label, ok = deep_label(a), True
                 for cmp, right in zip(ops, comparators, strict=True):
                     b = await self.expr(right, pc)
-                    caps = caps | deep_caps(b)
+                    label = label | deep_label(b)
                     try:
                         ok = bool(_CMP[type(cmp)](plain(a), plain(b)))
                     except TypeError as exc:
-                        raise ProgramError(f"cannot compare: {exc}", node.lineno, kind="TypeError", caps=caps) from None
+                        raise ProgramError(f"cannot compare: {exc}", node.lineno, kind="TypeError", label=label) from None
                     if not ok:
                         break
                     a = b
-                return Value(ok, caps)
+                return Value(ok, label)
             case ast.IfExp(test=test, body=body, orelse=orelse):
                 cond = await self.expr(test, pc)
-                chosen = await self.expr(body if plain(cond) else orelse, pc | deep_caps(cond))
-                return chosen.with_caps(deep_caps(cond))
+                chosen = await self.expr(body if plain(cond) else orelse, pc | deep_label(cond))
+                return chosen.with_label(deep_label(cond))
             case ast.Subscript(value=value, slice=index):
                 return await self._subscript(await self.expr(value, pc), index, pc, node)
             case ast.Attribute(value=value, attr=attr):
                 got = await self.expr(value, pc)
                 if not isinstance(got.v, dict):
                     raise ProgramError(f".{attr} reads a field of a dict; this is a {type(got.v).__name__}", node.lineno,
-                                       kind="TypeError", caps=got.caps)
+                                       kind="TypeError", label=got.label)
                 return self._field(got, Value(attr, self.literal), node)
             case ast.List(elts=elts) | ast.Tuple(elts=elts):
                 return Value([await self.expr(e, pc) for e in elts], self.literal)
             case ast.Dict(keys=keys, values=values):
                 out: dict[str, Value] = {}
-                caps = self.literal
+                label = self.literal
                 for k, v in zip(keys, values, strict=True):
                     if k is None:
                         raise ProgramError("**unpacking in a dict is not supported", node.lineno)
                     key = await self.expr(k, pc)
                     if not isinstance(key.v, str):
-                        raise ProgramError("dict keys must be strings", node.lineno, kind="TypeError", caps=key.caps)
+                        raise ProgramError("dict keys must be strings", node.lineno, kind="TypeError", label=key.label)
                     out[key.v] = await self.expr(v, pc)
-                    caps = caps | key.caps  # which key holds a value depends on the key
-                return Value(out, caps)
+                    label = label | key.label  # which key holds a value depends on the key
+                return Value(out, label)
             case ast.ListComp(elt=elt, generators=generators):
                 return await self._comprehension(elt, generators, pc, node)
             case ast.Call():
@@ -494,47 +494,47 @@ class Interpreter:
         line = getattr(node, "lineno", None)
         if fn is None:
             raise ProgramError(f"the operator {type(op).__name__} is not supported", line)
-        caps = a.caps | b.caps
+        label = a.label | b.label
         if isinstance(a.v, list) and isinstance(b.v, list) and isinstance(op, ast.Add):
             if len(a.v) + len(b.v) > MAX_ITEMS:
-                raise LimitError(f"a list over {MAX_ITEMS} items", line, caps=caps)
-            return Value(a.v + b.v, caps)  # the elements keep their own sources
+                raise LimitError(f"a list over {MAX_ITEMS} items", line, label=label)
+            return Value(a.v + b.v, label)  # the elements keep their own sources
         if isinstance(a.v, (list, dict)) or isinstance(b.v, (list, dict)):
             raise ProgramError(f"{type(op).__name__} does not take a list or dict here", line, kind="TypeError",
-                               caps=caps)
+                               label=label)
         if isinstance(op, ast.Mult) and (isinstance(a.v, str) or isinstance(b.v, str)):
             text, n = (a.v, b.v) if isinstance(a.v, str) else (b.v, a.v)
             if not isinstance(n, int) or n * len(text) > MAX_CHARS:
-                raise LimitError(f"string repetition over {MAX_CHARS} characters", line, caps=caps)
+                raise LimitError(f"string repetition over {MAX_CHARS} characters", line, label=label)
         if isinstance(op, ast.Mod) and isinstance(a.v, str) and _PRINTF_WIDE.search(a.v):
-            raise LimitError("a %-format width or precision over 3 digits", line, caps=caps)
+            raise LimitError("a %-format width or precision over 3 digits", line, label=label)
         if isinstance(op, ast.Pow) and isinstance(b.v, (int, float)) and abs(b.v) > 64:
-            raise LimitError("exponent too large", line, caps=caps)
+            raise LimitError("exponent too large", line, label=label)
         try:
             out = fn(a.v, b.v)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
-            raise ProgramError(f"{type(exc).__name__}: {exc}", line, kind=type(exc).__name__, caps=caps) from None
+            raise ProgramError(f"{type(exc).__name__}: {exc}", line, kind=type(exc).__name__, label=label) from None
         if isinstance(out, str) and len(out) > MAX_CHARS:
-            raise LimitError(f"a string over {MAX_CHARS} characters", line, caps=caps)
+            raise LimitError(f"a string over {MAX_CHARS} characters", line, label=label)
         if isinstance(out, int) and out.bit_length() > MAX_INT_BITS:  # bounds the next operation's cost
-            raise LimitError(f"a number over {MAX_INT_BITS} bits", line, caps=caps)
-        return Value(out, caps)
+            raise LimitError(f"a number over {MAX_INT_BITS} bits", line, label=label)
+        return Value(out, label)
 
-    async def _subscript(self, seq: Value, index: ast.expr, pc: Caps, node: ast.AST) -> Value:
+    async def _subscript(self, seq: Value, index: ast.expr, pc: Label, node: ast.AST) -> Value:
         line = getattr(node, "lineno", None)
         if isinstance(index, ast.Slice):
-            bounds = [await self.expr(b, pc) if b is not None else Value(None, NONE)
+            bounds = [await self.expr(b, pc) if b is not None else Value(None, TRUSTED)
                       for b in (index.lower, index.upper, index.step)]
-            caps = seq.caps | Caps.union(b.caps for b in bounds)
+            label = seq.label | join_all(b.label for b in bounds)
             try:
                 cut = slice(*(b.v for b in bounds))
                 if isinstance(seq.v, list):
-                    return Value([x.with_caps(caps) for x in seq.v[cut]], caps)
+                    return Value([x.with_label(label) for x in seq.v[cut]], label)
                 if isinstance(seq.v, str):
-                    return Value(seq.v[cut], caps)
+                    return Value(seq.v[cut], label)
             except (TypeError, ValueError) as exc:
-                raise ProgramError(f"bad slice: {exc}", line, kind=type(exc).__name__, caps=caps) from None
-            raise ProgramError(f"cannot slice a {type(seq.v).__name__}", line, kind="TypeError", caps=caps)
+                raise ProgramError(f"bad slice: {exc}", line, kind=type(exc).__name__, label=label) from None
+            raise ProgramError(f"cannot slice a {type(seq.v).__name__}", line, kind="TypeError", label=label)
         key = await self.expr(index, pc)
         if isinstance(seq.v, dict):
             return self._field(seq, key, node)
@@ -543,43 +543,43 @@ class Interpreter:
                 item = seq.v[key.v]
             except IndexError:
                 raise ProgramError(f"index {key.v} is out of range (length {len(seq.v)})", line, kind="IndexError",
-                                   caps=seq.caps | key.caps) from None
-            got = item if isinstance(item, Value) else Value(item, NONE)
-            return got.with_caps(seq.caps | key.caps)
+                                   label=seq.label | key.label) from None
+            got = item if isinstance(item, Value) else Value(item, TRUSTED)
+            return got.with_label(seq.label | key.label)
         raise ProgramError(f"cannot index a {type(seq.v).__name__} with a {type(key.v).__name__}", line,
-                           kind="TypeError", caps=seq.caps | key.caps)
+                           kind="TypeError", label=seq.label | key.label)
 
     def _field(self, record: Value, key: Value, node: ast.AST) -> Value:
         if not isinstance(key.v, str) or key.v not in record.v:
             fields = ", ".join(sorted(record.v)[:20])  # the field names are the record's: its sources
             raise ProgramError(f"no field {str(key.v)[:100]!r} (fields: {fields})", getattr(node, "lineno", None),
-                               kind="KeyError", caps=record.caps | key.caps)
-        return cast(Value, record.v[key.v]).with_caps(record.caps | key.caps)
+                               kind="KeyError", label=record.label | key.label)
+        return cast(Value, record.v[key.v]).with_label(record.label | key.label)
 
-    async def _comprehension(self, elt: ast.expr, generators: list[ast.comprehension], pc: Caps,
+    async def _comprehension(self, elt: ast.expr, generators: list[ast.comprehension], pc: Label,
                              node: ast.AST) -> Value:
         saved = dict(self.env)
         out: list[Value] = []
-        shape = NONE  # which elements made it in depends on the lists and the filters
+        shape = TRUSTED  # which elements made it in depends on the lists and the filters
 
-        async def walk(i: int, inner: Caps) -> None:
+        async def walk(i: int, inner: Label) -> None:
             nonlocal shape
             if i == len(generators):
-                out.append((await self.expr(elt, inner)).with_caps(inner))
+                out.append((await self.expr(elt, inner)).with_label(inner))
                 return
             gen = generators[i]
             if gen.is_async:
                 raise ProgramError("async comprehensions are not supported", getattr(node, "lineno", None))
             seq = await self.expr(gen.iter, inner)
-            over = seq.caps if isinstance(seq.v, list) else deep_caps(seq)
+            over = seq.label if isinstance(seq.v, list) else deep_label(seq)
             shape = shape | over
             for item in self._items(seq, node):
                 self._store(gen.target, item, inner | over)
                 keep, conds = True, inner | over
                 for test in gen.ifs:
                     cond = await self.expr(test, conds)
-                    conds = conds | deep_caps(cond)
-                    shape = shape | deep_caps(cond)
+                    conds = conds | deep_label(cond)
+                    shape = shape | deep_label(cond)
                     if not plain(cond):
                         keep = False
                         break
@@ -592,11 +592,11 @@ class Interpreter:
             self.env = saved  # comprehension names do not leak, as in Python
         return Value(out, self.literal | shape)
 
-    async def _call(self, node: ast.Call, pc: Caps) -> Value:
+    async def _call(self, node: ast.Call, pc: Label) -> Value:
         line = node.lineno
         func = node.func
         if isinstance(func, ast.Attribute):
-            name, chose = "", NONE
+            name, chose = "", TRUSTED
             if func.attr in MUTATORS:
                 name, receiver, chose = await self._container(func.value, pc)
             else:
@@ -608,9 +608,9 @@ class Interpreter:
                 got = self._change(receiver, func.attr, args, pc, line)
                 # what changed depends on the container's shape, and on the arguments' (how many items
                 # extend adds, at which index insert puts one); which item remove takes, on every item
-                shape = deep_caps(receiver) | deep_caps(args[0]) if func.attr == "remove" else \
-                    Caps.union(a.caps for a in args[:1]) if func.attr != "append" else NONE
-                self._label(name, chose | receiver.caps | shape)
+                shape = deep_label(receiver) | deep_label(args[0]) if func.attr == "remove" else \
+                    join_all(a.label for a in args[:1]) if func.attr != "append" else TRUSTED
+                self._label(name, chose | receiver.label | shape)
                 return got
             return self._method(receiver, func.attr, args, pc, func, node)
         if not isinstance(func, ast.Name):
@@ -637,7 +637,7 @@ class Interpreter:
             if len(args) != 1 or named:
                 raise ProgramError("final_answer takes one value", line)
             bounded(args[0], line)
-            self.answer = fresh(args[0]).with_caps(pc)  # a copy: a later change to the list is not the answer
+            self.answer = fresh(args[0]).with_label(pc)  # a copy: a later change to the list is not the answer
             return Value(None, pc)
         if name == "extract":
             if self.extract is None:
@@ -648,21 +648,21 @@ class Interpreter:
                 got = await self.extract(args[0], args[1], args[2], pc)
             except ProgramError as exc:
                 raise exc.at(line) from None
-            bounded(got, line, deep_caps(got))
+            bounded(got, line, deep_label(got))
             return got
         if name in _BUILTINS:
             return self._builtin(name, args, named, line)
         raise ProgramError(f"no tool or function named '{name}' (tools: {', '.join(sorted(self.tools))})", line)
 
     def _builtin(self, name: str, args: list[Value], kw: dict[str, Value], line: int) -> Value:
-        caps = Caps.union(deep_caps(a) for a in [*args, *kw.values()])
+        label = join_all(deep_label(a) for a in [*args, *kw.values()])
         raw = [plain(a) for a in args]
         raw_kw = {k: plain(v) for k, v in kw.items()}
         if name == "range" and any(isinstance(x, int) and abs(x) > MAX_ITEMS for x in raw):
-            raise LimitError(f"range() is limited to {MAX_ITEMS} items", line, caps=caps)
+            raise LimitError(f"range() is limited to {MAX_ITEMS} items", line, label=label)
         if name in ("enumerate", "zip", "sorted", "list") and any(
                 isinstance(x, (list, dict, str)) and len(x) > MAX_ITEMS for x in raw):
-            raise LimitError(f"{name}() would make more than {MAX_ITEMS} items", line, caps=caps)
+            raise LimitError(f"{name}() would make more than {MAX_ITEMS} items", line, label=label)
         if name not in ("sorted", "min", "max") and raw_kw:
             raise ProgramError(f"{name}() takes no keyword arguments here", line)
         if name in ("sorted", "min", "max") and set(raw_kw) - {"reverse", "default"}:
@@ -671,15 +671,15 @@ class Interpreter:
             out = getattr(builtins, name)(*raw, **raw_kw)
         except (TypeError, ValueError, OverflowError) as exc:
             # the message may quote an argument (int() of a whole string): it carries their sources
-            raise ProgramError(f"{name}(): {exc}", line, kind=type(exc).__name__, caps=caps) from None
+            raise ProgramError(f"{name}(): {exc}", line, kind=type(exc).__name__, label=label) from None
         if name in ("range", "enumerate", "zip", "sorted", "list"):
             out = [list(x) if isinstance(x, tuple) else x for x in out]
             if len(out) > MAX_ITEMS:
-                raise LimitError(f"{name}() made more than {MAX_ITEMS} items", line, caps=caps)
-        bounded(out, line, caps)  # int("9" * 4000), sum() of large numbers
-        return tag(out, caps)  # every part depends on every argument
+                raise LimitError(f"{name}() made more than {MAX_ITEMS} items", line, label=label)
+        bounded(out, line, label)  # int("9" * 4000), sum() of large numbers
+        return tag(out, label)  # every part depends on every argument
 
-    def _method(self, receiver: Value, method: str, args: list[Value], pc: Caps, func: ast.Attribute,
+    def _method(self, receiver: Value, method: str, args: list[Value], pc: Label, func: ast.Attribute,
                 node: ast.AST) -> Value:
         line = getattr(node, "lineno", None)
         v = receiver.v
@@ -687,41 +687,41 @@ class Interpreter:
             else _DICT_METHODS if isinstance(v, dict) else set()
         if method not in allowed:
             raise ProgramError(f"{type(v).__name__}.{method}() is not supported", line, kind="AttributeError",
-                               caps=receiver.caps)
-        caps = Caps.union(deep_caps(a) for a in args)
+                               label=receiver.label)
+        label = join_all(deep_label(a) for a in args)
         if isinstance(v, dict):
             if method == "get":
                 if not args or not isinstance(args[0].v, str):
                     raise ProgramError(".get() takes a string key", line)
                 if args[0].v in v:
-                    return cast(Value, v[args[0].v]).with_caps(receiver.caps | args[0].caps)
-                return (args[1] if len(args) > 1 else Value(None, NONE)).with_caps(receiver.caps | caps)
+                    return cast(Value, v[args[0].v]).with_label(receiver.label | args[0].label)
+                return (args[1] if len(args) > 1 else Value(None, TRUSTED)).with_label(receiver.label | label)
             if method == "keys":
-                return Value([Value(k, receiver.caps) for k in v], receiver.caps)
+                return Value([Value(k, receiver.label) for k in v], receiver.label)
             if method == "values":
-                return Value([x.with_caps(receiver.caps) for x in v.values()], receiver.caps)
-            return Value([Value([Value(k, receiver.caps), x.with_caps(receiver.caps)], receiver.caps)
-                          for k, x in v.items()], receiver.caps)
-        caps = caps | deep_caps(receiver)
+                return Value([x.with_label(receiver.label) for x in v.values()], receiver.label)
+            return Value([Value([Value(k, receiver.label), x.with_label(receiver.label)], receiver.label)
+                          for k, x in v.items()], receiver.label)
+        label = label | deep_label(receiver)
         raw = [plain(a) for a in args]
         if method in ("join", "replace"):  # sized before they run: their result can dwarf their inputs
             pieces = raw[0] if method == "join" and raw and isinstance(raw[0], list) else []
             size = sum(len(str(p)) for p in pieces) + len(str(v)) * len(pieces) if method == "join" else \
                 len(str(v)) * (1 + max((len(str(x)) for x in raw[1:2]), default=0))
             if size > MAX_CHARS:
-                raise LimitError(f".{method}() would make a string over {MAX_CHARS} characters", line, caps=caps)
+                raise LimitError(f".{method}() would make a string over {MAX_CHARS} characters", line, label=label)
         try:
             out = getattr(plain(receiver), method)(*raw)
         except (TypeError, ValueError, AttributeError) as exc:
             # the message may quote the receiver or an argument (list.index): it carries their sources
-            raise ProgramError(f".{method}(): {exc}", line, kind=type(exc).__name__, caps=caps) from None
+            raise ProgramError(f".{method}(): {exc}", line, kind=type(exc).__name__, label=label) from None
         if isinstance(out, list) and len(out) > MAX_ITEMS:
-            raise LimitError(f".{method}() made more than {MAX_ITEMS} items", line, caps=caps)
-        return tag(out, caps)
+            raise LimitError(f".{method}() made more than {MAX_ITEMS} items", line, label=label)
+        return tag(out, label)
 
-    def _change(self, box: Value, method: str, args: list[Value], pc: Caps, line: int | None) -> Value:
+    def _change(self, box: Value, method: str, args: list[Value], pc: Label, line: int | None) -> Value:
         """A list or dict changed in place: what goes in is a copy under the control flow."""
-        v, caps = box.v, box.caps | Caps.union(a.caps for a in args)
+        v, label = box.v, box.label | join_all(a.label for a in args)
         kinds = {"append": 1, "extend": 1, "insert": 2, "remove": 1, "update": 1}
         if (method in kinds and len(args) != kinds[method]) or (method in ("pop", "setdefault") and len(args) > 2):
             raise ProgramError(f".{method}() does not take {len(args)} values", line, kind="TypeError")
@@ -731,48 +731,48 @@ class Interpreter:
             add = len(args[0].v) if method == "extend" and isinstance(args[0].v, (list, str, dict)) else \
                 1 if method in ("append", "insert") else 0
             if len(v) + add > MAX_ITEMS:
-                raise LimitError(f"a list over {MAX_ITEMS} items", line, caps=caps)
+                raise LimitError(f"a list over {MAX_ITEMS} items", line, label=label)
             if method == "append":
-                v.append(fresh(args[0]).with_caps(pc))
+                v.append(fresh(args[0]).with_label(pc))
             elif method == "extend":
-                v.extend(fresh(x).with_caps(pc) for x in self._items(args[0], line))
+                v.extend(fresh(x).with_label(pc) for x in self._items(args[0], line))
             elif method == "insert":
                 if not isinstance(args[0].v, int) or isinstance(args[0].v, bool):
-                    raise ProgramError(".insert() takes an index first", line, kind="TypeError", caps=args[0].caps)
-                v.insert(args[0].v, fresh(args[1]).with_caps(pc))
+                    raise ProgramError(".insert() takes an index first", line, kind="TypeError", label=args[0].label)
+                v.insert(args[0].v, fresh(args[1]).with_label(pc))
             elif method == "remove":
                 at = [plain(x) for x in v].index(plain(args[0])) if plain(args[0]) in [plain(x) for x in v] else -1
                 if at < 0:
-                    raise ProgramError(".remove(): the value is not in the list", line, kind="ValueError", caps=caps)
+                    raise ProgramError(".remove(): the value is not in the list", line, kind="ValueError", label=label)
                 del v[at]
             else:  # pop
                 at = args[0].v if args else -1
                 if not isinstance(at, int) or isinstance(at, bool) or not -len(v) <= at < len(v):
                     raise ProgramError(f".pop(): no index {str(at)[:40]} (length {len(v)})", line, kind="IndexError",
-                                       caps=caps)
-                return cast(Value, v.pop(at)).with_caps(box.caps | (args[0].caps if args else NONE) | pc)
+                                       label=label)
+                return cast(Value, v.pop(at)).with_label(box.label | (args[0].label if args else TRUSTED) | pc)
             return Value(None, pc)
         if method not in ("update", "pop", "setdefault"):
             raise ProgramError(f"dict.{method}() is not supported", line, kind="AttributeError")
         if method == "update":
             if not isinstance(args[0].v, dict):
-                raise ProgramError(".update() takes a dict", line, kind="TypeError", caps=args[0].caps)
+                raise ProgramError(".update() takes a dict", line, kind="TypeError", label=args[0].label)
             if len(v.keys() | args[0].v.keys()) > MAX_ITEMS:
-                raise LimitError(f"a dict over {MAX_ITEMS} items", line, caps=caps)
+                raise LimitError(f"a dict over {MAX_ITEMS} items", line, label=label)
             for k, x in args[0].v.items():  # which keys it sets depends on the other dict's shape
-                v[k] = fresh(x).with_caps(pc | args[0].caps)
+                v[k] = fresh(x).with_label(pc | args[0].label)
             return Value(None, pc)
-        key = args[0] if args else Value(None, NONE)
+        key = args[0] if args else Value(None, TRUSTED)
         if not isinstance(key.v, str):
-            raise ProgramError(f".{method}() takes a string key", line, kind="TypeError", caps=key.caps)
+            raise ProgramError(f".{method}() takes a string key", line, kind="TypeError", label=key.label)
         if key.v in v:
             got: Value = v.pop(key.v) if method == "pop" else v[key.v]
-            return got.with_caps(box.caps | key.caps | pc)
+            return got.with_label(box.label | key.label | pc)
         if len(args) < 2 and method == "pop":
-            raise ProgramError(f".pop(): no field {key.v[:100]!r}", line, kind="KeyError", caps=box.caps | key.caps)
-        default = args[1] if len(args) > 1 else Value(None, NONE)
+            raise ProgramError(f".pop(): no field {key.v[:100]!r}", line, kind="KeyError", label=box.label | key.label)
+        default = args[1] if len(args) > 1 else Value(None, TRUSTED)
         if method == "setdefault":
             if len(v) >= MAX_ITEMS:
-                raise LimitError(f"a dict over {MAX_ITEMS} items", line, caps=caps)
-            v[key.v] = fresh(default).with_caps(pc)
-        return default.with_caps(box.caps | key.caps | pc)
+                raise LimitError(f"a dict over {MAX_ITEMS} items", line, label=label)
+            v[key.v] = fresh(default).with_label(pc)
+        return default.with_label(box.label | key.label | pc)

@@ -1,5 +1,6 @@
-"""Per-tool, per-argument policies for plan mode: Python callables over the arguments' capabilities,
-checked by the interpreter before every tool call.
+"""Per-tool, per-argument policies for plan mode: Python callables over the arguments' labels
+(`tether.values.Label`), checked by the interpreter before every tool call, after the one
+confidentiality check every call gets (`confidentiality`: secrets and readers, by declaration).
 
 A policy gets a `PlanCall` (the tool, each argument as a `Value`, the control flow the call is made
 under) and returns `ALLOW`, `ask(reason)` or `deny(reason)`. Declare one with the tool
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from tether._types import Effect
-from tether.plan._values import USER, Caps, Value, deep_caps
+from tether.plan._values import USER, Label, Value, deep_label, join_all, plain
 from tether.tools._base import Tool
+from tether.values._readers import leak
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,29 +55,40 @@ class PlanCall:
 
     tool: Tool
     args: dict[str, Value]
-    pc: Caps  # the sources of every condition and loop the call is made under
-    trusted: frozenset[str]  # sources that count as trusted: "user" and "tool:NAME" of trusted tools
+    pc: Label  # the label of every condition and loop the call is made under
+    trusted: frozenset[str]  # the trusted sources ("user", "tool:NAME" of trusted tools): named in reasons
 
-    def caps(self, *names: str) -> Caps:
+    def label(self, *names: str) -> Label:
         """Everything the named arguments (all when none are named) depend on, with the control flow."""
         chosen = names or tuple(self.args)
-        return Caps.union(deep_caps(self.args[n]) for n in chosen if n in self.args) | self.pc
+        return join_all(deep_label(self.args[n]) for n in chosen if n in self.args) | self.pc
 
     def from_user(self, *names: str) -> bool:
         """The named arguments (and the control flow) come from the user's request alone."""
-        return self.caps(*names).sources <= {USER}
+        return self.label(*names).sources <= {USER}
 
     def is_trusted(self, *names: str) -> bool:
-        """The named arguments (and the control flow) come from the user or trusted tools."""
-        return self.caps(*names).sources <= self.trusted
+        """The named arguments (and the control flow) come from the user or trusted tools: their
+        label's integrity is trusted."""
+        return not self.label(*names).untrusted
 
     def private(self, *names: str) -> bool:
         """The named arguments carry data only some readers may see (a private tool output)."""
-        return self.caps(*names).readers is not None
+        return self.label(*names).readers is not None
+
+    def carriers(self) -> list[str]:
+        """The arguments holding data only some readers may see."""
+        return [n for n, v in self.args.items() if deep_label(v).readers is not None]
+
+    def leak(self) -> str | None:
+        """Why this call would let data reach someone outside its readers, by the arguments' labels
+        and the tool's declared `sends_to` (tether.values._readers); None when it would not."""
+        return leak(self.tool, {k: plain(v) for k, v in self.args.items()}, self.label(), self.carriers(),
+                    lambda names: self.from_user(*names) if names else self.pc.sources <= {USER})
 
     def flows(self) -> dict[str, str]:
         """Each argument's sources, and the control flow's: what an approver or a refusal shows."""
-        out = {name: ", ".join(sorted(deep_caps(v).sources)) or "no source" for name, v in self.args.items()}
+        out = {name: ", ".join(sorted(deep_label(v).sources)) or "no source" for name, v in self.args.items()}
         if self.pc.sources:
             out["(control flow)"] = ", ".join(sorted(self.pc.sources))
         return out
@@ -84,7 +97,7 @@ class PlanCall:
         """The arguments with a source outside the trusted ones, as "name <- sources"."""
         bad = []
         for name, v in [*self.args.items(), ("(control flow)", Value(None, self.pc))]:
-            extra = sorted(deep_caps(v).sources - self.trusted)
+            extra = sorted(deep_label(v).sources - self.trusted)
             if extra:
                 bad.append(f"{name} <- {', '.join(extra)}")
         return "; ".join(bad)
@@ -93,19 +106,39 @@ class PlanCall:
 PlanPolicy = Callable[[PlanCall], Decision]
 
 
+def confidentiality(call: PlanCall) -> Decision | None:
+    """Checked before every call's own policy, whatever that is: a secret goes only to a tool declared
+    `secret_sink`; data with readers goes only to them, or where the user said (`PlanCall.leak`),
+    else a person decides (the tool's `on_leak="refuse"`: refused). None: nothing to object to."""
+    label = call.label()
+    if label.secret and not call.tool.declared.secret_sink:
+        return deny(f"a secret ({', '.join(call.carriers()) or 'the control flow'}) would go to "
+                    f"'{call.tool.name}', which is not declared to take secrets")
+    why = call.leak()
+    if why is None:
+        return None
+    if not call.from_user(*[n for n in call.args if n not in call.carriers()]):
+        why += ": " + (call.untrusted() or "the destination is not from the user's request")
+    return deny(why) if call.tool.declared.on_leak == "refuse" else ask(why)
+
+
+def combine(policy: Decision, confidential: Decision | None) -> Decision:
+    """The stricter of a call's own policy and the confidentiality check (deny, then ask), with the
+    policy's rewrites (defanged text) kept and both reasons given."""
+    if confidential is None or confidential.action == "allow":
+        return policy
+    rank = {"allow": 0, "ask": 1, "deny": 2}
+    action = max(policy.action, confidential.action, key=rank.__getitem__)
+    reasons = [d.reason for d in (confidential, policy) if d.action != "allow" and d.reason]
+    return Decision(action, "; ".join(reasons), policy.rewrite)
+
+
 def default_policy(call: PlanCall) -> Decision:
     """Reads run. A call with an effect runs when every argument and the control flow come from the
-    user or trusted tools and any private data in it goes only where the user said; else a person
-    decides, shown the exact flows."""
+    user or trusted tools; else a person decides, shown the exact flows. (Where private data may go
+    is checked for every call, whatever its policy: `confidentiality`.)"""
     if call.tool.effect is Effect.READ_ONLY and call.tool.effect_declared:
         return ALLOW
-    if call.private():
-        carriers = [n for n, v in call.args.items() if deep_caps(v).readers is not None]
-        others = [n for n in call.args if n not in carriers]
-        to_user = call.from_user(*others) if others else call.pc.sources <= {USER}
-        if not to_user:
-            return ask(f"private data ({', '.join(carriers)}) would go where the user did not say: "
-                       + (call.untrusted() or "the destination is not from the user's request"))
     if call.is_trusted():
         return ALLOW
     return ask(f"'{call.tool.name}' has an effect and its arguments come from untrusted sources: {call.untrusted()}")
@@ -134,8 +167,6 @@ def outgoing_text(*names: str) -> PlanPolicy:
 
 
 def _defanged(call: PlanCall, names: Iterable[str]) -> tuple[tuple[str, Any], ...]:
-    from tether.plan._values import plain
-
     out = []
     for n in names:
         if n in call.args and not call.is_trusted(n):

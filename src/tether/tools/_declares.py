@@ -34,12 +34,22 @@ class Declares:
     - `executes`: the tool runs commands (asks after files were written from others' content).
     - `staged`: its effects land in the run's staged copy of the workspace (reviewed as a whole).
     - `secret_sink`: it takes secrets by design (a login), so secret values in its arguments are allowed.
+    - `sends_to`: who reads what a call sends (tether.values._readers): `"user"` (the user's own
+      file or note), `"public"` (a channel, a web page, a URL), or the arguments naming the
+      recipients (`("recipients", "cc", "bcc")`). Undeclared: a URL argument is public, a written
+      path the user's, a read sends nothing, any other effect goes where its arguments say.
+    - `on_leak`: `"approve"` (default) asks a person before a value goes to someone outside its
+      readers; `"refuse"` refuses the call.
 
     Output:
     - `source`: where its output comes from (`"web"`, `"email"`, `"mcp"`, ...; an untrusted source
       taints the run, see `SafetyPolicy(untrusted_sources=...)`).
     - `private_output`: its output is the user's private data (it may not reach others).
     - `secret_output`: every value of its output is a secret (kept out of arguments and the answer).
+    - `output_readers`: who may read its output: `"public"`, `"user"`, `"secret"`, or the output's
+      fields naming its readers besides the user (`("sender", "recipients", "cc", "bcc")`: each
+      e-mail readable by the user and its correspondents). Undeclared: `secret_output` is secret,
+      `private_output` the user's, anything else public.
     - `exact_provenance`: its `ToolOutput.untrusted` says exactly whether each output is untrusted.
 
     The approval prompt: `describe(args)` a one-line description, `dry_run(args)` what the call would
@@ -58,9 +68,12 @@ class Declares:
     executes: bool = False
     staged: bool = False
     secret_sink: bool = False
+    sends_to: Literal["user", "public"] | tuple[str, ...] | None = None
+    on_leak: Literal["approve", "refuse"] = "approve"
     source: str | None = None
     private_output: bool = False
     secret_output: bool = False
+    output_readers: Literal["public", "user", "secret"] | tuple[str, ...] | None = None
     exact_provenance: bool = False
     describe: Callable[[dict[str, Any]], Any] | None = None
     dry_run: Callable[[dict[str, Any]], Any] | None = None
@@ -75,7 +88,7 @@ class Declares:
     def __post_init__(self) -> None:
         # a list of names is kept as a tuple; anything else (a lone string) is kept as it is, so the
         # policy refuses the tool's calls with a clear reason rather than guess
-        for name in ("url_args", "risk_free_args", "guarded_args"):
+        for name in ("url_args", "risk_free_args", "guarded_args", "sends_to", "output_readers"):
             value = getattr(self, name)
             if isinstance(value, (list, set, frozenset)):
                 object.__setattr__(self, name, tuple(value))  # pyright: ignore[reportUnknownArgumentType]
@@ -91,9 +104,12 @@ class DeclaresKeywords(TypedDict, total=False):
     executes: bool
     staged: bool
     secret_sink: bool
+    sends_to: Literal["user", "public"] | tuple[str, ...] | list[str] | None
+    on_leak: Literal["approve", "refuse"]
     source: str | None
     private_output: bool
     secret_output: bool
+    output_readers: Literal["public", "user", "secret"] | tuple[str, ...] | list[str] | None
     exact_provenance: bool
     describe: Callable[[dict[str, Any]], Any] | None
     dry_run: Callable[[dict[str, Any]], Any] | None

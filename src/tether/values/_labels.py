@@ -56,12 +56,18 @@ class Label:
         return self.readers is None or reader in self.readers
 
     def describe(self) -> str:
-        """A short plain-language form for prompts and the model (`untrusted (read_email)`, `secret`)."""
+        """A short plain-language form for prompts and the model (`untrusted (read_email)`, `secret`,
+        `readable by the user and 2 named readers`). Reader names are counted, not shown: they come
+        from data others wrote (an e-mail's sender) and the deciding model reads this."""
         parts = [self.integrity + (f" ({', '.join(sorted(self.sources))})" if self.sources else "")]
         if self.secret:
             parts.append("secret")
         elif self.readers is not None:
-            parts.append("readable by " + ", ".join(sorted(self.readers)))
+            others = len(self.readers - {USER})
+            who = ["the user"] if USER in self.readers else []
+            if others:
+                who.append(f"{others} named reader{'s' if others > 1 else ''}")
+            parts.append("readable by " + " and ".join(who))
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
