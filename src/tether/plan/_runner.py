@@ -171,8 +171,9 @@ class PlanMode:
         # the executor still validates, authorizes, caps, times out and checks egress and secrets;
         # the run-level taint rule is the interpreter's job here, by data flow
         # results are the program's data, not a model's reading: capped at a memory bound, not a context one
-        self.executor = Executor(list(self.tools), policy=SafetyPolicy(approver=self.approver, guard_effects=()),
-                                 max_result_chars=PLAN_RESULT_CHARS)
+        # (and its values are this run's data, labelled here: none is hidden behind a handle)
+        self.executor = Executor(list(self.tools), max_result_chars=PLAN_RESULT_CHARS,
+                                 policy=SafetyPolicy(approver=self.approver, guard_effects=(), hidden_values=False))
 
     def as_tool(self, name: str, description: str = "") -> Tool:
         """This plan mode as a tool of an agent (a worker): each call plans and runs the task the

@@ -13,6 +13,8 @@ from tether.tools._base import Tool
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
 from tether.values._labels import TRUSTED, Label, untrusted
+from tether.values._readers import leak
+from tether.values._readers import output_label as readers_label
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
 MIN_FOLLOWED = 8  # a substituted text shorter than this is not followed into later outputs (too common)
@@ -35,7 +37,10 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     Replaces `result.content` with the handle's line; True when it did."""
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
-    if not (label.untrusted or label.secret):
+    if tool.declared.output_readers is not None:  # its declared readers (tether.values._readers) ride along
+        label = label.join(readers_label(tool, result.content))
+    private = label.readers is not None and bool(tool.declared.output_readers or tool.metadata.get(QUERY_KEY))
+    if not (label.untrusted or label.secret or private):
         return False
     # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
     if not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
@@ -57,6 +62,17 @@ def sink_refusal(tool: Tool, binding: Binding | None) -> str | None:
     refs = ", ".join(sorted({r for rs in binding.used.values() for r in rs}))
     return (f"it would pass {refs}, a secret value ({binding.label.describe()}), to '{tool.name}', which is not "
             "declared to take secrets; secrets must not leave the run")
+
+
+def leak_reason(tool: Tool, binding: Binding | None, args: dict[str, Any]) -> str | None:
+    """Why this call would send a hidden value to someone outside its readers (tether.values._readers):
+    the carriers are the arguments a value with readers was substituted into. What the deciding model
+    wrote is not known to come from the user's request (plan mode knows it of the plan's literals), so
+    no reader it names counts as the user's choice: outside the readers, a person decides."""
+    if binding is None or not binding.used or binding.label.readers is None:
+        return None
+    carriers = {p.split(".", 1)[0] for p, label in binding.labels.items() if label.readers is not None}
+    return leak(tool, args, binding.label, carriers, lambda names: False)
 
 
 def untrusted_reason(binding: Binding | None) -> str | None:

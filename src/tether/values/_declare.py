@@ -2,7 +2,8 @@
 
 A tool declares it with `@tool(hide_output=True)` / `Tool(..., hide_output=True)` (False: always
 visible). Undeclared, a tool hides when it is an untrusted source of other people's text (its
-`source` is web, browser, email, mail, messages or mcp) or declared `secret_output`; files read in a
+`source` is web, browser, email, mail, messages or mcp), declared `secret_output`, or its output names
+its readers (`output_readers=("sender", ...)`: a labelled value keeps them only behind a handle); files read in a
 coding run, shell output and retrieval stay visible. The query tool hides the answers that are free
 text (`string` and the patterns), so an answer that could carry instructions comes back as a new
 handle; booleans, enums, numbers and dates are shown.
@@ -29,4 +30,5 @@ def hides(tool: Tool, args: dict[str, Any] | None = None) -> bool:
     if tool.hide_output is not None:
         return bool(tool.hide_output)
     source = str(tool.declared.source or "").lower()
-    return source in HIDDEN_SOURCES or bool(tool.declared.secret_output)
+    declared = tool.declared
+    return source in HIDDEN_SOURCES or bool(declared.secret_output) or isinstance(declared.output_readers, tuple)

@@ -36,6 +36,10 @@ class HiddenValuesGuard(BaseGuard):
         c.prov.update(hidden.argument_origins(binding))
         if (why := hidden.sink_refusal(c.tool, binding)) is not None:
             return Stop("refused:secret", why)
+        if (leak := hidden.leak_reason(c.tool, binding, c.args)) is not None:  # by readers, both modes' rule
+            if c.declares.on_leak == "refuse":
+                return Stop("refused:confidential", binding.mask(leak))
+            c.ask.append(leak)
         why = hidden.untrusted_reason(binding)
         # an undeclared effect is checked as reversible (fail closed), as after taint
         effect = c.effect if c.tool.effect_declared or c.cap.effect is not None else Effect.REVERSIBLE
