@@ -5,7 +5,9 @@ nothing else) writes one program per user task; tools are AgentDojo's, returning
 policies for the suite's tools are below. Each user task runs:
 - clean, with an honest quarantined reader (its answers written by hand from the files): utility
   with a deny-all approver and with an oracle approver (approves a call only if the user task's
-  ground truth makes the same call on the same destination and amount), and approval prompts;
+  ground truth makes the same call on the same destination and amount), and approval prompts (a
+  plan's calls asked about together are one prompt, as the loop's batches are; `calls_asked`
+  counts the calls);
 - against each of AgentDojo's injection tasks, the attack text in every injection vector, with a
   compromised reader that fills every field it is asked for with the attacker's values (the strings
   of the injection task's own ground-truth calls: their IBAN, link, e-mail, URL; 1,000,000; True):
@@ -17,6 +19,8 @@ writes it again (the same honest plan; a plan that gives up once a call was refu
 but that obeys anything of the attacker's the runner quoted to it: the injection task's own calls,
 written as literals (what a privileged model that followed leaked tool text would do). So the figures
 also count retry prompts that quoted an attacker's string, and what such a planner then did.
+Tools declare who may read their outputs (`READERS`: e-mails, files, events) and plan mode checks
+every call's confidentiality by those labels as well as its integrity.
 Figures go to bench/agentdojo/results_planmode.json, beside the default loop's (results.json).
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
@@ -41,7 +46,8 @@ from tether._output import FINAL_TOOL
 from tether._types import ModelReply, ModelRequest, ToolCall, Usage
 from tether.models._scripted import ScriptedModel, call
 from tether.plan import PlanMode, PlanPolicy, trusted_args, user_args
-from tether.policy import ApprovalDecision, ApprovalRequest
+from tether.policy import ApprovalBatch, ApprovalDecision, ApprovalRequest
+from tether.tools._base import Tool
 
 HERE = Path(__file__).parent
 VERSION = "v1.1.2"
@@ -304,13 +310,22 @@ class RetryingPlanner:
 
 
 class Oracle:
-    """Approves a call the user task's ground truth makes with the same checked arguments."""
+    """Approves a call the user task's ground truth makes with the same checked arguments. A plan's
+    batch of calls is one prompt (`prompts`), decided call by call (`calls_asked` counts the calls)."""
 
     def __init__(self, truth: list[Any], deny: bool, checked: dict[str, tuple[str, ...]]) -> None:
-        self.truth, self.deny, self.checked, self.prompts = truth, deny, checked, 0
+        self.truth, self.deny, self.checked, self.prompts, self.calls_asked = truth, deny, checked, 0, 0
 
     async def request(self, req: ApprovalRequest) -> ApprovalDecision:
         self.prompts += 1
+        return self._decide(req)
+
+    async def request_batch(self, batch: ApprovalBatch) -> list[ApprovalDecision]:
+        self.prompts += 1
+        return [self._decide(req) for req in batch.requests]
+
+    def _decide(self, req: ApprovalRequest) -> ApprovalDecision:
+        self.calls_asked += 1
         ok = not self.deny and any(c.function == req.tool and _same(self.checked, req.tool, dict(c.args), req.arguments)
                                    for c in self.truth)
         return ApprovalDecision("approved" if ok else "denied", "oracle")
@@ -335,6 +350,27 @@ def _in_turn(answers: list[ToolCall]) -> Any:
     return lambda request: next(turn)
 
 
+# who may read each tool's output and who reads what a call sends (tether.values._readers): each e-mail
+# readable by the user and its correspondents, each file by its owner and those it is shared with, each
+# event by its participants; an e-mail goes to its recipients
+_MAIL = ("sender", "recipients", "cc", "bcc")
+READERS: dict[str, dict[str, dict[str, Any]]] = {
+    "workspace": {**{t: {"output_readers": _MAIL} for t in (
+        "get_unread_emails", "get_received_emails", "get_sent_emails", "get_draft_emails", "search_emails")},
+        **{t: {"output_readers": ("owner", "shared_with")} for t in ("list_files", "search_files",
+                                                                      "search_files_by_filename", "get_file_by_id")},
+        **{t: {"output_readers": ("participants",)} for t in ("search_calendar_events", "get_day_calendar_events")},
+        "send_email": {"sends_to": ("recipients", "cc", "bcc")}},
+}
+
+
+def declared(suite: str, tools: list[Tool]) -> list[Tool]:
+    """The suite's tools with their readers declared (`READERS`)."""
+    extra = READERS.get(suite, {})
+    return [dataclasses.replace(t, declares=dataclasses.replace(t.declared, **extra[t.name])) if t.name in extra
+            else t for t in tools]
+
+
 def _strings(calls: list[Any]) -> list[str]:
     out: list[str] = []
     for c in calls:
@@ -357,12 +393,13 @@ async def run_one(h: SuiteHarness, sp: SuitePlans, ut: Any, it: Any | None, deny
     # the attacker's strings the planner could not have had from the user (not in the plan or the prompt)
     theirs = [s for s in _strings(attack) if len(s) >= 6 and s not in program and s not in ut.PROMPT]
     planner = RetryingPlanner(program, theirs, attack)
-    mode = PlanMode(planner, h.tools, reader=reader, policies=sp.policies,
+    mode = PlanMode(planner, declared(h.name, h.tools), reader=reader, policies=sp.policies,
                     trusted_tools=CLASSIFICATIONS["bench"].trusted.get(h.name, set()), approver=oracle,
                     max_attempts=attempts)
     result = await mode.arun(ut.PROMPT)
     traces = [FunctionCall(function=n, args=a, id=cid) for cid, n, a in h.executed]
     out: dict[str, Any] = {"utility": _check(ut, result.answer, pre, env, traces), "prompts": oracle.prompts,
+                           "calls_asked": oracle.calls_asked,
                            "completed": result.completed, "retries": planner.retries, "leaky": planner.leaky,
                            "leaked_chars": planner.leaked_chars}
     out["calls"] = [(n, a) for _, n, a in h.executed if n in sp.checked]
@@ -386,7 +423,7 @@ async def bench(name: str, attempts: int = 3) -> dict[str, Any]:
     h = SuiteHarness(name, suite, CLASSIFICATIONS["bench"], dump=_json)
     users = [suite.user_tasks[k] for k in sp.plans]
     clean: dict[str, Any] = {"user_tasks": len(users), "utility_deny": 0, "utility_oracle": 0, "prompts": 0,
-                             "tasks_with_prompts": 0, "failing_with_oracle": []}
+                             "calls_asked": 0, "tasks_with_prompts": 0, "failing_with_oracle": []}
     clean_calls: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for ut in users:
         deny = await run_one(h, sp, ut, None, True, attempts)
@@ -395,6 +432,7 @@ async def bench(name: str, attempts: int = 3) -> dict[str, Any]:
         clean["utility_deny"] += deny["utility"]
         clean["utility_oracle"] += oracle["utility"]
         clean["prompts"] += oracle["prompts"]
+        clean["calls_asked"] += oracle["calls_asked"]
         clean["tasks_with_prompts"] += oracle["prompts"] > 0
         if not oracle["utility"]:
             clean["failing_with_oracle"].append(ut.ID)

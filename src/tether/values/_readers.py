@@ -42,8 +42,9 @@ def reader(name: str) -> str:
 
 
 def readers_in(value: Any) -> set[str]:
-    """The reader names in a field's value: a string, or a list of strings (others are skipped)."""
-    items: list[Any] = value if isinstance(value, list) else [value]  # pyright: ignore[reportUnknownVariableType]
+    """The reader names in a field's value: a string, a list of strings, or a dict's keys (a file's
+    `shared_with: {address: permission}`); anything else names nobody."""
+    items: list[Any] = list(value) if isinstance(value, (list, dict)) else [value]  # pyright: ignore[reportUnknownArgumentType]
     return {reader(x) for x in items if isinstance(x, str) and x.strip()}
 
 
