@@ -128,7 +128,7 @@ def combine(policy: Decision, confidential: Decision | None) -> Decision:
     if confidential is None or confidential.action == "allow":
         return policy
     rank = {"allow": 0, "ask": 1, "deny": 2}
-    action = max(policy.action, confidential.action, key=rank.__getitem__)
+    action = policy.action if rank[policy.action] >= rank[confidential.action] else confidential.action
     reasons = [d.reason for d in (confidential, policy) if d.action != "allow" and d.reason]
     return Decision(action, "; ".join(reasons), policy.rewrite)
 
