@@ -126,7 +126,8 @@ def test_plan_each_record_carries_its_own_readers_and_the_list_all_of_theirs() -
 # -- the loop (hidden values) ----------------------------------------------------------------------
 
 
-def loop_run(to: list[str], *, sink: str = "send_email", approve: bool = True) -> tuple[Mail, list[ApprovalRequest]]:
+def loop_run(to: list[str], *, sink: str = "send_email", approve: bool = True,
+             on_leak: str = "approve") -> tuple[Mail, list[ApprovalRequest]]:
     mail, asked = Mail(), []
 
     def step(request: Any) -> Any:
@@ -142,7 +143,7 @@ def loop_run(to: list[str], *, sink: str = "send_email", approve: bool = True) -
         return "done"
 
     policy = SafetyPolicy(approver=CallbackApprover(lambda r: asked.append(r) or approve))
-    Agent(ScriptedModel(step), tools=mail.tools(), policy=policy, limits=Limits(max_steps=6)).run("go")
+    Agent(ScriptedModel(step), tools=mail.tools(on_leak=on_leak), policy=policy, limits=Limits(max_steps=6)).run("go")
     return mail, asked
 
 
@@ -157,6 +158,8 @@ def test_loop_a_hidden_body_to_another_address_or_a_channel_asks_by_its_label() 
     assert "readable only by the user and 2 named readers" in asked[0].reason
     mail, asked = loop_run([], sink="post_channel", approve=False)
     assert mail.posted == [] and [r.tool for r in asked] == ["post_channel"] and "anyone may read" in asked[0].reason
+    mail, asked = loop_run([CAROL], on_leak="refuse")  # declared: refused, nobody asked
+    assert mail.sent == [] and asked == []
 
 
 # -- properties: readers join through containers -----------------------------------------------
