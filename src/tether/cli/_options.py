@@ -94,6 +94,10 @@ Allow = Annotated[list[str] | None, typer.Option(
     show_default=False)]
 NoStore = Annotated[bool, typer.Option(
     "--no-store", help="Do not record this run in the run store (`tether runs`); TETHER_STORE=off does the same.")]
+ShowOutputs = Annotated[bool, typer.Option(
+    "--show-outputs", help="The visible mode: every tool output goes into the model's context as it is, none "
+    "is hidden behind a handle (no inspect_value); after the first untrusted output every effect asks. By "
+    "default untrusted web, mail and MCP outputs are hidden values (docs/hidden_values.md).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 Strictness = Annotated[str | None, typer.Option(
     "--strictness", help="Screen each request (before any model call) and the final answer with tether's safety "
@@ -136,6 +140,7 @@ class RunOptions:
     apply: bool = False
     allow: tuple[str, ...] | None = None
     no_store: bool = False
+    show_outputs: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""
