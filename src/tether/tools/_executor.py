@@ -36,7 +36,7 @@ from tether.tools._results import (
     shape,
 )
 from tether.tools._schema import ArgumentError
-from tether.values._declare import hides
+from tether.values._declare import QUERY_KEY, hides
 from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
 
@@ -251,6 +251,11 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+def _query_tool_of(tools: dict[str, Tool]) -> str | None:
+    """The name of the quarantined query tool among `tools` (tether.values.query_tool), if any."""
+    return next((name for name, t in tools.items() if t.metadata.get(QUERY_KEY)), None)
+
+
 def _untrusted_args(ctx: CallContext, call: ToolCall) -> bool:
     store = values_of(ctx.policy_state)
     binding = store.binding(call.id) if store is not None else None
@@ -314,6 +319,7 @@ class Executor:
             self.tools.update((t.name, t) for t in job_tools() if t.name not in self.tools)
         self._specs = [t.spec for t in self.tools.values()]
         self._specs_with_reader = self._specs
+        self._query = _query_tool_of(self.tools)
         if read_result and "read_result" not in self.tools:
             self.tools["read_result"] = reader = read_result_tool(self.results, max_result_chars)
             self._specs_with_reader = [*self._specs, reader.spec]
@@ -352,6 +358,7 @@ class Executor:
         specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
         self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
         self.tools = tools
+        self._query = _query_tool_of(tools)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -394,6 +401,7 @@ class Executor:
         store = values_of(ctx.policy_state)
         if store is None:
             return await self._execute(call, ctx, index, step, None)
+        store.reader = self._query  # a handle's line names the query tool only when the model has it
         try:
             return await self._execute(call, ctx, index, step, store)
         finally:
