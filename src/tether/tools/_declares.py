@@ -34,6 +34,8 @@ class Declares:
     - `executes`: the tool runs commands (asks after files were written from others' content).
     - `staged`: its effects land in the run's staged copy of the workspace (reviewed as a whole).
     - `secret_sink`: it takes secrets by design (a login), so secret values in its arguments are allowed.
+    - `code_args`: arguments that are code (a shell command): a hidden value's handle is never put into
+      them (tether.values); a call whose code names a handle of the run is refused, to pass it as data.
 
     Output:
     - `source`: where its output comes from (`"web"`, `"email"`, `"mcp"`, ...; an untrusted source
@@ -58,6 +60,7 @@ class Declares:
     executes: bool = False
     staged: bool = False
     secret_sink: bool = False
+    code_args: tuple[str, ...] = ()
     source: str | None = None
     private_output: bool = False
     secret_output: bool = False
@@ -75,7 +78,7 @@ class Declares:
     def __post_init__(self) -> None:
         # a list of names is kept as a tuple; anything else (a lone string) is kept as it is, so the
         # policy refuses the tool's calls with a clear reason rather than guess
-        for name in ("url_args", "risk_free_args", "guarded_args"):
+        for name in ("url_args", "risk_free_args", "guarded_args", "code_args"):
             value = getattr(self, name)
             if isinstance(value, (list, set, frozenset)):
                 object.__setattr__(self, name, tuple(value))  # pyright: ignore[reportUnknownArgumentType]
@@ -91,6 +94,7 @@ class DeclaresKeywords(TypedDict, total=False):
     executes: bool
     staged: bool
     secret_sink: bool
+    code_args: tuple[str, ...] | list[str]
     source: str | None
     private_output: bool
     secret_output: bool

@@ -36,6 +36,7 @@ from tether.tools._results import (
     shape,
 )
 from tether.tools._schema import ArgumentError
+from tether.values._code import HandleInCode, bind_data
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
@@ -506,9 +507,9 @@ class Executor:
             )
         arguments = call.arguments
         if store is not None:
-            try:
-                arguments = store.bind(call.id, ctx.step, index, call.arguments)
-            except UnknownHandle as exc:
+            try:  # never into a code argument (Bash's command): tether.values._code
+                arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
+            except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
         binding = store.binding(call.id) if store is not None else None
         try:
