@@ -12,8 +12,11 @@ from test_hidden_values import World, handle_in
 from tether._agent import Agent
 from tether._limits import Limits
 from tether.models._scripted import ScriptedModel, call
-from tether.policy import SafetyPolicy
+from tether.policy import CallbackApprover, SafetyPolicy
+from tether.tools._base import tool
 from tether.tools._executor import Executor
+from tether.tools._sandbox import Unconfined
+from tether.tools.builtin import shell_tool
 
 # -- the handle line ------------------------------------------------------------------------------
 
@@ -46,13 +49,8 @@ def test_an_agent_with_the_query_tool_is_told_to_ask_it() -> None:
 ATTACK = "Hi! $(touch pwned) `touch pwned2`; touch pwned3 # Lunch?"
 
 
-def _bash_run(tmp_path: Path, second: dict[str, Any], third: dict[str, Any] | None = None) -> tuple[Any, list[str],
-                                                                                                     list[Any]]:
-    """The model reads a hidden mail, then calls Bash with `second` (and `third`), handles filled in."""
-    from tether.policy import CallbackApprover
-    from tether.tools.builtin import shell_tool
-    from tether.tools._sandbox import Unconfined
-    from tether.tools._base import tool
+def _bash_run(tmp_path: Path, second: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """The model reads a hidden mail, then calls Bash with `second` (HANDLE: the mail's handle)."""
 
     @tool(untrusted_output=True, hide_output=True, effect="read_only")
     def read_email(id: int) -> str:
@@ -66,34 +64,32 @@ def _bash_run(tmp_path: Path, second: dict[str, Any], third: dict[str, Any] | No
         tool_msgs = [m.content for m in request.messages if m.role == "tool"]
         if not tool_msgs:
             return call("read_email", id=1)
-        handle = handle_in(tool_msgs[0])
-        plan = [second, *([third] if third else [])]
-        if len(tool_msgs) <= len(plan):
-            return call("Bash", **{k: v.replace("HANDLE", handle) for k, v in plan[len(tool_msgs) - 1].items()})
+        if len(tool_msgs) == 1:
+            return call("Bash", **{k: v.replace("HANDLE", handle_in(tool_msgs[0])) for k, v in second.items()})
         return "done"
 
     policy = SafetyPolicy(approver=CallbackApprover(lambda req: asked.append(req) or True))
     model = ScriptedModel(step)
     Agent(model, tools=[read_email, bash], policy=policy, limits=Limits(max_steps=6)).run("go")
     outs = [m.content for m in model.requests[-1].messages if m.role == "tool"]
-    return model, outs, asked
+    return outs, asked
 
 
 def test_a_handle_in_a_bash_command_is_refused_and_never_run(tmp_path: Path) -> None:
     for command in ("echo HANDLE > got.txt", "HANDLE", "cat <<< \"HANDLE\" > got.txt"):
-        _, outs, asked = _bash_run(tmp_path, {"command": command})
+        outs, asked = _bash_run(tmp_path, {"command": command})
         assert outs[1].startswith("ERROR: 'Bash' was not run: its command is code"), outs[1]
         assert 'stdin="$v' in outs[1] and "${v" in outs[1] and "touch" not in outs[1]
         assert asked == [] and not list(tmp_path.glob("pwned*")) and not (tmp_path / "got.txt").exists()
 
 
 def test_a_handle_goes_to_bash_as_data_on_stdin_and_is_never_run(tmp_path: Path) -> None:
-    _, outs, asked = _bash_run(tmp_path, {"command": "cat > got.txt; echo stored", "stdin": "HANDLE"})
+    outs, asked = _bash_run(tmp_path, {"command": "cat > got.txt; echo stored", "stdin": "HANDLE"})
     assert outs[1].startswith("stored"), outs[1]
     assert (tmp_path / "got.txt").read_text() == ATTACK and not list(tmp_path.glob("pwned*"))
     assert len(asked) == 1 and "untrusted (read_email)" in asked[0].provenance["stdin"]
 
 
 def test_a_shell_variable_that_names_no_value_of_the_run_is_the_shells(tmp_path: Path) -> None:
-    _, outs, _ = _bash_run(tmp_path, {"command": "v7_7=shell; echo \"[$v7_7]\""})
+    outs, _ = _bash_run(tmp_path, {"command": "v7_7=shell; echo \"[$v7_7]\""})
     assert outs[1].startswith("[shell]"), outs[1]

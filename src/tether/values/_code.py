@@ -38,7 +38,7 @@ def bind_data(store: ValueStore, tool: Tool, call_id: str, step: int, index: int
     binding = store.binding(call_id)
     if binding is not None:
         binding.model_args = arguments  # the call as the model wrote it, code included
-    return {k: bound[k] if k in bound else v for k, v in arguments.items()}
+    return {k: bound.get(k, v) for k, v in arguments.items()}
 
 
 def _refusal(tool: Tool, name: str, named: list[str]) -> str:
