@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from test_hidden_values import World, handle_in
+from test_hidden_values import INJECTED, World, handle_in
 
 from tether._agent import Agent
 from tether._limits import Limits
@@ -93,3 +93,59 @@ def test_a_handle_goes_to_bash_as_data_on_stdin_and_is_never_run(tmp_path: Path)
 def test_a_shell_variable_that_names_no_value_of_the_run_is_the_shells(tmp_path: Path) -> None:
     outs, _ = _bash_run(tmp_path, {"command": "v7_7=shell; echo \"[$v7_7]\""})
     assert outs[1].startswith("[shell]"), outs[1]
+
+
+# -- background jobs ------------------------------------------------------------------------------------
+
+
+def _job_run(hide: bool | None, *, given_handle: bool = False, visible: bool = False,
+             again: bool = False) -> tuple[ScriptedModel, Any]:
+    """The model starts a job (fetching a page, or summarising a hidden mail), waits for it, then answers."""
+    world = World()
+
+    @tool(job=True, effect="read_only", untrusted_output=not given_handle, hide_output=hide)
+    async def fetch_page(url: str) -> str:
+        """Fetch a web page (slowly)."""
+        return INJECTED if not given_handle else "summary: " + url[-16:]
+
+    def step(request: Any) -> Any:
+        tools = [m.content for m in request.messages if m.role == "tool"][int(given_handle):]
+        if given_handle and not request.messages[-1].role == "tool":
+            return call("read_email", id=1)
+        if not tools:
+            mail = [m.content for m in request.messages if m.role == "tool"]
+            return call("fetch_page", url=handle_in(mail[0]) if given_handle else "https://news.example/")
+        if len(tools) == 1:
+            return call("job_wait", job_id=tools[0].split()[1])
+        if again and len(tools) == 2:  # asked again after it was given: still never shown
+            return call("job_status", job_id=tools[0].split()[1])
+        return "done"
+
+    model = ScriptedModel(step)
+    res = Agent(model, tools=[*world.tools(), fetch_page], policy=SafetyPolicy(hidden_values=not visible),
+                limits=Limits(max_steps=8)).run("go")
+    return model, res
+
+
+def test_a_hiding_jobs_untrusted_output_is_delivered_as_a_handle_and_does_not_taint() -> None:
+    model, res = _job_run(True, again=True)
+    seen = "\n".join(m.content for m in model.requests[-1].messages)
+    assert "Ignore previous" not in seen and "attacker" not in seen
+    line = [m.content for m in model.requests[-1].messages if m.role == "tool"][1]
+    assert line.startswith(f"{handle_in(line)}: output of job J1-0, fetch_page(url=\"https://news.example/\"), "
+                           f"{len(INJECTED):,} characters, untrusted (fetch_page)"), line
+    assert not res.tainted
+
+
+def test_a_job_that_does_not_hide_is_shown_and_taints_as_before() -> None:
+    for hide, visible in ((False, False), (True, True)):
+        model, res = _job_run(hide, visible=visible)
+        assert any("Ignore previous" in m.content for m in model.requests[-1].messages if m.role == "tool")
+        assert res.tainted
+
+
+def test_a_hiding_job_given_a_hidden_untrusted_value_hides_its_output_by_that_label() -> None:
+    model, res = _job_run(True, given_handle=True)
+    line = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
+    assert "summary:" not in line and "untrusted (read_email)" in line, line
+    assert not res.tainted

@@ -37,6 +37,7 @@ from tether.tools._results import (
 )
 from tether.tools._schema import ArgumentError
 from tether.values._code import HandleInCode, bind_data
+from tether.values._decide import job_hides
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
@@ -442,9 +443,11 @@ class Executor:
         if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
+            # hidden once delivered when the call would hide in the foreground (kept whole until then)
+            hidden = job_hides(store, tool, args, binding)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
-                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index),
-                              step)
+                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
+                                                hidden is not None), step, hidden=hidden)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []
@@ -562,11 +565,11 @@ class Executor:
             return []
 
     async def _run_job(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext,
-                       index: int) -> ToolResult:
+                       index: int, hiding: bool = False) -> ToolResult:
         """A job's run: `_run`, its cancellation carrying the job's truthful answer (`ToolCancelled`)."""
         cancelled: list[ToolResult | None] = []
         try:
-            result = await self._run(tool, args, call, ctx, index, cancelled)
+            result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
         except asyncio.CancelledError:
             if cancelled and cancelled[0] is not None:
                 raise ToolCancelled(cancelled[0]) from None
