@@ -110,7 +110,7 @@ def _job_run(hide: bool | None, *, given_handle: bool = False, visible: bool = F
 
     def step(request: Any) -> Any:
         tools = [m.content for m in request.messages if m.role == "tool"][int(given_handle):]
-        if given_handle and not request.messages[-1].role == "tool":
+        if given_handle and request.messages[-1].role != "tool":
             return call("read_email", id=1)
         if not tools:
             mail = [m.content for m in request.messages if m.role == "tool"]
