@@ -348,8 +348,9 @@ def run_command(
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
         plan=plan, no_stage=no_stage, apply=apply, allow=allow, no_store=no_store, show_outputs=show_outputs))
-    if durable and opts.plan:
-        raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
+    if durable and opts.plan and opts.yes:  # a durable plan's approvals park the run for `tether approve`
+        raise typer.BadParameter("a durable plan run parks its approvals for `tether approve`; --yes does not "
+                                 "apply: drop --yes (or --durable)", param_hint="--yes")
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",

@@ -94,8 +94,25 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     policy: Any = agent.policy
     if not opts.yes and hasattr(policy, "approver"):
         policy.approver = PendingApprover(ApprovalBook())  # durable: park for `tether approve`, do not deny
+    if opts.plan:
+        agent = plan_agent(agent)
     agent.name = CLI_AGENT
     return agent
+
+
+def plan_agent(agent: Any) -> Any:
+    """The CLI's agent in plan mode (`tether run --plan --durable`): a PlanAgent over the same model, tools,
+    limits and policy, its model the planner and the quarantined reader; the durable workflow runs its
+    planner and reader calls and its tools as the run's steps (tether.plan.PlanAgent)."""
+    from tether.cli._build import CliError
+    from tether.plan import PlanAgent
+
+    if getattr(agent.model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
+        raise CliError("plan mode needs a model that writes code; the embedded model cannot. Set OPENAI_API_KEY, "
+                       "OPENROUTER_API_KEY or ANTHROPIC_API_KEY, or --model.")
+    return PlanAgent(agent.model, tools=agent.tools, instructions=agent.instructions, limits=agent.limits,
+                     policy=agent.policy, pricing=agent.pricing, user=agent.user, reader=agent.model,
+                     executor=agent.executor)  # its MCP sessions (if any) are closed with it
 
 
 def _drop_record(record: logging.LogRecord) -> bool:
@@ -183,7 +200,8 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None, fork: Any =
         config = _config(opts)
         run_id = uuid.uuid4().hex[:12]
         forked, extra = fork(run_id) if fork is not None else (None, {})
-        stage = open_stage(opts, workspace_of(opts), run_id)  # reviewed when the run ends, here or at resume
+        # reviewed when the run ends, here or at resume; plan mode writes the workspace, as without --durable
+        stage = None if opts.plan else open_stage(opts, workspace_of(opts), run_id)
         if stage is not None:
             config["stage"] = stage.run_id
         agent = _agent(config, announce=reporter.announce)

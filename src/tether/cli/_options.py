@@ -81,7 +81,8 @@ Compact = Annotated[bool, typer.Option(
 Plan = Annotated[bool, typer.Option(
     "--plan", help="Plan mode: the model writes the whole plan as a program before any tool runs; tether runs it "
     "with every value's sources tracked, reading untrusted text only through a tool-free reader "
-    "(docs/plan-mode.md). Needs a model that writes code.")]
+    "(docs/plan-mode.md). Needs a model that writes code. With `run --durable` its steps are checkpointed and "
+    "its questions park the run for `tether approve`.")]
 NoStage = Annotated[bool, typer.Option(
     "--no-stage", help="Write the workspace directly instead of a staged copy reviewed at the end (also "
     "TETHER_STAGE=off). Staged, file writes and sandboxed Bash need no approval.")]
