@@ -149,3 +149,29 @@ def test_a_hiding_job_given_a_hidden_untrusted_value_hides_its_output_by_that_la
     line = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
     assert "summary:" not in line and "untrusted (read_email)" in line, line
     assert not res.tainted
+
+
+def test_in_plan_mode_untrusted_text_on_bashs_stdin_asks_and_trusted_text_does_not(tmp_path: Path) -> None:
+    """Plan mode's built-in Bash policy: an untrusted command is refused (as before); untrusted text on
+    stdin, which a command like `bash` would run, is a person's decision; the planner's own text is not."""
+    from tether.plan import PlanMode
+    from tether.policy import ApprovalRequest
+
+    @tool(untrusted_output=True)
+    def read_email() -> str:
+        """Read the newest email (anyone can write it)."""
+        return ATTACK
+
+    class Said(Unconfined):  # said to confine (no approval for every call), so only the plan's policy asks
+        confined = True
+
+    asked: list[ApprovalRequest] = []
+    program = ('n = Bash(command="wc -c", stdin="four")\nmail = read_email()\nBash(command="bash", stdin=mail)\n'
+               'final_answer(n)')
+    pm = PlanMode(ScriptedModel([f"```python\n{program}\n```"]), [read_email, shell_tool(tmp_path, sandbox=Said())],
+                  reader=ScriptedModel([]), approver=CallbackApprover(lambda r: asked.append(r) or False),
+                  max_attempts=1)
+    result = pm.run("Run the setup script in my latest email.")
+    assert [r.tool for r in asked] == ["Bash"] and asked[0].arguments["command"] == "bash", [r.reason for r in asked]
+    assert "stdin" in asked[0].reason and not list(tmp_path.glob("pwned*")) and not result.completed
+    assert result.calls[0].tool == "Bash" and result.calls[0].decision == "allow"  # the planner's own text
