@@ -99,11 +99,13 @@ def test_a_shell_variable_that_names_no_value_of_the_run_is_the_shells(tmp_path:
 
 
 def _job_run(hide: bool | None, *, given_handle: bool = False, visible: bool = False,
-             again: bool = False) -> tuple[ScriptedModel, Any]:
-    """The model starts a job (fetching a page, or summarising a hidden mail), waits for it, then answers."""
+             again: bool = False, web: bool = False) -> tuple[ScriptedModel, Any]:
+    """The model starts a job (fetching a page, or summarising a hidden mail), waits for it, then answers.
+    `web`: the tool declares its source only (untrusted and hiding by that)."""
     world = World()
+    declared: dict[str, Any] = {"source": "web"} if web else {"untrusted_output": not given_handle, "hide_output": hide}
 
-    @tool(job=True, effect="read_only", untrusted_output=not given_handle, hide_output=hide)
+    @tool(job=True, effect="read_only", **declared)
     async def fetch_page(url: str) -> str:
         """Fetch a web page (slowly)."""
         return INJECTED if not given_handle else "summary: " + url[-16:]
@@ -135,6 +137,12 @@ def test_a_hiding_jobs_untrusted_output_is_delivered_as_a_handle_and_does_not_ta
     assert line.startswith(f"{handle_in(line)}: output of job J1-0, fetch_page(url=\"https://news.example/\"), "
                            f"{len(INJECTED):,} characters, untrusted (fetch_page)"), line
     assert not res.tainted
+
+
+def test_a_job_whose_source_is_the_web_hides_by_its_source() -> None:
+    model, res = _job_run(None, web=True)
+    line = [m.content for m in model.requests[-1].messages if m.role == "tool"][1]
+    assert "Ignore previous" not in line and "untrusted (fetch_page)" in line and not res.tainted
 
 
 def test_a_job_that_does_not_hide_is_shown_and_taints_as_before() -> None:

@@ -442,9 +442,11 @@ class Executor:
         jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
         if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
-            untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
+            judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
+            from_source = bool(judge(tool, None)) if callable(judge) else bool(tool.untrusted_output)
+            untrusted_job = from_source or (binding is not None and binding.label.untrusted)
             # hidden once delivered when the call would hide in the foreground (kept whole until then)
-            hidden = job_hides(store, tool, args, binding)
+            hidden = job_hides(store, tool, args, binding, untrusted=from_source)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                               functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
                                                 hidden is not None), step, hidden=hidden)

@@ -36,9 +36,10 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
     job = result.job if isinstance(result.job, dict) and isinstance(result.job.get("label"), dict) else None
-    if job is not None:  # a background job's output, delivered (job_status, job_wait): its tool's rule
-        label = label.join(Label.from_dict(job["label"])) if not label.untrusted else \
-            Label.from_dict(job["label"]).join(binding.label)
+    if job is not None:  # a background job's output, delivered (job_status, job_wait): hidden by its tool's rule
+        # its own label (its tool, the values it was given) stands for the delivering call's source
+        own = Label.from_dict(job["label"]).join(binding.label)
+        label = own if own.untrusted or not label.untrusted else own.join(label)
     if not (label.untrusted or label.secret):
         return False
     # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
@@ -55,13 +56,14 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     return True
 
 
-def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None) -> dict[str, Any] | None:
-    """For a call that starts a background job: the label its output will carry (as a dict), when that
-    output is to be hidden once delivered (the foreground rule: hiding on, the call hides, the output
-    untrusted or secret); else None, and the job's result is shown as it is."""
+def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
+              untrusted: bool) -> dict[str, Any] | None:
+    """For a call that starts a background job (`untrusted`: its source is): the label its output will
+    carry (as a dict), when that output is to be hidden once delivered (the foreground rule: hiding on,
+    the call hides, the output untrusted or secret); else None, and the job's result is shown as it is."""
     if store is None or not store.enabled or not hides(tool, args):
         return None
-    label = output_label(tool, binding, is_untrusted=bool(tool.untrusted_output),
+    label = output_label(tool, binding, is_untrusted=untrusted,
                          secret_from=tool.name if tool.declared.secret_output else None)
     return label.to_dict() if label.untrusted or label.secret else None
 
