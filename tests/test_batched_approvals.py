@@ -253,3 +253,29 @@ def test_the_cli_approver_chain_asks_one_question_for_the_group() -> None:
     approver = RuleApprover([], PausingApprover(TerminalApprover(ask=person.ask, out=person, by="alice"), None))
     bank, res, _ = _run(approver, call("read_invoices"), _pays(), "paid")
     assert res.completed and bank.sent == PAYS and len(person.prompts) == 1
+
+
+def test_tether_approve_batch_answers_a_service_tasks_batch_at_once(tmp_path: Path) -> None:
+    """`tether approve TASK CALL --batch` (another process, on the service's run database) decides the
+    whole batch a task is parked on, over a real HTTP service, as `confirm {batch: true}` does."""
+    pytest.importorskip("httpx")
+    pytest.importorskip("dbos")
+    from test_service import Service, submit, wait_status
+
+    svc = Service(tmp_path)
+    svc.start(f"{Path(__file__).parent / 'service_agents.py'}:BATCH_AGENTS")
+    try:
+        alice = svc.key("alice")
+        task = submit(svc, alice, "payroll")
+        body = wait_status(svc, alice, task, "awaiting_approval")
+        assert [p["call_id"] for p in body["pending_approvals"]] == ["p0", "p1", "p2"]
+        done = svc.cli("approve", task, "p0", "--batch", "--reason", "payday")
+        assert done.returncode == 0, done.stderr
+        assert "approved 3 calls of one batch" in done.stderr and '"amount": 30' in done.stderr, done.stderr
+        body = wait_status(svc, alice, task, "completed", "stopped")
+        assert body["status"] == "completed", body  # max_approvals=1: one answer for the group
+        assert sorted(svc.ledger()) == ["charge 10", "charge 20", "charge 30"]
+        again = svc.cli("approve", task, "p0", "--batch")
+        assert again.returncode == 1 and "not awaiting an approval" in again.stderr, again.stderr
+    finally:
+        svc.stop()

@@ -102,7 +102,7 @@ def test_metadata(tmp_path: Path) -> None:
     assert bash.effect is Effect.IRREVERSIBLE
     assert bash.is_async
     assert bash.timeout is not None and bash.timeout > 7
-    assert list(bash.parameters["properties"]) == ["command"]
+    assert list(bash.parameters["properties"]) == ["command", "stdin"] and bash.parameters["required"] == ["command"]
     names = [t.name for t in coding_tools(tmp_path)]
     assert names == ["Read", "Write", "Edit", "Glob", "Grep", "Bash"]
     confined = BWRAP_PROBLEM is None

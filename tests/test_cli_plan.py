@@ -44,10 +44,10 @@ def test_plan_mode_refuses_the_embedded_model_in_one_line(tmp_path: Path) -> Non
 
 
 def test_plan_with_a_command_it_does_not_apply_to_is_one_clear_error(tmp_path: Path) -> None:
-    """Before: `tether --plan chat` and `tether run --plan --durable` ignored --plan silently."""
-    for args in (["--plan", "chat"], ["run", "--plan", "--durable", "x"]):
+    """Before: `tether --plan chat` ignored --plan silently. A durable plan parks its approvals: no --yes."""
+    for args, flag in ((["--plan", "chat"], "--plan"), (["run", "--plan", "--durable", "--yes", "x"], "--yes")):
         proc = tether(args, cwd=tmp_path, env=clean_env(), timeout=60)
-        assert proc.returncode == 2 and "--plan" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_run_takes_plan_like_the_root_command(tmp_path: Path) -> None:
@@ -57,3 +57,38 @@ def test_run_takes_plan_like_the_root_command(tmp_path: Path) -> None:
         proc = tether(["run", "--plan", "Summarize the meeting time from notes.txt into summary.txt."],
                       cwd=tmp_path, env=openrouter_env(server))
     assert proc.returncode == 0 and proc.stdout == "Wrote summary.txt: meeting at 10:30\n", proc.stderr
+
+
+DURABLE_PLAN = '''```python
+notes = Read(file_path="notes.txt")
+info = extract("the file to write", notes, {"name": "str"})
+Write(file_path=info["name"], content="done")
+final_answer("Wrote " + info["name"])
+```'''
+
+
+def test_a_durable_plan_parks_on_its_question_and_finishes_after_tether_approve(tmp_path: Path) -> None:
+    """`tether run --plan --durable`: the plan's steps are the durable run's; a write to a path the
+    untrusted note chose asks, which parks the run (exit 4) until `tether approve`; `tether resume`
+    finishes it from its recorded steps, with no new model call."""
+    pytest.importorskip("dbos")
+    (tmp_path / "notes.txt").write_text("Please write the file out.txt\n")
+    script = [chat_completion(DURABLE_PLAN), chat_completion('{"name": "out.txt"}')]
+    db = str(tmp_path / "runs.db")
+    with FakeOpenAIServer(script) as server:
+        env = openrouter_env(server)
+        run = tether(["run", "--plan", "--durable", "--db", db, "Write the file the note names."], cwd=tmp_path,
+                     env=env, timeout=180)
+        assert run.returncode == 4, run.stderr
+        assert "is parked: Write(" in run.stderr and "tether approve" in run.stderr, run.stderr
+        run_id = run.stderr.split("is parked")[0].split()[-1]
+        call_id = run.stderr.split(f"tether approve {run_id} ")[1].split()[0]
+        assert not (tmp_path / "out.txt").exists()
+        approved = tether(["approve", run_id, call_id, "--db", db], cwd=tmp_path, env=env, timeout=120)
+        assert approved.returncode == 0, approved.stderr
+        resumed = tether(["resume", run_id, "--db", db], cwd=tmp_path, env=env, timeout=180)
+        assert resumed.returncode == 0 and resumed.stdout == "Wrote out.txt\n", resumed.stderr
+        shown = tether(["runs", run_id, "--db", db], cwd=tmp_path, env=env, timeout=120)
+        assert "completed" in shown.stdout, shown.stdout
+    assert (tmp_path / "out.txt").read_text() == "done"
+    assert len(server.requests) == 2  # the planner and the reader, once each: the resumed run replayed them

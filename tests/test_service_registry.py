@@ -57,12 +57,22 @@ per_run = 2
     ("[agents.a.policy.tools.calculator]\non_untrusted = 'shrug'", "on_untrusted must be approve, refuse or summarize"),
     ("[agents.a.policy]\negress = 'example.com'", "policy.egress must be a list"),
     ("[agents.a.policy]\negress = ['*.github.io']", "public suffix 'github.io'"),
+    ("[agents.a.policy]\nhidden_values = 'no'", "policy.hidden_values must be true"),
 ])
 def test_bad_policies_are_refused_at_start(tmp_path: Path, policy: str, needle: str) -> None:
     path = _toml(tmp_path, f"[agents.a]\ntools = 'calculator'\n{policy}\n")
     with pytest.raises(RegistryError) as info:
         load_registry(path)
     assert str(info.value).startswith(f"{path}: agents.a: ") and needle in str(info.value)
+
+
+def test_a_toml_policy_chooses_the_visible_mode(tmp_path: Path) -> None:
+    """`hidden_values = false`: the old visible mode (no handles, no inspect_value); hiding stays the default."""
+    path = _toml(tmp_path, "[agents.seen]\ntools = 'calculator'\n[agents.seen.policy]\nhidden_values = false\n"
+                           "[agents.hid]\ntools = 'calculator'\n[agents.hid.policy]\nunlisted = 'inherit'\n")
+    registry = load_registry(path)
+    assert registry.build("seen", "alice").policy.hidden_values is False
+    assert registry.build("hid", "alice").policy.hidden_values is True
 
 
 def test_a_toml_agent_served_over_a_streaming_http_model(tmp_path: Path) -> None:

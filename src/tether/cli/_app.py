@@ -267,6 +267,7 @@ def root(
     apply: o.Apply = False,
     allow: o.Allow = None,
     no_store: o.NoStore = False,
+    show_outputs: o.ShowOutputs = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run a bounded, tool-using LLM agent.
@@ -286,7 +287,7 @@ def root(
                     workspace=workspace, json=json, trace=trace, text_protocol=text_protocol,
                     instructions=instructions, yes=yes, allow_net=allow_net, env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet,
                     output_schema=output_schema, mcp=mcp, compact=compact, plan=plan, no_stage=no_stage,
-                    apply=apply, allow=allow, no_store=no_store)
+                    apply=apply, allow=allow, no_store=no_store, show_outputs=show_outputs)
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
         if prompt is not None:
@@ -334,6 +335,7 @@ def run_command(
     apply: o.Apply = False,
     allow: o.Allow = None,
     no_store: o.NoStore = False,
+    show_outputs: o.ShowOutputs = False,
     durable: Annotated[bool, typer.Option("--durable", help="Checkpoint every step (resume with `tether resume`; "
                                           "approvals wait for `tether approve`).")] = False,
     db: durable_cmd.Db = None,
@@ -345,9 +347,10 @@ def run_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, output_schema=output_schema, mcp=mcp, compact=compact,
-        plan=plan, no_stage=no_stage, apply=apply, allow=allow, no_store=no_store))
-    if durable and opts.plan:
-        raise typer.BadParameter("plan mode does not run durably yet: drop --durable or --plan", param_hint="--plan")
+        plan=plan, no_stage=no_stage, apply=apply, allow=allow, no_store=no_store, show_outputs=show_outputs))
+    if durable and opts.plan and opts.yes:  # a durable plan's approvals park the run for `tether approve`
+        raise typer.BadParameter("a durable plan run parks its approvals for `tether approve`; --yes does not "
+                                 "apply: drop --yes (or --durable)", param_hint="--yes")
     if prompt is None:
         if sys.stdin.isatty():
             raise typer.BadParameter("give the task as an argument, or '-' / a pipe to read it from stdin",
@@ -388,6 +391,7 @@ def chat_command(
     apply: o.Apply = False,
     allow: o.Allow = None,
     no_store: o.NoStore = False,
+    show_outputs: o.ShowOutputs = False,
 ) -> None:
     """A conversation: each line of stdin is a turn (/exit quits, /reset forgets). Limits apply per turn."""
     opts = _root_options(ctx).merge(_options(
@@ -396,7 +400,7 @@ def chat_command(
         max_seconds=max_seconds, model_timeout=model_timeout, max_cost=max_cost, tools=tools, workspace=workspace,
         json=json, trace=trace, text_protocol=text_protocol, instructions=instructions, yes=yes, allow_net=allow_net,
         env=env, protect=protect, sandbox_read=sandbox_read, raw=raw, verbose=verbose, quiet=quiet, mcp=mcp, compact=compact,
-        no_stage=no_stage, apply=apply, allow=allow, no_store=no_store))
+        no_stage=no_stage, apply=apply, allow=allow, no_store=no_store, show_outputs=show_outputs))
     if opts.plan:
         raise typer.BadParameter("plan mode runs one request (tether --plan -p PROMPT), not a chat", param_hint="--plan")
     raise typer.Exit(execute_chat(opts))

@@ -239,7 +239,8 @@ def load_output_schema(path: Path | None) -> Any:
 
 def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
     """The safety policy for CLI runs: `--yes` approves every call that asks for approval; otherwise
-    ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal)."""
+    ask on a terminal, and refuse when nobody can be asked (stdin is not a terminal). Untrusted outputs
+    of the tools that hide are hidden values unless `--show-outputs`."""
     from tether.policy import AllowRule, AutoApprove, RuleApprover, SafetyPolicy, TerminalApprover
 
     class EscapingTerminalApprover(TerminalApprover):
@@ -261,7 +262,11 @@ def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
         except ValueError as exc:
             raise CliError(f"--allow: {exc}") from exc
         approver = RuleApprover(rules, approver)
-    return SafetyPolicy(approver=approver)
+    if opts.show_outputs and opts.plan:
+        raise CliError("--show-outputs does not apply to plan mode (its reader keeps untrusted text from the "
+                       "planner): drop --plan or --show-outputs", exit_code=2)
+    # --show-outputs: the visible mode, every output in the model's context (docs/hidden_values.md)
+    return SafetyPolicy(approver=approver, hidden_values=not opts.show_outputs)
 
 
 NO_TERMINAL = "no-terminal"  # who denied a call that needed approval when nobody could be asked

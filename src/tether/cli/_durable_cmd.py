@@ -1,5 +1,5 @@
 """Durable runs on the command line: `tether run --durable`, `tether resume RUN_ID`,
-`tether approve RUN_ID CALL_ID [--deny]`, `tether cancel RUN_ID`, `tether runs [RUN_ID]`.
+`tether approve RUN_ID CALL_ID [--batch] [--deny]`, `tether cancel RUN_ID`, `tether runs [RUN_ID]`.
 
 The database is `--db` (a SQLite path or a postgresql:// URL), else $TETHER_DB, else tether.db
 under the user's data dir. A durable CLI run keeps its options (never the API key) with the run,
@@ -94,8 +94,25 @@ def _agent(config: dict[str, Any], announce: Any = None) -> Any:
     policy: Any = agent.policy
     if not opts.yes and hasattr(policy, "approver"):
         policy.approver = PendingApprover(ApprovalBook())  # durable: park for `tether approve`, do not deny
+    if opts.plan:
+        agent = plan_agent(agent)
     agent.name = CLI_AGENT
     return agent
+
+
+def plan_agent(agent: Any) -> Any:
+    """The CLI's agent in plan mode (`tether run --plan --durable`): a PlanAgent over the same model, tools,
+    limits and policy, its model the planner and the quarantined reader; the durable workflow runs its
+    planner and reader calls and its tools as the run's steps (tether.plan.PlanAgent)."""
+    from tether.cli._build import CliError
+    from tether.plan import PlanAgent
+
+    if getattr(agent.model, "tiny", False):  # the embedded model says so itself (LocalModel.tiny)
+        raise CliError("plan mode needs a model that writes code; the embedded model cannot. Set OPENAI_API_KEY, "
+                       "OPENROUTER_API_KEY or ANTHROPIC_API_KEY, or --model.")
+    return PlanAgent(agent.model, tools=agent.tools, instructions=agent.instructions, limits=agent.limits,
+                     policy=agent.policy, pricing=agent.pricing, user=agent.user, reader=agent.model,
+                     executor=agent.executor)  # its MCP sessions (if any) are closed with it
 
 
 def _drop_record(record: logging.LogRecord) -> bool:
@@ -142,10 +159,13 @@ async def until_parked(run_id: str, work: Any) -> Any:
             if not task.done() and row is not None and row.status == "awaiting_approval" and row.pending \
                     and time.time() - row.updated_at > 1.0:
                 p = row.pending
-                print(clean(f"tether: run {run_id} is parked: {p.get('tool')}("
-                            f"{json.dumps(p.get('arguments'), ensure_ascii=False)}) awaits approval ({p.get('reason')}). "
-                            f"Decide with: tether approve {run_id} {p.get('call_id')} [--deny], then: tether resume "
-                            f"{run_id}"), file=sys.stderr)
+                group = p.get("batch_calls") if p.get("batch") else None
+                what = (f"{len(group)} calls of one batch ({p.get('batch_summary') or _call_text(p)}) await"
+                        if isinstance(group, list) and len(group) > 1 else f"{_call_text(p)} awaits")
+                flag = " [--batch]" if isinstance(group, list) and len(group) > 1 else ""
+                print(clean(f"tether: run {run_id} is parked: {what} approval ({p.get('reason')}). "
+                            f"Decide with: tether approve {run_id} {p.get('call_id')}{flag} [--deny], then: tether "
+                            f"resume {run_id}"), file=sys.stderr)
                 # the row's step count is written when the run ends; until then its stored model calls say it
                 events = [stored(e) for e in store.events(run_id)]
                 steps = max(row.steps, sum(isinstance(e, ModelCallEnded) for e in events))
@@ -180,7 +200,8 @@ def execute_durable(opts: o.RunOptions, prompt: str, db: str | None, fork: Any =
         config = _config(opts)
         run_id = uuid.uuid4().hex[:12]
         forked, extra = fork(run_id) if fork is not None else (None, {})
-        stage = open_stage(opts, workspace_of(opts), run_id)  # reviewed when the run ends, here or at resume
+        # reviewed when the run ends, here or at resume; plan mode writes the workspace, as without --durable
+        stage = None if opts.plan else open_stage(opts, workspace_of(opts), run_id)
         if stage is not None:
             config["stage"] = stage.run_id
         agent = _agent(config, announce=reporter.announce)
@@ -275,19 +296,27 @@ def resume_cmd(run_id: str, db: str | None, as_json: bool) -> int:
     return code
 
 
-def approve_cmd(run_id: str, call_id: str, deny: bool, reason: str, db: str | None) -> int:
+def approve_cmd(run_id: str, call_id: str, deny: bool, reason: str, db: str | None, batch: bool = False) -> int:
     from tether.durable._control import ControlError, approve
 
     try:
-        pending = approve(database(db), run_id, call_id, approved=not deny, reason=reason)
+        pending = approve(database(db), run_id, call_id, approved=not deny, reason=reason, batch=batch)
     except ControlError as exc:
         return _err(str(exc))
     except Exception as exc:
         return _err(f"cannot reach the run database: {error_line(exc)}")
     verb = "denied" if deny else "approved"
-    print(clean(f"{verb} {pending.get('tool')}({json.dumps(pending.get('arguments'), ensure_ascii=False)}) "
-                f"in run {run_id}"), file=sys.stderr)
+    calls = pending.get("batch_calls") if batch else None
+    if isinstance(calls, list) and calls:
+        shown = "; ".join(_call_text(c) for c in calls if isinstance(c, dict))
+        print(clean(f"{verb} {len(calls)} calls of one batch in run {run_id}: {shown}"), file=sys.stderr)
+        return 0
+    print(clean(f"{verb} {_call_text(pending)} in run {run_id}"), file=sys.stderr)
     return 0
+
+
+def _call_text(pending: dict[str, Any]) -> str:
+    return f"{pending.get('tool')}({json.dumps(pending.get('arguments'), ensure_ascii=False)})"
 
 
 def cancel_cmd(run_id: str, db: str | None) -> int:
@@ -467,9 +496,13 @@ def register(app: typer.Typer) -> None:
                 call_id: Annotated[str, typer.Argument(help="The call it waits on (see `tether runs RUN_ID`).")],
                 deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
                 reason: Annotated[str, typer.Option("--reason", help="Why (the model sees it on a denial).")] = "",
+                batch: Annotated[bool, typer.Option("--batch", help="Decide every call of the parked call's batch "
+                                                    "(the calls of one turn asked as one question) at once, each "
+                                                    "bound to its own arguments.")] = False,
                 db: Db = None) -> None:
-        """Approve (or --deny) the call a durable run is parked on; the run then goes on by itself."""
-        raise typer.Exit(approve_cmd(run_id, call_id, deny, reason, db))
+        """Approve (or --deny) the call a durable run (or a service task) is parked on; the run then goes on by
+        itself. With --batch, the whole batch it belongs to."""
+        raise typer.Exit(approve_cmd(run_id, call_id, deny, reason, db, batch))
 
     @app.command("cancel")
     def cancel(run_id: Annotated[str, typer.Argument(help="The run to cancel.")], db: Db = None) -> None:

@@ -81,7 +81,8 @@ Compact = Annotated[bool, typer.Option(
 Plan = Annotated[bool, typer.Option(
     "--plan", help="Plan mode: the model writes the whole plan as a program before any tool runs; tether runs it "
     "with every value's sources tracked, reading untrusted text only through a tool-free reader "
-    "(docs/plan-mode.md). Needs a model that writes code.")]
+    "(docs/plan-mode.md). Needs a model that writes code. With `run --durable` its steps are checkpointed and "
+    "its questions park the run for `tether approve`.")]
 NoStage = Annotated[bool, typer.Option(
     "--no-stage", help="Write the workspace directly instead of a staged copy reviewed at the end (also "
     "TETHER_STAGE=off). Staged, file writes and sandboxed Bash need no approval.")]
@@ -94,6 +95,10 @@ Allow = Annotated[list[str] | None, typer.Option(
     show_default=False)]
 NoStore = Annotated[bool, typer.Option(
     "--no-store", help="Do not record this run in the run store (`tether runs`); TETHER_STORE=off does the same.")]
+ShowOutputs = Annotated[bool, typer.Option(
+    "--show-outputs", help="The visible mode: every tool output goes into the model's context as it is, none "
+    "is hidden behind a handle (no inspect_value); after the first untrusted output every effect asks. By "
+    "default untrusted web, mail and MCP outputs are hidden values (docs/hidden_values.md).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr, even on a terminal.")]
 Strictness = Annotated[str | None, typer.Option(
     "--strictness", help="Screen each request (before any model call) and the final answer with tether's safety "
@@ -136,6 +141,7 @@ class RunOptions:
     apply: bool = False
     allow: tuple[str, ...] | None = None
     no_store: bool = False
+    show_outputs: bool = False
 
     def merge(self, other: RunOptions) -> RunOptions:
         """These options overridden by the ones given in `other` (flags: either one set)."""

@@ -46,11 +46,22 @@ class Messenger(Protocol):
 
 
 def approve(database: str | os.PathLike[str] | None, run_id: str, call_id: str, *, approved: bool = True,
-            by: str | None = None, reason: str = "") -> dict[str, Any]:
+            by: str | None = None, reason: str = "", batch: bool = False) -> dict[str, Any]:
     """Decide the call `call_id` a parked run waits on; the run then executes exactly that call (or
-    hands the denial to the model). Returns the pending call that was decided."""
+    hands the denial to the model). With `batch`, the one decision answers every call of the pending
+    call's batch (each bound to its own arguments), as the task service's confirm does. Returns the
+    pending call that was decided (its batch's calls under `batch_calls`)."""
     with _connected(database) as (store, client):
-        return decide(store, client, run_id, call_id, approved=approved, by=by, reason=reason)
+        group = ""
+        if batch:
+            row = _find(store, store.url, run_id)
+            pending = row.pending or {}
+            if row.status == "awaiting_approval" and pending.get("call_id") == call_id:
+                group = str(pending.get("batch") or "")
+                if not group:
+                    raise ControlError(f"call {call_id} of run {run_id} is not part of a batch; decide it alone "
+                                       "(without --batch)")
+        return decide(store, client, run_id, call_id, approved=approved, by=by, reason=reason, batch=group)
 
 
 def cancel(database: str | os.PathLike[str] | None, run_id: str) -> str:

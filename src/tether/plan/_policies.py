@@ -213,11 +213,22 @@ def _reads(call: PlanCall) -> Decision:
 
 # The built-in tools: reads run; a write's path must be trusted (its content may be anything, and is not
 # defanged: it is the user's file, not a message);
-# a shell command built from untrusted content is refused.
+# a shell command built from untrusted content is refused, untrusted text on its stdin asks.
+_BASH_COMMAND = trusted_args("command", otherwise="deny")
+_BASH_STDIN = trusted_args("stdin")
+
+
+def _bash(call: PlanCall) -> Decision:
+    """A command built from untrusted content is refused; untrusted text on its stdin asks (a command
+    may run what it reads: `bash`, `python -`)."""
+    decided = _BASH_COMMAND(call)
+    return decided if decided.action != "allow" or "stdin" not in call.args else _BASH_STDIN(call)
+
+
 BUILTIN_POLICIES: dict[str, PlanPolicy] = {
     "Read": _reads, "Glob": _reads, "Grep": _reads, "calculator": _reads,
     "Write": trusted_args("file_path"), "Edit": trusted_args("file_path"),
-    "Bash": trusted_args("command", otherwise="deny"),
+    "Bash": _bash,
 }
 
 

@@ -20,6 +20,7 @@ TOML (`tether serve --agents agents.toml`):
     unlisted = "inherit"                  # tools not under [..policy.tools]: their own declarations
                                           # ("inherit", the default here) or refused ("deny")
     egress = ["api.example.com", "*.corp.example"]   # hosts a tool may reach
+    hidden_values = false                 # the visible mode: no output hidden behind a handle (default: true)
     [agents.assistant.policy.tools.Bash]  # one tool's capability (tether.policy.Capability)
     requires_approval = true              # also: ceilings = {arg = max}, per_run, per_user,
                                           # per_user_window, on_untrusted, risk_free_args, url_args
@@ -262,7 +263,7 @@ def strictness_from_toml(value: Any) -> dict[str, str | None]:
     return out
 
 
-POLICY_KEYS = {"unlisted", "egress", "tools"}
+POLICY_KEYS = {"unlisted", "egress", "tools", "hidden_values"}
 CAPABILITY_KEYS = {"requires_approval", "ceilings", "per_run", "per_user", "per_user_window", "on_untrusted",
                    "risk_free_args", "url_args"}
 
@@ -298,9 +299,13 @@ def policy_from_toml(table: Any, tool_names: set[str]) -> Any:
     egress = table.get("egress")
     if egress is not None and (not isinstance(egress, list) or not all(isinstance(h, str) for h in egress)):
         raise RegistryError("policy.egress must be a list of host names (\"*.example.com\" for subdomains)")
+    hidden_values = table.get("hidden_values", True)
+    if not isinstance(hidden_values, bool):
+        raise RegistryError(f"policy.hidden_values must be true (the default: untrusted outputs of the tools that "
+                            f"hide are hidden values) or false (the visible mode), not {hidden_values!r}")
     try:
         capabilities = Capabilities(caps, unlisted=table.get("unlisted", "inherit"))
         allow = EgressPolicy(egress) if egress is not None else None
     except ValueError as exc:
         raise RegistryError(f"policy: {exc}") from exc
-    return SafetyPolicy(capabilities=capabilities, egress=allow)
+    return SafetyPolicy(capabilities=capabilities, egress=allow, hidden_values=hidden_values)

@@ -40,6 +40,8 @@ class Declares:
       path the user's, a read sends nothing, any other effect goes where its arguments say.
     - `on_leak`: `"approve"` (default) asks a person before a value goes to someone outside its
       readers; `"refuse"` refuses the call.
+    - `code_args`: arguments that are code (a shell command): a hidden value's handle is never put into
+      them (tether.values); a call whose code names a handle of the run is refused, to pass it as data.
 
     Output:
     - `source`: where its output comes from (`"web"`, `"email"`, `"mcp"`, ...; an untrusted source
@@ -70,6 +72,7 @@ class Declares:
     secret_sink: bool = False
     sends_to: Literal["user", "public"] | tuple[str, ...] | None = None
     on_leak: Literal["approve", "refuse"] = "approve"
+    code_args: tuple[str, ...] = ()
     source: str | None = None
     private_output: bool = False
     secret_output: bool = False
@@ -88,7 +91,7 @@ class Declares:
     def __post_init__(self) -> None:
         # a list of names is kept as a tuple; anything else (a lone string) is kept as it is, so the
         # policy refuses the tool's calls with a clear reason rather than guess
-        for name in ("url_args", "risk_free_args", "guarded_args", "sends_to", "output_readers"):
+        for name in ("url_args", "risk_free_args", "guarded_args", "sends_to", "output_readers", "code_args"):
             value = getattr(self, name)
             if isinstance(value, (list, set, frozenset)):
                 object.__setattr__(self, name, tuple(value))  # pyright: ignore[reportUnknownArgumentType]
@@ -106,6 +109,7 @@ class DeclaresKeywords(TypedDict, total=False):
     secret_sink: bool
     sends_to: Literal["user", "public"] | tuple[str, ...] | list[str] | None
     on_leak: Literal["approve", "refuse"]
+    code_args: tuple[str, ...] | list[str]
     source: str | None
     private_output: bool
     secret_output: bool

@@ -36,7 +36,9 @@ from tether.tools._results import (
     shape,
 )
 from tether.tools._schema import ArgumentError
-from tether.values._declare import hides
+from tether.values._code import HandleInCode, bind_data
+from tether.values._decide import job_hides
+from tether.values._declare import QUERY_KEY, hides
 from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
 
@@ -251,6 +253,11 @@ def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
                 return done.value
 
 
+def _query_tool_of(tools: dict[str, Tool]) -> str | None:
+    """The name of the quarantined query tool among `tools` (tether.values.query_tool), if any."""
+    return next((name for name, t in tools.items() if t.metadata.get(QUERY_KEY)), None)
+
+
 def _untrusted_args(ctx: CallContext, call: ToolCall) -> bool:
     store = values_of(ctx.policy_state)
     binding = store.binding(call.id) if store is not None else None
@@ -314,6 +321,7 @@ class Executor:
             self.tools.update((t.name, t) for t in job_tools() if t.name not in self.tools)
         self._specs = [t.spec for t in self.tools.values()]
         self._specs_with_reader = self._specs
+        self._query = _query_tool_of(self.tools)
         if read_result and "read_result" not in self.tools:
             self.tools["read_result"] = reader = read_result_tool(self.results, max_result_chars)
             self._specs_with_reader = [*self._specs, reader.spec]
@@ -352,6 +360,7 @@ class Executor:
         specs = [t.spec for n, t in tools.items() if not (auto_reader and n == "read_result")]
         self._specs, self._specs_with_reader = specs, [*specs, tools["read_result"].spec] if auto_reader else specs
         self.tools = tools
+        self._query = _query_tool_of(tools)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -394,6 +403,7 @@ class Executor:
         store = values_of(ctx.policy_state)
         if store is None:
             return await self._execute(call, ctx, index, step, None)
+        store.reader = self._query  # a handle's line names the query tool only when the model has it
         try:
             return await self._execute(call, ctx, index, step, store)
         finally:
@@ -432,10 +442,14 @@ class Executor:
         jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
         if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
-            untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
+            judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
+            from_source = bool(judge(tool, None)) if callable(judge) else bool(tool.untrusted_output)
+            untrusted_job = from_source or (binding is not None and binding.label.untrusted)
+            # hidden once delivered when the call would hide in the foreground (kept whole until then)
+            hidden = job_hides(store, tool, args, binding, untrusted=from_source)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
-                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index),
-                              step)
+                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
+                                                hidden is not None), step, hidden=hidden)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []
@@ -498,9 +512,9 @@ class Executor:
             )
         arguments = call.arguments
         if store is not None:
-            try:
-                arguments = store.bind(call.id, ctx.step, index, call.arguments)
-            except UnknownHandle as exc:
+            try:  # never into a code argument (Bash's command): tether.values._code
+                arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
+            except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
         binding = store.binding(call.id) if store is not None else None
         try:
@@ -553,11 +567,11 @@ class Executor:
             return []
 
     async def _run_job(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext,
-                       index: int) -> ToolResult:
+                       index: int, hiding: bool = False) -> ToolResult:
         """A job's run: `_run`, its cancellation carrying the job's truthful answer (`ToolCancelled`)."""
         cancelled: list[ToolResult | None] = []
         try:
-            result = await self._run(tool, args, call, ctx, index, cancelled)
+            result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
         except asyncio.CancelledError:
             if cancelled and cancelled[0] is not None:
                 raise ToolCancelled(cancelled[0]) from None

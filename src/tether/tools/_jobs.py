@@ -81,14 +81,19 @@ class Jobs:
 
     def start(self, call: ToolCall, step: int, index: int, key: str, untrusted: bool,
               run: Callable[[], Awaitable[ToolResult]],
-              step_fn: Callable[[Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]]) -> ToolResult:
-        """Start `run` (the tool's run through the executor) as a job, in its step; the call's answer."""
+              step_fn: Callable[[Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]], *,
+              hidden: dict[str, Any] | None = None) -> ToolResult:
+        """Start `run` (the tool's run through the executor) as a job, in its step; the call's answer.
+        `hidden`: the label of its output when that output is to be a hidden value once delivered (the
+        foreground call's rule, tether.values): it is then delivered alone, for the policy to hide."""
         jid = job_id(step, index)
         record = self.get(jid)
         if record is None:
             record = {"id": jid, "tool": call.name, "arguments": call.arguments, "call_id": call.id, "key": key,
                       "status": RUNNING, "seen": False, "result": None, "is_error": False}
             self.records.append(record)
+        if hidden is not None:
+            record["hidden"] = hidden
         self.untrusted[jid] = untrusted
         work = step_fn(self._guarded(key, call, run))  # made now: a durable step takes its reserved id here
         self._tasks[jid] = task = asyncio.ensure_future(self._finish(jid, work))
@@ -181,6 +186,8 @@ class Jobs:
         record = self._record(jid)
         task = self._tasks.get(jid)
         if record.get("seen"):
+            if record.get("hidden") and not record.get("is_error"):  # again behind a handle, never shown
+                return self._note(record, str(record.get("result") or ""), hide=True)
             return self._note(record, f"job {jid} ({record['tool']}) {record['status']}; its result was given "
                                       f"already:\n{record.get('result') or ''}")
         if task is None:  # started by a process that is gone (a continued or recovered run's state)
@@ -188,6 +195,8 @@ class Jobs:
                 text = (f"job {jid} ({record['tool']}) was running when its run stopped; it was not run again "
                         f"(idempotency key {record['key']}), and whether it took effect is not known.")
                 return self._note(record, text, status=LOST, result=text, is_error=True)
+            if record.get("hidden") and record["status"] == DONE and record.get("result") is not None:
+                return self._note(record, str(record["result"]), status=DONE, result=str(record["result"]), hide=True)
             text = (f"job {jid} ({record['tool']}) {record['status']} before its run stopped: {record.get('result') or ''}"
                     if record.get("result") is not None else
                     f"job {jid} ({record['tool']}) was {record['status']} when its run stopped; it was not run again.")
@@ -196,18 +205,23 @@ class Jobs:
             return self._note(record, f"job {jid} ({record['tool']}) is still running.")
         result = self._results[jid]
         status = _status(result)
+        if record.get("hidden") and not result.is_error:  # its output alone: the policy puts it behind a handle
+            return self._note(record, result.content, status=status, result=result.content, handle=result.handle,
+                              hide=True)
         content = result.content.removeprefix("ERROR: ")
         text = f"job {jid} ({record['tool']}) {'finished' if status == DONE else status}: {content}"
         return self._note(record, text, status=status, result=result.content, is_error=result.is_error,
                           handle=result.handle)
 
     def _note(self, record: dict[str, Any] | None, text: str, *, status: str | None = None, result: str | None = None,
-              is_error: bool = False, handle: str | None = None) -> JobNote:
+              is_error: bool = False, handle: str | None = None, hide: bool = False) -> JobNote:
         if record is None:
             return JobNote(text, False, {})
         job: dict[str, Any] = {"id": record["id"], "status": status or record["status"]}
         if status is not None:  # delivered: the model has it now
             job.update(seen=True, result=result, is_error=is_error, handle=handle)
+        if hide:  # what the policy hides it by (tether.values._decide.maybe_hide): the job's call and label
+            job.update(tool=record["tool"], arguments=record["arguments"], label=record["hidden"])
         return JobNote(text, self.untrusted.get(record["id"], True), job)
 
     def _record(self, jid: str) -> dict[str, Any]:

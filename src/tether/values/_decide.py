@@ -37,19 +37,40 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     Replaces `result.content` with the handle's line; True when it did."""
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
+    job = result.job if isinstance(result.job, dict) and isinstance(result.job.get("label"), dict) else None
+    if job is not None:  # a background job's output, delivered (job_status, job_wait): hidden by its tool's rule
+        # its own label (its tool, the values it was given) stands for the delivering call's source
+        own = Label.from_dict(job["label"]).join(binding.label)
+        label = own if own.untrusted or not label.untrusted else own.join(label)
     if tool.declared.output_readers is not None:  # its declared readers (tether.values._readers) ride along
         label = label.join(readers_label(tool, result.content))
     private = label.readers is not None and bool(tool.declared.output_readers or tool.metadata.get(QUERY_KEY))
     if not (label.untrusted or label.secret or private):
         return False
     # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
-    if not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
+    if job is None and not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
         return False
     handle = handle_for(binding.step, binding.index)
-    what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name, binding.model_args)
+    if job is not None:
+        what = f"output of job {job.get('id')}, " + describe_call(str(job.get("tool")), dict(job.get("arguments") or {}))
+    else:
+        what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name,
+                                                                                              binding.model_args)
     result.content = store.hide(handle, result.content, label, what)
     result.handle = None
     return True
+
+
+def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
+              untrusted: bool) -> dict[str, Any] | None:
+    """For a call that starts a background job (`untrusted`: its source is): the label its output will
+    carry (as a dict), when that output is to be hidden once delivered (the foreground rule: hiding on,
+    the call hides, the output untrusted or secret); else None, and the job's result is shown as it is."""
+    if store is None or not store.enabled or not hides(tool, args):
+        return None
+    label = output_label(tool, binding, is_untrusted=untrusted,
+                         secret_from=tool.name if tool.declared.secret_output else None)
+    return label.to_dict() if label.untrusted or label.secret else None
 
 
 def sink_refusal(tool: Tool, binding: Binding | None) -> str | None:

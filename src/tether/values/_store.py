@@ -92,10 +92,13 @@ class ValueStore:
     and the bindings of the calls in flight. `enabled` False: the visible mode (nothing is hidden,
     nothing substituted)."""
 
-    __slots__ = ("bindings", "enabled", "values", "written")
+    __slots__ = ("bindings", "enabled", "reader", "values", "written")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
+        # the name of the run's query tool, None when the agent has none (the executor says, per call):
+        # a handle's line and errors name it only when the model can call it
+        self.reader: str | None = "inspect_value"
         self.values: dict[str, Hidden] = {}
         self.bindings: dict[str, Binding] = {}  # call id -> its binding, until the call's result is in
         self.written: list[str] = []  # untrusted hidden texts passed to a call: seen again, they taint
@@ -107,8 +110,7 @@ class ValueStore:
         the value's size and shape and its label: never from its content)."""
         line = f"{handle}: {what}, {describe_shape(value)}, {label.describe()}"
         self.values[handle] = Hidden(value[:MAX_VALUE_CHARS], label, line)
-        return (f"{line}. The value is hidden from you: pass {handle} as an argument to use it, or ask "
-                f"inspect_value about it.")
+        return f"{line}. {hidden_advice(handle, self.reader)}"
 
     def get(self, handle: str) -> Hidden | None:
         return self.values.get(handle)
@@ -196,7 +198,8 @@ class ValueStore:
                 value = value[int(idx)]
             else:
                 part = f".{key}" if key else f"[{idx}]"
-                raise UnknownHandle(f"{walked} has no part {part}; ask inspect_value about {handle} instead")
+                raise UnknownHandle(f"{walked} has no part {part}; " + (
+                    f"ask {self.reader} about {handle} instead" if self.reader else f"pass {handle} whole"))
             walked += f".{key}" if key else f"[{idx}]"
         return value, hidden.label
 
@@ -243,6 +246,15 @@ class ValueStore:
         for h, v in dict(data.get("values") or {}).items():
             store.values[str(h)] = Hidden(str(v["value"]), Label.from_dict(v["label"]), str(v["description"]))
         return store
+
+
+def hidden_advice(handle: str, reader: str | None) -> str:
+    """What a handle's line tells the model it can do with the value: ask the run's query tool about it
+    only when the agent has one (a hand-built executor may not)."""
+    if reader:
+        return f"The value is hidden from you: pass {handle} as an argument to use it, or ask {reader} about it."
+    return (f"The value is hidden from you, and this agent has no tool to read it: pass {handle} as an argument "
+            f"where the value is needed, or write {handle} in your final answer to show it to the user.")
 
 
 def describe_shape(value: str) -> str:

@@ -1,7 +1,8 @@
 """`Bash`: run a shell command in a working directory, in a sandbox, bounded in time and output.
 
 The command runs as `bash -c` inside a `Sandbox` (bubblewrap by default, see tools/sandbox.py)
-in its own session (process group) with stdin closed and stdout and stderr combined. On timeout,
+in its own session (process group) with stdin empty (or the call's `stdin` text) and stdout and stderr
+combined. On timeout,
 or if the caller is cancelled, the whole group is killed (under bubblewrap the whole PID
 namespace goes with it), so children such as `sleep` in a pipeline do not outlive the call.
 Output memory is bounded while reading: only the first and last halves of the cap are kept.
@@ -26,6 +27,7 @@ from tether.tools._sandbox import Sandbox, Unconfined, default_sandbox, sandbox_
 if TYPE_CHECKING:
     from tether.staging import StagedWorkspace
 
+MAX_STDIN_CHARS = 1_000_000  # what a call may give a command on its standard input
 DRAIN_GRACE_SECONDS = 0.5  # after bash exits, how long background children may keep the output open
 
 
@@ -117,9 +119,10 @@ async def run_command(
     max_output_chars: int,
     env: Mapping[str, str] | None = None,
     sandbox: Sandbox | None = None,
+    stdin: str | None = None,
 ) -> CommandResult:
     """Run `command` with `bash -c` in `cwd` inside `sandbox` (None: unconfined); kill its process
-    group on timeout or cancellation."""
+    group on timeout or cancellation. `stdin`: text the command reads on its standard input (else none)."""
     capture = _Capture(max_output_chars)
     loop = asyncio.get_running_loop()
     workdir = Path(cwd)
@@ -132,7 +135,7 @@ async def run_command(
             cwd=os.fspath(workdir),
             # bwrap itself starts with only this environment: no process in the sandbox holds more
             env=launch.env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group, so we can kill every child at once
@@ -146,6 +149,11 @@ async def run_command(
             raise OperationFailed(f"cannot start the command: {missing} not found") from None
         raise
     pid = transport.get_pid()
+    if stdin is not None:  # buffered by the transport: a command that never reads it does not block us
+        feed = transport.get_pipe_transport(0)
+        if feed is not None:
+            feed.write(stdin.encode("utf-8", errors="replace"))  # pyright: ignore[reportAttributeAccessIssue]
+            feed.write_eof()  # pyright: ignore[reportAttributeAccessIssue]
     timed_out = stragglers = False
     try:
         if not await _wait(protocol.exited, timeout):
@@ -241,14 +249,19 @@ def shell_tool(
     if stage is not None and not box.confined:
         workdir = stage.view  # unconfined, it runs in the view itself (and asks before every call)
 
-    async def Bash(command: str) -> str:
+    async def Bash(command: str, stdin: str | None = None) -> str:
         """Run a shell command.
 
         Args:
             command: the bash command line to run, e.g. 'ls -la' or 'pytest -q tests/test_x.py'
+            stdin: text the command reads on its standard input, e.g. a hidden value's handle ($v3_1) with
+                command 'wc -w' (a handle is never put into the command itself)
         """
         if not command.strip():
             raise InvalidInput("command is empty")
+        if stdin is not None and len(stdin) > MAX_STDIN_CHARS:
+            raise InvalidInput(f"stdin is {len(stdin):,} characters; at most {MAX_STDIN_CHARS:,} (write a file "
+                               "and read it instead)")
         if stage is not None:  # the staged view, made at the run's first write (this call may write)
             try:
                 await asyncio.to_thread(stage.make_view)
@@ -256,9 +269,8 @@ def shell_tool(
                 raise OperationFailed(f"{exc}; the command did not run") from None
         if not workdir.is_dir():
             raise InvalidInput(f"working directory {workdir} no longer exists")
-        result = await run_command(
-            command, cwd=workdir, timeout=timeout, max_output_chars=max_output_chars, env=env, sandbox=box
-        )
+        result = await run_command(command, cwd=workdir, timeout=timeout, max_output_chars=max_output_chars, env=env,
+                                   sandbox=box, stdin=stdin)
         return format_result(result, timeout)
 
     confined = (" It runs sandboxed: only this directory is writable; of the rest of the machine it sees "
@@ -268,7 +280,8 @@ def shell_tool(
         name="Bash",
         description=(
             f"Run a bash command in {workdir} and return its combined stdout and stderr (a non-zero exit "
-            f"code is reported). No stdin; times out after {timeout:g} s; long output keeps its start and end."
+            f"code is reported). Standard input is empty unless stdin is given; times out after {timeout:g} s; "
+            "long output keeps its start and end."
             + confined
         ),
         effect="irreversible",
@@ -279,6 +292,8 @@ def shell_tool(
         # `executes`: it runs what was written (files written from untrusted content taint the command).
         # Unconfined, nothing but a person stands between a command and the machine.
         executes=True, requires_approval=not box.confined, staged=staged,
+        # the command is code: a hidden value's handle is never put into it, only into stdin (tether.values._code)
+        code_args=("command",),
         # the same, as the metadata keys code read before `declared` (deprecated: removed in 0.3.0)
         metadata={"sandbox": box.description, "executes": True, "requires_approval": not box.confined,
                   "staged": staged},
