@@ -52,10 +52,10 @@ def test_an_index_without_server_terms_gets_them_once(tmp_path: Path, pg_url: st
         for idx in (lite, pg):
             idx.add_texts(TEXTS)
         with pg._db:
-            pg._db.execute("DELETE FROM postings")
-            pg._db.execute("DELETE FROM doclen")
+            for table in ("postings", "docterms", "termdf"):
+                pg._db.execute(f"DELETE FROM {table}")
             pg._db.execute("DELETE FROM meta WHERE key = 'postings'")
     with Index.open(pg_url + "#old") as pg, Index(tmp_path / "ix") as lite:
         for q in QUERIES:
             assert ranked(pg, q) == ranked(lite, q), q
-        assert pg._db.execute("SELECT count(DISTINCT id) FROM doclen").fetchone()[0] == len(TEXTS)
+        assert pg._db.execute("SELECT count(DISTINCT id) FROM docterms").fetchone()[0] == len(TEXTS)

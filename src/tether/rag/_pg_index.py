@@ -3,7 +3,7 @@
 `Index.open("postgresql://user@host:5432/db#support")` (or `tether ingest --index` with that URL)
 keeps the index `support` (default: `default`) in the schema `tether_index_support`: the same
 tables as the SQLite index (sources, chunks with their text, meta, the embedding checkpoints), the
-passages' stemmed terms as rows (`postings`, `doclen`, `termdf`: BM25 is computed by the server, see
+passages' stemmed terms as rows (`postings`, `docterms`, `termdf`: BM25 is computed by the server, see
 tether.rag._pg_lexical), and each passage's vector, windows and neighbours as rows
 (`chunk_vectors`, `chunk_graph`: tether.rag._pg_rows). It is the SQLite `Index` with five things
 swapped: the connection, the locks (PostgreSQL advisory locks, exclusive for writers and shared for
@@ -41,6 +41,7 @@ _NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's `INSERT OR REPLACE` as PostgreSQL upserts: the conflict key of each table.
 _KEYS = {"meta": "key", "sources": "path", "chunks": "id", "embed_cache": "key", "files": "name"}
 _UPSERT = re.compile(r"INSERT OR REPLACE INTO (\w+)\(([^)]*)\)")
+_VALUES = re.compile(r"VALUES (\([?, ]+\))")
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -75,8 +76,21 @@ class _Connection:
         return self.conn.execute(_pg_sql(sql), params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(_pg_sql(sql), rows)
+        """One INSERT of many rows per statement (a round trip per row made a first ingest slow)."""
+        rows = list(rows)
+        values = _VALUES.search(sql)
+        if values is None or len(rows) < 2:
+            with self.conn.cursor() as cur:
+                cur.executemany(_pg_sql(sql), rows)
+            return
+        if (m := _UPSERT.search(sql)) is not None:  # a row upserted twice in one statement is an error
+            key = [c.strip() for c in m.group(2).split(",")].index(_KEYS[m.group(1)])
+            rows = list({row[key]: row for row in rows}.values())  # the last one wins, as one by one
+        per = max(1, 30_000 // len(rows[0]))  # PostgreSQL takes at most 65,535 parameters
+        for start in range(0, len(rows), per):
+            part = rows[start : start + per]
+            many = sql[: values.start(1)] + ", ".join([values.group(1)] * len(part)) + sql[values.end(1) :]
+            self.conn.execute(_pg_sql(many), [x for row in part for x in row])
 
     def executescript(self, script: str) -> None:
         for statement in script.split(";"):
@@ -341,7 +355,7 @@ class PostgresIndex(Index):
             _pg_lexical.write_postings(conn, new)
             return
         # an index written before the server kept these terms (or an empty one): all of its rows, once
-        for table in ("postings", "doclen", "termdf"):
+        for table in _pg_lexical.TABLES:
             conn.execute(f"DELETE FROM {table}")
         _pg_lexical.write_postings(conn, Index.chunks(self))
         self._set_meta("postings", _pg_lexical.VERSION)
