@@ -161,7 +161,8 @@ class PostgresIndex(Index):
             # what names this schema's rows in a process's cache (a schema dropped and made again is another)
             conn.execute("INSERT INTO meta (key, value) VALUES ('instance', %s) ON CONFLICT DO NOTHING",
                          (uuid.uuid4().hex,))
-            instance = conn.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
+            row = conn.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()
+            instance = str(row[0]) if row else ""
         finally:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
         self._rowcache = _pg_rows.cache_for(f"{self._url.rpartition('@')[2]}#{self.name}#{instance}")

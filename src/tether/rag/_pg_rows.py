@@ -182,7 +182,7 @@ class RowCache:
             labels[i] = got[2]
         return rows, sims, labels
 
-    def graph_rows(self, ids: Sequence[str], rows: np.ndarray, sims: np.ndarray,
+    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray,
                    labels: np.ndarray | None) -> list[tuple[str, str, bytes, int]]:
         """The graph rows of a state over `ids`, as stored: (id, neighbour ids, cosines, label)."""
         out = []
