@@ -188,3 +188,31 @@ def test_a_second_process_sees_a_change(tmp_path: Path, pg_url: str) -> None:
     finally:
         child.stdin.close()
         child.wait(60)
+
+
+class Counting:
+    """A psycopg connection that counts the statements sent through it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.statements = conn, 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.statements += 1
+        return self.conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "best"])
+def test_a_search_of_a_read_generation_is_one_statement(tmp_path: Path, pg_url: str, retriever: str) -> None:
+    docs = corpus(tmp_path)
+    with Index.open(pg_url + "#trips", retriever=retriever, embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        counting = Counting(idx._db.conn)
+        idx._db.conn = counting  # pyright: ignore[reportAttributeAccessIssue]
+        idx.search(QUERIES[0], 5)  # reads the generation
+        for q in QUERIES[1:]:
+            before = counting.statements
+            assert idx.search(q, 5)
+            assert counting.statements - before == 1, q
