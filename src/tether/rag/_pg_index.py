@@ -250,7 +250,7 @@ class PostgresIndex(Index):
         _pg_rows.copy_rows(conn, "chunk_vectors", "id, vec, windows",
                            [(ids[r], vectors[r].tobytes(), windows[ptr[r] : ptr[r + 1]].tobytes()) for r in need])
         with self._rowcache.lock:
-            self._rowcache.vectors(conn, [], self._vec_key(), self.embedder.dim)  # (the cache's key, for these)
+            self._rowcache.use_key(self._vec_key(), self.embedder.dim)
             for r in range(len(ids)):
                 self._rowcache.add_vector(ids[r], vectors[r], windows[ptr[r] : ptr[r + 1]])
         self._set_meta("embedder", self.embedder.name)

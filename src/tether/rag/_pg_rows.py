@@ -16,9 +16,10 @@ process (`cache_for`).
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +32,18 @@ CREATE TABLE IF NOT EXISTS chunk_graph (id TEXT PRIMARY KEY, stamp BIGINT NOT NU
 CREATE INDEX IF NOT EXISTS chunk_graph_stamp ON chunk_graph(stamp);
 CREATE SEQUENCE IF NOT EXISTS row_stamps
 """
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run a RowCache method under its lock (Index objects on several threads share a cache)."""
+    @functools.wraps(method)
+    def run(self: RowCache, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 class _Pool:
@@ -96,6 +109,7 @@ class RowCache:
 
     # -- chunk order and texts ------------------------------------------------------------------
 
+    @_locked
     def order(self, db: Any, generation: str) -> list[str]:
         """The chunk ids of `generation` (the current one) in row order."""
         found = self.orders.get(generation)
@@ -106,10 +120,12 @@ class RowCache:
             self.orders[generation] = found
         return found
 
+    @_locked
     def remember_order(self, generation: str, ids: list[str]) -> None:
         self.orders = {g: o for g, o in self.orders.items() if g == str(int(generation) - 1)}
         self.orders[generation] = ids
 
+    @_locked
     def chunk_rows(self, db: Any, ids: Sequence[str]) -> list[Chunk]:
         missing = [c for c in ids if c not in self.chunks]
         if missing:
@@ -125,12 +141,13 @@ class RowCache:
 
     # -- vectors ------------------------------------------------------------------------------------
 
+    @_locked
     def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(vectors, windows, owner) of `ids` for the vector key `key` (embedder and windows), or
         None when a chunk has no vector row yet."""
-        if self.vec_key != key or self.pool is None or self.pool.dim != dim:
-            self.vec_key, self.pool = key, _Pool(dim)
+        self.use_key(key, dim)
         pool = self.pool
+        assert pool is not None
         missing = [c for c in ids if c not in pool.slot]
         if missing:
             sql = "SELECT id, vec, windows FROM chunk_vectors"
@@ -146,6 +163,13 @@ class RowCache:
             self.pool = pool = pool.compacted(ids)
         return pool.gather(ids)
 
+    @_locked
+    def use_key(self, key: str, dim: int) -> None:
+        """Vectors of `key` (embedder and windows) from now on: another key empties the copy."""
+        if self.vec_key != key or self.pool is None or self.pool.dim != dim:
+            self.vec_key, self.pool = key, _Pool(dim)
+
+    @_locked
     def add_vector(self, cid: str, vec: np.ndarray, wins: np.ndarray) -> None:
         assert self.pool is not None
         if cid not in self.pool.slot:
@@ -153,6 +177,7 @@ class RowCache:
 
     # -- the neighbour graph ----------------------------------------------------------------------
 
+    @_locked
     def refresh_graph(self, db: Any) -> None:
         """Read the graph rows written since the last read (rows of deleted passages may linger
         here: they are never asked for, and a passage new to a generation has its row written)."""
@@ -163,6 +188,7 @@ class RowCache:
             self.graph[cid] = (nbrs, bytes(sims), int(label))
             self.graph_stamp = max(self.graph_stamp, int(stamp))
 
+    @_locked
     def graph_arrays(self, ids: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(rows, sims, labels) of `ids` (rows: n x k neighbour rows), or None when a row is missing
         or names a passage not among `ids`."""
