@@ -150,9 +150,9 @@ class RowCache:
         assert pool is not None
         missing = [c for c in ids if c not in pool.slot]
         if missing:
-            sql = "SELECT id, vec, windows FROM chunk_vectors"
-            rows = (db.execute(sql).fetchall() if len(missing) == len(ids)
-                    else db.execute(sql + " WHERE id = ANY(%s)", (missing,)).fetchall())
+            sql = "SELECT id, vec, windows FROM chunk_vectors"  # (binary: bytea is not sent as hex)
+            rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(ids)
+                    else db.execute(sql + " WHERE id = ANY(%s)", (missing,), binary=True).fetchall())
             self.downloaded["vectors"] += len(rows)
             for cid, vec, wins in rows:
                 self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
@@ -182,7 +182,7 @@ class RowCache:
         """Read the graph rows written since the last read (rows of deleted passages may linger
         here: they are never asked for, and a passage new to a generation has its row written)."""
         rows = db.execute("SELECT id, stamp, nbrs, sims, label FROM chunk_graph WHERE stamp > %s",
-                          (self.graph_stamp,)).fetchall()
+                          (self.graph_stamp,), binary=True).fetchall()
         self.downloaded["graph"] += len(rows)
         for cid, stamp, nbrs, sims, label in rows:
             self.graph[cid] = (nbrs, bytes(sims), int(label))
