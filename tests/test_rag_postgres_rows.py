@@ -216,3 +216,26 @@ def test_a_search_of_a_read_generation_is_one_statement(tmp_path: Path, pg_url: 
             before = counting.statements
             assert idx.search(q, 5)
             assert counting.statements - before == 1, q
+
+
+def test_an_index_with_its_vectors_in_files_is_searched_without_embedding_again(tmp_path: Path, pg_url: str) -> None:
+    """An index written before vectors were rows: its arrays serve until its next change writes them as rows."""
+    docs = corpus(tmp_path)
+    url = pg_url + "#old"
+    with Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        stored = idx._load_vectors(len(idx))
+        assert stored is not None
+        with idx._db:  # as the last commit kept them: arrays in `files`, no vector rows
+            Index._save_vectors(idx, stored)
+            idx._db.execute("DELETE FROM chunk_vectors")
+    _fresh_process_cache()
+    embedder = BagEmbedder()
+    with Index.open(url, embedder=embedder) as idx:
+        assert idx.search(QUERIES[0], 5)
+        assert embedder.texts == 1  # the query only: no passage embedded again
+        rng = random.Random(9)
+        write_file(docs / "f20.txt", rng)
+        idx.ingest(docs / "f20.txt")
+        assert idx._db.execute("SELECT count(*) FROM chunk_vectors").fetchone()[0] == len(idx)
+        assert not idx._db.execute("SELECT name FROM files").fetchall()

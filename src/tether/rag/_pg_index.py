@@ -228,7 +228,9 @@ class PostgresIndex(Index):
         if len(ids) != expected_rows:
             return None
         got = self._rowcache.vectors(self._db.conn, ids, self._vec_key(), self.embedder.dim)
-        return None if got is None else _Vectors(*got)
+        if got is None:  # an index written before vectors were rows keeps them in `files` till its next change
+            return super()._load_vectors(expected_rows)
+        return _Vectors(*got)
 
     def _save_vectors(self, v: _Vectors, generation: str | None = None) -> None:
         """Write the vector rows of the chunks that have none (all of them for another embedder or
@@ -253,6 +255,9 @@ class PostgresIndex(Index):
             self._rowcache.use_key(self._vec_key(), self.embedder.dim)
             for r in range(len(ids)):
                 self._rowcache.add_vector(ids[r], vectors[r], windows[ptr[r] : ptr[r + 1]])
+        # the arrays an index kept before its vectors were rows
+        conn.execute("DELETE FROM files WHERE name = ANY(%s)",
+                     (["vectors.npy", "windows.npy", "window_owner.npy", "neighbours.npz"],))
         self._set_meta("embedder", self.embedder.name)
         self._set_meta("vectors", str(len(v.vectors)))
         self._set_meta("vectors_windows", self._dense().windows_key)
