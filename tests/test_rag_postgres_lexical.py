@@ -52,10 +52,26 @@ def test_an_index_without_server_terms_gets_them_once(tmp_path: Path, pg_url: st
         for idx in (lite, pg):
             idx.add_texts(TEXTS)
         with pg._db:
-            pg._db.execute("DELETE FROM postings")
-            pg._db.execute("DELETE FROM doclen")
+            for table in ("postings", "docterms", "termdf"):
+                pg._db.execute(f"DELETE FROM {table}")
             pg._db.execute("DELETE FROM meta WHERE key = 'postings'")
     with Index.open(pg_url + "#old") as pg, Index(tmp_path / "ix") as lite:
         for q in QUERIES:
             assert ranked(pg, q) == ranked(lite, q), q
-        assert pg._db.execute("SELECT count(DISTINCT id) FROM doclen").fetchone()[0] == len(TEXTS)
+        assert pg._db.execute("SELECT count(DISTINCT id) FROM docterms").fetchone()[0] == len(TEXTS)
+
+
+def test_a_large_first_load_builds_the_key_after_it(tmp_path: Path, pg_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether.rag import _pg_lexical
+
+    monkeypatch.setattr(_pg_lexical, "BULK", 1)  # every load into an empty table is a bulk load
+    with Index(tmp_path / "ix", retriever="bm25") as lite, Index.open(pg_url + "#bulk", retriever="bm25") as pg:
+        for idx in (lite, pg):
+            idx.add_texts(TEXTS)
+            change(idx)  # later changes go into a table that has rows: the key is kept up
+        for q in QUERIES:
+            assert ranked(pg, q) == ranked(lite, q), q
+        keys = pg._db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'postings_pkey' "
+                              "AND schemaname = 'tether_index_bulk'").fetchall()
+        assert keys and "(term, id)" in keys[0][0]

@@ -46,5 +46,9 @@ def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
         return []
     k = min(k, n)
     part = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    if k < n:  # argpartition picks any of the passages tied at the cut: take the first ones
+        kth = scores[part].min()
+        above = np.flatnonzero(scores > kth)
+        part = np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
     order = part[np.lexsort((part, -scores[part]))]
     return [(int(i), float(scores[i])) for i in order]

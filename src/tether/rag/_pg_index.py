@@ -3,36 +3,45 @@
 `Index.open("postgresql://user@host:5432/db#support")` (or `tether ingest --index` with that URL)
 keeps the index `support` (default: `default`) in the schema `tether_index_support`: the same
 tables as the SQLite index (sources, chunks with their text, meta, the embedding checkpoints), the
-passages' stemmed terms as rows (`postings`, `doclen`: BM25 is computed by the server, see
-tether.rag._pg_lexical) and the remaining arrays (vectors, windows, the neighbour state) in a
-`files` table. It is the SQLite `Index` with four things swapped: the connection, the locks
-(PostgreSQL advisory locks, exclusive for writers and shared for readers, as the flock files are),
-where arrays live, and BM25 (on the server). It ranks as a SQLite index of the same documents. Each
-process reads the arrays of the current generation once and searches the vectors in memory.
+passages' stemmed terms as rows (`postings`, `docterms`, `termdf`: BM25 is computed by the server, see
+tether.rag._pg_lexical), and each passage's vector, windows and neighbours as rows
+(`chunk_vectors`, `chunk_graph`: tether.rag._pg_rows). It is the SQLite `Index` with five things
+swapped: the connection, the locks (PostgreSQL advisory locks, exclusive for writers and shared for
+readers, as the flock files are), where vectors and the neighbour graph live (rows, a change writing
+only its own), a process's copy of them (read once, then only the rows it has not seen), and BM25
+(on the server, one statement per search). It ranks as a SQLite index of the same documents. Only
+the HNSW graph of a store above the ANN threshold is still a file (a `files` row).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import re
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tether._errors import InvalidInput, MissingDependency
-from tether.rag import _pg_lexical
-from tether.rag._base import Retriever
+from tether.rag import _pg_lexical, _pg_rows
+from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk
-from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix
+from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix, _Vectors
 from tether.rag._lexical import BM25Retriever
+from tether.rag._neighbours import HNSW, Neighbours
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's `INSERT OR REPLACE` as PostgreSQL upserts: the conflict key of each table.
 _KEYS = {"meta": "key", "sources": "path", "chunks": "id", "embed_cache": "key", "files": "name"}
 _UPSERT = re.compile(r"INSERT OR REPLACE INTO (\w+)\(([^)]*)\)")
+_VALUES = re.compile(r"VALUES (\([?, ]+\))")
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -67,8 +76,21 @@ class _Connection:
         return self.conn.execute(_pg_sql(sql), params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(_pg_sql(sql), rows)
+        """One INSERT of many rows per statement (a round trip per row made a first ingest slow)."""
+        rows = list(rows)
+        values = _VALUES.search(sql)
+        if values is None or len(rows) < 2:
+            with self.conn.cursor() as cur:
+                cur.executemany(_pg_sql(sql), rows)
+            return
+        if (m := _UPSERT.search(sql)) is not None:  # a row upserted twice in one statement is an error
+            key = [c.strip() for c in m.group(2).split(",")].index(_KEYS[m.group(1)])
+            rows = list({row[key]: row for row in rows}.values())  # the last one wins, as one by one
+        per = max(1, 30_000 // len(rows[0]))  # PostgreSQL takes at most 65,535 parameters
+        for start in range(0, len(rows), per):
+            part = rows[start : start + per]
+            many = sql[: values.start(1)] + ", ".join([values.group(1)] * len(part)) + sql[values.end(1) :]
+            self.conn.execute(_pg_sql(many), [x for row in part for x in row])
 
     def executescript(self, script: str) -> None:
         for statement in script.split(";"):
@@ -134,9 +156,19 @@ class PostgresIndex(Index):
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema)))
             db.executescript(_SCHEMA)
             db.executescript(_pg_lexical.SCHEMA)
+            db.executescript(_pg_rows.SCHEMA)
             db.execute("CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, data BYTEA NOT NULL)")
+            # what names this schema's rows in a process's cache (a schema dropped and made again is another)
+            conn.execute("INSERT INTO meta (key, value) VALUES ('instance', %s) ON CONFLICT DO NOTHING",
+                         (uuid.uuid4().hex,))
+            row = conn.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()
+            instance = str(row[0]) if row else ""
         finally:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+        self._rowcache = _pg_rows.cache_for(f"{self._url.rpartition('@')[2]}#{self.name}#{instance}")
+        self._server: _pg_lexical.ServerBM25 | None = None
+        self._graph_from: str | None = None  # the generation whose stored graph was last loaded
+        self._next_order: tuple[str, list[str]] | None = None  # a change's chunk order, until committed
         return db
 
     def close(self) -> None:
@@ -172,31 +204,208 @@ class PostgresIndex(Index):
             self._db.execute("INSERT OR REPLACE INTO files(name, data) VALUES (?, ?)", (name, written.read_bytes()))
         written.unlink()
 
+    def _metas(self, *keys: str) -> dict[str, str]:
+        """Several meta values in one round trip (missing keys are absent)."""
+        return dict(self._db.conn.execute("SELECT key, value FROM meta WHERE key = ANY(%s)", (list(keys),)).fetchall())
+
+    # -- rows: chunks, vectors and the neighbour graph through the process's cache (tether.rag._pg_rows)
+
+    def chunks(self) -> list[Chunk]:
+        with self._lock:
+            gen = self._meta("generation") or "0"
+            return self._rowcache.chunk_rows(self._db.conn, self._rowcache.order(self._db.conn, gen))
+
+    def _vec_key(self) -> str:
+        return f"{self.embedder.name}:{self._dense().windows_key}"
+
+    def _load_vectors(self, expected_rows: int) -> _Vectors | None:
+        """The vectors and windows of every current chunk (read from the cache, the rows it lacks
+        from the server), or None when a chunk has none yet or they are another embedder's."""
+        m = self._metas("embedder", "vectors_windows", "generation")
+        if m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key:
+            return None
+        ids = self._rowcache.order(self._db.conn, m.get("generation", "0"))
+        if len(ids) != expected_rows:
+            return None
+        got = self._rowcache.vectors(self._db.conn, ids, self._vec_key(), self.embedder.dim)
+        if got is None:  # an index written before vectors were rows keeps them in `files` till its next change
+            return super()._load_vectors(expected_rows)
+        return _Vectors(*got)
+
+    def _save_vectors(self, v: _Vectors, generation: str | None = None) -> None:
+        """Write the vector rows of the chunks that have none (all of them for another embedder or
+        window scheme); called in the transaction that swaps the vectors in."""
+        conn = self._db.conn
+        m = self._metas("embedder", "vectors_windows", "generation")
+        gen = m.get("generation", "0")
+        ids = self._rowcache.order(conn, gen)
+        if len(ids) != len(v.vectors):
+            raise InvalidInput(f"{len(v.vectors)} vectors for the {len(ids)} passages of generation {gen}")
+        if m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key:
+            conn.execute("DELETE FROM chunk_vectors")
+            need = list(range(len(ids)))
+        else:
+            need = [r for (r,) in conn.execute("SELECT c.row FROM chunks c WHERE NOT EXISTS "
+                                               "(SELECT 1 FROM chunk_vectors v WHERE v.id = c.id)").fetchall()]
+        ptr = np.searchsorted(v.owner, np.arange(len(ids) + 1))
+        vectors, windows = np.asarray(v.vectors, dtype=np.float32), np.asarray(v.windows, dtype=np.float32)
+        _pg_rows.copy_rows(conn, "chunk_vectors", "id, vec, windows",
+                           [(ids[r], vectors[r].tobytes(), windows[ptr[r] : ptr[r + 1]].tobytes()) for r in need])
+        with self._rowcache.lock:
+            self._rowcache.use_key(self._vec_key(), self.embedder.dim)
+            for r in range(len(ids)):
+                self._rowcache.add_vector(ids[r], vectors[r], windows[ptr[r] : ptr[r + 1]])
+        # the arrays an index kept before its vectors were rows
+        conn.execute("DELETE FROM files WHERE name = ANY(%s)",
+                     (["vectors.npy", "windows.npy", "window_owner.npy", "neighbours.npz"],))
+        self._set_meta("embedder", self.embedder.name)
+        self._set_meta("vectors", str(len(v.vectors)))
+        self._set_meta("vectors_windows", self._dense().windows_key)
+        self._set_meta("vectors_generation", generation or gen)
+        self._db.execute("DELETE FROM meta WHERE key = 'vectors_progress'")
+
+    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
+        """The graph stored for `key` (its generation's chunk order must be known to this process:
+        the current one, or the one before that this process read)."""
+        gen = key.split(":", 1)[0]
+        conn = self._db.conn
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            m = self._metas("neighbours_key", "neighbours_k", "neighbours_ann", "ann_next_label", "generation")
+            if m.get("neighbours_key") != key:
+                return None
+            ids = self._rowcache.orders.get(gen)
+            if ids is None and gen == m.get("generation", "0"):
+                ids = self._rowcache.order(conn, gen)
+            if ids is None:
+                return None
+            self._rowcache.refresh_graph(conn)
+            got = self._rowcache.graph_arrays(ids, int(m.get("neighbours_k", "0")))
+            if got is None:
+                return None
+            rows, sims, labels = got
+            ann = None
+            if ann_name := m.get("neighbours_ann"):
+                if (f := self._file(ann_name)) is None:
+                    return None
+                ann = HNSW.load(f, labels, int(m.get("ann_next_label", "0")), dim)
+            self._graph_from = gen
+            return Neighbours(rows, sims, ann)
+
+    def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
+        """Store `state` for `generation` if the store is still at it: the graph rows that differ
+        from the last generation's (all of them when it was built whole), the HNSW file."""
+        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        tmp_ann = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}.hnsw.tmp"
+        conn = self._db.conn
+        try:
+            if state.ann is not None:
+                state.ann.save(tmp_ann)
+            with self._flock("swap.lock", fcntl.LOCK_EX):
+                if (self._meta("generation") or "0") != generation:
+                    return  # another process changed the store meanwhile: its readers build their own
+                ids = self._rowcache.order(conn, generation)
+                if len(ids) != len(state.rows):
+                    return
+                prev = self._rowcache.orders.get(str(int(generation) - 1)) if self._graph_from == str(
+                    int(generation) - 1) else None
+                rows = self._rowcache.graph_rows(ids, state.rows, state.sims,
+                                              state.ann.labels if state.ann is not None else None)
+                if state.ann is not None:
+                    self._put_file(ann_name, tmp_ann)
+                with self._db:
+                    if prev is None:  # built whole: every row
+                        conn.execute("DELETE FROM chunk_graph")
+                    else:  # carried: the rows that changed, and those of passages new to it
+                        self._rowcache.refresh_graph(conn)
+                        was = set(prev)
+                        rows = [r for r in rows if r[0] not in was or self._rowcache.graph.get(r[0]) != r[1:]]
+                    stamp = int(conn.execute("SELECT nextval('row_stamps')").fetchone()[0])
+                    if rows and prev is not None:
+                        conn.execute("DELETE FROM chunk_graph WHERE id = ANY(%s)", ([r[0] for r in rows],))
+                    _pg_rows.copy_rows(conn, "chunk_graph", "id, stamp, nbrs, sims, label",
+                                       [(cid, stamp, nbrs, sims, label) for cid, nbrs, sims, label in rows])
+                    self._set_meta("neighbours_key", key)
+                    self._set_meta("neighbours_k", str(state.k))
+                    self._set_meta("neighbours_ann", ann_name)
+                    self._set_meta("ann_next_label", str(state.ann.next_label if state.ann is not None else 0))
+                with self._rowcache.lock:  # committed: this process's copy is the server's
+                    if prev is None:
+                        self._rowcache.graph = {}
+                    for cid, nbrs, sims, label in rows:
+                        self._rowcache.graph[cid] = (nbrs, sims, label)
+                    self._rowcache.graph_stamp = max(self._rowcache.graph_stamp, stamp)
+                self._graph_from = generation
+                self._drop_files("ann-", keep=ann_name)
+        finally:
+            tmp_ann.unlink(missing_ok=True)
+
     # -- BM25 on the server (tether.rag._pg_lexical) ------------------------------------------------
 
     def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
-        if self._meta("postings") == "1":
-            _pg_lexical.delete_postings(self._db.conn, gone)
-            _pg_lexical.write_postings(self._db.conn, new)
+        conn = self._db.conn
+        kept_ids = {c.id for c in new}  # a passage deleted and written again keeps its vector
+        dead = [cid for cid in gone if cid not in kept_ids]
+        if dead:
+            conn.execute("DELETE FROM chunk_vectors WHERE id = ANY(%s)", (dead,))
+            conn.execute("DELETE FROM chunk_graph WHERE id = ANY(%s)", (dead,))
+        old_gen = self._meta("generation") or "0"
+        old = self._rowcache.orders.get(old_gen)  # the writer knows the new order without reading it back
+        if old is not None and (gone or new):  # (taken once the change is committed: `_update_lexical`)
+            gone_set = set(gone)
+            self._next_order = (str(int(old_gen) + 1), [c for c in old if c not in gone_set] + [c.id for c in new])
+        with self._rowcache.lock:
+            for c in new:  # an id names its text: safe to keep even if this change is rolled back
+                self._rowcache.chunks[c.id] = c
+        if self._meta("postings") == _pg_lexical.VERSION:
+            _pg_lexical.delete_postings(conn, gone)
+            _pg_lexical.write_postings(conn, new)
             return
-        # an index written before the server kept terms (or an empty one): all of its rows, once
-        self._db.execute("DELETE FROM postings")
-        self._db.execute("DELETE FROM doclen")
-        _pg_lexical.write_postings(self._db.conn, self.chunks())
-        self._set_meta("postings", "1")
+        # an index written before the server kept these terms (or an empty one): all of its rows, once
+        for table in _pg_lexical.TABLES:
+            conn.execute(f"DELETE FROM {table}")
+        _pg_lexical.write_postings(conn, Index.chunks(self))
+        self._set_meta("postings", _pg_lexical.VERSION)
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
-        """Nothing to carry: BM25's terms were written with the rows (`_rows_written`)."""
+        """Nothing to carry: BM25's terms were written with the rows (`_rows_written`). Called once
+        the change is committed: the new chunk order goes into this process's copy."""
+        if self._next_order is not None and self._next_order[0] == gen:
+            with self._rowcache.lock:
+                self._rowcache.remember_order(*self._next_order)
+        self._next_order = None
+
+    def _build(self) -> Retriever:
+        self._server = None
+        return super()._build()
 
     def _fit_lexical(self, part: Retriever, texts: list[str]) -> None:
         if not isinstance(part, BM25Retriever) or not part.stem:
             super()._fit_lexical(part, texts)
             return
-        if self._meta("postings") != "1":
+        if self._meta("postings") != _pg_lexical.VERSION:
             with self._writing(), self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-                if self._meta("postings") != "1":
+                if self._meta("postings") != _pg_lexical.VERSION:
                     self._rows_written([], [])
-        part.remote = _pg_lexical.ServerBM25(self._db.conn, part, [c.id for c in self._rows]).scores
+        self._server = _pg_lexical.ServerBM25(self._db.conn, part, [c.id for c in self._rows],
+                                              self._built_generation or "0")
+        part.remote = self._server.scores
+
+    def search(self, query: str, k: int = 5) -> list[Hit]:
+        """As `Index.search`; a search whose BM25 the server computes is one statement (it also
+        says the index's generation: a newer one is read, and the search asked again)."""
+        if not query.strip():
+            raise InvalidInput("query must not be empty")
+        with self._lock:
+            retriever = self._retriever
+            if retriever is None or self._server is None or self.vectors_pending:
+                return super().search(query, k)
+            try:
+                found = retriever.search(query, k)
+            except _pg_lexical.Stale:
+                self._retriever = None
+                return super().search(query, k)
+            return [Hit(pos, score, c.id, c.source, c.heading, c.text)
+                    for pos, score in found for c in (self._rows[pos],)]
 
     def _drop_files(self, prefix: str, keep: str = "") -> None:
         with self._db:

@@ -1,0 +1,238 @@
+"""Vectors, windows and the neighbour graph of a PostgreSQL index as rows, and each process's copy.
+
+Rows (tables of the index's schema, beside `chunks`):
+  chunk_vectors(id, vec, windows)   per chunk: its float32 vector and its windows' (0..n of them),
+                                    valid for the embedder and window scheme named in `meta`
+  chunk_graph(id, stamp, nbrs, sims, label)  per chunk: its neighbours (chunk ids), their cosines, its
+                                    HNSW label (above the ANN threshold); `stamp` orders the writes
+A change writes the rows of its own chunks (and the graph rows it changed), never the rest.
+
+`RowCache` is what a process holds: chunk texts and vectors by chunk id (an id names its text, so
+a cached one never goes stale), the graph by id with the last stamp read, and the chunk order of
+the last two generations. A new generation costs the ids in row order (one short row each) plus
+the rows the process has not seen. One cache per server and index, shared by the Index objects of a
+process (`cache_for`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tether.rag._chunking import Chunk
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunk_vectors (id TEXT PRIMARY KEY, vec BYTEA NOT NULL, windows BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS chunk_graph (id TEXT PRIMARY KEY, stamp BIGINT NOT NULL, nbrs TEXT NOT NULL,
+    sims BYTEA NOT NULL, label BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS chunk_graph_stamp ON chunk_graph(stamp);
+CREATE SEQUENCE IF NOT EXISTS row_stamps
+"""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run a RowCache method under its lock (Index objects on several threads share a cache)."""
+    @functools.wraps(method)
+    def run(self: RowCache, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
+
+
+class _Pool:
+    """Vectors appended by id into one growing array (and windows into another): a generation's
+    arrays are gathered from it by fancy indexing."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.vecs = np.zeros((0, dim), dtype=np.float32)
+        self.wins = np.zeros((0, dim), dtype=np.float32)
+        self.n = self.nw = 0
+        self.slot: dict[str, tuple[int, int, int]] = {}  # id -> (vector slot, first window, windows)
+
+    @staticmethod
+    def _grow(arr: np.ndarray, need: int) -> np.ndarray:
+        if need <= len(arr):
+            return arr
+        out = np.zeros((max(need, 2 * len(arr), 64), arr.shape[1]), dtype=np.float32)
+        out[: len(arr)] = arr
+        return out
+
+    def add(self, cid: str, vec: np.ndarray, wins: np.ndarray) -> None:
+        self.vecs = self._grow(self.vecs, self.n + 1)
+        self.wins = self._grow(self.wins, self.nw + len(wins))
+        self.vecs[self.n] = vec
+        self.wins[self.nw : self.nw + len(wins)] = wins
+        self.slot[cid] = (self.n, self.nw, len(wins))
+        self.n += 1
+        self.nw += len(wins)
+
+    def gather(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, windows, owner) of `ids`, in that order (owner: the position of each window's id)."""
+        got = np.array([self.slot[c] for c in ids], dtype=np.int64).reshape(len(ids), 3)
+        vectors = self.vecs[got[:, 0]]
+        lens = got[:, 2]
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        take = np.repeat(got[:, 1] - offsets, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        return vectors, self.wins[take], np.repeat(np.arange(len(ids), dtype=np.int64), lens)
+
+    def compacted(self, live: Sequence[str]) -> _Pool:
+        """A pool of the `live` ids only (the rest were deleted from the index)."""
+        out = _Pool(self.dim)
+        vectors, windows, owner = self.gather(live)
+        ptr = np.searchsorted(owner, np.arange(len(live) + 1))
+        for i, cid in enumerate(live):
+            out.add(cid, vectors[i], windows[ptr[i] : ptr[i + 1]])
+        return out
+
+
+class RowCache:
+    """A process's copy of an index's rows (see the module docstring). The caller holds the index's
+    swap lock (shared) while it refreshes, so what it reads is of one generation."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.orders: dict[str, list[str]] = {}  # generation -> chunk ids in row order (the last two)
+        self.chunks: dict[str, Chunk] = {}
+        self.vec_key = ""
+        self.pool: _Pool | None = None
+        self.graph_stamp = 0
+        self.graph: dict[str, tuple[str, bytes, int]] = {}  # id -> (neighbour ids, cosines, label)
+        self.downloaded = {"orders": 0, "chunks": 0, "vectors": 0, "graph": 0}  # rows read, for tests and benches
+
+    # -- chunk order and texts ------------------------------------------------------------------
+
+    @_locked
+    def order(self, db: Any, generation: str) -> list[str]:
+        """The chunk ids of `generation` (the current one) in row order."""
+        found = self.orders.get(generation)
+        if found is None:
+            found = [r[0] for r in db.execute("SELECT id FROM chunks ORDER BY row").fetchall()]
+            self.downloaded["orders"] += 1
+            self.orders = {g: o for g, o in self.orders.items() if g == str(int(generation) - 1)}
+            self.orders[generation] = found
+        return found
+
+    @_locked
+    def remember_order(self, generation: str, ids: list[str]) -> None:
+        self.orders = {g: o for g, o in self.orders.items() if g == str(int(generation) - 1)}
+        self.orders[generation] = ids
+
+    @_locked
+    def chunk_rows(self, db: Any, ids: Sequence[str]) -> list[Chunk]:
+        missing = [c for c in ids if c not in self.chunks]
+        if missing:
+            sql = "SELECT id, source, position, heading, text FROM chunks"
+            rows = (db.execute(sql).fetchall() if len(missing) == len(ids)
+                    else db.execute(sql + " WHERE id = ANY(%s)", (missing,)).fetchall())
+            self.downloaded["chunks"] += len(rows)
+            for r in rows:
+                self.chunks[r[0]] = Chunk(*r)
+        if len(self.chunks) > 2 * max(len(ids), 1000):  # deleted passages: keep the live ones only
+            self.chunks = {c: self.chunks[c] for c in ids}
+        return [self.chunks[c] for c in ids]
+
+    # -- vectors ------------------------------------------------------------------------------------
+
+    @_locked
+    def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(vectors, windows, owner) of `ids` for the vector key `key` (embedder and windows), or
+        None when a chunk has no vector row yet."""
+        self.use_key(key, dim)
+        pool = self.pool
+        assert pool is not None
+        missing = [c for c in ids if c not in pool.slot]
+        if missing:
+            sql = "SELECT id, vec, windows FROM chunk_vectors"  # (binary: bytea is not sent as hex)
+            rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(ids)
+                    else db.execute(sql + " WHERE id = ANY(%s)", (missing,), binary=True).fetchall())
+            self.downloaded["vectors"] += len(rows)
+            for cid, vec, wins in rows:
+                self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
+                                np.frombuffer(wins, dtype=np.float32).reshape(-1, dim))
+            if any(c not in pool.slot for c in missing):
+                return None
+        if pool.n > 2 * max(len(ids), 1000):
+            self.pool = pool = pool.compacted(ids)
+        return pool.gather(ids)
+
+    @_locked
+    def use_key(self, key: str, dim: int) -> None:
+        """Vectors of `key` (embedder and windows) from now on: another key empties the copy."""
+        if self.vec_key != key or self.pool is None or self.pool.dim != dim:
+            self.vec_key, self.pool = key, _Pool(dim)
+
+    @_locked
+    def add_vector(self, cid: str, vec: np.ndarray, wins: np.ndarray) -> None:
+        assert self.pool is not None
+        if cid not in self.pool.slot:
+            self.pool.add(cid, vec, wins)
+
+    # -- the neighbour graph ----------------------------------------------------------------------
+
+    @_locked
+    def refresh_graph(self, db: Any) -> None:
+        """Read the graph rows written since the last read (rows of deleted passages may linger
+        here: they are never asked for, and a passage new to a generation has its row written)."""
+        rows = db.execute("SELECT id, stamp, nbrs, sims, label FROM chunk_graph WHERE stamp > %s",
+                          (self.graph_stamp,), binary=True).fetchall()
+        self.downloaded["graph"] += len(rows)
+        for cid, stamp, nbrs, sims, label in rows:
+            self.graph[cid] = (nbrs, bytes(sims), int(label))
+            self.graph_stamp = max(self.graph_stamp, int(stamp))
+
+    @_locked
+    def graph_arrays(self, ids: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(rows, sims, labels) of `ids` (rows: n x k neighbour rows), or None when a row is missing
+        or names a passage not among `ids`."""
+        row_of = {c: i for i, c in enumerate(ids)}
+        rows = np.zeros((len(ids), k), dtype=np.int32)
+        sims = np.zeros((len(ids), k), dtype=np.float32)
+        labels = np.zeros(len(ids), dtype=np.int64)
+        for i, cid in enumerate(ids):
+            got = self.graph.get(cid)
+            if got is None:
+                return None
+            nbrs = got[0].split(",") if got[0] else []
+            if len(nbrs) != k or any(n not in row_of for n in nbrs):
+                return None
+            rows[i] = [row_of[n] for n in nbrs]
+            sims[i] = np.frombuffer(got[1], dtype=np.float32)
+            labels[i] = got[2]
+        return rows, sims, labels
+
+    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray,
+                   labels: np.ndarray | None) -> list[tuple[str, str, bytes, int]]:
+        """The graph rows of a state over `ids`, as stored: (id, neighbour ids, cosines, label)."""
+        out = []
+        for i, cid in enumerate(ids):
+            nbrs = ",".join(ids[j] for j in rows[i].tolist())
+            out.append((cid, nbrs, np.asarray(sims[i], dtype=np.float32).tobytes(),
+                        int(labels[i]) if labels is not None else -1))
+        return out
+
+
+_CACHES: dict[str, RowCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def cache_for(location: str) -> RowCache:
+    """The process's cache of the index at `location` (server and index name)."""
+    with _CACHES_LOCK:
+        return _CACHES.setdefault(location, RowCache())
+
+
+def copy_rows(conn: Any, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Insert `rows` into `table` by COPY (inside the caller's transaction)."""
+    if not rows:
+        return
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)

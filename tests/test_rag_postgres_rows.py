@@ -1,0 +1,241 @@
+"""A PostgreSQL index keeps vectors, windows and neighbours as rows (tether.rag._pg_rows): it ranks as
+the SQLite index of the same files, a process reads a generation once and then only the rows of
+newer ones, another process sees a change, and a one-file change writes only that file's rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("bm25s")
+pytest.importorskip("Stemmer")
+
+from rag_fakes import BagEmbedder
+from store_fixtures import fresh_postgres_database
+
+from tether.rag import _pg_rows
+from tether.rag._index import Index
+
+WORDS = [f"{a}{b}" for a in ("ref", "ship", "pass", "inv", "ware", "parc", "gift", "acc", "tax", "loy")
+         for b in ("und", "ping", "word", "oice", "house", "el", "card", "ount", "rate", "alty", "ing", "ed")]
+QUERIES = ["refund shipping", "password invoice warehouse", "parcel giftcard", "account taxrate loyalty",
+           "refed shipund password", "warehouse"]
+# The stated tolerance: the same top 10 in the same order, every score within 1e-4 of SQLite's.
+TOLERANCE = 1e-4
+SETTINGS: dict[str, Any] = {"chunk_tokens": 30, "overlap": 5, "window": 8, "stride": 4}
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    pytest.importorskip("psycopg")
+    yield from fresh_postgres_database()
+
+
+def write_file(path: Path, rng: random.Random) -> None:
+    path.write_text("\n\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 40)))
+                                for _ in range(rng.randint(1, 4))) + "\n")
+
+
+def corpus(root: Path, files: int = 40) -> Path:
+    rng = random.Random(7)
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(files):
+        write_file(docs / f"f{i:02d}.txt", rng)
+    return docs
+
+
+def change_files(docs: Path) -> None:
+    """One file rewritten, one deleted, one added."""
+    rng = random.Random(11)
+    write_file(docs / "f03.txt", rng)
+    (docs / "f05.txt").unlink()
+    write_file(docs / "new.txt", rng)
+
+
+def top(idx: Index, query: str) -> list[tuple[str, float]]:
+    return [(h.id, h.score) for h in idx.search(query, 10)]
+
+
+def assert_same_ranking(pg: Index, lite: Index) -> None:
+    for q in QUERIES:
+        a, b = top(pg, q), top(lite, q)
+        assert [i for i, _ in a] == [i for i, _ in b], q
+        assert all(abs(x - y) <= TOLERANCE for (_, x), (_, y) in zip(a, b, strict=True)), (q, a, b)
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "hybrid", "best"])
+def test_postgres_ranks_the_same_files_as_sqlite(tmp_path: Path, pg_url: str, retriever: str) -> None:
+    docs = corpus(tmp_path)
+    with Index(tmp_path / "ix", retriever=retriever, embedder=BagEmbedder(), **SETTINGS) as lite, \
+            Index.open(pg_url + "#rank", retriever=retriever, embedder=BagEmbedder(), **SETTINGS) as pg:
+        for idx in (lite, pg):
+            idx.ingest(docs)
+        assert len(pg) == len(lite) > 100  # above `best`'s min_store: the neighbour graph is used
+        assert_same_ranking(pg, lite)
+        change_files(docs)
+        for idx in (lite, pg):
+            idx.ingest(docs)
+        assert_same_ranking(pg, lite)
+
+
+def _fresh_process_cache() -> None:
+    _pg_rows._CACHES.clear()  # as a new process would start
+
+
+def test_a_process_reads_a_generation_once_then_only_newer_rows(tmp_path: Path, pg_url: str) -> None:
+    docs = corpus(tmp_path)
+    url = pg_url + "#cache"
+    with Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as writer:
+        writer.ingest(docs)
+        writer.search(QUERIES[0], 5)  # (builds and stores the neighbour graph)
+        n = len(writer)
+        _fresh_process_cache()
+        reader = Index.open(url, embedder=BagEmbedder())
+        reader.search(QUERIES[0], 5)
+        cache = reader._rowcache  # type: ignore[attr-defined]
+        first = dict(cache.downloaded)
+        assert first["vectors"] == first["chunks"] == first["graph"] == n and first["orders"] == 1
+        for q in QUERIES:  # the same generation: nothing more is read, by this object or another one
+            reader.search(q, 5)
+        with Index.open(url, embedder=BagEmbedder()) as again:
+            again.search(QUERIES[1], 5)
+        assert cache.downloaded == first
+        before = {r[0] for r in writer._db.execute("SELECT id FROM chunks").fetchall()}
+        rng = random.Random(3)
+        write_file(docs / "f07.txt", rng)
+        writer.ingest(docs / "f07.txt")  # another Index (a process of its own, for the cache) changes one file
+        new = {r[0] for r in writer._db.execute("SELECT id FROM chunks").fetchall()} - before
+        assert new
+        hits = reader.search(" ".join((docs / "f07.txt").read_text().split()[:6]), 5)
+        assert hits[0].id in new
+        after = cache.downloaded
+        assert after["vectors"] - first["vectors"] == after["chunks"] - first["chunks"] == len(new)
+        assert after["orders"] == first["orders"] + 1
+        assert 0 < after["graph"] - first["graph"] < n // 2  # the neighbour rows that changed
+        reader.close()
+
+
+def test_a_one_file_change_writes_only_that_files_vector_rows(tmp_path: Path, pg_url: str) -> None:
+    docs = corpus(tmp_path)
+    with Index.open(pg_url + "#one", retriever="best", embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        idx.search(QUERIES[0], 5)
+        rows = dict(idx._db.execute("SELECT id, xmin::text FROM chunk_vectors").fetchall())
+        graph = dict(idx._db.execute("SELECT id, xmin::text FROM chunk_graph").fetchall())
+        assert len(rows) == len(graph) == len(idx)
+        rng = random.Random(5)
+        write_file(docs / "f12.txt", rng)
+        idx.ingest(docs / "f12.txt")
+        idx.search(QUERIES[0], 5)
+        mine = {r[0] for r in idx._db.execute("SELECT id FROM chunks WHERE source LIKE '%%/f12.txt'").fetchall()}
+        now = dict(idx._db.execute("SELECT id, xmin::text FROM chunk_vectors").fetchall())
+        assert now.keys() == {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
+        assert {i for i, x in now.items() if rows.get(i) != x} == mine  # written: this file's rows only
+        regraphed = {i for i, x in idx._db.execute("SELECT id, xmin::text FROM chunk_graph").fetchall()
+                     if graph.get(i) != x}
+        assert mine <= regraphed and len(regraphed) < len(now) // 2
+        assert not idx._db.execute("SELECT name FROM files").fetchall()  # no arrays stored whole
+
+
+CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from rag_fakes import BagEmbedder
+from tether.rag._index import Index
+idx = Index.open(sys.argv[1], embedder=BagEmbedder())
+for line in sys.stdin:
+    hits = idx.search(line.strip(), 3)
+    print(json.dumps({"ids": [h.id for h in hits], "downloaded": idx._rowcache.downloaded}), flush=True)
+"""
+
+
+def test_a_second_process_sees_a_change(tmp_path: Path, pg_url: str) -> None:
+    docs = corpus(tmp_path)
+    url = pg_url + "#two"
+    with Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as writer:
+        writer.ingest(docs)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, url, str(Path(__file__).parent)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdin is not None and child.stdout is not None
+
+    def ask(query: str) -> dict[str, Any]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(query + "\n")
+        child.stdin.flush()
+        return json.loads(child.stdout.readline())
+
+    try:
+        query = "zebra quokka narwhal"  # no passage has these words yet
+        first = ask(query)
+        assert first["downloaded"]["vectors"] > 100
+        with Index.open(url, embedder=BagEmbedder()) as writer:
+            writer.add_text("animals", "zebra quokka narwhal")
+            new_id = writer.search(query, 1)[0].id
+        second = ask(query)
+        assert second["ids"][0] == new_id
+        assert second["downloaded"]["vectors"] == first["downloaded"]["vectors"] + 1  # the new passage only
+    finally:
+        child.stdin.close()
+        child.wait(60)
+
+
+class Counting:
+    """A psycopg connection that counts the statements sent through it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.statements = conn, 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.statements += 1
+        return self.conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "best"])
+def test_a_search_of_a_read_generation_is_one_statement(tmp_path: Path, pg_url: str, retriever: str) -> None:
+    docs = corpus(tmp_path)
+    with Index.open(pg_url + "#trips", retriever=retriever, embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        counting = Counting(idx._db.conn)
+        idx._db.conn = counting  # pyright: ignore[reportAttributeAccessIssue]
+        idx.search(QUERIES[0], 5)  # reads the generation
+        for q in QUERIES[1:]:
+            before = counting.statements
+            assert idx.search(q, 5)
+            assert counting.statements - before == 1, q
+
+
+def test_an_index_with_its_vectors_in_files_is_searched_without_embedding_again(tmp_path: Path, pg_url: str) -> None:
+    """An index written before vectors were rows: its arrays serve until its next change writes them as rows."""
+    docs = corpus(tmp_path)
+    url = pg_url + "#old"
+    with Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        stored = idx._load_vectors(len(idx))
+        assert stored is not None
+        with idx._db:  # as the last commit kept them: arrays in `files`, no vector rows
+            Index._save_vectors(idx, stored)
+            idx._db.execute("DELETE FROM chunk_vectors")
+    _fresh_process_cache()
+    embedder = BagEmbedder()
+    with Index.open(url, embedder=embedder) as idx:
+        assert idx.search(QUERIES[0], 5)
+        assert embedder.texts == 1  # the query only: no passage embedded again
+        rng = random.Random(9)
+        write_file(docs / "f20.txt", rng)
+        idx.ingest(docs / "f20.txt")
+        assert idx._db.execute("SELECT count(*) FROM chunk_vectors").fetchone()[0] == len(idx)
+        assert not idx._db.execute("SELECT name FROM files").fetchall()
