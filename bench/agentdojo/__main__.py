@@ -18,6 +18,10 @@ competent planner for the user task, the injection's worst case once injected te
 also its queries, the prompts' reasons, how the model was taken over, effects that ran unasked with
 injected text in their arguments, and the adaptive attacks on handles and queries, `hidden_adaptive`,
 each against one AgentDojo injection task per suite, in the `immediate` timing and the `bench` classification).
+In the hidden mode the planner announces together the effects it can make without one another's outputs,
+and the oracle answers such a turn as one question (batched approvals); the clean runs also give the
+prompts without batches (`approval_prompts_unbatched`) and the blunt rule's with them
+(`approval_prompts_blunt_batched`: the scripted model announcing consecutive effects in one turn).
 """
 
 from __future__ import annotations
