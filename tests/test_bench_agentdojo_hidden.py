@@ -197,3 +197,20 @@ def test_attacker_calls_smuggled_into_a_batch_are_each_judged() -> None:
     assert any(ATK_EMAIL in str(r.arguments) or "mark.black" in str(r.arguments) for r in batches[0])
     assert out.attacker_calls > 0 and out.attacker_effects_executed == 0
     assert not any("mark.black" in str(a) for _, n, a in h.executed if n == "send_email")
+
+
+def test_the_planner_computes_from_what_it_read_not_from_an_effects_confirmation() -> None:
+    from agentdojo.task_suite.load_suites import get_suites
+
+    from bench.agentdojo.harness import CLASSIFICATIONS, SuiteHarness
+    from bench.agentdojo.hidden_plan import derive
+
+    suite = get_suites("v1.1.2")["slack"]
+    h = SuiteHarness("slack", suite, CLASSIFICATIONS["bench"])
+    ut = suite.user_tasks["user_task_14"]  # a message to each user with their rank, counted from the channels
+    env = ut.init_environment(h.clean_env.model_copy(deep=True))
+    calls = ut.ground_truth(env.model_copy(deep=True))
+    plan = derive("slack", ut, env, calls, h.runtime, h.cls.trusted["slack"])
+    reads = {s.index for s in plan.steps if isinstance(s, Call) and s.function != "send_direct_message"}
+    bodies = [q for q in plan.steps if isinstance(q, Query) and "body" in q.question]
+    assert len(bodies) == 4 and all(q.source in reads for q in bodies)
