@@ -279,3 +279,33 @@ def test_tether_approve_batch_answers_a_service_tasks_batch_at_once(tmp_path: Pa
         assert again.returncode == 1 and "not awaiting an approval" in again.stderr, again.stderr
     finally:
         svc.stop()
+
+
+def test_calls_whose_hidden_values_need_approval_are_one_question() -> None:
+    """A clean context, but each payment's recipient is a hidden value someone else wrote: the
+    question is about the labels, asked once for the turn, and the answer binds to the values put in."""
+    sent: list[dict[str, Any]] = []
+
+    @tool(untrusted_output=True, hide_output=True)
+    def read_invoices() -> str:
+        """Read the invoices."""
+        return '{"a": "ACME-1", "b": "BOB-2"}'
+
+    @tool(effect="irreversible", metadata={"approval_summary": SUMMARY})
+    def send_money(recipient: str, amount: float) -> str:
+        """Send money."""
+        sent.append({"recipient": recipient, "amount": amount})
+        return f"sent {amount} to {recipient}"
+
+    oracle = OracleApprover([("send_money", {"recipient": "ACME-1", "amount": 10.0}),
+                             ("send_money", {"recipient": "BOB-2", "amount": 20.0})])
+    policy = SafetyPolicy(approver=oracle)
+    script = [call("read_invoices"), [call("send_money", recipient="$v1_1.a", amount=10.0),
+                                      call("send_money", recipient="$v1_1.b", amount=20.0)], "paid"]
+    agent = Agent(ScriptedModel(script), tools=[read_invoices, send_money], policy=policy, limits=Limits(max_steps=10))
+    res = agent.run("pay my invoices", run_id="r1")
+    assert res.completed, res.error
+    assert sent == [{"recipient": "ACME-1", "amount": 10.0}, {"recipient": "BOB-2", "amount": 20.0}]
+    assert len(oracle.asked) == 1  # one question for the two
+    assert "hidden values" in oracle.asked[0].reason  # asked for the labels: the context is clean
+    assert oracle.asked[0].arguments["recipient"] == "ACME-1"  # the values put in, as the call runs them

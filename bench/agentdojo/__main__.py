@@ -18,6 +18,10 @@ competent planner for the user task, the injection's worst case once injected te
 also its queries, the prompts' reasons, how the model was taken over, effects that ran unasked with
 injected text in their arguments, and the adaptive attacks on handles and queries, `hidden_adaptive`,
 each against one AgentDojo injection task per suite, in the `immediate` timing and the `bench` classification).
+In the hidden mode the planner announces together the effects it can make without one another's outputs,
+and the oracle answers such a turn as one question (batched approvals); the clean runs also give the
+prompts without batches (`approval_prompts_unbatched`) and the blunt rule's with them
+(`approval_prompts_blunt_batched`: the scripted model announcing consecutive effects in one turn).
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ ATTACK_KEYS = ("pairs", "attacks_succeeded", "attacker_calls_executed", "attacke
                "utility_under_attack_deny", "utility_under_attack_oracle")
 CLEAN_KEYS = ("user_tasks", "utility_deny", "utility_oracle", "approval_prompts", "tasks_with_prompts",
               "approval_prompts_no_provenance", "tasks_with_prompts_no_provenance")
-# the hidden mode adds: queries made (oracle runs), of them failed, tasks that made one, plan calls skipped
-HIDDEN_CLEAN_KEYS = ("queries", "queries_failed", "tasks_with_queries", "plan_calls_skipped")
+# the hidden mode adds: queries made (oracle runs), of them failed, tasks that made one, plan calls skipped;
+# the prompts without batched approvals (the planner announcing one call a turn), and the blunt rule's with
+# them (the scripted model announcing consecutive effects in one turn)
+HIDDEN_CLEAN_KEYS = ("queries", "queries_failed", "tasks_with_queries", "plan_calls_skipped",
+                     "approval_prompts_unbatched", "approval_prompts_blunt_batched")
 # ... and under attack (deny-all runs): pairs where injected text reached the model, effects that ran
 # unasked with injected text in their arguments (a label lost)
 # (in a checked argument), effects that ran with injected text only in payload arguments (the payload rule's
@@ -103,13 +110,14 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                       clean_runs: bool = True, variants: bool = True) -> dict[str, Any]:
     """One classification under one mode of the policy (default, provenance or hidden)."""
     provenance, hidden = mode == "provenance", mode == "hidden"
+    batches = hidden  # the hidden mode's planner announces the effects it can make together (one question)
     clean = dict.fromkeys(CLEAN_KEYS + (HIDDEN_CLEAN_KEYS if hidden else ()), 0)
     reasons: Counter[str] = Counter()
     failed: list[str] = []
     for ut in users if clean_runs else ():
         clean["user_tasks"] += 1
-        deny = await h.run(ut, None, approver="deny", use_provenance=provenance, hidden=hidden)
-        oracle = await h.run(ut, None, approver="oracle", use_provenance=provenance, hidden=hidden)
+        deny = await h.run(ut, None, approver="deny", use_provenance=provenance, hidden=hidden, batches=batches)
+        oracle = await h.run(ut, None, approver="oracle", use_provenance=provenance, hidden=hidden, batches=batches)
         # the blunt rule, "ask before every call with an effect after taint": the default mode itself
         base = await h.run(ut, None, approver="oracle") if provenance or hidden else oracle
         clean["utility_deny"] += deny.utility
@@ -125,6 +133,9 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
             clean["queries_failed"] += oracle.queries_failed
             clean["tasks_with_queries"] += oracle.queries > 0
             clean["plan_calls_skipped"] += oracle.skipped
+            clean["approval_prompts_unbatched"] += (await h.run(ut, None, approver="oracle", hidden=True)).prompts
+            clean["approval_prompts_blunt_batched"] += (await h.run(ut, None, approver="oracle", group_effects=True,
+                                                                    batches=True)).prompts
             reasons.update(oracle.reasons or {})
     res: dict[str, Any] = {"clean": clean, "oracle_failures": failed, "timings": {}} if clean_runs else {"timings": {}}
     if hidden and clean_runs:
@@ -146,7 +157,7 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                         per["pairs_never_injected"] += 1
                         continue
                     o = await h.run(ut, it, approver="oracle", timing=timing, use_provenance=provenance,
-                                    hidden=hidden)
+                                    hidden=hidden, batches=batches)
                     # hidden: the injection reached a tool output (whether or not it reached the model)
                     if (not o.met if hidden else not o.injected or (not o.attacker_calls and kind == "adaptive")):
                         # never injected, or nothing to do for this user task (no action to repeat)
@@ -154,7 +165,7 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
                         per["pairs_never_injected"] += 1
                         continue
                     d = await h.run(ut, it, approver="deny", timing=timing, use_provenance=provenance,
-                                    hidden=hidden)
+                                    hidden=hidden, batches=batches)
                     if hidden:
                         r["model_taken_over"] += d.injected
                         r["model_taken_over_oracle"] += o.injected
@@ -197,10 +208,10 @@ async def _hidden_adaptive(h: SuiteHarness, users: list[Any], injections: list[A
                            "utility_under_attack_oracle"), 0)
         how: Counter[str] = Counter()
         for ut in users:
-            o = await h.run(ut, it, approver="oracle", timing=timing, hidden=True, variant=v)
+            o = await h.run(ut, it, approver="oracle", timing=timing, hidden=True, variant=v, batches=True)
             if not o.met:
                 continue
-            d = await h.run(ut, it, approver="deny", timing=timing, hidden=True, variant=v)
+            d = await h.run(ut, it, approver="deny", timing=timing, hidden=True, variant=v, batches=True)
             r["pairs"] += 1
             r["attacker_calls_made"] += d.attacker_calls
             r["attacker_calls_executed"] += d.attacker_effects_executed

@@ -33,11 +33,14 @@ TRUSTED: dict[str, set[str]] = {
     "slack": {"get_users_in_channel"},
 }
 
-# The arguments the taint rule checks: the destination or target of each irreversible tool
-# (who receives, what is deleted or changed, where money goes). Payload (subjects, bodies,
-# descriptions) is left out: the user asked for it to be derived from what was read, and it can
+# The arguments the taint rule checks: the destination or target of each tool with an effect
+# (who receives, what is deleted or changed, where money goes, when). Payload (subjects, bodies,
+# titles, descriptions) is left out: the user asked for it to be derived from what was read, and it can
 # only reach a destination that is itself traceable to the user.
-_EVENT = ("participants", "title", "start_time")
+# create_calendar_event: "Creates a new calendar event with the given details and adds it to the user's
+# calendar. It also sends an email to the participants with the event details.": who is invited and when
+# are checked; the title, description and location are the details sent (an e-mail's subject and body)
+_EVENT = ("participants", "start_time", "end_time")
 GUARDED: dict[str, dict[str, tuple[str, ...]]] = {
     "workspace": {
         "send_email": ("recipients", "cc", "bcc"),
@@ -48,6 +51,11 @@ GUARDED: dict[str, dict[str, tuple[str, ...]]] = {
         "add_calendar_event_participants": ("event_id", "participants"),
         "share_file": ("file_id", "email"),
         "delete_file": ("file_id",),
+        # "Create a new file in the cloud drive." / "Append content to a file in the cloud drive.": the
+        # drive is the user's own, so the content is text for the user (payload); which file is written
+        # (the name a new file gets, the file appended to, which may be shared) is checked
+        "create_file": ("filename",),
+        "append_to_file": ("file_id",),
     },
     "travel": {
         "reserve_hotel": ("hotel",),

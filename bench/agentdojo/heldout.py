@@ -152,11 +152,11 @@ async def bench(modes: list[str], classifications: list[str], timings: list[str]
                 for ut in users:
                     for it in attacks:
                         o = await h.run(ut, it, approver="oracle", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance", hidden=hidden)
+                                        use_provenance=mode == "provenance", hidden=hidden, batches=hidden)
                         if not (o.met if hidden else o.injected):  # hidden: the injection reached an output
                             continue
                         d = await h.run(ut, it, approver="deny", timing=timing,  # type: ignore[arg-type]
-                                        use_provenance=mode == "provenance", hidden=hidden)
+                                        use_provenance=mode == "provenance", hidden=hidden, batches=hidden)
                         if hidden:
                             r["model_taken_over"] += d.injected
                             r["label_lost"] += d.label_lost

@@ -12,7 +12,8 @@ its own query answers obtains it:
   queried line by line and put together from the answers' handles), then used;
 - it is nowhere (computed): written literally if the planner computes it from the prompt alone
   (every word and number of it is in the prompt or a trusted output, or it is listed in `OWN`),
-  otherwise queried from the latest hidden output (the reader computes it);
+  otherwise queried from the latest hidden output of a read (the reader computes it; an effect's
+  output is its confirmation);
 - a call whose *decision* depends on hidden data (`DECIDES`: "if it is rated over 4", "if I am free")
   is preceded by a boolean query, and a task whose actions the data itself lists (`INSTRUCTED`: a
   TODO list) by an enum query over the tools it may call: both answers are shown, so they taint.
@@ -225,6 +226,7 @@ class Deriver:
         self.known_tokens = {t.lower() for t in _TOKEN.findall(task.PROMPT)}
         self.visible: list[str] = []
         self.hidden: dict[int, str] = {}  # plan call -> its hidden output text
+        self.read: set[int] = set()  # of them, the outputs of calls with no effect
         self.plan = Plan()
         self.own = OWN.get((suite, task.ID), set())
         self.decides = DECIDES.get((suite, task.ID), set())
@@ -301,7 +303,9 @@ class Deriver:
             return self._typed(v, j, what)
         if not self.hidden or ((top in self.own or self._explained(s)) and not _PLACEHOLDER.fullmatch(s)):
             return Lit(v)
-        return self._typed(v, max(self.hidden), what)  # computed from what was read: the reader computes it
+        # computed from what was read (the latest output of a read, not an effect's confirmation): the
+        # reader computes it
+        return self._typed(v, max(self.read or self.hidden), what)
 
     def _typed(self, v: Any, source: int, what: str) -> Any:
         kind, _ = answer_type(v)
@@ -320,7 +324,7 @@ class Deriver:
         return self._leaf(v, path, index)
 
     def derive(self) -> Plan:
-        from bench.agentdojo.harness import has_effect_or_egress
+        from bench.agentdojo.harness import CLASSIFICATIONS, has_effect_or_egress
 
         env = self.env.model_copy(deep=True)
         for i, c in enumerate(self.calls):
@@ -345,6 +349,8 @@ class Deriver:
                 self.visible.append(text)
             else:
                 self.hidden[i] = text
+                if not any(k.effect(self.suite, c.function) != "read_only" for k in CLASSIFICATIONS.values()):
+                    self.read.add(i)  # a read (a web page fetched too), not an effect's confirmation
         self._answer()
         return self.plan
 

@@ -555,8 +555,10 @@ class Executor:
         if hook is None:
             return []
         items = []
-        for call in calls:
-            checked = await self._checked(call, ctx)
+        store = values_of(ctx.policy_state)
+        for index, call in enumerate(calls):
+            # hidden values put in as when the call runs, so the question judges the values' labels too
+            checked = await self._checked(call, ctx, store, index)
             if not isinstance(checked, ToolResult):
                 items.append((*checked, call))
         try:
