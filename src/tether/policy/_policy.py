@@ -137,6 +137,7 @@ class SafetyPolicy:
     plan of them is made once, so give the list here rather than change `guards` later."""
 
     asks_for_bounds = True  # asks a person for the calls a delegating run requires approval for
+    announce_min_calls = 2  # `announce_turn` groups two calls or more: a lone call's turn is announced empty
 
     def __init__(
         self,

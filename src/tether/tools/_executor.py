@@ -541,10 +541,13 @@ class Executor:
         if hook is None:
             return []
         items = []
-        for call in calls:
-            checked = await self._checked(call, ctx)
-            if not isinstance(checked, ToolResult):
-                items.append((*checked, call))
+        # a policy that only ever groups `announce_min_calls` or more (SafetyPolicy: 2) is told of a
+        # smaller turn without its calls, which it would not read: each is checked once, when it runs
+        if len(calls) >= getattr(self.policy, "announce_min_calls", 0):
+            for call in calls:
+                checked = await self._checked(call, ctx)
+                if not isinstance(checked, ToolResult):
+                    items.append((*checked, call))
         try:
             return list(await hook(items, ctx))
         except asyncio.CancelledError:
