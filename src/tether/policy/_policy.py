@@ -51,7 +51,7 @@ from tether.policy._leaks import (
     secrets_in,
     values_in,
 )
-from tether.policy._output_filter import Finding, filter_output
+from tether.policy._output_filter import Finding, filter_output, fold
 from tether.policy._provenance import Origin
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
@@ -77,10 +77,9 @@ _INJECTED = re.compile(
 # `_INJECTED`, fast: its alternatives one by one, each starting with a literal (a leading `\b` moved
 # behind the word as a lookbehind), searched case-sensitively in a lower-cased copy. The regex engine
 # finds a leading literal with a fast string search; a case-insensitive alternation is tried at every
-# position (~0.2 ms per KB). Folding first keeps the matches exact: `_FOLD` maps the only non-ASCII
+# position (~0.2 ms per KB). Folding first keeps the matches exact: `fold` maps the only non-ASCII
 # characters that case-insensitive matching equates with ASCII letters, after which `lower()` is one
 # character for one and changes no character's class (\w, \s, newline).
-_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 _INJECTED_PARTS = [re.compile(p, re.MULTILINE) for p in (
     r"(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier)\s+"
     r"(?:instructions|messages|rules)",
@@ -99,7 +98,7 @@ def looks_injected(text: str) -> bool:
     """The text addresses the assistant with instructions (the usual shape of an injection)."""
     if len(text) < 24:  # short: one pass of the case-insensitive regex costs less than nine searches
         return _INJECTED.search(text) is not None
-    folded = (text if text.isascii() else text.translate(_FOLD)).lower()
+    folded = fold(text)
     return any(part.search(folded) is not None for part in _INJECTED_PARTS)
 
 
