@@ -37,6 +37,7 @@ from tether.policy._approvals import (
 )
 from tether.policy._audit import AuditLog, AuditRecord
 from tether.policy._authz import Authorizer
+from tether.policy._batch import announce_turn, forget_batches
 from tether.policy._calls import _describe, _dry_run, plain_args
 from tether.policy._canonical import action_key, leaves
 from tether.policy._capabilities import Capabilities, Capability
@@ -265,8 +266,10 @@ class SafetyPolicy:
     async def announce_turn(self, calls: list[tuple[Tool, dict[str, Any], ToolCall]], ctx: CallContext) -> list[dict[str, Any]]:
         """The calls one model turn announced, before any runs: those that need a person's approval are
         asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
-        from tether.policy._batch import announce_turn
-
+        if not calls:  # a lone call's turn (`announce_min_calls`), or none that passed the executor's checks
+            state = ctx.policy_state
+            forget_batches(state if type(state) is PolicyState else self._state(ctx))
+            return []
         return await announce_turn(self, calls, ctx)
 
     def bound_descendants(self, ctx: CallContext | None) -> Capabilities:
