@@ -491,7 +491,7 @@ class SafetyPolicy:
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
-        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
+        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(ask),
                                             c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision, c.arguments)
 

@@ -429,8 +429,8 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
-        if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
+        jobs = ctx.extra.get(JOBS_KEY)  # (a run has Jobs only when one of its tools is a job tool)
+        if jobs is not None and is_job(tool) and isinstance(jobs, Jobs):  # run in the background, answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             untrusted_job = tool.untrusted_output or (binding is not None and binding.label.untrusted)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
