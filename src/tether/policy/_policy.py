@@ -653,7 +653,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
         return None
     declared = tool.declared
     file_name = None  # a secret file the call names
-    if not declared.secret_output and pend is not None and not declared.writes_path:
+    if not declared.secret_output and pend is not None and not declared.writes_path and not _READS.isdisjoint(pend.args):
         file_name = next((n for k, v in pend.args.items() if k in _READS and isinstance(v, str)
                           for n in secret_files_named(v)), None)
     bearer = tool.name if declared.secret_output else file_name
@@ -662,7 +662,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
     found: dict[str, str] = {}
     if bearer is not None:
         found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
-    for m in _GREP_LINE.finditer(content):
+    for m in _GREP_LINE.finditer(content) if ":" in content else ():  # (each line it matches holds a colon)
         if (name := secret_file(m.group(1))) is not None:
             for value in values_in(m.group(2), name):
                 found.setdefault(value, name)
