@@ -376,7 +376,16 @@ class SafetyPolicy:
         """Decide on one call: the guards in order, then approval. Never raises: a failing check
         refuses the call."""
         try:
-            return await self._before_call(tool, args, call, ctx)
+            state = ctx.policy_state
+            c = CallView(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), args,
+                         plain_args(args), self)
+            stop = self._checked(c)
+            if stop is not None:
+                return await self._stop(c, stop)
+            if not c.ask:  # nobody to ask: `_approve` without its awaits (no coroutine for the usual call)
+                self._reserve(c)
+                return self._let_through(c, "allowed", "")
+            return await self._approve(c)
         except Exception as exc:
             reason = f"the safety policy failed on this call ({type(exc).__name__}: {exc}); refused"
             if isinstance(ctx.policy_state, PolicyState):
@@ -385,15 +394,6 @@ class SafetyPolicy:
                     self._audit(CallView(tool, call, ctx, ctx.policy_state, args, plain_args(args), self),
                                 "refused:error", "", reason)
             return Verdict("refuse", reason, "refused:error")
-
-    async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
-        state = ctx.policy_state
-        c = CallView(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), raw_args,
-                     plain_args(raw_args), self)
-        stop = self._checked(c)
-        if stop is not None:
-            return await self._stop(c, stop)
-        return await self._approve(c)
 
     def _checked(self, c: CallView) -> Stop | None:
         """Every guard on `c` in order: the first Stop, or None (the reasons to ask are in `c.ask`)."""
@@ -432,16 +432,21 @@ class SafetyPolicy:
 
     # -- the last step: approval (when any guard asked for one), then the call is let through ----
 
+    def _reserve(self, c: CallView) -> tuple[deque[float], float] | None:
+        """The call counted against its rate limits now (no await since the rate check), released if
+        not approved, so concurrent calls waiting on the approver cannot all pass the same limit;
+        returns its per-user stamp, if one was taken."""
+        c.state.calls[c.tool.name] += 1
+        if c.cap.per_user is None:
+            return None
+        stamps = self._per_user.setdefault((c.state.user, c.tool.name), deque())
+        stamp = (stamps, self.clock())
+        stamps.append(stamp[1])
+        return stamp
+
     async def _approve(self, c: CallView) -> Verdict:
         state, tool, ask = c.state, c.tool, c.ask
-        # reserved now (no await since the rate check), released if not approved, so concurrent
-        # calls waiting on the approver cannot all pass the same limit
-        state.calls[tool.name] += 1
-        stamp: tuple[deque[float], float] | None = None
-        if c.cap.per_user is not None:
-            stamps = self._per_user.setdefault((state.user, tool.name), deque())
-            stamp = (stamps, self.clock())
-            stamps.append(stamp[1])
+        stamp = self._reserve(c)
 
         def release() -> None:
             state.calls[tool.name] -= 1
@@ -485,13 +490,19 @@ class SafetyPolicy:
             decision, by = f"approved:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
             state.approved.add(c.key or action_key(tool.name, c.args))
+        return self._let_through(c, decision, by)
+
+    @staticmethod
+    def _let_through(c: CallView, decision: str, by: str) -> Verdict:
+        """The call runs: noted as done (a guarded one) and kept pending until its result is in."""
+        state = c.state
         if c.guarded:
             state.done.add(c.key)
         # after taint, what the call sends out that is not the user's or trusted counts as untrusted
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
-        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(ask),
+        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(c.ask),
                                             c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision, c.arguments)
 

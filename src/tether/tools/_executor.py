@@ -401,9 +401,13 @@ class Executor:
 
     async def _execute(self, call: ToolCall, ctx: CallContext, index: int, step: ToolStepFn,
                        store: ValueStore | None) -> ToolResult:
-        checked = await self._checked(call, ctx, store, index)
+        checked = self._checked_call(call, ctx, store, index)
         if isinstance(checked, ToolResult):
             return checked
+        if ctx.bounds:
+            checked = await self._within_bounds(call, ctx, *checked)
+            if isinstance(checked, ToolResult):
+                return checked
         tool, args = checked
         binding = store.binding(call.id) if store is not None else None
         try:
@@ -485,6 +489,15 @@ class Executor:
         """The call's tool and validated arguments (hidden values put in when `store` is given), or the
         error that answers it (an unknown tool, an unknown handle, invalid arguments, a delegating run's
         refusal): every check before the policy's."""
+        checked = self._checked_call(call, ctx, store, index)
+        if isinstance(checked, ToolResult) or not ctx.bounds:
+            return checked
+        return await self._within_bounds(call, ctx, *checked)
+
+    def _checked_call(self, call: ToolCall, ctx: CallContext, store: ValueStore | None = None,
+                      index: int = 0) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """`_checked` but the delegating runs' bounds (no await: a call in a run without bounds makes no
+        coroutine for its checks)."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -519,6 +532,11 @@ class Executor:
         except Exception as exc:  # a validator bug must not crash the run, nor let the call through
             return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
                                f"{exc}", "invalid_arguments")
+        return tool, args
+
+    async def _within_bounds(self, call: ToolCall, ctx: CallContext, tool: Tool,
+                             args: dict[str, Any]) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """The call checked against the capabilities of the runs that delegated to this one."""
         for bound in ctx.bounds:
             try:
                 reason = bound.refusal(tool, args, ctx.user)
