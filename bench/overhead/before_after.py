@@ -7,7 +7,8 @@ The base revision's `src/` is exported with `git archive` to a temporary directo
 (the bench code itself is this checkout's in both). Every figure is CPU time (process time: a busy
 machine inflates it less than wall time). Prints the median per figure and the ratio, and each
 round's ratio (base and this ran back to back, so their spread is the noise); the figures go into
-`bench/overhead/results.json` under "before_after", beside the last run of this tree's own. A second
+`bench/overhead/results.json` under "before_after" (each repetition's ratios under
+"before_after_history"), beside the last run of this tree's own. A second
 measure, independent of the machine's load: function calls per turn (Python and C, counted by a
 `sys.setprofile` hook over one 50-step run, async tool); it is deterministic, so a call a change adds
 to every step shows up exactly (work without calls, such as an attribute test, does not).
@@ -111,8 +112,14 @@ def main() -> int:
         "rounds": rounds, "cpu": "process time", "figures": figures,
         "calls_per_turn": {"base": calls[0], "this": calls[1], "ratio": round(calls[1] / calls[0], 3)},
     }
+    # each repetition's ratios, kept (with its tree's commit), so the spread between runs shows too
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    history = [h for h in results.get("before_after_history", []) if h.get("base") == base]
+    history.append({"base": base, "this": head, "ratios": {n: f["ratio"] for n, f in figures.items()},
+                    "round_ratios": {n: f["round_ratios"] for n, f in figures.items()}})
+    results["before_after_history"] = history
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS} (before_after)")
+    print(f"wrote {RESULTS} (before_after, before_after_history: {len(history)} runs)")
     return 0
 
 
