@@ -3,6 +3,8 @@ every text a pattern matches keeps that pattern, short (one combined search) or 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,3 +66,19 @@ def test_every_keyword_of_the_case_insensitive_patterns_is_kept() -> None:
             matching = [(label, p) for label, p in SECRET_PATTERNS if p.search(t)]
             assert matching, t
             assert all(m in secret_patterns_for(t) for m in matching), t
+
+
+def test_the_environment_secrets_follow_every_change_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _leaks.environment_secrets(os.environ)
+    assert _leaks.environment_secrets(os.environ) == before == _leaks._environment_secrets(os.environ)
+    monkeypatch.setenv("TETHER_TEST_PREFILTER_KEY", "Zq8-very-secret-42")
+    assert "Zq8-very-secret-42" in _leaks.environment_secrets(os.environ)
+    monkeypatch.setenv("TETHER_TEST_PREFILTER_KEY", "Zq8-other-secret-43")
+    assert "Zq8-very-secret-42" not in (now := _leaks.environment_secrets(os.environ))
+    assert "Zq8-other-secret-43" in now
+    monkeypatch.delenv("TETHER_TEST_PREFILTER_KEY")
+    assert _leaks.environment_secrets(os.environ) == before
+    env = {"API": "Zq8-very-secret-42"}
+    assert _leaks.environment_secrets(env) == ["Zq8-very-secret-42"]
+    env["API"] = "localhost"  # the same dict, changed in place
+    assert _leaks.environment_secrets(env) == []

@@ -106,7 +106,8 @@ def main() -> int:
                          "base_median": b, "this_median": t, "ratio": round(t / b, 3), "round_ratios": each}
     print(f"{'function calls per turn (sys.setprofile, exact)':<55} {calls[0]:>9.2f} {calls[1]:>9.2f} "
           f"{calls[1] / calls[0]:>9.2f}")
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # (this tree's last run wrote it anew)
+    earlier = json.loads(saved).get("before_after_history", []) if saved else []
     results["before_after"] = {
         "command": "python -m bench.overhead.before_after " + " ".join(sys.argv[1:]), "base": base,
         "rounds": rounds, "cpu": "process time", "figures": figures,
@@ -114,7 +115,7 @@ def main() -> int:
     }
     # each repetition's ratios, kept (with its tree's commit), so the spread between runs shows too
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    history = [h for h in results.get("before_after_history", []) if h.get("base") == base]
+    history = [h for h in earlier if h.get("base") == base]
     history.append({"base": base, "this": head, "ratios": {n: f["ratio"] for n, f in figures.items()},
                     "round_ratios": {n: f["round_ratios"] for n, f in figures.items()}})
     results["before_after_history"] = history
