@@ -113,14 +113,18 @@ class EstimateCounter:
         digit, newline, other space, other), so only words and digit runs are walked in Python. Words
         are summed in `_count_pieces`' order, so the float sum is the same."""
         classes = text.translate(_ASCII_CLASSES)
-        words = 0.0
-        for run in _ASCII_WORDS.findall(classes):
-            n = len(run)
-            words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
+        runs = _ASCII_WORDS.findall(classes)
+        if "aaaaaaa" not in classes:  # every word counts 1: a sum of ones, exact in any order
+            words = float(len(runs))
+        else:
+            words = 0.0
+            for run in runs:
+                n = len(run)
+                words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
         digits = 0.0
-        if "d" in classes:
-            for run in _ASCII_DIGITS.findall(classes):
-                digits += -(-len(run) // 3)
+        if "d" in classes:  # whole numbers summed: exact in any order
+            runs = _ASCII_DIGITS.findall(classes)
+            digits = float(len(runs)) if "dddd" not in classes else float(sum(-(-len(run) // 3) for run in runs))
         punct = float(classes.count("p"))
         breaks = float(classes.count("n") + (len(_ASCII_GAPS.findall(classes)) if "ss" in classes else 0))
         w = self.weights

@@ -18,7 +18,6 @@ runs and stream clients read on unchanged.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Literal, Union, get_args
@@ -64,35 +63,31 @@ class BaseEvent(Generic[K]):
     @property
     def data(self) -> dict[str, Any]:
         """The payload (every field but step, t and duration), as the envelope carries it."""
-        names, get = _payload(type(self))
-        return dict(zip(names, get(self), strict=True))
+        payload = _PAYLOADS.get(type(self)) or _payload(type(self))
+        return payload(self)
 
     def envelope(self) -> TraceEvent:
-        return TraceEvent(self.kind, self.step, self.t, self.duration, self.data)
+        payload = _PAYLOADS.get(type(self)) or _payload(type(self))
+        return TraceEvent(self.kind, self.step, self.t, self.duration, payload(self))
 
 
-_PAYLOADS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+_PAYLOADS: dict[type, Callable[[Any], dict[str, Any]]] = {}
 
 
-def _payload(tp: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
-    """An event class's payload field names and one getter for all of them (made once per class: an
-    event's envelope is built for every step, and `dataclasses.fields` walks every field each time)."""
-    found = _PAYLOADS.get(tp)
-    if found is not None:
-        return found
+def _payload(tp: type) -> Callable[[Any], dict[str, Any]]:
+    """An event class's payload as one function, `{"name": e.name, ...}` (made once per class: an
+    event's envelope is built for every step; a dict display is one step, where `dataclasses.fields`
+    walks every field and `dict(zip(...))` iterates)."""
+    own = getattr(tp, "data", None)
+    if isinstance(own, property) and own is not BaseEvent.data and own.fget is not None:  # (Notice's)
+        _PAYLOADS[tp] = own.fget
+        return own.fget
     names = tuple(f.name for f in dataclasses.fields(tp) if f.name not in ("kind", "step", "t", "duration"))
-    getter: Callable[[Any], Any] = operator.attrgetter(*names) if names else _nothing
-    get: Callable[[Any], tuple[Any, ...]] = getter if len(names) != 1 else _one(getter)
-    _PAYLOADS[tp] = (names, get)
-    return names, get
-
-
-def _nothing(_: object) -> tuple[Any, ...]:
-    return ()
-
-
-def _one(getter: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
-    return lambda obj: (getter(obj),)
+    assert all(name.isidentifier() for name in names)  # field names: safe to write into the source below
+    source = "lambda e: {" + ", ".join(f"{name!r}: e.{name}" for name in names) + "}"
+    payload: Callable[[Any], dict[str, Any]] = eval(source)
+    _PAYLOADS[tp] = payload
+    return payload
 
 
 @dataclass(slots=True, kw_only=True)

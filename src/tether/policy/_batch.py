@@ -28,6 +28,17 @@ from tether.tools._executor import CallContext
 
 if TYPE_CHECKING:
     from tether.policy._policy import SafetyPolicy
+    from tether.policy._state import PolicyState
+
+
+def forget_batches(state: PolicyState) -> None:
+    """A new turn: the last turn's batches are over (an earlier turn's batch answer is for that turn's
+    calls only)."""
+    if state.batched:
+        state.batched.clear()
+    if state.decisions:
+        for key in [k for k, d in state.decisions.items() if d.get("batch")]:
+            del state.decisions[key]
 
 
 async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, Any], ToolCall]],
@@ -37,9 +48,7 @@ async def announce_turn(policy: SafetyPolicy, calls: list[tuple[Tool, dict[str, 
     from tether.policy._state import PolicyState
 
     state = ctx.policy_state if type(ctx.policy_state) is PolicyState else policy._state(ctx)
-    state.batched.clear()
-    for key in [k for k, d in state.decisions.items() if d.get("batch")]:
-        del state.decisions[key]  # an earlier turn's batch answer is for that turn's calls only
+    forget_batches(state)
     if len(calls) < 2:
         return []
     group: list[CallView] = []

@@ -25,8 +25,9 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
-from tether.policy._output_filter import SECRET_PATTERNS
+from tether.policy._output_filter import secret_patterns_for
 
 # 8+ characters: shorter values (`true`, `1`, `8080`, `admin`) are too common to hunt for, and their
 # encodings too short to match exactly. Under 16 characters a value must also have a run of letters
@@ -41,8 +42,14 @@ _INVISIBLE = {"Cf", "Cc", "Zl", "Zp", "Co", "Cs", "Cn"}  # format (zero-width, b
 _VALUE = re.compile(r"(?:[:=]|\bis\b|\bwas\b)\s*[\"'`]?([^\s\"'`,;]+)\s*$", re.IGNORECASE)
 
 
+# ASCII's invisible characters (all category Cc) but newline and tab, deleted by str.translate
+_ASCII_INVISIBLE = dict.fromkeys(c for c in range(128) if unicodedata.category(chr(c)) in _INVISIBLE and chr(c) not in "\n\t")
+
+
 def normalise(text: str) -> str:
     """NFKC (fullwidth and other compatibility forms to plain), invisible characters removed."""
+    if text.isascii():  # NFKC keeps ASCII as it is: only its control characters go (one C call)
+        return text.translate(_ASCII_INVISIBLE)
     text = unicodedata.normalize("NFKC", text)
     return "".join(ch for ch in text if unicodedata.category(ch) not in _INVISIBLE or ch in "\n\t")
 
@@ -55,7 +62,7 @@ def secrets_in(text: str) -> set[str]:
     """The secret-looking values in a text, by pattern (whitespace inside them removed)."""
     out: set[str] = set()
     plain = normalise(text)
-    for label, pattern in SECRET_PATTERNS:
+    for label, pattern in secret_patterns_for(plain):
         for m in pattern.finditer(plain):
             found = m.group()
             value = _VALUE.search(found) if label.startswith("password") else None
@@ -164,10 +171,36 @@ _PUBLIC_ENV = re.compile(
     r"VIRTUAL_ENV|CONDA_\w+|PYTHON\w*|PYTEST_\w+|PIP_\w+|DEBIAN_FRONTEND|CI|SSH_TTY|MANPATH|INFOPATH)$")
 
 
+# the last environment read and its secrets: (a copy of its raw mapping, the secrets). A run reads the
+# same environment at every scan and at its end; a copy compared whole (one C dict comparison, no
+# decoding) says it is the same, so the secrets are exactly those it would give.
+_env_seen: tuple[dict[Any, Any], list[str]] | None = None
+
+
 def environment_secrets(environ: Mapping[str, str]) -> list[str]:
     """The process environment's values that count as secrets: all but the public variables above,
     values that are file-system paths (a CA bundle's location is no secret) and URLs (an endpoint's
     address is no secret: OPENAI_BASE_URL; the password inside one, `postgres://u:PASS@h/db`, is)."""
+    global _env_seen
+    if isinstance(environ, os._Environ):  # its own store, raw (its items are decoded one by one)
+        raw: dict[Any, Any] = environ._data  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue]
+    elif type(environ) is dict:
+        raw = environ
+    else:
+        return _environment_secrets(environ)
+    seen = _env_seen
+    if seen is not None and seen[0] == raw:
+        return list(seen[1])
+    snapshot = dict(raw)  # the secrets are those of this copy (the environment may change meanwhile)
+    if isinstance(environ, os._Environ):
+        found = _environment_secrets({environ.decodekey(k): environ.decodevalue(v) for k, v in snapshot.items()})
+    else:
+        found = _environment_secrets(snapshot)
+    _env_seen = (snapshot, found)
+    return list(found)
+
+
+def _environment_secrets(environ: Mapping[str, str]) -> list[str]:
     out = []
     for key, value in environ.items():
         if _PUBLIC_ENV.match(key) or not is_secret_value(value):

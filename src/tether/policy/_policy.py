@@ -37,6 +37,7 @@ from tether.policy._approvals import (
 )
 from tether.policy._audit import AuditLog, AuditRecord
 from tether.policy._authz import Authorizer
+from tether.policy._batch import announce_turn, forget_batches
 from tether.policy._calls import _describe, _dry_run, plain_args
 from tether.policy._canonical import action_key, leaves
 from tether.policy._capabilities import Capabilities, Capability
@@ -51,7 +52,7 @@ from tether.policy._leaks import (
     secrets_in,
     values_in,
 )
-from tether.policy._output_filter import Finding, filter_output
+from tether.policy._output_filter import Finding, filter_output, fold
 from tether.policy._provenance import Origin
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
@@ -77,10 +78,9 @@ _INJECTED = re.compile(
 # `_INJECTED`, fast: its alternatives one by one, each starting with a literal (a leading `\b` moved
 # behind the word as a lookbehind), searched case-sensitively in a lower-cased copy. The regex engine
 # finds a leading literal with a fast string search; a case-insensitive alternation is tried at every
-# position (~0.2 ms per KB). Folding first keeps the matches exact: `_FOLD` maps the only non-ASCII
+# position (~0.2 ms per KB). Folding first keeps the matches exact: `fold` maps the only non-ASCII
 # characters that case-insensitive matching equates with ASCII letters, after which `lower()` is one
 # character for one and changes no character's class (\w, \s, newline).
-_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 _INJECTED_PARTS = [re.compile(p, re.MULTILINE) for p in (
     r"(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier)\s+"
     r"(?:instructions|messages|rules)",
@@ -99,7 +99,7 @@ def looks_injected(text: str) -> bool:
     """The text addresses the assistant with instructions (the usual shape of an injection)."""
     if len(text) < 24:  # short: one pass of the case-insensitive regex costs less than nine searches
         return _INJECTED.search(text) is not None
-    folded = (text if text.isascii() else text.translate(_FOLD)).lower()
+    folded = fold(text)
     return any(part.search(folded) is not None for part in _INJECTED_PARTS)
 
 
@@ -137,6 +137,7 @@ class SafetyPolicy:
     plan of them is made once, so give the list here rather than change `guards` later."""
 
     asks_for_bounds = True  # asks a person for the calls a delegating run requires approval for
+    announce_min_calls = 2  # `announce_turn` groups two calls or more: a lone call's turn is announced empty
 
     def __init__(
         self,
@@ -265,8 +266,10 @@ class SafetyPolicy:
     async def announce_turn(self, calls: list[tuple[Tool, dict[str, Any], ToolCall]], ctx: CallContext) -> list[dict[str, Any]]:
         """The calls one model turn announced, before any runs: those that need a person's approval are
         asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
-        from tether.policy._batch import announce_turn
-
+        if not calls:  # a lone call's turn (`announce_min_calls`), or none that passed the executor's checks
+            state = ctx.policy_state
+            forget_batches(state if type(state) is PolicyState else self._state(ctx))
+            return []
         return await announce_turn(self, calls, ctx)
 
     def bound_descendants(self, ctx: CallContext | None) -> Capabilities:
@@ -373,7 +376,16 @@ class SafetyPolicy:
         """Decide on one call: the guards in order, then approval. Never raises: a failing check
         refuses the call."""
         try:
-            return await self._before_call(tool, args, call, ctx)
+            state = ctx.policy_state
+            c = CallView(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), args,
+                         plain_args(args), self)
+            stop = self._checked(c)
+            if stop is not None:
+                return await self._stop(c, stop)
+            if not c.ask:  # nobody to ask: `_approve` without its awaits (no coroutine for the usual call)
+                self._reserve(c)
+                return self._let_through(c, "allowed", "")
+            return await self._approve(c)
         except Exception as exc:
             reason = f"the safety policy failed on this call ({type(exc).__name__}: {exc}); refused"
             if isinstance(ctx.policy_state, PolicyState):
@@ -382,15 +394,6 @@ class SafetyPolicy:
                     self._audit(CallView(tool, call, ctx, ctx.policy_state, args, plain_args(args), self),
                                 "refused:error", "", reason)
             return Verdict("refuse", reason, "refused:error")
-
-    async def _before_call(self, tool: Tool, raw_args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
-        state = ctx.policy_state
-        c = CallView(tool, call, ctx, state if type(state) is PolicyState else self._state(ctx), raw_args,
-                     plain_args(raw_args), self)
-        stop = self._checked(c)
-        if stop is not None:
-            return await self._stop(c, stop)
-        return await self._approve(c)
 
     def _checked(self, c: CallView) -> Stop | None:
         """Every guard on `c` in order: the first Stop, or None (the reasons to ask are in `c.ask`)."""
@@ -429,16 +432,21 @@ class SafetyPolicy:
 
     # -- the last step: approval (when any guard asked for one), then the call is let through ----
 
+    def _reserve(self, c: CallView) -> tuple[deque[float], float] | None:
+        """The call counted against its rate limits now (no await since the rate check), released if
+        not approved, so concurrent calls waiting on the approver cannot all pass the same limit;
+        returns its per-user stamp, if one was taken."""
+        c.state.calls[c.tool.name] += 1
+        if c.cap.per_user is None:
+            return None
+        stamps = self._per_user.setdefault((c.state.user, c.tool.name), deque())
+        stamp = (stamps, self.clock())
+        stamps.append(stamp[1])
+        return stamp
+
     async def _approve(self, c: CallView) -> Verdict:
         state, tool, ask = c.state, c.tool, c.ask
-        # reserved now (no await since the rate check), released if not approved, so concurrent
-        # calls waiting on the approver cannot all pass the same limit
-        state.calls[tool.name] += 1
-        stamp: tuple[deque[float], float] | None = None
-        if c.cap.per_user is not None:
-            stamps = self._per_user.setdefault((state.user, tool.name), deque())
-            stamp = (stamps, self.clock())
-            stamps.append(stamp[1])
+        stamp = self._reserve(c)
 
         def release() -> None:
             state.calls[tool.name] -= 1
@@ -482,13 +490,19 @@ class SafetyPolicy:
             decision, by = f"approved:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
             state.approved.add(c.key or action_key(tool.name, c.args))
+        return self._let_through(c, decision, by)
+
+    @staticmethod
+    def _let_through(c: CallView, decision: str, by: str) -> Verdict:
+        """The call runs: noted as done (a guarded one) and kept pending until its result is in."""
+        state = c.state
         if c.guarded:
             state.done.add(c.key)
         # after taint, what the call sends out that is not the user's or trusted counts as untrusted
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
-        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect.value, decision, by, "; ".join(ask),
+        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(c.ask),
                                             c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision, c.arguments)
 
@@ -650,7 +664,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
         return None
     declared = tool.declared
     file_name = None  # a secret file the call names
-    if not declared.secret_output and pend is not None and not declared.writes_path:
+    if not declared.secret_output and pend is not None and not declared.writes_path and not _READS.isdisjoint(pend.args):
         file_name = next((n for k, v in pend.args.items() if k in _READS and isinstance(v, str)
                           for n in secret_files_named(v)), None)
     bearer = tool.name if declared.secret_output else file_name
@@ -659,7 +673,7 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
     found: dict[str, str] = {}
     if bearer is not None:
         found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
-    for m in _GREP_LINE.finditer(content):
+    for m in _GREP_LINE.finditer(content) if ":" in content else ():  # (each line it matches holds a colon)
         if (name := secret_file(m.group(1))) is not None:
             for value in values_in(m.group(2), name):
                 found.setdefault(value, name)

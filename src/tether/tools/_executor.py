@@ -411,9 +411,13 @@ class Executor:
 
     async def _execute(self, call: ToolCall, ctx: CallContext, index: int, step: ToolStepFn,
                        store: ValueStore | None) -> ToolResult:
-        checked = await self._checked(call, ctx, store, index)
+        checked = self._checked_call(call, ctx, store, index)
         if isinstance(checked, ToolResult):
             return checked
+        if ctx.bounds:
+            checked = await self._within_bounds(call, ctx, *checked)
+            if isinstance(checked, ToolResult):
+                return checked
         tool, args = checked
         binding = store.binding(call.id) if store is not None else None
         try:
@@ -439,8 +443,8 @@ class Executor:
                               is_error=True, decision="awaiting_approval")
         if verdict.arguments is not None:
             args = verdict.arguments
-        jobs = ctx.extra.get(JOBS_KEY) if is_job(tool) else None
-        if isinstance(jobs, Jobs):  # its run goes on in the background; the call is answered at once
+        jobs = ctx.extra.get(JOBS_KEY)  # (a run has Jobs only when one of its tools is a job tool)
+        if jobs is not None and is_job(tool) and isinstance(jobs, Jobs):  # run in the background, answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
             from_source = bool(judge(tool, None)) if callable(judge) else bool(tool.untrusted_output)
@@ -499,6 +503,15 @@ class Executor:
         """The call's tool and validated arguments (hidden values put in when `store` is given), or the
         error that answers it (an unknown tool, an unknown handle, invalid arguments, a delegating run's
         refusal): every check before the policy's."""
+        checked = self._checked_call(call, ctx, store, index)
+        if isinstance(checked, ToolResult) or not ctx.bounds:
+            return checked
+        return await self._within_bounds(call, ctx, *checked)
+
+    def _checked_call(self, call: ToolCall, ctx: CallContext, store: ValueStore | None = None,
+                      index: int = 0) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """`_checked` but the delegating runs' bounds (no await: a call in a run without bounds makes no
+        coroutine for its checks)."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -533,6 +546,11 @@ class Executor:
         except Exception as exc:  # a validator bug must not crash the run, nor let the call through
             return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
                                f"{exc}", "invalid_arguments")
+        return tool, args
+
+    async def _within_bounds(self, call: ToolCall, ctx: CallContext, tool: Tool,
+                             args: dict[str, Any]) -> tuple[Tool, dict[str, Any]] | ToolResult:
+        """The call checked against the capabilities of the runs that delegated to this one."""
         for bound in ctx.bounds:
             try:
                 reason = bound.refusal(tool, args, ctx.user)
@@ -555,12 +573,15 @@ class Executor:
         if hook is None:
             return []
         items = []
-        store = values_of(ctx.policy_state)
-        for index, call in enumerate(calls):
-            # hidden values put in as when the call runs, so the question judges the values' labels too
-            checked = await self._checked(call, ctx, store, index)
-            if not isinstance(checked, ToolResult):
-                items.append((*checked, call))
+        # a policy that only ever groups `announce_min_calls` or more (SafetyPolicy: 2) is told of a
+        # smaller turn without its calls, which it would not read: each is checked once, when it runs
+        if len(calls) >= getattr(self.policy, "announce_min_calls", 0):
+            store = values_of(ctx.policy_state)
+            for index, call in enumerate(calls):
+                # hidden values put in as when the call runs, so the question judges the values' labels too
+                checked = await self._checked(call, ctx, store, index)
+                if not isinstance(checked, ToolResult):
+                    items.append((*checked, call))
         try:
             return list(await hook(items, ctx))
         except asyncio.CancelledError:

@@ -1,0 +1,76 @@
+"""Per-turn work the loop no longer repeats (issue 38 item 5), each decision unchanged: a lone call's
+arguments are validated once (the executor announces a turn below the policy's `announce_min_calls`
+without its calls), and that empty announcement still ends the last turn's batch answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tether import Agent, Limits
+from tether.models._scripted import ScriptedModel, call
+from tether.policy import Capabilities, Capability, OracleApprover, SafetyPolicy
+from tether.tools import tool
+from tether.tools._executor import CallContext, Executor
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return "value-" + key
+
+
+class Counting:
+    """A validator that counts its calls (and validates as the tool's own does)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def validate(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        return self.inner.validate(args)
+
+
+def test_a_lone_call_is_validated_once_and_two_calls_are_still_announced() -> None:
+    counting = Counting(lookup.validator)
+    lookup.validator = counting
+    try:
+        agent = Agent(ScriptedModel([call("lookup", key="a"), "done"]), tools=[lookup], limits=Limits(max_steps=5))
+        result = agent.run("look up a")
+        assert result.completed and counting.calls == 1
+        announced: list[int] = []
+        policy = SafetyPolicy()
+        real = policy.announce_turn
+
+        async def spy(items: list[Any], ctx: CallContext) -> list[dict[str, Any]]:
+            announced.append(len(items))
+            return await real(items, ctx)
+
+        policy.announce_turn = spy  # type: ignore[method-assign]
+        counting.calls = 0
+        agent = Agent(ScriptedModel([[call("lookup", key="a"), call("lookup", key="b")], call("lookup", key="c"), "done"]),
+                      tools=[lookup], policy=policy, limits=Limits(max_steps=5))
+        assert agent.run("look up a and b").completed
+        assert announced == [2, 0] and counting.calls == 2 + 2 + 1  # a turn of two: announced, then run
+    finally:
+        lookup.validator = counting.inner
+
+
+def test_an_empty_announcement_still_ends_the_last_turns_batch_answers() -> None:
+    pays = [{"recipient": "ACME-1", "amount": 1000.0}, {"recipient": "BOB-2", "amount": 200.0}]
+
+    @tool(effect="irreversible")
+    def send_money(recipient: str, amount: float) -> str:
+        """Send money."""
+        return f"sent {amount} to {recipient}"
+
+    policy = SafetyPolicy(approver=OracleApprover([("send_money", p) for p in pays]),
+                          capabilities=Capabilities([Capability("send_money", requires_approval=True)], unlisted="inherit"))
+    state = policy.start_run("r", None, ["pay my invoices"], [])
+    ctx = CallContext(run_id="r", policy_state=state)
+    executor = Executor([send_money], policy=policy)
+    decided = asyncio.run(executor.announce([call("send_money", **p) for p in pays], ctx))
+    assert [d["approved"] for d in decided] == [True, True] and len(state.decisions) == 2
+    assert asyncio.run(executor.announce([call("send_money", **pays[0])], ctx)) == []  # the next turn, one call
+    assert state.decisions == {}
