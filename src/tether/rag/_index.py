@@ -179,6 +179,7 @@ class Index:
         self._built_generation: str | None = None
         self._slots = np.zeros(0, dtype=np.int64)  # the live slots the retriever was built on
         self._chunk_cache: list[Chunk] | None = None
+        self._graph: tuple[str, Neighbours] | None = None  # the neighbour state this object saved or loaded last
         self._closed = False
         self.answered_by: str | None = None  # the retriever that ranked the last search's passages
         self.vectors_pending: str | None = None  # why that was not this index's own retriever
@@ -815,7 +816,7 @@ class Index:
         have = self._load_vectors(complete=False)
         graph = None
         if have is not None and (k or len(live) > self.ann_threshold):
-            graph = self._load_neighbours(self._neighbours_key(gen, len(live) > self.ann_threshold, k), have.vectors.shape[1])
+            graph = self._load_neighbours(self._neighbours_key(gen, len(live) > self.ann_threshold, k), have.vectors)
         tmps: list[Path] = []
         kept: _Vectors | None = None
         if have is not None:
@@ -978,9 +979,13 @@ class Index:
         whether it has an HNSW index (the store is above the ANN threshold)."""
         return f"{generation}:{self.embedder.name}:{k}:{'ann' if ann else 'exact'}"
 
-    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
-        """The stored neighbour state if it was saved for `key` (its file names its own key, so a
-        state replaced halfway by a stopped writer is never taken for another generation's)."""
+    def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
+        """The neighbour state saved for `key` (its file names its own key, so a state replaced
+        halfway by a stopped writer is never taken for another generation's): this object's own if
+        it saved or loaded it last (a writer searching what it wrote reads nothing), else the stored
+        one, its HNSW log replayed on `vectors`."""
+        if self._graph is not None and self._graph[0] == key:
+            return self._graph[1]
         with self._flock("swap.lock", fcntl.LOCK_SH):
             f = self._file("neighbours.npz")
             if f is None:
@@ -991,7 +996,9 @@ class Index:
             ann_file = self._file(ann_name) if ann_name else None
             if ann_name and ann_file is None:
                 return None
-            return Neighbours.load(f, ann_file, dim)
+            state = Neighbours.load(f, ann_file, vectors)
+        self._graph = (key, state)
+        return state
 
     def _neighbours(self, vectors: np.ndarray, k: int, live: np.ndarray) -> Neighbours | None:
         """The neighbour state of the current generation (per slot): loaded, else built and saved."""
@@ -999,30 +1006,37 @@ class Index:
         if not k and not use_ann:
             return None
         key = self._neighbours_key(self._built_generation or "0", use_ann, k)
-        state = self._load_neighbours(key, vectors.shape[1])
+        state = self._load_neighbours(key, vectors)
         if state is not None and len(state.rows) == len(vectors):
             return state
         state = Neighbours.build(vectors, k, use_ann, live)
         self._save_neighbours(state, key, self._built_generation or "0")
-        return state
+        return self._load_neighbours(key, vectors) or state
 
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
-        its generation first, then neighbours.npz (the switch), then older HNSW files removed."""
-        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        its generation first (when due: else the state's log of changes since the last one is kept),
+        then neighbours.npz (the switch), then older HNSW files removed."""
+        self._graph = None
+        rebase = state.rebase_due
+        ann_name = (f"ann-{generation}.hnsw" if rebase else state.base) if state.ann is not None else ""
         stem = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}"
         tmp_npz, tmp_ann = stem.with_suffix(".npz.tmp"), stem.with_suffix(".hnsw.tmp")
         try:
             state.save(tmp_npz, key, ann_name)
-            if state.ann is not None:
+            if state.ann is not None and rebase:
                 state.ann.save(tmp_ann)
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != generation:
                     return  # another process changed the store meanwhile: its readers build their own
-                if state.ann is not None:
+                if state.ann is not None and rebase:
                     self._put_file(ann_name, tmp_ann)
                 self._put_file("neighbours.npz", tmp_npz)
                 self._drop_files("ann-", keep=ann_name)
+            # A written HNSW index is taken back from its file: hnswlib does not store its level
+            # generator, so every process must continue from the file, this one too, for the same
+            # changes to give the same graph everywhere.
+            self._graph = None if rebase and state.ann is not None else (key, state)
         finally:
             tmp_npz.unlink(missing_ok=True)
             tmp_ann.unlink(missing_ok=True)
@@ -1041,7 +1055,7 @@ class Index:
         use_ann = len(live) > self.ann_threshold
         if not k and not use_ann:
             return
-        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors.shape[1])
+        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors)
         if prev is None or len(prev.rows) != old_slots:
             return
         if prev.k < min(k, len(live) - 1):  # built when the store had fewer than k + 1 passages: build it whole
@@ -1049,6 +1063,7 @@ class Index:
         added = len(stored.vectors) - old_slots
         if 2 * (added + 2 * len(dropped)) > len(live) - added + len(dropped):  # (dropped ones count at both ends)
             return
+        self._graph = None  # changed in place below: not the last generation's any more
         prev.update(stored.vectors, np.asarray(dropped, dtype=np.int64), live)
         self._save_neighbours(prev, self._neighbours_key(generation, use_ann, k), generation)
 

@@ -10,7 +10,11 @@ change instead of rebuilt:
   ann     above the index's ANN threshold, an HNSW graph (hnswlib) the dense search asks for its
           candidates and the graph update asks for neighbours; removed slots are marked deleted (a
           tombstone; hnswlib reuses their memory for later additions), new slots added. Labels are
-          stable ids, `labels[slot]` the one of each slot (-1: dead).
+          stable ids, `labels[slot]` the one of each slot (-1: dead). Its file (`base`) is written
+          only now and then: in between, the state keeps the changes made since (`log`: per change
+          the labels deleted, the slots added and their labels), which a loader replays in order on
+          the base, so every process holds the same graph as the writer without a rewrite of the
+          whole file per change.
 
 Below the threshold neighbours are found by exact search, so the graph equals `knn_graph`'s up to
 ties. hnswlib inserts on one thread and seeds its levels with 0: the same changes give the same
@@ -30,6 +34,7 @@ from tether.rag._dense import knn_graph
 
 M, EF_CONSTRUCTION = 16, 100
 CANDIDATES = 200  # rows a dense query scores exactly (with their windows) above the threshold
+LOG_LIMIT = 256  # HNSW additions kept as a log before the file is written again (a replay inserts them)
 _BULK = 10_000  # a first build of more rows than this runs on all cores
 
 
@@ -132,6 +137,14 @@ class Neighbours:
 
     def __init__(self, rows: np.ndarray, sims: np.ndarray, ann: HNSW | None) -> None:
         self.rows, self.sims, self.ann = rows.astype(np.int32), sims.astype(np.float32), ann
+        self.base = ""  # the stored HNSW file the log applies to ("": none yet)
+        self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (deleted labels, added slots, their labels)
+
+    @property
+    def rebase_due(self) -> bool:
+        """Whether the HNSW index should be written whole with the next save (no file yet, or a log
+        long enough that replaying it would cost more than the write)."""
+        return self.ann is not None and (not self.base or sum(len(a) for _, a, _ in self.log) > LOG_LIMIT)
 
     @property
     def k(self) -> int:
@@ -204,7 +217,10 @@ class Neighbours:
         mask[dropped] = False
         new = old_n + np.flatnonzero(mask[old_n:])
         if self.ann is not None:
+            deleted = self.ann.labels[dropped]
+            first = self.ann.next_label
             self.ann.update(dropped, new, vectors[new])
+            self.log.append((deleted[deleted >= 0], new, np.arange(first, first + len(new))))
         k = self.k
         if not k:
             self.rows, self.sims = np.zeros((n, 0), dtype=np.int32), np.zeros((n, 0), dtype=np.float32)
@@ -242,6 +258,7 @@ class Neighbours:
         self.rows, self.sims = new_slot[self.rows[live]].astype(np.int32), self.sims[live]
         if self.ann is not None:
             self.ann.compact(live)
+            self.base, self.log = "", []  # the log names slots: write the file with the next save
 
     def positions(self, live: np.ndarray) -> np.ndarray:
         """The graph by position: row i for the i-th live slot, neighbours as positions."""
@@ -252,9 +269,16 @@ class Neighbours:
     # -- storage: one .npz (the graph, the labels and the generation it is of) plus the HNSW file --
 
     def save(self, path: Path, key: str, ann_name: str) -> None:
+        """The graph, the labels and the log since the HNSW file `ann_name` (this state's own when it
+        was just written: the log is then empty)."""
+        if ann_name != self.base:
+            self.base, self.log = ann_name, []
         arrays: dict[str, Any] = {"rows": self.rows, "sims": self.sims, "key": np.array(key), "ann": np.array(ann_name)}
         if self.ann is not None:
             arrays["labels"], arrays["next_label"] = self.ann.labels, np.array(self.ann.next_label)
+            for name, i in (("log_deleted", 0), ("log_slots", 1), ("log_labels", 2)):
+                arrays[name] = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.asarray(e[i], dtype=np.int64) for e in self.log])
+                arrays[name + "_n"] = np.asarray([len(e[i]) for e in self.log], dtype=np.int64)
         with open(path, "wb") as fh:
             np.savez(fh, **arrays)
 
@@ -265,8 +289,26 @@ class Neighbours:
             return str(z["key"]), str(z["ann"])
 
     @classmethod
-    def load(cls, path: Path, ann_file: Path | None, dim: int) -> Neighbours:
+    def load(cls, path: Path, ann_file: Path | None, vectors: np.ndarray) -> Neighbours:
+        """The stored state; its HNSW index is the file `ann_file` with the log replayed (new slots'
+        vectors taken from `vectors`, per slot)."""
         with np.load(path, allow_pickle=False) as z:
-            rows, sims = z["rows"], z["sims"]
-            ann = HNSW.load(ann_file, z["labels"], int(z["next_label"]), dim) if ann_file is not None and "labels" in z else None
-        return cls(rows, sims, ann)
+            rows, sims, base = z["rows"], z["sims"], str(z["ann"])
+            if ann_file is None or "labels" not in z:
+                return cls(rows, sims, None)
+            labels, next_label = z["labels"], int(z["next_label"])
+            parts = {name: np.split(z[name], np.cumsum(z[name + "_n"])[:-1]) if len(z[name + "_n"]) else []
+                     for name in ("log_deleted", "log_slots", "log_labels")} if "log_deleted_n" in z else None
+        log = list(zip(*parts.values(), strict=True)) if parts else []
+        ann = HNSW.load(ann_file, np.zeros(0, dtype=np.int64), 0, vectors.shape[1])
+        for deleted, slots, added in log:  # the changes since the file, in order, as the writer made them
+            for label in deleted.tolist():
+                ann.index.mark_deleted(label)
+            if len(slots):
+                if ann.index.element_count + len(slots) > ann.index.max_elements:
+                    ann.index.resize_index((ann.index.element_count + len(slots)) * 2)
+                ann.index.add_items(np.asarray(vectors[slots], dtype=np.float32), added, replace_deleted=True)
+        ann.labels, ann.next_label = labels.astype(np.int64), next_label
+        me = cls(rows, sims, ann)
+        me.base, me.log = base, log
+        return me
