@@ -143,3 +143,29 @@ def test_a_search_built_before_another_process_compacted_reads_no_renumbered_slo
         hits = reader.search("kaban", 5)  # built again
         assert {h.source for h in hits} <= set(files)
         assert [h.id for h in hits] == [h.id for h in writer.search("kaban", 5)]
+
+
+def test_another_process_replays_the_hnsw_log_into_the_writers_graph(tmp_path: Path) -> None:
+    """Above the ANN threshold a change adds to the HNSW index without writing its file; a reader
+    replays the logged changes on the file and holds the graph the writer holds (compared with a
+    small search beam, which any difference in the graph would show)."""
+    rng = random.Random(4)
+    files = {f"f{i:03d}": text(rng) for i in range(400)}
+    with Index(tmp_path / "ix", retriever="best", embedder=HashEmbedder(), ann_threshold=50) as writer:
+        writer.add_texts(sorted(files.items()), markdown=False)
+        writer.search("kaban", 3)
+        for step in range(8):
+            writer.remove(sorted(files)[step])
+            writer.add_texts([(f"n{step}-{j}", text(rng)) for j in range(6)], markdown=False)
+        writer.search("kaban", 3)
+        mine: Any = writer._retriever
+        with Index(tmp_path / "ix", retriever="best", embedder=HashEmbedder(), ann_threshold=50) as reader:
+            reader.search("kaban", 3)
+            theirs: Any = reader._retriever
+            assert len(list((tmp_path / "ix").glob("ann-*.hnsw"))) == 1
+            probes = HashEmbedder().embed([f"probe {i}" for i in range(300)])
+            for ann in (mine.dense.ivf, theirs.dense.ivf):
+                ann.index.set_ef(10)
+            a, _ = mine.dense.ivf.index.knn_query(probes, k=10)
+            b, _ = theirs.dense.ivf.index.knn_query(probes, k=10)
+            assert np.array_equal(a, b)
