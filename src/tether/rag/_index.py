@@ -588,7 +588,8 @@ class Index:
                     np.save(tmp, np.asarray(arr))
                     tmps.append((self._bm25_name(part, seg.name, a), tmp))
             state = self.path / f"{stem}.{self._bm25_name(part)}"
-            np.savez(state, **part.state())
+            with open(state, "wb") as fh:
+                np.savez(fh, **part.state())  # pyright: ignore[reportArgumentType]
             tmps.append((self._bm25_name(part), state))
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != gen:
@@ -819,6 +820,7 @@ class Index:
             graph = self._load_neighbours(self._neighbours_key(gen, len(live) > self.ann_threshold, k), have.vectors)
         tmps: list[Path] = []
         kept: _Vectors | None = None
+        complete = False
         if have is not None:
             complete = self._meta("vectors_generation") == gen and len(have.vectors) == total
             kept = _select(have, live[live < len(have.vectors)])

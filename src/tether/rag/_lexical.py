@@ -186,13 +186,14 @@ class BM25Retriever:
         """How many slots there are, live or not (the next new passage takes this one)."""
         return len(self.live)
 
-    def fit(self, texts: Sequence[str], slots: Sequence[int] | None = None) -> None:
+    def fit(self, texts: Sequence[str], slots: Sequence[int] | np.ndarray | None = None) -> None:
         """Index `texts` in slots 0..n-1, or in the ascending `slots` given (the others dead)."""
         self.vocab, self.segments = {}, []
         self.df, self.live = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
         self.update([], texts, slots)
 
-    def update(self, dropped: Sequence[int], texts: Sequence[str], slots: Sequence[int] | None = None) -> None:
+    def update(self, dropped: Sequence[int] | np.ndarray, texts: Sequence[str],
+               slots: Sequence[int] | np.ndarray | None = None) -> None:
         """Mark the slots `dropped` dead and put `texts` in new slots (`slots`, ascending from
         `self.slots` on; default the next ones), as `fit` on the resulting store would score them:
         only `texts` are tokenized and only the dropped passages' postings are read."""
