@@ -520,8 +520,8 @@ class Index:
         self._retriever = None
         if self.uses_vectors:
             # a changed file's untouched passages take the vectors of their old slots
-            self._embed_missing(gen, {c.indexed_text: r for r, c in gone_chunks}, changed=len(hashes))
-            self._update_neighbours(dropped, start, gen)
+            stored = self._embed_missing(gen, {c.indexed_text: r for r, c in gone_chunks}, changed=len(hashes))
+            self._update_neighbours(dropped, start, gen, stored)
         self._compact_if_sparse()
         self._retriever = None
 
@@ -627,10 +627,11 @@ class Index:
         if self._load_vectors() is None:
             self._embed_missing(self._meta("generation") or "0")
 
-    def _embed_missing(self, gen: str, reuse: dict[str, int] | None = None, changed: int = 0) -> None:
+    def _embed_missing(self, gen: str, reuse: dict[str, int] | None = None, changed: int = 0) -> _Vectors | None:
         """Store vectors for every slot after the last one that has them (all, when none are usable):
         a chunk whose text is in `reuse` takes that slot's, the others are embedded (through the
-        checkpoints), dead slots get zeros. Reads only the chunks of those slots."""
+        checkpoints), dead slots get zeros. Reads only the chunks of those slots. Returns all
+        vectors when it holds them in memory (written whole), else None."""
         have = self._load_vectors(complete=False)
         first = len(have.vectors) if have is not None else 0
         total = self._slot_count()
@@ -662,13 +663,14 @@ class Index:
                 w = np.asarray(have.windows[have_ptr[s] : have_ptr[s + 1]])
             windows_parts.append(np.asarray(w, dtype=np.float32))
             owner_parts.append(np.full(len(w), r, dtype=np.int64))
-        self._store_vectors(_Vectors(vectors, np.concatenate(windows_parts), np.concatenate(owner_parts)), have, gen)
+        return self._store_vectors(_Vectors(vectors, np.concatenate(windows_parts), np.concatenate(owner_parts)), have, gen)
 
-    def _store_vectors(self, new: _Vectors, have: _Vectors | None, generation: str) -> None:
+    def _store_vectors(self, new: _Vectors, have: _Vectors | None, generation: str) -> _Vectors | None:
         """Store the vectors `new` of the slots after `have`'s as those of `generation`: appended to
-        the files in place, or (another backend, a file not appendable) all written anew."""
+        the files in place (returns None), or (another backend, a file not appendable) all written
+        anew (returns them)."""
         if have is not None and len(have.vectors) and self._appends_in_place() and self._append_vectors(new, have, generation):
-            return
+            return None
         whole = new if have is None else _Vectors(*(np.concatenate([np.asarray(a), b]) for a, b in zip(have, new, strict=True)))
         tmps = self._write_arrays(whole)
         try:
@@ -679,6 +681,7 @@ class Index:
         finally:
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
+        return whole
 
     def _append_vectors(self, new: _Vectors, have: _Vectors, generation: str) -> bool:
         """Append `new` after `have` in the current files: the rows written past the stored ones
@@ -1043,14 +1046,14 @@ class Index:
             tmp_npz.unlink(missing_ok=True)
             tmp_ann.unlink(missing_ok=True)
 
-    def _update_neighbours(self, dropped: list[int], old_slots: int, generation: str) -> None:
+    def _update_neighbours(self, dropped: list[int], old_slots: int, generation: str, stored: _Vectors | None = None) -> None:
         """Carry the neighbour state of the last generation to `generation` (slots `dropped` dead,
         the slots from `old_slots` on new), if there is one for the same settings; a change of more
         than half the store is left to the next search's full build."""
         from tether.rag._evaluate import make_retriever
 
         k = self._graph_k(make_retriever(self.retriever_name))
-        stored = self._load_vectors()
+        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
         if stored is None:
             return
         live = self._live_slots()
