@@ -809,9 +809,9 @@ class Index:
         from tether.rag._evaluate import make_retriever
 
         total = self._slot_count()
-        live = self._live_slots()
-        if (total - len(live)) * 4 <= total:
+        if (total - len(self)) * 4 <= total:
             return
+        live = self._live_slots()
         gen = self._meta("generation") or "0"
         new_gen = str(int(gen) + 1)
         retriever = make_retriever(self.retriever_name)

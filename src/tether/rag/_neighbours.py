@@ -238,7 +238,7 @@ class Neighbours:
         if len(new):  # a new slot nearer than a kept slot's last neighbour takes its place
             for start in range(0, len(new), 256):
                 part = new[start : start + 256]
-                cross = np.asarray(vectors[kept] @ vectors[part].T, dtype=np.float32)  # kept x part
+                cross = np.asarray(vectors @ vectors[part].T, dtype=np.float32)[kept]  # kept x part (no copy of the store)
                 better = cross > sims[kept, -1:]
                 for j in np.flatnonzero(better.any(axis=1) & ~lost[kept]).tolist():
                     i = kept[j]
