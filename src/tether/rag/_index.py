@@ -1,25 +1,40 @@
-"""A persistent passage store: SQLite for sources and chunks, a .npy file for vectors.
+"""A persistent passage store: SQLite for sources and chunks, .npy files for vectors.
+
+Every chunk has a slot (`chunks.row`), its stable place in the store: a removed source's slots go
+dead, a new chunk takes the next slot, and no other row is touched. Search positions are the live
+slots in order. Once more than a quarter of the slots are dead, the store is compacted: the live
+slots renumbered 0..n-1 and every per-slot file rewritten (a new generation, `meta.compacted`).
 
 Layout of an index directory:
-  index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row)
-  vectors.npy    float32 [rows, dim], row i = the chunk with row = i; memory-mapped on open
+  index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row =
+                 slot), meta (generation, slots, the vectors' epoch and counts, ...)
+  vectors.npy    float32 [slots, dim], row i = slot i (dead slots keep theirs); memory-mapped. A
+                 change appends its rows in place (the header's row count is updated with the
+                 commit; readers take `meta.vectors` rows); a compaction or a whole rewrite writes
+                 the next epoch's files (vectors.E.npy, ...), switched with the commit.
   windows.npy    float32 [windows, dim], overlapping windows of chunks longer than the window
-                 (dense scores a chunk by the max over its vector and its windows); memory-mapped
-  window_owner.npy  int64 [windows], the chunk row each window belongs to (ascending)
-  neighbours.npz the neighbour graph `best` smooths over, with the generation it is of; carried to
-                 the next generation by each change (tether.rag._neighbours)
-  ann-GEN.hnsw   the HNSW index of generation GEN, only for stores above the ANN threshold
+                 (dense scores a chunk by the max over its vector and its windows); appended alike
+  window_owner.npy  int64 [windows], the slot each window belongs to (ascending)
+  lexical-bm25.npz  BM25's state (live slots, document frequencies, its segment list); the
+                 segments (lexical-bm25.SEGMENT.ARRAY.npy: term counts by term and by passage,
+                 written once, memory-mapped) hold the postings (tether.rag._lexical)
+  neighbours.npz the neighbour graph `best` smooths over, per slot, with the generation it is of
+                 and the HNSW changes since its file; carried to the next generation by each change
+                 (tether.rag._neighbours)
+  ann-GEN.hnsw   the HNSW index as written at generation GEN, only for stores above the ANN threshold
 
 Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
 its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
-chunks are embedded; vectors and windows are compacted (rewritten without deleted rows) after
-each change. Stored vectors are used only for the same store generation, embedder and window
-scheme; otherwise everything is re-embedded once.
+chunks are embedded (a changed file's untouched passages take their old slots' vectors). Stored
+vectors are used only for the same embedder and window scheme; otherwise everything is
+re-embedded once.
 
 A change is committed twice: first the rows (a new generation, searchable by its words at once),
 then, once embedded, its vectors. A search in between, from another process, is answered by the
 lexical part of the retriever and says so (`answered_by`, `vectors_pending`); an ingest stopped in
-between leaves rows without vectors, which the next ingest or search computes.
+between leaves slots without vectors, which the next ingest or search computes (only those: the
+slots before them keep theirs). The BM25 state and the neighbour state follow each change at its
+cost; without one for the last generation the next search builds it.
 
 Several processes may share an index. Writers (ingest, add, remove, a re-embedding) take
 `write.lock` for their whole run, so they go one at a time and each reads what the last one

@@ -1,8 +1,9 @@
 """Lexical retrievers: textbook TF-IDF cosine and BM25 with stemming (PyStemmer).
 
-Both keep an inverted index as CSC-style arrays (per term: the passages it occurs in and a
-weight) and score a query with one `np.bincount` over the query terms' postings, which keeps
-lexical search well above 2,000 queries per second on small and medium stores.
+Both keep an inverted index as CSC-style arrays (per term: the passages it occurs in) and score a
+query with one `np.bincount` over the query terms' postings, which keeps lexical search well above
+2,000 queries per second on small and medium stores. TF-IDF stores the weights; BM25 stores term
+counts in segments and weighs them at query time, so a change costs its own passages.
 """
 
 from __future__ import annotations
