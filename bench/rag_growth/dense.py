@@ -124,7 +124,8 @@ def one(n: int, backend: str) -> dict:
             sub = docs / f"d{i // 1000:03d}"
             sub.mkdir(parents=True, exist_ok=True)
             (sub / f"f{i:06d}.txt").write_text(_text(rng))
-        location = str(Path(tmp) / "ix") if backend == "sqlite" else f"{PG.rpartition('/')[0]}/{DB}#growth{n}"
+        # (an index name of this process: two source trees measured in one run must not share one)
+        location = str(Path(tmp) / "ix") if backend == "sqlite" else f"{PG.rpartition('/')[0]}/{DB}#growth{n}_{os.getpid()}"
         out: dict[str, object] = {"backend": backend, "files": files}
         with Index.open(location, retriever="best", embedder=HashedBag()) as idx:
             w, c = time.perf_counter(), _cpu()
