@@ -83,3 +83,15 @@ def rag_cli(monkeypatch: Any, tmp_path: Path) -> Callable[..., Any]:
         return runner.invoke(app, list(args), env=env, catch_exceptions=False)
 
     return invoke
+
+
+def stored_array(index_dir: Path, kind: str) -> np.ndarray:
+    """An index's stored `vectors`, `windows` or `window_owner` (one row per slot; a compaction or a
+    whole rewrite writes the next epoch's file), as many rows as the index says it keeps."""
+    import sqlite3
+
+    with sqlite3.connect(index_dir / "index.sqlite") as db:
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    epoch = meta.get("vectors_epoch", "0")
+    arr = np.load(index_dir / (f"{kind}.npy" if epoch == "0" else f"{kind}.{epoch}.npy"))
+    return arr[: int(meta["vectors" if kind == "vectors" else "windows"])]

@@ -77,14 +77,20 @@ def test_an_updated_graph_equals_a_rebuilt_one() -> None:
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     v = unit(300)
+    live = np.arange(300)
     state = Neighbours.build(v, 10, False)
-    for _ in range(6):
-        dropped = np.sort(rng.choice(len(v), 4, replace=False))
-        v = np.concatenate([np.delete(v, dropped, axis=0), unit(5)])
-        state.update(v, dropped)
-        fresh = Neighbours.build(v, 10, False)
-        assert np.array_equal(state.rows, fresh.rows)
-        np.testing.assert_allclose(state.sims, fresh.sims, atol=1e-5)
+    for _ in range(6):  # each change: 4 slots dead, 5 new slots after the others
+        dropped = np.sort(rng.choice(live, 4, replace=False))
+        live = np.concatenate([np.setdiff1d(live, dropped), np.arange(len(v), len(v) + 5)])
+        v = np.concatenate([v, unit(5)])
+        state.update(v, dropped, live)
+        fresh = Neighbours.build(v, 10, False, live)
+        assert np.array_equal(state.rows[live], fresh.rows[live])
+        np.testing.assert_allclose(state.sims[live], fresh.sims[live], atol=1e-5)
+        assert not np.isin(state.rows[live], dropped).any()
+    compacted = Neighbours.build(v[live], 10, False)
+    state.compact(live)
+    assert np.array_equal(state.rows, compacted.rows)
 
 
 def test_a_change_carries_the_graph_to_the_next_search_without_a_rebuild(location: str,
@@ -132,12 +138,22 @@ def test_above_the_threshold_the_hnsw_index_follows_each_change_and_repeats(tmp_
     assert calls == [150]
     again, graph_again, _, _ = run(tmp_path / "b")
     assert ids == again and np.array_equal(graph, graph_again)  # the same changes give the same answers
-    assert isinstance(ann, HNSW) and len(ann.labels) == len(vectors) == 151
-    np.testing.assert_allclose(ann.index.get_items(ann.labels), vectors, atol=1e-6)  # each row's own vector
+    labels = ann.labels[ann.labels >= 0]  # per slot; the two removed passages' slots dead (-1)
+    assert isinstance(ann, HNSW) and len(ann.labels) == 153 and len(labels) == len(vectors) == 151
+    np.testing.assert_allclose(ann.index.get_items(labels), vectors, atol=1e-6)  # each passage's own vector
     exact = knn_graph(vectors, 10)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(graph, exact, strict=True)])
     assert recall > 0.9
-    assert [f.name for f in (tmp_path / "a").glob("ann-*.hnsw")] == ["ann-4.hnsw"]  # older generations' gone
+    # The file written by the first search stays; the changes since are a log in neighbours.npz,
+    # which another process replays on it: the same graph as the writer's, so the same answers.
+    assert [f.name for f in (tmp_path / "a").glob("ann-*.hnsw")] == ["ann-1.hnsw"]
+    with Index(tmp_path / "a", retriever="best", embedder=RandomEmbedder(), ann_threshold=50) as reader:
+        assert [h.id for h in reader.search("topic1 theme2", 5)] == ids
+        replayed: Any = reader._retriever
+        assert isinstance(replayed.dense.ivf, HNSW) and len(replayed.dense.ivf.labels) == 153
+        queries = RandomEmbedder().embed([f"probe {i}" for i in range(20)])
+        assert all(np.array_equal(np.sort(ann.candidates(q)), np.sort(replayed.dense.ivf.candidates(q))) for q in queries)
+    assert calls == [150, 150]  # one build per run; the reader built nothing
 
 
 def test_a_graph_built_on_a_tiny_store_is_rebuilt_once_it_can_hold_k_neighbours(tmp_path: Path) -> None:

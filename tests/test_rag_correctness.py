@@ -71,7 +71,9 @@ def rows(path: Path) -> list[tuple[int, str]]:
     with sqlite3.connect(path / "index.sqlite") as db:
         got = db.execute("SELECT row, source FROM chunks ORDER BY row").fetchall()
         per_source = dict(db.execute("SELECT path, chunks FROM sources").fetchall())
-    assert [r for r, _ in got] == list(range(len(got)))  # contiguous, no row left negative
+        slots = int(db.execute("SELECT value FROM meta WHERE key = 'slots'").fetchone()[0])
+    # stable slots: none negative, none past the count (removed chunks leave gaps until a compaction)
+    assert all(0 <= r < slots for r, _ in got) and 4 * (slots - len(got)) <= slots
     counted: dict[str, int] = {}
     for _, src in got:
         counted[src] = counted.get(src, 0) + 1

@@ -17,7 +17,10 @@ this 2-core machine), then with a `best` index:
   graph_recall_at_10        the stored neighbour graph of 500 sampled passages against exact search
   dense_recall_at_10        the dense top 10 of 20 queries (HNSW candidates above 50,000) against exact
 PostgreSQL: $TETHER_BENCH_POSTGRES (default postgresql://postgres@127.0.0.1:54329/postgres); a
-database `tether_bench_rag_growth` is created and dropped. Figures go under `dense` in results.json.
+database `tether_bench_rag_growth` is created and dropped. Figures go under `--label` (default `growth`)
+in results.json, one row per size, backend and code: `--src before=/path/to/old/src --src after=src`
+measures two checkouts side by side in one run (a row already there for the same size, backend and
+code is replaced, so a run can add the rows another one lacks).
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ def one(n: int, backend: str) -> dict:
             sub = docs / f"d{i // 1000:03d}"
             sub.mkdir(parents=True, exist_ok=True)
             (sub / f"f{i:06d}.txt").write_text(_text(rng))
-        location = str(Path(tmp) / "ix") if backend == "sqlite" else f"{PG.rpartition('/')[0]}/{DB}#growth{n}"
+        # (an index name of this process: two source trees measured in one run must not share one)
+        location = str(Path(tmp) / "ix") if backend == "sqlite" else f"{PG.rpartition('/')[0]}/{DB}#growth{n}_{os.getpid()}"
         out: dict[str, object] = {"backend": backend, "files": files}
         with Index.open(location, retriever="best", embedder=HashedBag()) as idx:
             w, c = time.perf_counter(), _cpu()
@@ -168,42 +172,49 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--backends", default="sqlite,postgres")
-    ap.add_argument("--src", type=Path, default=REPO / "src", help="the tether source tree to measure")
-    ap.add_argument("--label", default="dense")
+    ap.add_argument("--src", action="append", default=[],
+                    help="LABEL=PATH: a tether source tree to measure (repeatable; default after=./src)")
+    ap.add_argument("--label", default="growth")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         n, backend = args.one.split(":")
         print(json.dumps(one(int(n), backend)))
         return
-    env = {**os.environ, "PYTHONPATH": f"{args.src.resolve()}{os.pathsep}{REPO}"}
-    rows = []
+    srcs = [tuple(s.split("=", 1)) for s in args.src] or [("after", str(REPO / "src"))]
     backends = args.backends.split(",")
     if "postgres" in backends:
         _database(create=True)
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             for backend in backends:
-                done = subprocess.run([sys.executable, "-m", "bench.rag_growth.dense", "--one", f"{n}:{backend}"],
-                                      env=env, cwd=REPO, capture_output=True, text=True)
-                if done.returncode:
-                    print(done.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"{n} passages in {backend} failed")
-                row = {"passages": n, **json.loads(done.stdout.strip().splitlines()[-1])}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                _save(args, rows)  # each row as it comes: a long run stopped keeps what it measured
+                for code, src in srcs:
+                    env = {**os.environ, "PYTHONPATH": f"{Path(src).resolve()}{os.pathsep}{REPO}"}
+                    done = subprocess.run([sys.executable, "-m", "bench.rag_growth.dense", "--one", f"{n}:{backend}"],
+                                          env=env, cwd=REPO, capture_output=True, text=True)
+                    if done.returncode:
+                        print(done.stderr[-3000:], file=sys.stderr)
+                        raise SystemExit(f"{n} passages in {backend} with {code} failed")
+                    row = {"passages": n, "code": code, **json.loads(done.stdout.strip().splitlines()[-1])}
+                    print(json.dumps(row), flush=True)
+                    _save(args, srcs, row)  # each row as it comes: a long run stopped keeps what it measured
     finally:
         if "postgres" in backends:
             _database(create=False)
 
 
-def _save(args: argparse.Namespace, rows: list[dict]) -> None:
+def _save(args: argparse.Namespace, srcs: list[tuple[str, ...]], row: dict) -> None:
     path = HERE / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    results[args.label] = {"src": str(args.src), "rows": rows, "embedder": HashedBag.name,
-                           "command": f"python -m bench.rag_growth.dense --sizes {args.sizes} "
-                                      f"--backends {args.backends} --label {args.label}"}
+    entry = results.get(args.label) or {}
+    same = ("passages", "backend", "code")
+    rows = [r for r in entry.get("rows", []) if any(r.get(k) != row[k] for k in same)] + [row]
+    rows.sort(key=lambda r: (r["passages"], r["backend"], r["code"] != "before", r["code"]))
+    srcs_seen = {**entry.get("srcs", {}), **{code: src for code, src in srcs}}
+    results[args.label] = {"srcs": srcs_seen, "rows": rows, "embedder": HashedBag.name,
+                           "command": f"python -m bench.rag_growth.dense --sizes {args.sizes} --backends "
+                                      f"{args.backends} " + " ".join(f"--src {c}={s}" for c, s in srcs)
+                                      + f" --label {args.label}"}
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 

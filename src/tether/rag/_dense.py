@@ -152,6 +152,10 @@ class DenseRetriever:
     `vectors` holds one whole-text vector per passage (the neighbour graph and IVF use these);
     `window_vectors` / `window_owner` the windows of long passages. A passage scores the max over
     its whole-text vector and its windows. `window=0` keeps one vector per passage.
+
+    A stored index keeps vectors in slots, some of them dead (their passage removed, the slot kept
+    until the store is compacted): `set_vectors(..., live=slots)` takes all slots (`stored`) and
+    scores only the live ones, in slot order (positions 0..size-1); `vectors` are theirs.
     """
 
     name = "dense"
@@ -172,7 +176,9 @@ class DenseRetriever:
         self.window, self.stride = window, stride
         self.rocchio = rocchio
         dim = embedder.dim if embedder else 384
-        self.vectors = np.zeros((0, dim), dtype=np.float32)
+        self.stored = np.zeros((0, dim), dtype=np.float32)  # per slot
+        self.live: np.ndarray | None = None  # the slots of positions 0..size-1 (None: every slot)
+        self._pos = np.zeros(0, dtype=np.int64)  # each slot's position, -1 for a dead one
         self.window_vectors = np.zeros((0, dim), dtype=np.float32)
         self.window_owner = np.zeros(0, dtype=np.int64)
         self._starts = np.zeros(0, dtype=np.int64)  # first row of each owner's run of windows
@@ -185,6 +191,16 @@ class DenseRetriever:
         """Identifies the window scheme (stored vectors are valid only for the same one); `first`:
         a windowed passage's vector is its first window's (embed_passages)."""
         return f"{self.window}:{self.stride}:first" if self.window else "none"
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """The whole-text vector of each passage, by position."""
+        return self.stored if self.live is None else self.stored[self.live]
+
+    @property
+    def size(self) -> int:
+        """How many passages are scored."""
+        return len(self.stored) if self.live is None else len(self.live)
 
     @property
     def embedder(self) -> Embedder:
@@ -212,10 +228,12 @@ class DenseRetriever:
         *,
         windows: np.ndarray | None = None,
         owner: np.ndarray | None = None,
+        live: np.ndarray | None = None,
     ) -> None:
         """Use precomputed (L2-normalised) vectors, and optionally window vectors with the passage
         each belongs to (`owner`, ascending). Builds an IVF index (on the whole-text vectors) above
-        the threshold; a probed passage is then scored with its windows too."""
+        the threshold; a probed passage is then scored with its windows too. With `live` (ascending
+        slots), `vectors` are per slot and only those slots are passages; `ivf` answers slots."""
         n = len(vectors)
         if windows is None:
             windows = np.zeros((0, vectors.shape[1]), dtype=np.float32)
@@ -225,11 +243,15 @@ class DenseRetriever:
             raise InvalidInput(f"{len(windows)} window vectors but {len(owner)} owners")
         if len(owner) and (owner.min() < 0 or owner.max() >= n or np.any(np.diff(owner) < 0)):
             raise InvalidInput("window owners must be ascending passage rows")
-        self.vectors = vectors
+        self.stored = vectors
+        self.live = None if live is None else np.asarray(live, dtype=np.int64)
+        self._pos = np.full(n, -1, dtype=np.int64)
+        if self.live is not None:
+            self._pos[self.live] = np.arange(len(self.live))
         self.window_vectors, self.window_owner = windows, owner
         self._ptr = np.searchsorted(owner, np.arange(n + 1)).astype(np.int64)
         self._starts = np.flatnonzero(np.diff(self._ptr)) if len(owner) else np.zeros(0, dtype=np.int64)
-        if ivf is None and n > self.ann_threshold:
+        if ivf is None and self.size > self.ann_threshold:
             ivf = IVFIndex.build(np.asarray(vectors))
         self.ivf = ivf
 
@@ -241,10 +263,11 @@ class DenseRetriever:
     def feedback_vector(self, qv: np.ndarray) -> np.ndarray:
         """Rocchio: the query vector plus beta times the mean of its top passages' vectors."""
         r = self.rocchio
-        if r is None or not len(self.vectors):
+        if r is None or not self.size:
             return qv
-        top = [i for i, _ in top_k(self.scores_for(qv), r.docs)]
-        moved = qv + r.beta * np.asarray(self.vectors[top], dtype=np.float32).mean(axis=0)
+        top = np.asarray([i for i, _ in top_k(self.scores_for(qv), r.docs)], dtype=np.int64)
+        slots = top if self.live is None else self.live[top]
+        moved = qv + r.beta * np.asarray(self.stored[slots], dtype=np.float32).mean(axis=0)
         norm = float(np.linalg.norm(moved))
         return (moved / norm).astype(np.float32) if norm > 0 else qv
 
@@ -265,26 +288,28 @@ class DenseRetriever:
         return rows, np.maximum.reduceat(sims, offsets)
 
     def _scored(self, qv: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """Scores of all passages (rows None), or of the IVF candidate `rows`."""
+        """Scores of all passages (rows None), or of the IVF candidate positions `rows`."""
         if self.ivf is None:
-            out = np.asarray(self.vectors @ qv, dtype=np.float32)
+            out = np.asarray(self.stored @ qv, dtype=np.float32)
             rows, best = self._window_max(qv)
             out[rows] = np.maximum(out[rows], best)
-            return None, out
-        cand = self.ivf.candidates(qv)
-        part = np.asarray(self.vectors[cand] @ qv, dtype=np.float32)
+            return None, out if self.live is None else out[self.live]
+        cand = np.asarray(self.ivf.candidates(qv), dtype=np.int64)  # slots
+        if self.live is not None:
+            cand = cand[self._pos[cand] >= 0]
+        part = np.asarray(self.stored[cand] @ qv, dtype=np.float32)
         rows, best = self._window_max(qv, cand)
         if len(rows):
-            where = np.full(len(self.vectors), -1, dtype=np.int64)
+            where = np.full(len(self.stored), -1, dtype=np.int64)
             where[cand] = np.arange(len(cand))
             part[where[rows]] = np.maximum(part[where[rows]], best)
-        return cand, part
+        return (cand if self.live is None else self._pos[cand]), part
 
     def scores_for(self, qv: np.ndarray) -> np.ndarray:
         rows, part = self._scored(qv)
         if rows is None:
             return part
-        out = np.full(len(self.vectors), part.min() if len(part) else 0.0, dtype=np.float32)
+        out = np.full(self.size, part.min() if len(part) else 0.0, dtype=np.float32)
         out[rows] = part
         return out
 

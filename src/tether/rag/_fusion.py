@@ -125,7 +125,7 @@ class FusionRetriever:
     def prepare(self, graph: np.ndarray | None = None) -> None:
         """Build (or take) the neighbour graph once both parts are fitted."""
         # In a small store every passage neighbours every other and smoothing only blurs.
-        if self.neighbours <= 0 or self.gain == 0 or len(self.dense.vectors) < self.min_store:
+        if self.neighbours <= 0 or self.gain == 0 or self.dense.size < self.min_store:
             self.graph = None
             return
         if graph is None or graph.shape[1] < self.neighbours:

@@ -1,25 +1,40 @@
-"""A persistent passage store: SQLite for sources and chunks, a .npy file for vectors.
+"""A persistent passage store: SQLite for sources and chunks, .npy files for vectors.
+
+Every chunk has a slot (`chunks.row`), its stable place in the store: a removed source's slots go
+dead, a new chunk takes the next slot, and no other row is touched. Search positions are the live
+slots in order. Once more than a quarter of the slots are dead, the store is compacted: the live
+slots renumbered 0..n-1 and every per-slot file rewritten (a new generation, `meta.compacted`).
 
 Layout of an index directory:
-  index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row)
-  vectors.npy    float32 [rows, dim], row i = the chunk with row = i; memory-mapped on open
+  index.sqlite   sources (path, content hash), chunks (id, source, position, heading, text, row =
+                 slot), meta (generation, slots, the vectors' epoch and counts, ...)
+  vectors.npy    float32 [slots, dim], row i = slot i (dead slots keep theirs); memory-mapped. A
+                 change appends its rows in place (the header's row count is updated with the
+                 commit; readers take `meta.vectors` rows); a compaction or a whole rewrite writes
+                 the next epoch's files (vectors.E.npy, ...), switched with the commit.
   windows.npy    float32 [windows, dim], overlapping windows of chunks longer than the window
-                 (dense scores a chunk by the max over its vector and its windows); memory-mapped
-  window_owner.npy  int64 [windows], the chunk row each window belongs to (ascending)
-  neighbours.npz the neighbour graph `best` smooths over, with the generation it is of; carried to
-                 the next generation by each change (tether.rag._neighbours)
-  ann-GEN.hnsw   the HNSW index of generation GEN, only for stores above the ANN threshold
+                 (dense scores a chunk by the max over its vector and its windows); appended alike
+  window_owner.npy  int64 [windows], the slot each window belongs to (ascending)
+  lexical-bm25.npz  BM25's state (live slots, document frequencies, its segment list); the
+                 segments (lexical-bm25.SEGMENT.ARRAY.npy: term counts by term and by passage,
+                 written once, memory-mapped) hold the postings (tether.rag._lexical)
+  neighbours.npz the neighbour graph `best` smooths over, per slot, with the generation it is of
+                 and the HNSW changes since its file; carried to the next generation by each change
+                 (tether.rag._neighbours)
+  ann-GEN.hnsw   the HNSW index as written at generation GEN, only for stores above the ANN threshold
 
 Ingest is incremental: a source whose content hash is unchanged is skipped, a changed one has
 its chunks replaced, and a file gone from an ingested folder has its chunks deleted. Only new
-chunks are embedded; vectors and windows are compacted (rewritten without deleted rows) after
-each change. Stored vectors are used only for the same store generation, embedder and window
-scheme; otherwise everything is re-embedded once.
+chunks are embedded (a changed file's untouched passages take their old slots' vectors). Stored
+vectors are used only for the same embedder and window scheme; otherwise everything is
+re-embedded once.
 
 A change is committed twice: first the rows (a new generation, searchable by its words at once),
 then, once embedded, its vectors. A search in between, from another process, is answered by the
 lexical part of the retriever and says so (`answered_by`, `vectors_pending`); an ingest stopped in
-between leaves rows without vectors, which the next ingest or search computes.
+between leaves slots without vectors, which the next ingest or search computes (only those: the
+slots before them keep theirs). The BM25 state and the neighbour state follow each change at its
+cost; without one for the last generation the next search builds it.
 
 Several processes may share an index. Writers (ingest, add, remove, a re-embedding) take
 `write.lock` for their whole run, so they go one at a time and each reads what the last one
@@ -35,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import os
 import shutil
 import sqlite3
@@ -47,11 +63,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tether._errors import InvalidInput, MissingFile
+from tether._errors import InvalidInput, MissingFile, OperationFailed
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
 from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
 from tether.rag._encoder import Embedder
+from tether.rag._lexical import BM25Retriever, _Segment
 from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
 from tether.rag._neighbours import Neighbours
 from tether.rag._settings import BEST
@@ -175,7 +192,9 @@ class Index:
         self._embedder = embedder
         self._retriever: Retriever | None = None
         self._built_generation: str | None = None
-        self._rows: list[Chunk] = []
+        self._slots = np.zeros(0, dtype=np.int64)  # the live slots the retriever was built on
+        self._chunk_cache: list[Chunk] | None = None
+        self._graph: tuple[str, Neighbours] | None = None  # the neighbour state this object saved or loaded last
         self._closed = False
         self.answered_by: str | None = None  # the retriever that ranked the last search's passages
         self.vectors_pending: str | None = None  # why that was not this index's own retriever
@@ -349,10 +368,33 @@ class Index:
             return [r[0] for r in self._db.execute("SELECT path FROM sources ORDER BY path")]
 
     def chunks(self) -> list[Chunk]:
-        """Every chunk, in vector-row order."""
+        """Every chunk, in slot order (the order search positions follow)."""
         with self._lock:
             rows = self._db.execute("SELECT id, source, position, heading, text FROM chunks ORDER BY row")
             return [Chunk(*r) for r in rows]
+
+    def _slot_count(self) -> int:
+        """How many slots the store has, live or dead (a new chunk takes the next one)."""
+        stored = self._meta("slots")
+        if stored is not None:
+            return int(stored)
+        top = self._db.execute("SELECT MAX(row) FROM chunks").fetchone()[0]  # written before slots: rows 0..n-1
+        return 0 if top is None else int(top) + 1
+
+    def _live_slots(self) -> np.ndarray:
+        """The slots that hold a chunk, ascending (search position i is the i-th)."""
+        return np.fromiter((r for (r,) in self._db.execute("SELECT row FROM chunks ORDER BY row")), dtype=np.int64)
+
+    @property
+    def _rows(self) -> list[Chunk]:
+        """The chunks of the positions the retriever was built on, read when first asked for."""
+        if self._chunk_cache is None:
+            with self._flock("swap.lock", fcntl.LOCK_SH):
+                by_slot = {r: Chunk(*c) for r, *c in self._db.execute(
+                    "SELECT row, id, source, position, heading, text FROM chunks ORDER BY row")}
+            gone = Chunk("", "", 0, "", "")  # removed since (the next search rebuilds)
+            self._chunk_cache = [by_slot.get(s, gone) for s in self._slots.tolist()]
+        return self._chunk_cache
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -457,25 +499,22 @@ class Index:
 
     def _apply(self, gone: Sequence[str], new: list[Chunk], report: IngestReport, hashes: dict[str, str]) -> None:
         """Delete the chunks of `gone` sources and insert `new` chunks in one commit (searchable by
-        their words from then on), then embed what has no vector yet and store all vectors in a
+        their words from then on), then embed what has no vector yet and store the new vectors in a
         second commit. `hashes` holds the content hash of every added or updated source."""
         if not gone and not hashes:
             if self.uses_vectors:
                 self._complete_vectors()  # a stopped ingest's passages may still wait for vectors
             return
         gone_set = set(gone)
-        # Per-source bookkeeping costs the change, not the store: the rows of the gone sources are
-        # read by source (indexed), the kept rows are only renumbered, never read, for a lexical index.
-        gone_rows = sorted((r, cid) for src in gone_set
-                           for r, cid in self._db.execute("SELECT row, id FROM chunks WHERE source = ?", (src,)))
-        dropped = [r for r, _ in gone_rows]
+        # Per-source bookkeeping costs the change, not the store: the chunks of the gone sources are
+        # read by source (indexed); their slots go dead, the new chunks take new slots at the end,
+        # and no other row is touched.
+        gone_chunks = sorted((r, Chunk(*c)) for src in gone_set for r, *c in self._db.execute(
+            "SELECT row, id, source, position, heading, text FROM chunks WHERE source = ?", (src,)))
+        dropped = [r for r, _ in gone_chunks]
         report.chunks_removed += len(dropped)
         report.chunks_added += len(new)
-        plan: tuple[_Vectors | None, list[str]] | None = None
-        old_n = len(self)
-        if self.uses_vectors:  # read the old vectors before the rows they belong to change
-            plan, new = self._plan_vectors(old_n, dropped, new)
-        kept = old_n - len(dropped)
+        start = self._slot_count()
         per_source = Counter(c.source for c in new)
         gen = str(int(self._meta("generation") or 0) + 1)
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
@@ -483,30 +522,22 @@ class Index:
             for src in gone_set:
                 self._db.execute("DELETE FROM chunks WHERE source = ?", (src,))
                 self._db.execute("DELETE FROM sources WHERE path = ?", (src,))
-            self._close_gaps(dropped)
             self._db.executemany(
                 "INSERT OR REPLACE INTO chunks(id, source, position, heading, text, row) VALUES (?, ?, ?, ?, ?, ?)",
-                [(c.id, c.source, c.position, c.heading, c.text, kept + i) for i, c in enumerate(new)],
+                [(c.id, c.source, c.position, c.heading, c.text, start + i) for i, c in enumerate(new)],
             )
             self._db.executemany("INSERT OR REPLACE INTO sources(path, hash, chunks) VALUES (?, ?, ?)",
                                  [(src, digest, per_source[src]) for src, digest in hashes.items()])
-            self._rows_written([cid for _, cid in gone_rows], new)
+            self._rows_written([c.id for _, c in gone_chunks], new)
+            self._set_meta("slots", str(start + len(new)))
             self._set_meta("generation", gen)
         self._update_lexical(dropped, new, gen)
         self._retriever = None
-        if plan is None:
-            return
-        reused, fresh = plan
-        if self.notify is not None and fresh:
-            windows = count_windows(self.embedder, fresh, self.window, self.stride)
-            self.notify(f"{len(hashes) or 'no'} documents changed: {len(fresh)} passages and {windows} windows to "
-                        f"embed; searches answer from their words meanwhile")
-        more = _embed(self._dense(), fresh, offset=len(reused.vectors) if reused else 0,
-                      progress=self._progress(), cache=self._cache())
-        final = more if reused is None else _Vectors(*(np.concatenate(x) for x in zip(reused, more, strict=True)))
-        self._store_vectors(final, gen)
-        if reused is not None:  # the neighbour state follows the vectors, by the change alone
-            self._update_neighbours(dropped, kept + len(dropped), final.vectors, gen)
+        if self.uses_vectors:
+            # a changed file's untouched passages take the vectors of their old slots
+            stored = self._embed_missing(gen, {c.indexed_text: r for r, c in gone_chunks}, changed=len(hashes))
+            self._update_neighbours(dropped, start, gen, stored)
+        self._compact_if_sparse()
         self._retriever = None
 
     def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
@@ -514,85 +545,225 @@ class Index:
         ids of the chunks it deleted); a backend that keeps more per row (PostgreSQL's terms) does
         the same to it here."""
 
+    # -- the lexical state (BM25's segments, tether.rag._lexical), carried per generation ---------
+
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
-        """Carry a stored lexical state (BM25's) from the last generation to `gen`: the rows `dropped`
-        out, the `new` chunks tokenized and in, weights recomputed (vectorised, no re-tokenizing of
-        the store). Without a state for the last generation the next search fits one."""
+        """Carry a stored lexical state (BM25's) from the last generation to `gen`: the slots
+        `dropped` dead, the `new` chunks tokenized into one new segment. Without a state for the last
+        generation the next search fits one."""
         from tether.rag._evaluate import make_retriever
 
-        prev = str(int(gen) - 1)
         for part in retriever_parts(make_retriever(self.retriever_name)):
-            if not hasattr(part, "update"):
+            if not isinstance(part, BM25Retriever) or not self._restore_bm25(part, str(int(gen) - 1)):
                 continue
-            name = f"lexical-{part.name}.npz"
-            if self._meta(name) != f"{prev}:{part.key()}" or (f := self._file(name)) is None:  # type: ignore[attr-defined]
-                continue
-            with np.load(f, allow_pickle=False) as stored:
-                part.restore(dict(stored))  # type: ignore[attr-defined]
-            part.update(dropped, [c.indexed_text for c in new])  # pyright: ignore[reportAttributeAccessIssue]
-            tmp = self.path / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
-            np.savez(tmp, **part.arrays())  # type: ignore[attr-defined]
+            if part.slots != self._slot_count() - len(new):
+                continue  # not the slots the rows were given: the next search fits
+            before = {seg.name for seg in part.segments}
+            part.update(dropped, [c.indexed_text for c in new])
+            self._save_bm25(part, gen, before)
+
+    def _bm25_name(self, part: BM25Retriever, segment: str = "", array: str = "") -> str:
+        """lexical-bm25.npz (the state: live slots, document frequencies, segment list), or a
+        segment's array lexical-bm25.SEGMENT.ARRAY.npy (written once, memory-mapped on load)."""
+        return f"lexical-{part.name}.{segment}.{array}.npy" if segment else f"lexical-{part.name}.npz"
+
+    def _restore_bm25(self, part: BM25Retriever, gen: str) -> bool:
+        """Take the BM25 state stored for generation `gen`, if there is one."""
+        name = self._bm25_name(part)
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            if self._meta(name) != f"{gen}:{part.key()}" or (f := self._file(name)) is None:
+                return False
+            with np.load(f, allow_pickle=False) as z:
+                state = dict(z)
+
+            def segment(seg: str) -> dict[str, np.ndarray]:
+                files = {a: self._file(self._bm25_name(part, seg, a)) for a in _Segment.ARRAYS}
+                if None in files.values():
+                    raise FileNotFoundError(seg)
+                return {a: np.load(f, mmap_mode="r", allow_pickle=False) for a, f in files.items() if f is not None}
+
             try:
-                with self._flock("swap.lock", fcntl.LOCK_EX):
+                part.restore(state, segment)
+            except (FileNotFoundError, KeyError, ValueError):  # a state half replaced by a stopped writer
+                part.fit([])
+                return False
+        return True
+
+    def _save_bm25(self, part: BM25Retriever, gen: str, before: set[str] | None) -> None:
+        """Store `part` as the BM25 state of `gen` if the store is still at it: the segments not in
+        `before` (the stored ones; None: none are) written, the ones merged away removed."""
+        tmps: list[tuple[str, Path]] = []
+        stem = f"{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            for seg in part.segments:
+                if before is not None and seg.name in before:
+                    continue
+                for a, arr in seg.arrays().items():
+                    tmp = self.path / f"{stem}.{self._bm25_name(part, seg.name, a)}"  # (not under the prefix dropped below)
+                    np.save(tmp, np.asarray(arr))
+                    tmps.append((self._bm25_name(part, seg.name, a), tmp))
+            state = self.path / f"{stem}.{self._bm25_name(part)}"
+            with open(state, "wb") as fh:
+                np.savez(fh, **part.state())  # pyright: ignore[reportArgumentType]
+            tmps.append((self._bm25_name(part), state))
+            with self._flock("swap.lock", fcntl.LOCK_EX):
+                if (self._meta("generation") or "0") != gen:
+                    return  # another process changed the store meanwhile: its readers fit their own
+                current = {seg.name for seg in part.segments}
+                if before is None:
+                    self._drop_files(f"lexical-{part.name}.")
+                for name, tmp in tmps:
                     self._put_file(name, tmp)
-                    with self._db:
-                        self._set_meta(name, f"{gen}:{part.key()}")  # type: ignore[attr-defined]
-            finally:
+                with self._db:
+                    self._set_meta(self._bm25_name(part), f"{gen}:{part.key()}")
+                for seg in (before or set()) - current:
+                    self._drop_files(f"lexical-{part.name}.{seg}.")
+        finally:
+            for _, tmp in tmps:
                 tmp.unlink(missing_ok=True)
 
-    def _close_gaps(self, dropped: list[int]) -> None:
-        """Renumber the rows left after deleting rows `dropped` (ascending) to 0..n-1, in order: each
-        run between two deleted rows moves down by the deleted rows before it, one range update per
-        run (negated first, as the row column is unique)."""
-        if not dropped:
-            return
-        for shift, (lo, hi) in enumerate(zip(dropped, [*dropped[1:], None], strict=True), start=1):
-            if hi is None:
-                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ?", (shift, lo))
-            elif hi > lo + 1:
-                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ? AND row < ?", (shift, lo, hi))
-        self._db.execute("UPDATE chunks SET row = -1 - row WHERE row < 0")
+    # -- vectors: one row per slot, appended in place by each change --------------------------------
 
-    # -- vectors --------------------------------------------------------------------------------
+    _KINDS = ("vectors", "windows", "window_owner")
 
-    def _plan_vectors(self, old_n: int, dropped: list[int],
-                      new: list[Chunk]) -> tuple[tuple[_Vectors | None, list[str]], list[Chunk]]:
-        """((vectors reused for the first rows, texts to embed for the rest), `new` in row order).
-        Kept rows, and new chunks whose text a dropped row had (a changed file's untouched
-        passages), reuse their vectors; with nothing usable on disk every row is embedded. Reads
-        the dropped rows' texts only: the cost is the change's."""
-        old = self._load_vectors(old_n)
-        if old is None:
-            gone = set(dropped)
-            kept = [c for i, c in enumerate(self.chunks()) if i not in gone]
-            return (None, [c.indexed_text for c in kept + new]), new
-        row_of_text: dict[str, int] = {}
-        for start in range(0, len(dropped), 500):
-            part = dropped[start : start + 500]
-            for row, *c in self._db.execute(
-                    f"SELECT row, id, source, position, heading, text FROM chunks WHERE row IN ({','.join('?' * len(part))})",
-                    part).fetchall():
-                row_of_text[Chunk(*c).indexed_text] = row
-        take = np.delete(np.arange(old_n, dtype=np.int64), np.asarray(dropped, dtype=np.int64))
-        reused = [c for c in new if c.indexed_text in row_of_text]
-        fresh = [c for c in new if c.indexed_text not in row_of_text]
-        take = np.concatenate([take, np.asarray([row_of_text[c.indexed_text] for c in reused], dtype=np.int64)])
-        return (_select(old, take), [c.indexed_text for c in fresh]), reused + fresh
+    @staticmethod
+    def _array_name(kind: str, epoch: str) -> str:
+        """The file of `kind` in vector epoch `epoch` (a compaction or a whole rewrite starts the next)."""
+        return f"{kind}.npy" if epoch == "0" else f"{kind}.{epoch}.npy"
+
+    def _appends_in_place(self) -> bool:
+        """Whether the array files are local files this object may append to (a backend that keeps
+        them elsewhere, PostgreSQL's, stores each change's arrays whole)."""
+        return type(self)._file is Index._file and type(self)._put_file is Index._put_file
 
     def _complete_vectors(self) -> None:
-        """Embed and store the vectors of the current rows if they have none (an ingest stopped
-        between its two commits, another embedder or window scheme). The caller holds write.lock."""
-        rows, gen, stored = self._snapshot()
-        if stored is not None:
-            return
-        self._store_vectors(_embed(self._dense(), [c.indexed_text for c in rows], progress=self._progress(),
-                                   cache=self._cache()), gen)
+        """Embed and store the vectors of the slots that have none (an ingest stopped between its
+        two commits, another embedder or window scheme). The caller holds write.lock."""
+        if self._load_vectors() is None:
+            self._embed_missing(self._meta("generation") or "0")
 
-    def _store_vectors(self, vectors: _Vectors, generation: str) -> None:
-        """Swap in the vectors of `generation`; the embedding checkpoints have served."""
+    def _embed_missing(self, gen: str, reuse: dict[str, int] | None = None, changed: int = 0) -> _Vectors | None:
+        """Store vectors for every slot after the last one that has them (all, when none are usable):
+        a chunk whose text is in `reuse` takes that slot's, the others are embedded (through the
+        checkpoints), dead slots get zeros. Reads only the chunks of those slots. Returns all
+        vectors when it holds them in memory (written whole), else None."""
+        have = self._load_vectors(complete=False)
+        first = len(have.vectors) if have is not None else 0
+        total = self._slot_count()
+        todo = [(r, Chunk(*c)) for r, *c in self._db.execute(
+            "SELECT row, id, source, position, heading, text FROM chunks WHERE row >= ? ORDER BY row", (first,))]
+        reuse = {t: s for t, s in (reuse or {}).items() if s < first}
+        fresh = [(r, c) for r, c in todo if c.indexed_text not in reuse]
+        if self.notify is not None and fresh and changed:
+            windows = count_windows(self.embedder, [c.indexed_text for _, c in fresh], self.window, self.stride)
+            self.notify(f"{changed} documents changed: {len(fresh)} passages and {windows} windows to "
+                        f"embed; searches answer from their words meanwhile")
+        more = _embed(self._dense(), [c.indexed_text for _, c in fresh], progress=self._progress(), cache=self._cache())
+        dim = self.embedder.dim
+        vectors = np.zeros((total - first, dim), dtype=np.float32)
+        windows_parts: list[np.ndarray] = [np.zeros((0, dim), dtype=np.float32)]
+        owner_parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+        fresh_at = {r: i for i, (r, _) in enumerate(fresh)}
+        more_ptr = np.searchsorted(more.owner, np.arange(len(fresh) + 1))
+        have_ptr = np.searchsorted(have.owner, np.arange(first + 1)) if have is not None else np.zeros(1, dtype=np.int64)
+        for r, c in todo:
+            if r in fresh_at:
+                i = fresh_at[r]
+                vectors[r - first] = more.vectors[i]
+                w = more.windows[more_ptr[i] : more_ptr[i + 1]]
+            else:
+                assert have is not None
+                s = reuse[c.indexed_text]
+                vectors[r - first] = have.vectors[s]
+                w = np.asarray(have.windows[have_ptr[s] : have_ptr[s + 1]])
+            windows_parts.append(np.asarray(w, dtype=np.float32))
+            owner_parts.append(np.full(len(w), r, dtype=np.int64))
+        return self._store_vectors(_Vectors(vectors, np.concatenate(windows_parts), np.concatenate(owner_parts)), have, gen)
+
+    def _store_vectors(self, new: _Vectors, have: _Vectors | None, generation: str) -> _Vectors | None:
+        """Store the vectors `new` of the slots after `have`'s as those of `generation`: appended to
+        the files in place (returns None), or (another backend, a file not appendable) all written
+        anew (returns them)."""
+        if have is not None and len(have.vectors) and self._appends_in_place() and self._append_vectors(new, have, generation):
+            return None
+        whole = new if have is None else _Vectors(*(np.concatenate([np.asarray(a), b]) for a, b in zip(have, new, strict=True)))
+        tmps = self._write_arrays(whole)
+        try:
+            with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+                self._switch_vectors(tmps, whole, generation)
+                self._db.execute("DELETE FROM embed_cache")
+            self._drop_old_arrays()
+        finally:
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+        return whole
+
+    def _append_vectors(self, new: _Vectors, have: _Vectors, generation: str) -> bool:
+        """Append `new` after `have` in the current files: the rows written past the stored ones
+        first (no reader maps them), then, with the commit, each file's header. False (nothing
+        changed) when a file's header cannot grow in place."""
+        epoch = self._meta("vectors_epoch") or "0"
+        plans: list[tuple[Path, int, np.ndarray, bytes]] = []
+        for kind, old, arr in zip(self._KINDS, have, new, strict=True):
+            path = self.path / self._array_name(kind, epoch)
+            arr = np.ascontiguousarray(arr, dtype=np.int64 if kind == "window_owner" else np.float32)
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(fh)
+                offset = fh.tell()
+            if fortran or dtype != arr.dtype or tuple(shape[1:]) != arr.shape[1:] or shape[0] < len(old):
+                return False
+            header = io.BytesIO()
+            write = np.lib.format.write_array_header_1_0 if version == (1, 0) else np.lib.format.write_array_header_2_0
+            write(header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                           "shape": (len(old) + len(arr), *shape[1:])})
+            if len(header.getvalue()) != offset:
+                return False
+            plans.append((path, offset + len(old) * dtype.itemsize * int(np.prod(shape[1:])), arr, header.getvalue()))
+        for path, at, arr, _ in plans:
+            with open(path, "r+b") as fh:
+                fh.seek(at)
+                fh.write(arr.tobytes())
+                fh.truncate()
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-            self._save_vectors(vectors, generation)
+            for path, _, _, header in plans:
+                with open(path, "r+b") as fh:
+                    fh.write(header)
+            self._vector_meta(len(have.vectors) + len(new.vectors), len(have.windows) + len(new.windows), generation)
             self._db.execute("DELETE FROM embed_cache")
+        return True
+
+    def _write_arrays(self, v: _Vectors) -> list[Path]:
+        """`v` written to temporary files (vectors, windows, owners), for `_switch_vectors`."""
+        out = []
+        for kind, arr in zip(self._KINDS, v, strict=True):
+            tmp = self.path / f"{kind}.{os.getpid()}.{threading.get_ident()}.tmp.npy"
+            np.save(tmp, np.asarray(arr, dtype=np.int64 if kind == "window_owner" else np.float32))
+            out.append(tmp)
+        return out
+
+    def _switch_vectors(self, tmps: list[Path], v: _Vectors, generation: str) -> None:
+        """In the swap lock and a transaction: the files `tmps` (holding `v`) become the arrays of
+        the next epoch, valid for `generation`."""
+        epoch = str(int(self._meta("vectors_epoch") or 0) + 1)
+        for kind, tmp in zip(self._KINDS, tmps, strict=True):
+            self._put_file(self._array_name(kind, epoch), tmp)
+        self._set_meta("vectors_epoch", epoch)
+        self._vector_meta(len(v.vectors), len(v.windows), generation)
+
+    def _drop_old_arrays(self) -> None:
+        epoch = self._meta("vectors_epoch") or "0"
+        for kind in self._KINDS:
+            self._drop_files(f"{kind}.", keep=self._array_name(kind, epoch))
+
+    def _vector_meta(self, vectors: int, windows: int, generation: str) -> None:
+        self._set_meta("embedder", self.embedder.name)
+        self._set_meta("vectors", str(vectors))
+        self._set_meta("windows", str(windows))
+        self._set_meta("vectors_windows", self._dense().windows_key)
+        self._set_meta("vectors_generation", generation)
+        self._db.execute("DELETE FROM meta WHERE key = 'vectors_progress'")
 
     def _progress(self) -> Progress:
         """progress(done, total) that also records how far the vectors are, for other processes'
@@ -615,96 +786,150 @@ class Index:
             os.close(fd)
         return False
 
-    def _load_vectors(self, expected_rows: int) -> _Vectors | None:
-        """The stored vectors and windows (memory-mapped), or None when missing or stale: wrong
-        count, another embedder or window scheme, or saved before a change made while the index
-        was open with a retriever that keeps no vectors."""
+    def _load_vectors(self, complete: bool = True) -> _Vectors | None:
+        """The stored vectors and windows per slot (memory-mapped), or None when missing or unusable:
+        another embedder or window scheme, a damaged file, or (`complete`) not covering every slot of
+        the current generation; with `complete=False`, those of the first slots that have them."""
         if self._meta("embedder") != self.embedder.name:
-            return None
-        if self._meta("vectors_generation") != (self._meta("generation") or "0"):
             return None
         if self._meta("vectors_windows") != self._dense().windows_key:
             return None
-        found = [self._file(f) for f in ("vectors.npy", "windows.npy", "window_owner.npy")]
+        if complete and self._meta("vectors_generation") != (self._meta("generation") or "0"):
+            return None
+        epoch = self._meta("vectors_epoch") or "0"
+        found = [self._file(self._array_name(kind, epoch)) for kind in self._KINDS]
         if None in found:
             return None
         files = [f for f in found if f is not None]
-        vectors, windows = (np.load(f, mmap_mode="r") for f in files[:2])
-        owner = np.load(files[2])
-        if vectors.shape[0] != expected_rows or len(windows) != len(owner):
+        try:
+            vectors, windows, owner = (np.load(f, mmap_mode="r", allow_pickle=False) for f in files)
+        except ValueError:  # not an array file
             return None
-        if len(owner) and (owner.max() >= expected_rows or np.any(np.diff(owner) < 0)):
+        n = int(self._meta("vectors") or -1)
+        w = int(self._meta("windows") or len(owner))  # (an index from before appends: the files' own)
+        if n < 0 or len(vectors) < n or len(windows) < w or len(owner) < w or (complete and n != self._slot_count()):
+            return None
+        vectors, windows, owner = vectors[:n], windows[:w], np.asarray(owner[:w])
+        if len(owner) and (owner.min() < 0 or owner.max() >= n or np.any(np.diff(owner) < 0)):
             return None
         return _Vectors(vectors, windows, owner)
 
-    def _save_vectors(self, v: _Vectors, generation: str | None = None) -> None:
-        """Write the vectors and windows of the store as of `generation` (default: the current one)."""
-        for name, arr in (("vectors", v.vectors), ("windows", v.windows), ("window_owner", v.owner)):
-            tmp = self.path / f"{name}.tmp.npy"
-            np.save(tmp, np.asarray(arr, dtype=np.int64 if name == "window_owner" else np.float32))
-            self._put_file(f"{name}.npy", tmp)
-        self._set_meta("embedder", self.embedder.name)
-        self._set_meta("vectors", str(len(v.vectors)))
-        self._set_meta("vectors_windows", self._dense().windows_key)
-        self._set_meta("vectors_generation", generation or self._meta("generation") or "0")
-        self._db.execute("DELETE FROM meta WHERE key = 'vectors_progress'")
+    # -- compaction: slots renumbered once a quarter of them are dead ---------------------------
+
+    def _compact_if_sparse(self) -> None:
+        """When more than a quarter of the slots are dead, renumber the live ones 0..n-1 (in order)
+        and rewrite what is kept per slot: the rows, the vectors (in the same commit), then the BM25
+        state and the neighbour state of the new generation. Costs the store, once per so many
+        removals that it is a constant per removed chunk. The caller holds write.lock."""
+        from tether.rag._evaluate import make_retriever
+
+        total = self._slot_count()
+        if (total - len(self)) * 4 <= total:
+            return
+        live = self._live_slots()
+        gen = self._meta("generation") or "0"
+        new_gen = str(int(gen) + 1)
+        retriever = make_retriever(self.retriever_name)
+        lexical = [p for p in retriever_parts(retriever) if isinstance(p, BM25Retriever) and self._restore_bm25(p, gen)]
+        k = self._graph_k(retriever)
+        have = self._load_vectors(complete=False)
+        graph = None
+        if have is not None and (k or len(live) > self.ann_threshold):
+            graph = self._load_neighbours(self._neighbours_key(gen, len(live) > self.ann_threshold, k), have.vectors)
+        tmps: list[Path] = []
+        kept: _Vectors | None = None
+        complete = False
+        if have is not None:
+            complete = self._meta("vectors_generation") == gen and len(have.vectors) == total
+            kept = _select(have, live[live < len(have.vectors)])
+            tmps = self._write_arrays(kept)
+        try:
+            with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
+                self._close_gaps(np.setdiff1d(np.arange(total), live).tolist())
+                self._set_meta("slots", str(len(live)))
+                self._set_meta("generation", new_gen)
+                self._set_meta("compacted", new_gen)
+                if kept is not None:
+                    self._switch_vectors(tmps, kept, new_gen if complete else (self._meta("vectors_generation") or ""))
+            if kept is not None:
+                self._drop_old_arrays()
+        finally:
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+        for part in lexical:
+            self._save_bm25(part.compacted(), new_gen, None)
+        if graph is not None and len(graph.rows) == total and kept is not None and len(kept.vectors) == len(live):
+            graph.compact(live)
+            self._save_neighbours(graph, self._neighbours_key(new_gen, graph.ann is not None, k), new_gen)
+
+    def _close_gaps(self, dropped: list[int]) -> None:
+        """Renumber the rows left after deleting rows `dropped` (ascending) to 0..n-1, in order: each
+        run between two deleted rows moves down by the deleted rows before it, one range update per
+        run (negated first, as the row column is unique)."""
+        if not dropped:
+            return
+        for shift, (lo, hi) in enumerate(zip(dropped, [*dropped[1:], None], strict=True), start=1):
+            if hi is None:
+                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ?", (shift, lo))
+            elif hi > lo + 1:
+                self._db.execute("UPDATE chunks SET row = -1 - (row - ?) WHERE row > ? AND row < ?", (shift, lo, hi))
+        self._db.execute("UPDATE chunks SET row = -1 - row WHERE row < 0")
 
     # -- search ---------------------------------------------------------------------------------
 
     def _cache(self) -> _EmbedCache:
         return _EmbedCache(self._db)
 
-    def _snapshot(self) -> tuple[list[Chunk], str, _Vectors | None]:
-        """The rows, their generation and (for a dense retriever) their stored vectors, read under
-        the shared swap lock: all of one generation."""
+    def _snapshot(self) -> tuple[np.ndarray, str, _Vectors | None]:
+        """The live slots, their generation and (for a dense retriever) the stored vectors, read
+        under the shared swap lock: all of one generation."""
         with self._flock("swap.lock", fcntl.LOCK_SH):
-            rows = self.chunks()
+            slots = self._live_slots()
             gen = self._meta("generation") or "0"
-            return rows, gen, self._load_vectors(len(rows)) if self.uses_vectors else None
+            return slots, gen, self._load_vectors() if self.uses_vectors else None
 
     def _build(self) -> Retriever:
         from tether.rag._evaluate import make_retriever
 
-        rows, gen, stored = self._snapshot()
+        slots, gen, stored = self._snapshot()
         if self.uses_vectors and stored is None:  # missing or stale
             if self._writer_active():  # an ingest is computing them: answer from the words meanwhile
-                return self._lexical_meanwhile(rows, gen)
+                return self._lexical_meanwhile(slots, gen)
             with self._writing():  # else compute them once, and keep them
                 self._complete_vectors()
-                rows, gen, stored = self._snapshot()
+                slots, gen, stored = self._snapshot()
             assert stored is not None
-        self._rows, self._built_generation = rows, gen
+        self._slots, self._built_generation, self._chunk_cache = slots, gen, None
         self.answered_by, self.vectors_pending = self.retriever_name, None
-        texts = [c.indexed_text for c in rows]
         retriever = make_retriever(self.retriever_name)
         if not self.uses_vectors:
-            self._fit_lexical(retriever, texts)
+            self._lexical(retriever)
             return retriever
         assert stored is not None
-        state = self._neighbours(stored.vectors, self._graph_k(retriever))
+        state = self._neighbours(stored.vectors, self._graph_k(retriever), slots)
         for part in retriever_parts(retriever):
             if isinstance(part, DenseRetriever):
                 part._embedder = self.embedder
                 part.ann_threshold = self.ann_threshold
                 part.window, part.stride = self.window, self.stride
                 part.set_vectors(stored.vectors, state.ann if state else None, windows=stored.windows,
-                                 owner=stored.owner)
+                                 owner=stored.owner, live=None if len(slots) == len(stored.vectors) else slots)
             else:
-                self._fit_lexical(part, texts)
+                self._lexical(part)
         if hasattr(retriever, "prepare"):
-            graph = state.rows if state is not None and state.k else None
-            retriever.prepare(graph if len(rows) >= getattr(retriever, "min_store", 0) else None)  # pyright: ignore[reportAttributeAccessIssue]
+            graph = state.positions(slots) if state is not None and state.k else None
+            retriever.prepare(graph if len(slots) >= getattr(retriever, "min_store", 0) else None)  # pyright: ignore[reportAttributeAccessIssue]
         return retriever
 
-    def _lexical_meanwhile(self, rows: list[Chunk], gen: str) -> Retriever:
+    def _lexical_meanwhile(self, slots: np.ndarray, gen: str) -> Retriever:
         """The lexical part of this index's retriever (BM25 for `dense`), for a store whose vectors
         another process is still computing; `vectors_pending` says how far it is."""
         from tether.rag._evaluate import make_retriever
 
         lexical = next((p for p in retriever_parts(make_retriever(self.retriever_name))
                         if not isinstance(p, DenseRetriever)), None) or make_retriever("bm25")
-        self._rows, self._built_generation = rows, gen
-        self._fit_lexical(lexical, [c.indexed_text for c in rows])
+        self._slots, self._built_generation, self._chunk_cache = slots, gen, None
+        self._lexical(lexical)
         done, _, total = (self._meta("vectors_progress") or "").partition("/")
         self.answered_by = lexical.name
         self.vectors_pending = (f"{self.retriever_name} is not ready: its vectors are being computed"
@@ -717,9 +942,22 @@ class Index:
         generation and the embedder (another embedder's vectors need their own)."""
         return f"{self._built_generation or '0'}:{self.embedder.name}"
 
+    def _lexical(self, part: Retriever) -> None:
+        """Make a lexical retriever ready for the built generation: its stored state taken back, or
+        fitted on the chunks' texts (and stored)."""
+        if (isinstance(part, BM25Retriever) and self._restore_bm25(part, self._built_generation or "0")
+                and np.array_equal(part.positions, self._slots)):
+            return
+        self._fit_lexical(part, [c.indexed_text for c in self._rows])
+
     def _fit_lexical(self, part: Retriever, texts: list[str]) -> None:
-        """Fit a lexical retriever, or take its state as stored for this generation (tokenizing and
-        stemming a large store takes seconds; every process searching it did that again)."""
+        """Fit a lexical retriever on `texts` (the built positions'), or take its state as stored for
+        this generation (tokenizing and stemming a large store takes seconds; every process
+        searching it did that again), and store what was fitted."""
+        if isinstance(part, BM25Retriever):
+            part.fit(texts, slots=self._slots)
+            self._save_bm25(part, self._built_generation or "0", None)
+            return
         if not hasattr(part, "arrays"):
             part.fit(texts)
             return
@@ -756,14 +994,18 @@ class Index:
         """How many neighbours per passage `retriever` smooths over (0: none)."""
         return int(getattr(retriever, "neighbours", 0) or 0) if getattr(retriever, "gain", 0) else 0
 
-    def _neighbours_key(self, generation: str, rows: int, k: int) -> str:
+    def _neighbours_key(self, generation: str, ann: bool, k: int) -> str:
         """What a stored neighbour state is valid for: the generation, the embedder, `k`, and
         whether it has an HNSW index (the store is above the ANN threshold)."""
-        return f"{generation}:{self.embedder.name}:{k}:{'ann' if rows > self.ann_threshold else 'exact'}"
+        return f"{generation}:{self.embedder.name}:{k}:{'ann' if ann else 'exact'}"
 
-    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
-        """The stored neighbour state if it was saved for `key` (its file names its own key, so a
-        state replaced halfway by a stopped writer is never taken for another generation's)."""
+    def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
+        """The neighbour state saved for `key` (its file names its own key, so a state replaced
+        halfway by a stopped writer is never taken for another generation's): this object's own if
+        it saved or loaded it last (a writer searching what it wrote reads nothing), else the stored
+        one, its HNSW log replayed on `vectors`."""
+        if self._graph is not None and self._graph[0] == key:
+            return self._graph[1]
         with self._flock("swap.lock", fcntl.LOCK_SH):
             f = self._file("neighbours.npz")
             if f is None:
@@ -774,61 +1016,76 @@ class Index:
             ann_file = self._file(ann_name) if ann_name else None
             if ann_name and ann_file is None:
                 return None
-            return Neighbours.load(f, ann_file, dim)
-
-    def _neighbours(self, vectors: np.ndarray, k: int) -> Neighbours | None:
-        """The neighbour state of the current generation: loaded, else built and saved."""
-        n = len(vectors)
-        if not k and n <= self.ann_threshold:
-            return None
-        key = self._neighbours_key(self._built_generation or "0", n, k)
-        state = self._load_neighbours(key, vectors.shape[1])
-        if state is not None and len(state.rows) == n:
-            return state
-        state = Neighbours.build(np.asarray(vectors), k, n > self.ann_threshold)
-        self._save_neighbours(state, key, self._built_generation or "0")
+            state = Neighbours.load(f, ann_file, vectors)
+        self._graph = (key, state)
         return state
+
+    def _neighbours(self, vectors: np.ndarray, k: int, live: np.ndarray) -> Neighbours | None:
+        """The neighbour state of the current generation (per slot): loaded, else built and saved."""
+        use_ann = len(live) > self.ann_threshold
+        if not k and not use_ann:
+            return None
+        key = self._neighbours_key(self._built_generation or "0", use_ann, k)
+        state = self._load_neighbours(key, vectors)
+        if state is not None and len(state.rows) == len(vectors):
+            return state
+        state = Neighbours.build(vectors, k, use_ann, live)
+        self._save_neighbours(state, key, self._built_generation or "0")
+        return self._load_neighbours(key, vectors) or state
 
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
-        its generation first, then neighbours.npz (the switch), then older HNSW files removed."""
-        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        its generation first (when due: else the state's log of changes since the last one is kept),
+        then neighbours.npz (the switch), then older HNSW files removed."""
+        self._graph = None
+        rebase = state.rebase_due
+        ann_name = (f"ann-{generation}.hnsw" if rebase else state.base) if state.ann is not None else ""
         stem = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}"
         tmp_npz, tmp_ann = stem.with_suffix(".npz.tmp"), stem.with_suffix(".hnsw.tmp")
         try:
             state.save(tmp_npz, key, ann_name)
-            if state.ann is not None:
+            if state.ann is not None and rebase:
                 state.ann.save(tmp_ann)
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != generation:
                     return  # another process changed the store meanwhile: its readers build their own
-                if state.ann is not None:
+                if state.ann is not None and rebase:
                     self._put_file(ann_name, tmp_ann)
                 self._put_file("neighbours.npz", tmp_npz)
                 self._drop_files("ann-", keep=ann_name)
+            # A written HNSW index is taken back from its file: hnswlib does not store its level
+            # generator, so every process must continue from the file, this one too, for the same
+            # changes to give the same graph everywhere.
+            self._graph = None if rebase and state.ann is not None else (key, state)
         finally:
             tmp_npz.unlink(missing_ok=True)
             tmp_ann.unlink(missing_ok=True)
 
-    def _update_neighbours(self, dropped: list[int], old_n: int, vectors: np.ndarray, generation: str) -> None:
-        """Carry the neighbour state of the last generation to `generation` (rows `dropped`, the
-        new rows' vectors at the end of `vectors`), if there is one for the same settings; a change
-        of more than half the store is left to the next search's full build."""
+    def _update_neighbours(self, dropped: list[int], old_slots: int, generation: str, stored: _Vectors | None = None) -> None:
+        """Carry the neighbour state of the last generation to `generation` (slots `dropped` dead,
+        the slots from `old_slots` on new), if there is one for the same settings; a change of more
+        than half the store is left to the next search's full build."""
         from tether.rag._evaluate import make_retriever
 
         k = self._graph_k(make_retriever(self.retriever_name))
-        n = len(vectors)
-        if not k and n <= self.ann_threshold:
+        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
+        if stored is None:
             return
-        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), old_n, k), vectors.shape[1])
-        if prev is None or len(prev.rows) != old_n or (prev.ann is not None) != (n > self.ann_threshold):
+        live = self._live_slots()
+        use_ann = len(live) > self.ann_threshold
+        if not k and not use_ann:
             return
-        if prev.k < min(k, n - 1):  # built when the store had fewer than k + 1 rows: build it whole
+        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors)
+        if prev is None or len(prev.rows) != old_slots:
             return
-        if 2 * (n - old_n + 2 * len(dropped)) > old_n:  # new rows plus dropped ones (counted twice: both ends)
+        if prev.k < min(k, len(live) - 1):  # built when the store had fewer than k + 1 passages: build it whole
             return
-        prev.update(np.asarray(vectors), np.asarray(dropped, dtype=np.int64))
-        self._save_neighbours(prev, self._neighbours_key(generation, n, k), generation)
+        added = len(stored.vectors) - old_slots
+        if 2 * (added + 2 * len(dropped)) > len(live) - added + len(dropped):  # (dropped ones count at both ends)
+            return
+        self._graph = None  # changed in place below: not the last generation's any more
+        prev.update(stored.vectors, np.asarray(dropped, dtype=np.int64), live)
+        self._save_neighbours(prev, self._neighbours_key(generation, use_ann, k), generation)
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
         """The `k` best passages for `query`, with chunk id, source, heading, text and score.
@@ -838,17 +1095,35 @@ class Index:
         if not query.strip():
             raise InvalidInput("query must not be empty")
         with self._lock:
-            stale = self._retriever is None or (self._meta("generation") or "0") != self._built_generation
-            if not stale and self.vectors_pending:  # the vectors are done, or their writer is gone
-                stale = self._meta("vectors_generation") == self._built_generation or not self._writer_active()
-            retriever = self._retriever = self._build() if stale or self._retriever is None else self._retriever
-            if not self._rows:
-                return []
-            return [
-                Hit(pos, score, c.id, c.source, c.heading, c.text)
-                for pos, score in retriever.search(query, k)
-                for c in (self._rows[pos],)
-            ]
+            for _ in range(5):
+                stale = self._retriever is None or (self._meta("generation") or "0") != self._built_generation
+                if not stale and self.vectors_pending:  # the vectors are done, or their writer is gone
+                    stale = self._meta("vectors_generation") == self._built_generation or not self._writer_active()
+                retriever = self._retriever = self._build() if stale or self._retriever is None else self._retriever
+                if not len(self._slots):
+                    return []
+                hits = self._hits(retriever.search(query, k))
+                if hits is not None:
+                    return hits
+                self._retriever = None  # compacted meanwhile: the slots were renumbered
+            raise OperationFailed(f"the index at {self.location} kept changing while it was searched; try again")
+
+    def _hits(self, found: list[tuple[int, float]]) -> list[Hit] | None:
+        """The chunks of the positions `found`, read by slot; None if the slots were renumbered
+        since the retriever was built (another process compacted the store). A chunk removed since
+        is left out."""
+        slots = [int(self._slots[pos]) for pos, _ in found]
+        by_slot: dict[int, Chunk] = {}
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            if int(self._meta("compacted") or 0) > int(self._built_generation or 0):
+                return None
+            for start in range(0, len(slots), 500):
+                part = slots[start : start + 500]
+                by_slot.update((r, Chunk(*c)) for r, *c in self._db.execute(
+                    f"SELECT row, id, source, position, heading, text FROM chunks WHERE row IN ({','.join('?' * len(part))})",
+                    part))
+        return [Hit(pos, score, c.id, c.source, c.heading, c.text)
+                for (pos, score), s in zip(found, slots, strict=True) if (c := by_slot.get(s)) is not None]
 
 
 class _Vectors(NamedTuple):
