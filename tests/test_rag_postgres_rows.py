@@ -227,7 +227,7 @@ def test_an_index_with_its_vectors_in_files_is_searched_without_embedding_again(
         stored = idx._load_vectors(len(idx))
         assert stored is not None
         with idx._db:  # as the last commit kept them: arrays in `files`, no vector rows
-            Index._save_vectors(idx, stored)
+            Index._switch_vectors(idx, Index._write_arrays(idx, stored), stored, idx._meta("generation") or "0")
             idx._db.execute("DELETE FROM chunk_vectors")
     _fresh_process_cache()
     embedder = BagEmbedder()

@@ -168,7 +168,9 @@ class PostgresIndex(Index):
         self._rowcache = _pg_rows.cache_for(f"{self._url.rpartition('@')[2]}#{self.name}#{instance}")
         self._server: _pg_lexical.ServerBM25 | None = None
         self._graph_from: str | None = None  # the generation whose stored graph was last loaded
-        self._next_order: tuple[str, list[str]] | None = None  # a change's chunk order, until committed
+        self._next_order: tuple[str, _pg_rows.Order] | None = None  # a change's chunk order, until committed
+        self._gone: list[tuple[str, bool]] = []  # a change's removed ids (and whether gone for good), until committed
+        self._dead: tuple[str, dict[int, str]] | None = None  # generation, removed slot -> id, till its vectors are stored
         return db
 
     def close(self) -> None:
@@ -209,107 +211,158 @@ class PostgresIndex(Index):
         return dict(self._db.conn.execute("SELECT key, value FROM meta WHERE key = ANY(%s)", (list(keys),)).fetchall())
 
     # -- rows: chunks, vectors and the neighbour graph through the process's cache (tether.rag._pg_rows)
+    #
+    # Slots as in SQLite (chunks.row): a change's chunks take new slots at the end, a removed
+    # chunk's slot goes dead, a compaction renumbers. Rows are kept by chunk id, so a slot is only a
+    # place in the arrays handed to `Index`: `_load_vectors` lays the vector rows of a generation's
+    # ids out at their slots (a dead slot holds zeros: nothing reads it, except the slots this
+    # object's own change just removed, whose rows are kept until its vectors are committed, for
+    # `_embed_missing` to reuse), and the neighbour state is translated between slots and ids the
+    # same way. Renumbering changes no row.
 
     def chunks(self) -> list[Chunk]:
         with self._lock:
             gen = self._meta("generation") or "0"
-            return self._rowcache.chunk_rows(self._db.conn, self._rowcache.order(self._db.conn, gen))
+            return self._rowcache.chunk_rows(self._db.conn, self._rowcache.order(self._db.conn, gen).ids)
+
+    @property
+    def _rows(self) -> list[Chunk]:
+        """The chunks of the built positions, from this process's copy when it has their generation."""
+        order = self._rowcache.orders.get(self._built_generation or "0")
+        if self._chunk_cache is None and order is not None and np.array_equal(order.slots, self._slots):
+            self._chunk_cache = self._rowcache.chunk_rows(self._db.conn, order.ids)
+        return super()._rows
+
+    def _live_slots(self) -> np.ndarray:
+        return self._rowcache.order(self._db.conn, self._meta("generation") or "0").slots
 
     def _vec_key(self) -> str:
         return f"{self.embedder.name}:{self._dense().windows_key}"
 
-    def _load_vectors(self, expected_rows: int) -> _Vectors | None:
-        """The vectors and windows of every current chunk (read from the cache, the rows it lacks
-        from the server), or None when a chunk has none yet or they are another embedder's."""
-        m = self._metas("embedder", "vectors_windows", "generation")
+    def _load_vectors(self, complete: bool = True) -> _Vectors | None:
+        """The vectors and windows per slot (read from the cache, the rows it lacks from the
+        server), or None when they are another embedder's or (`complete`) a live slot has none yet;
+        with `complete=False`, those of the slots before the first live one without a vector row."""
+        m = self._metas("embedder", "vectors_windows", "generation", "vectors_generation")
         if m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key:
             return None
-        ids = self._rowcache.order(self._db.conn, m.get("generation", "0"))
-        if len(ids) != expected_rows:
-            return None
-        got = self._rowcache.vectors(self._db.conn, ids, self._vec_key(), self.embedder.dim)
-        if got is None:  # an index written before vectors were rows keeps them in `files` till its next change
-            return super()._load_vectors(expected_rows)
-        return _Vectors(*got)
-
-    def _save_vectors(self, v: _Vectors, generation: str | None = None) -> None:
-        """Write the vector rows of the chunks that have none (all of them for another embedder or
-        window scheme); called in the transaction that swaps the vectors in."""
-        conn = self._db.conn
-        m = self._metas("embedder", "vectors_windows", "generation")
         gen = m.get("generation", "0")
-        ids = self._rowcache.order(conn, gen)
-        if len(ids) != len(v.vectors):
-            raise InvalidInput(f"{len(v.vectors)} vectors for the {len(ids)} passages of generation {gen}")
+        if complete and m.get("vectors_generation") != gen:
+            return None
+        order = self._rowcache.order(self._db.conn, gen)
+        pairs = list(zip(order.slots.tolist(), order.ids, strict=True))
+        live = len(pairs)
+        if self._dead is not None and self._dead[0] == gen:  # this change's removed slots: their rows are kept
+            pairs = sorted(pairs + list(self._dead[1].items()))
+        vectors, windows, owner, have = self._rowcache.vectors(self._db.conn, [c for _, c in pairs], self._vec_key(),
+                                                               self.embedder.dim)
+        if live and not have.any():  # an index written before vectors were rows keeps them in `files` till its next change
+            return super()._load_vectors(complete)
+        slots = np.asarray([s for s, _ in pairs], dtype=np.int64)
+        missing = slots[~have].tolist()  # (a removed slot without its row too: `_embed_missing` would reuse it)
+        if complete and missing:
+            return None
+        n = missing[0] if missing else order.total
+        got = slots[have]
+        keep = got < n
+        out = np.zeros((n, self.embedder.dim), dtype=np.float32)
+        out[got[keep]] = vectors[keep]
+        wkeep = keep[owner]
+        return _Vectors(out, windows[wkeep], got[owner[wkeep]])
+
+    def _write_arrays(self, v: _Vectors) -> list[Path]:
+        return []  # the rows are written in `_switch_vectors`, in the transaction that swaps them in
+
+    def _drop_old_arrays(self) -> None:
+        pass  # (`_switch_vectors` removes the arrays an index kept before its vectors were rows)
+
+    def _switch_vectors(self, tmps: list[Path], v: _Vectors, generation: str) -> None:
+        """Write the vector rows of the chunks that have none (all of them for another embedder or
+        window scheme) from `v` (per slot of the rows as they are now), delete those of the chunks
+        removed; called in the transaction that swaps the vectors in."""
+        conn = self._db.conn
+        m = self._metas("embedder", "vectors_windows")
         if m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key:
             conn.execute("DELETE FROM chunk_vectors")
-            need = list(range(len(ids)))
+            need = conn.execute("SELECT row, id FROM chunks").fetchall()
         else:
-            need = [r for (r,) in conn.execute("SELECT c.row FROM chunks c WHERE NOT EXISTS "
-                                               "(SELECT 1 FROM chunk_vectors v WHERE v.id = c.id)").fetchall()]
-        ptr = np.searchsorted(v.owner, np.arange(len(ids) + 1))
+            need = conn.execute("SELECT c.row, c.id FROM chunks c WHERE NOT EXISTS "
+                                "(SELECT 1 FROM chunk_vectors v WHERE v.id = c.id)").fetchall()
+        need = [(int(r), str(c)) for r, c in need if r < len(v.vectors)]
+        ptr = np.searchsorted(v.owner, np.arange(len(v.vectors) + 1))
         vectors, windows = np.asarray(v.vectors, dtype=np.float32), np.asarray(v.windows, dtype=np.float32)
         _pg_rows.copy_rows(conn, "chunk_vectors", "id, vec, windows",
-                           [(ids[r], vectors[r].tobytes(), windows[ptr[r] : ptr[r + 1]].tobytes()) for r in need])
+                           [(c, vectors[r].tobytes(), windows[ptr[r] : ptr[r + 1]].tobytes()) for r, c in need])
+        if self._dead is not None and self._dead[0] == (self._meta("generation") or "0"):
+            conn.execute("DELETE FROM chunk_vectors WHERE id = ANY(%s)", (list(self._dead[1].values()),))
+        else:  # (a stopped change's, a compaction: no list of what went)
+            conn.execute("DELETE FROM chunk_vectors v WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.id = v.id)")
+        self._dead = None
         with self._rowcache.lock:
             self._rowcache.use_key(self._vec_key(), self.embedder.dim)
-            for r in range(len(ids)):
-                self._rowcache.add_vector(ids[r], vectors[r], windows[ptr[r] : ptr[r + 1]])
-        # the arrays an index kept before its vectors were rows
-        conn.execute("DELETE FROM files WHERE name = ANY(%s)",
-                     (["vectors.npy", "windows.npy", "window_owner.npy", "neighbours.npz"],))
-        self._set_meta("embedder", self.embedder.name)
-        self._set_meta("vectors", str(len(v.vectors)))
-        self._set_meta("vectors_windows", self._dense().windows_key)
-        self._set_meta("vectors_generation", generation or gen)
-        self._db.execute("DELETE FROM meta WHERE key = 'vectors_progress'")
+            for r, c in need:
+                self._rowcache.add_vector(c, vectors[r], windows[ptr[r] : ptr[r + 1]])
+        for prefix in ("vectors.", "windows.", "window_owner.", "neighbours.npz"):  # arrays kept before vectors were rows
+            self._drop_files(prefix)
+        self._db.execute("DELETE FROM meta WHERE key = 'vectors_epoch'")
+        self._vector_meta(len(v.vectors), len(v.windows), generation)
 
-    def _load_neighbours(self, key: str, dim: int) -> Neighbours | None:
-        """The graph stored for `key` (its generation's chunk order must be known to this process:
-        the current one, or the one before that this process read)."""
+    def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
+        """The graph stored for `key`, per slot (its generation's chunk order must be known to this
+        process: the current one, or the one before that this process read)."""
         gen = key.split(":", 1)[0]
         conn = self._db.conn
         with self._flock("swap.lock", fcntl.LOCK_SH):
             m = self._metas("neighbours_key", "neighbours_k", "neighbours_ann", "ann_next_label", "generation")
             if m.get("neighbours_key") != key:
                 return None
-            ids = self._rowcache.orders.get(gen)
-            if ids is None and gen == m.get("generation", "0"):
-                ids = self._rowcache.order(conn, gen)
-            if ids is None:
+            order = self._rowcache.orders.get(gen)
+            if order is None and gen == m.get("generation", "0"):
+                order = self._rowcache.order(conn, gen)
+            if order is None:
                 return None
             self._rowcache.refresh_graph(conn)
-            got = self._rowcache.graph_arrays(ids, int(m.get("neighbours_k", "0")))
+            got = self._rowcache.graph_arrays(order.ids, int(m.get("neighbours_k", "0")))
             if got is None:
                 return None
-            rows, sims, labels = got
+            pos_rows, pos_sims, pos_labels = got
+            slots = order.slots
+            rows = np.repeat(np.arange(order.total, dtype=np.int64)[:, None], pos_rows.shape[1], axis=1)
+            sims = np.zeros((order.total, pos_rows.shape[1]), dtype=np.float32)
+            labels = np.full(order.total, -1, dtype=np.int64)  # (a dead slot: none)
+            rows[slots], sims[slots], labels[slots] = slots[pos_rows], pos_sims, pos_labels
             ann = None
-            if ann_name := m.get("neighbours_ann"):
+            ann_name = m.get("neighbours_ann", "")
+            if ann_name:
                 if (f := self._file(ann_name)) is None:
                     return None
-                ann = HNSW.load(f, labels, int(m.get("ann_next_label", "0")), dim)
+                ann = HNSW.load(f, labels, int(m.get("ann_next_label", "0")), vectors.shape[1])
             self._graph_from = gen
-            return Neighbours(rows, sims, ann)
+            state = Neighbours(rows, sims, ann)
+            state.base = ann_name  # (the file is written whole with each save: no log to replay)
+            return state
 
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the graph rows that differ
-        from the last generation's (all of them when it was built whole), the HNSW file."""
+        from the last generation's (all of them when it was built whole), the HNSW file whole."""
         ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
         tmp_ann = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}.hnsw.tmp"
         conn = self._db.conn
         try:
             if state.ann is not None:
                 state.ann.save(tmp_ann)
+                state.base, state.log = ann_name, []
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != generation:
                     return  # another process changed the store meanwhile: its readers build their own
-                ids = self._rowcache.order(conn, generation)
-                if len(ids) != len(state.rows):
+                order = self._rowcache.order(conn, generation)
+                if order.total != len(state.rows):
                     return
                 prev = self._rowcache.orders.get(str(int(generation) - 1)) if self._graph_from == str(
                     int(generation) - 1) else None
-                rows = self._rowcache.graph_rows(ids, state.rows, state.sims,
-                                              state.ann.labels if state.ann is not None else None)
+                slots = order.slots
+                rows = self._rowcache.graph_rows(order.ids, state.positions(slots), state.sims[slots],
+                                                 state.ann.labels[slots] if state.ann is not None else None)
                 if state.ann is not None:
                     self._put_file(ann_name, tmp_ann)
                 with self._db:
@@ -317,8 +370,11 @@ class PostgresIndex(Index):
                         conn.execute("DELETE FROM chunk_graph")
                     else:  # carried: the rows that changed, and those of passages new to it
                         self._rowcache.refresh_graph(conn)
-                        was = set(prev)
+                        was = set(prev.ids)
                         rows = [r for r in rows if r[0] not in was or self._rowcache.graph.get(r[0]) != r[1:]]
+                        gone = list(was - set(order.ids))
+                        if gone:
+                            conn.execute("DELETE FROM chunk_graph WHERE id = ANY(%s)", (gone,))
                     stamp = int(conn.execute("SELECT nextval('row_stamps')").fetchone()[0])
                     if rows and prev is not None:
                         conn.execute("DELETE FROM chunk_graph WHERE id = ANY(%s)", ([r[0] for r in rows],))
@@ -343,16 +399,18 @@ class PostgresIndex(Index):
 
     def _rows_written(self, gone: list[str], new: list[Chunk]) -> None:
         conn = self._db.conn
-        kept_ids = {c.id for c in new}  # a passage deleted and written again keeps its vector
-        dead = [cid for cid in gone if cid not in kept_ids]
-        if dead:
-            conn.execute("DELETE FROM chunk_vectors WHERE id = ANY(%s)", (dead,))
-            conn.execute("DELETE FROM chunk_graph WHERE id = ANY(%s)", (dead,))
+        start = self._slot_count()  # (this change's slots are counted after this hook)
         old_gen = self._meta("generation") or "0"
         old = self._rowcache.orders.get(old_gen)  # the writer knows the new order without reading it back
+        gone_set = set(gone)
         if old is not None and (gone or new):  # (taken once the change is committed: `_update_lexical`)
-            gone_set = set(gone)
-            self._next_order = (str(int(old_gen) + 1), [c for c in old if c not in gone_set] + [c.id for c in new])
+            keep = [i for i, c in enumerate(old.ids) if c not in gone_set]
+            self._next_order = (str(int(old_gen) + 1), _pg_rows.Order(
+                [old.ids[i] for i in keep] + [c.id for c in new],
+                np.concatenate([old.slots[keep], np.arange(start, start + len(new), dtype=np.int64)]),
+                start + len(new)))
+        kept_ids = {c.id for c in new}  # a passage deleted and written again keeps its vector
+        self._gone = [(cid, cid not in kept_ids) for cid in gone]
         with self._rowcache.lock:
             for c in new:  # an id names its text: safe to keep even if this change is rolled back
                 self._rowcache.chunks[c.id] = c
@@ -368,11 +426,13 @@ class PostgresIndex(Index):
 
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Nothing to carry: BM25's terms were written with the rows (`_rows_written`). Called once
-        the change is committed: the new chunk order goes into this process's copy."""
+        the change is committed: the new chunk order goes into this process's copy, and the slots
+        `dropped` (in the order of the ids `_rows_written` was given) are remembered with their ids."""
         if self._next_order is not None and self._next_order[0] == gen:
-            with self._rowcache.lock:
-                self._rowcache.remember_order(*self._next_order)
+            self._rowcache.remember_order(*self._next_order)
         self._next_order = None
+        self._dead = (gen, {s: cid for s, (cid, dead) in zip(dropped, self._gone, strict=True) if dead})
+        self._gone = []
 
     def _build(self) -> Retriever:
         self._server = None

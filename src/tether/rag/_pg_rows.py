@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -93,13 +93,22 @@ class _Pool:
         return out
 
 
+class Order(NamedTuple):
+    """The live chunks of a generation: their ids in slot order, their slots (ascending; search
+    position i is `ids[i]` at `slots[i]`) and how many slots the store has, dead ones included."""
+
+    ids: list[str]
+    slots: np.ndarray
+    total: int
+
+
 class RowCache:
     """A process's copy of an index's rows (see the module docstring). The caller holds the index's
     swap lock (shared) while it refreshes, so what it reads is of one generation."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.orders: dict[str, list[str]] = {}  # generation -> chunk ids in row order (the last two)
+        self.orders: dict[str, Order] = {}  # generation -> its chunk ids and slots (the last two)
         self.chunks: dict[str, Chunk] = {}
         self.vec_key = ""
         self.pool: _Pool | None = None
@@ -110,20 +119,25 @@ class RowCache:
     # -- chunk order and texts ------------------------------------------------------------------
 
     @_locked
-    def order(self, db: Any, generation: str) -> list[str]:
-        """The chunk ids of `generation` (the current one) in row order."""
+    def order(self, db: Any, generation: str) -> Order:
+        """The chunk ids of `generation` (the current one) in slot order, with their slots."""
         found = self.orders.get(generation)
         if found is None:
-            found = [r[0] for r in db.execute("SELECT id FROM chunks ORDER BY row").fetchall()]
+            rows = db.execute("SELECT -1, value FROM meta WHERE key = 'slots' UNION ALL "
+                              "SELECT row, id FROM chunks ORDER BY 1").fetchall()
+            total = int(rows[0][1]) if rows and rows[0][0] == -1 else None
+            rows = rows[1:] if total is not None else rows
+            slots = np.fromiter((r for r, _ in rows), dtype=np.int64, count=len(rows))
+            found = Order([str(c) for _, c in rows], slots,
+                          total if total is not None else (int(slots[-1]) + 1 if len(slots) else 0))
             self.downloaded["orders"] += 1
-            self.orders = {g: o for g, o in self.orders.items() if g == str(int(generation) - 1)}
-            self.orders[generation] = found
+            self.remember_order(generation, found)
         return found
 
     @_locked
-    def remember_order(self, generation: str, ids: list[str]) -> None:
+    def remember_order(self, generation: str, order: Order) -> None:
         self.orders = {g: o for g, o in self.orders.items() if g == str(int(generation) - 1)}
-        self.orders[generation] = ids
+        self.orders[generation] = order
 
     @_locked
     def chunk_rows(self, db: Any, ids: Sequence[str]) -> list[Chunk]:
@@ -142,9 +156,10 @@ class RowCache:
     # -- vectors ------------------------------------------------------------------------------------
 
     @_locked
-    def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(vectors, windows, owner) of `ids` for the vector key `key` (embedder and windows), or
-        None when a chunk has no vector row yet."""
+    def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, windows, owner, have) of those `ids` that have a vector row for the vector key
+        `key` (embedder and windows): `have` marks them among `ids`, owner numbers the windows by
+        their id's place among the ones had."""
         self.use_key(key, dim)
         pool = self.pool
         assert pool is not None
@@ -157,11 +172,10 @@ class RowCache:
             for cid, vec, wins in rows:
                 self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
                                 np.frombuffer(wins, dtype=np.float32).reshape(-1, dim))
-            if any(c not in pool.slot for c in missing):
-                return None
         if pool.n > 2 * max(len(ids), 1000):
-            self.pool = pool = pool.compacted(ids)
-        return pool.gather(ids)
+            self.pool = pool = pool.compacted([c for c in ids if c in pool.slot])
+        have = np.fromiter((c in pool.slot for c in ids), dtype=bool, count=len(ids))
+        return (*pool.gather([c for c in ids if c in pool.slot]), have)
 
     @_locked
     def use_key(self, key: str, dim: int) -> None:
