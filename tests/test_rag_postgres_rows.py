@@ -87,6 +87,38 @@ def test_postgres_ranks_the_same_files_as_sqlite(tmp_path: Path, pg_url: str, re
         assert_same_ranking(pg, lite)
 
 
+
+@pytest.mark.parametrize("ann_threshold", [50_000, 20])
+def test_postgres_ranks_as_sqlite_through_removals_and_a_compaction(tmp_path: Path, pg_url: str,
+                                                                     ann_threshold: int) -> None:
+    """Removed files leave dead slots (their vectors reused where a rewritten file keeps a passage's
+    text), then a quarter dead compacts both stores; 20: with an HNSW index, kept as a file."""
+    docs = corpus(tmp_path)
+    rng = random.Random(13)
+    with Index(tmp_path / "ix", retriever="best", embedder=BagEmbedder(), ann_threshold=ann_threshold,
+               **SETTINGS) as lite, \
+            Index.open(pg_url + "#compact", retriever="best", embedder=BagEmbedder(), ann_threshold=ann_threshold,
+                       **SETTINGS) as pg:
+        for idx in (lite, pg):
+            idx.ingest(docs)
+        for round_ in range(3):
+            for i in range(round_ * 5, round_ * 5 + 5):
+                (docs / f"f{i:02d}.txt").unlink()
+            moved = docs / "moved.md"  # a section put first: the others' passages move, their vectors are reused
+            moved.write_text(f"# s{round_}\n\n" + " ".join(rng.choice(WORDS) for _ in range(20)) + "\n\n"
+                             + (moved.read_text() if moved.exists() else ""))
+            for idx in (lite, pg):
+                idx.ingest(docs)
+            assert_same_ranking(pg, lite)
+        compacted = pg._meta("compacted")
+        assert compacted is not None and lite._meta("compacted") == compacted
+        live = {r[0] for r in pg._db.execute("SELECT id FROM chunks").fetchall()}
+        assert {r[0] for r in pg._db.execute("SELECT id FROM chunk_vectors").fetchall()} == live
+        assert {r[0] for r in pg._db.execute("SELECT id FROM chunk_graph").fetchall()} == live
+        _fresh_process_cache()
+        with Index.open(pg_url + "#compact", embedder=BagEmbedder(), ann_threshold=ann_threshold) as reader:
+            assert_same_ranking(reader, lite)
+
 def _fresh_process_cache() -> None:
     _pg_rows._CACHES.clear()  # as a new process would start
 
