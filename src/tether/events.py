@@ -79,7 +79,7 @@ def _payload(tp: type) -> Callable[[Any], dict[str, Any]]:
     event's envelope is built for every step; a dict display is one step, where `dataclasses.fields`
     walks every field and `dict(zip(...))` iterates)."""
     own = getattr(tp, "data", None)
-    if isinstance(own, property) and own is not BaseEvent.data and own.fget is not None:  # (Notice's)
+    if isinstance(own, property) and own is not vars(BaseEvent)["data"] and own.fget is not None:  # (Notice's)
         _PAYLOADS[tp] = own.fget
         return own.fget
     names = tuple(f.name for f in dataclasses.fields(tp) if f.name not in ("kind", "step", "t", "duration"))

@@ -603,8 +603,9 @@ class Index:
                     np.save(tmp, np.asarray(arr))
                     tmps.append((self._bm25_name(part, seg.name, a), tmp))
             state = self.path / f"{stem}.{self._bm25_name(part)}"
+            arrays: dict[str, Any] = part.state()
             with open(state, "wb") as fh:
-                np.savez(fh, **part.state())  # pyright: ignore[reportArgumentType]
+                np.savez(fh, **arrays)
             tmps.append((self._bm25_name(part), state))
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != gen:
@@ -616,8 +617,8 @@ class Index:
                     self._put_file(name, tmp)
                 with self._db:
                     self._set_meta(self._bm25_name(part), f"{gen}:{part.key()}")
-                for seg in (before or set()) - current:
-                    self._drop_files(f"lexical-{part.name}.{seg}.")
+                for merged in (before or set()) - current:
+                    self._drop_files(f"lexical-{part.name}.{merged}.")
         finally:
             for _, tmp in tmps:
                 tmp.unlink(missing_ok=True)
@@ -727,9 +728,9 @@ class Index:
                 fh.write(arr.tobytes())
                 fh.truncate()
         with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
-            for path, _, _, header in plans:
+            for path, _, _, head in plans:
                 with open(path, "r+b") as fh:
-                    fh.write(header)
+                    fh.write(head)
             self._vector_meta(len(have.vectors) + len(new.vectors), len(have.windows) + len(new.windows), generation)
             self._db.execute("DELETE FROM embed_cache")
         return True
