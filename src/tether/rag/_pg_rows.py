@@ -9,8 +9,8 @@ A change writes the rows of its own chunks (and the graph rows it changed), neve
 
 `RowCache` is what a process holds: chunk texts and vectors by chunk id (an id names its text, so
 a cached one never goes stale), the graph by id with the last stamp read, and the chunk order of
-the last two generations. A new generation costs the ids in row order (one short row each) plus
-the rows the process has not seen. One cache per server and index, shared by the Index objects of a
+the last two generations (ids and slots, `Order`). A new generation costs the ids and slots in slot
+order (one short row each) plus the rows the process has not seen. One cache per server and index, shared by the Index objects of a
 process (`cache_for`).
 """
 
