@@ -579,7 +579,7 @@ class Index:
             def segment(seg: str) -> dict[str, np.ndarray]:
                 files = {a: self._file(self._bm25_name(part, seg, a)) for a in _Segment.ARRAYS}
                 if None in files.values():
-                    raise FileNotFoundError(seg)
+                    raise MissingFile(seg)
                 return {a: np.load(f, mmap_mode="r", allow_pickle=False) for a, f in files.items() if f is not None}
 
             try:

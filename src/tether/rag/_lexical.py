@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tether._errors import InvalidInput
 from tether.rag._base import top_k
 from tether.rag._text import simple_tokens, stem_many, stemmed_tokens, word_tokens
 
@@ -209,7 +210,7 @@ class BM25Retriever:
         if len(texts):
             at = np.arange(self.slots, self.slots + len(texts)) if slots is None else np.asarray(slots, dtype=np.int64)
             if len(at) != len(texts) or at[0] < self.slots or np.any(np.diff(at) <= 0):
-                raise ValueError("new passages need ascending slots after the existing ones")
+                raise InvalidInput("new passages need ascending slots after the existing ones")
             self.segments.append(self._new_segment(texts, at))
             self._merge_tail()
         self._derive()
@@ -311,7 +312,7 @@ class BM25Retriever:
         i = int(np.searchsorted(self._starts, slot, side="right")) - 1
         seg = self.segments[i]
         if not seg.start <= slot < seg.end:
-            raise ValueError(f"no passage in slot {slot}")
+            raise InvalidInput(f"no passage in slot {slot}")
         return seg
 
     def _derive(self) -> None:

@@ -461,7 +461,7 @@ class PostgresIndex(Index):
                 return super().search(query, k)
             try:
                 found = retriever.search(query, k)
-            except _pg_lexical.Stale:
+            except _pg_lexical._Stale:
                 self._retriever = None
                 return super().search(query, k)
             return [Hit(pos, score, c.id, c.source, c.heading, c.text)

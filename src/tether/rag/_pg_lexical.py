@@ -71,7 +71,7 @@ UNION ALL SELECT id, score FROM s2 WHERE EXISTS (SELECT 1 FROM top)
 UNION ALL SELECT id, score FROM s1 WHERE NOT EXISTS (SELECT 1 FROM top)"""
 
 
-class Stale(Exception):
+class _Stale(Exception):
     """The index changed since the client read its rows: build the new generation and ask again."""
 
 
@@ -125,7 +125,7 @@ def write_postings(conn: Any, chunks: Sequence[Chunk], stem: bool = True) -> Non
 class ServerBM25:
     """The scores of `like` (a BM25Retriever's k1, b, stemming and RM3) for the passages `ids` (in
     row order, of `generation`), computed by the server; `like.remote` is set to this object's
-    `scores`, which raises `Stale` when the index has moved on."""
+    `scores`, which raises `_Stale` when the index has moved on."""
 
     def __init__(self, conn: Any, like: BM25Retriever, ids: Sequence[str], generation: str) -> None:
         self.conn, self.like, self.generation = conn, like, generation
@@ -150,5 +150,5 @@ class ServerBM25:
             elif (row := self.row_of.get(cid)) is not None:
                 out[row] = score
         if generation != self.generation:
-            raise Stale
+            raise _Stale
         return out
