@@ -221,7 +221,7 @@ def products_exact() -> bool:
         [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = session.run(None, {"a": a})[0]
+    got = np.asarray(session.run(None, {"a": a})[0])
     return bool(np.array_equal(got, a.astype(np.int64) @ w.astype(np.int64)))
 
 
