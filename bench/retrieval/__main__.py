@@ -5,6 +5,11 @@ Collections are read from $TETHER_DATA_DIR or <repo>/../shared/data ({cisi,cacm,
 vectors (documents, windows, judged queries) are cached under ~/.cache/tether-bench
 ($TETHER_BENCH_CACHE) keyed by the texts, the model and the window scheme, so reruns never
 re-embed; `--no-cache` re-embeds. Prints tables and writes bench/retrieval/results.json.
+
+`--shipped-only` refreshes what the encoder changes for the shipped settings without scoring the
+8,640-point grid: every retriever's figures (`collections`, with the encoder the per-CPU decision
+picks here), `embedding` and the bars; the grid's choice, leave-one-out and ablation stay as
+results.json has them (`grid_scored_with` names the encoder they were scored with).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 COLLECTIONS = ("cisi", "cacm", "med")
 METRICS = ("ndcg@10", "recall@100", "map")
+LOCO_KEPT = "best-loco (grid's encoder, not refreshed)"
 
 
 def data_dir() -> Path:
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Retrievers on every development collection; best tuned across them.")
     parser.add_argument("--no-cache", action="store_true", help="re-embed everything")
     parser.add_argument("--collections", default=",".join(COLLECTIONS))
+    parser.add_argument("--shipped-only", action="store_true",
+                        help="refresh every retriever's figures with the shipped encoder; keep the grid's")
     args = parser.parse_args(argv)
     names = [n for n in args.collections.split(",") if n]
     root = data_dir()
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"collections {', '.join(missing)} not found under {root}; set TETHER_DATA_DIR", file=sys.stderr)
         return 1
-    encoder = MiniLMEncoder()
+    encoder, decision = shipped_encoder() if args.shipped_only else (MiniLMEncoder(), None)
+    stored = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
     settings = tuning.grid()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     per_query: dict[str, np.ndarray] = {}
@@ -154,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         d = root / name
         col = cols[name] = load_collection(d / "corpus.jsonl", d / "queries.jsonl", d / "qrels.tsv")
         log(f"{name}: {len(col.doc_ids)} documents, {len(judged_ids(col))} judged queries")
-        v = collection_vectors(name, col, DenseRetriever(encoder, window=126, stride=63), use_cache=not args.no_cache)
+        v = collection_vectors(name, col, DenseRetriever(encoder, window=126, stride=63), use_cache=not args.no_cache,
+                               pooled_only=args.shipped_only)
         vecs[name] = v
         embed_info[name] = {"documents_seconds": round(v.doc_seconds, 1), "windows_seconds": round(v.window_seconds, 1),
                             "windows": len(v.owner), "from_cache": v.from_cache}
+        if args.shipped_only:
+            continue
         qids = judged_ids(col)
         emb = QueryCache(encoder, [col.queries[q] for q in qids], v.queries)
         t = time.perf_counter()
@@ -173,18 +185,22 @@ def main(argv: list[str] | None = None) -> int:
             np.save(cached_grid, per_query[name])
             log(f"  grid of {len(settings)} settings scored in {time.perf_counter() - t:.0f} s")
 
-    means = np.stack([per_query[n].mean(axis=1) for n in names])  # collections x settings
-    np.save(cache_dir() / "last-grid-means.npy", means)
-    pick = tuning.choose(means)
-    chosen = settings[pick]
-    loco: dict[str, dict] = {}
-    for i, held in enumerate(names):
-        others = [j for j in range(len(names)) if j != i]
-        p = tuning.choose(means[others]) if others else pick
-        row = means[i]
-        loco[held] = {"settings": settings_json(settings[p]), "ndcg@10": round(float(row[p]), 4),
-                      "grid_rank": int((row > row[p]).sum()) + 1, "grid_size": len(settings),
-                      "grid_max": round(float(row.max()), 4), "grid_median": round(float(np.median(row)), 4)}
+    if args.shipped_only:
+        chosen = BEST
+        loco = stored["leave_one_collection_out"]
+    else:
+        means = np.stack([per_query[n].mean(axis=1) for n in names])  # collections x settings
+        np.save(cache_dir() / "last-grid-means.npy", means)
+        pick = tuning.choose(means)
+        chosen = settings[pick]
+        loco: dict[str, dict] = {}
+        for i, held in enumerate(names):
+            others = [j for j in range(len(names)) if j != i]
+            p = tuning.choose(means[others]) if others else pick
+            row = means[i]
+            loco[held] = {"settings": settings_json(settings[p]), "ndcg@10": round(float(row[p]), 4),
+                          "grid_rank": int((row > row[p]).sum()) + 1, "grid_size": len(settings),
+                          "grid_max": round(float(row.max()), 4), "grid_median": round(float(np.median(row)), 4)}
 
     # Every retriever on every collection, run as shipped (real retrievers, cached vectors).
     collections: dict[str, dict] = {}
@@ -205,27 +221,44 @@ def main(argv: list[str] | None = None) -> int:
         dense = dense_for(emb, v, BEST.window)
         rows["dense"] = metrics_of(dense, col, embed_s, True)
         rows["hybrid"] = metrics_of(HybridRetriever([bm, dense]), col, s_bm + embed_s, True)
-        for label, s in (("best", BEST), ("best-loco", BestSettings(**_settings_args(loco[name]["settings"])))):
+        runs = [("best", BEST), ("best-loco", BestSettings(**_settings_args(loco[name]["settings"])))]
+        for label, s in runs[:1] if args.shipped_only else runs:  # (whole-text vectors only where windows lack)
             t = time.perf_counter()
             r = best_retriever(s, dense=dense_for(emb, v, s.window), min_store=tuning.MIN_STORE)
             r.lexical.fit(texts)
             r.prepare()
             fit_s = time.perf_counter() - t + v.doc_seconds + (v.window_seconds if s.window else 0.0)
             rows[label] = metrics_of(r, col, fit_s, label == "best")
+        kept = stored.get("collections", {}).get(name, {})
+        kept = kept.get("best-loco", kept.get(LOCO_KEPT))
+        if args.shipped_only and kept:
+            rows[LOCO_KEPT] = kept
         collections[name] = rows
         t = time.perf_counter()
         knn_graph(v.docs, max(BEST.neighbours, 1))
         timings[name] = {"knn_graph_seconds": round(time.perf_counter() - t, 2)}
 
-    # Ablations of the chosen setting: each component switched off, all else equal.
-    index = {s: i for i, s in enumerate(settings)}
-    from dataclasses import replace
-    variants = {"chosen": chosen, "no rm3": replace(chosen, rm3=None), "no rocchio": replace(chosen, rocchio=None),
-                "no windows": replace(chosen, window=0), "windows": replace(chosen, window=126),
-                "no smoothing": replace(chosen, neighbours=0, gain=0.0),
-                "rrf k=60, same smoothing": replace(chosen, fusion="rrf", norm="z", weight=0.5, rrf_k=60)}
-    ablation = {label: {n: round(float(means[c, index[s]]), 4) for c, n in enumerate(names)}
-                for label, s in variants.items() if s in index}
+    if args.shipped_only:
+        report = {**stored, "collections": collections, "timings": timings,
+                  "embedding": {"model": encoder.name, "decision": decision, **embed_info},
+                  "grid_scored_with": stored.get("grid_scored_with", stored.get("embedding", {}).get("model")),
+                  "refreshed": {"command": "python -m bench.retrieval --shipped-only",
+                                "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                "what": "collections (every retriever but best-loco), embedding, timings, bars"}}
+        report["machine"] = {**stored.get("machine", {}), "load_average_1m": round(os.getloadavg()[0], 2)}
+        report["bars"] = bars(report, names)
+        (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+        print_report(report, names)
+        return 0
+        # Ablations of the chosen setting: each component switched off, all else equal.
+        index = {s: i for i, s in enumerate(settings)}
+        from dataclasses import replace
+        variants = {"chosen": chosen, "no rm3": replace(chosen, rm3=None), "no rocchio": replace(chosen, rocchio=None),
+                    "no windows": replace(chosen, window=0), "windows": replace(chosen, window=126),
+                    "no smoothing": replace(chosen, neighbours=0, gain=0.0),
+                    "rrf k=60, same smoothing": replace(chosen, fusion="rrf", norm="z", weight=0.5, rrf_k=60)}
+        ablation = {label: {n: round(float(means[c, index[s]]), 4) for c, n in enumerate(names)}
+                    for label, s in variants.items() if s in index}
 
     report = {
         "collections": collections,
@@ -247,6 +280,19 @@ def main(argv: list[str] | None = None) -> int:
     (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print_report(report, names)
     return 0
+
+
+def shipped_encoder() -> tuple[MiniLMEncoder, str]:
+    """The encoder the per-CPU decision picks here, and its line (as `tether ingest` prints it). An
+    int8 pick runs from bench.rag_encoder's copy of its graph (the same rewrite, byte for byte), so
+    the vectors that bench cached are read back, not embedded again."""
+    from bench.rag_encoder.__main__ import graph
+    from tether.rag import _encoder_path as _path
+
+    enc = MiniLMEncoder()
+    line = _path.describe(enc.path)
+    recipe = next((r for r in _path.CANDIDATES if enc.path is not None and r.name == enc.path.recipe), None)
+    return (enc if recipe is None else MiniLMEncoder(graph(recipe))), line
 
 
 def _settings_args(d: dict) -> dict:

@@ -41,12 +41,17 @@ def judged_ids(col: Collection) -> list[str]:
 
 
 def collection_vectors(name: str, col: Collection, dense: DenseRetriever, *, use_cache: bool = True,
-                       progress=None) -> Vectors:
-    """Embed (or load) documents, windows and judged queries of `col` under `dense`'s scheme."""
+                       progress=None, pooled_only: bool = False) -> Vectors:
+    """Embed (or load) documents, windows and judged queries of `col` under `dense`'s scheme.
+
+    `pooled_only` (with windows): embed whole texts only where they have no windows (what an index
+    stores, and all that windowed retrieval reads); cached apart, as `docs` then lacks the others."""
     enc = dense.embedder
     qids = judged_ids(col)
     queries = [col.queries[q] for q in qids]
     base = _key(*col.doc_texts, "\x00", *queries, enc.name)
+    if pooled_only and dense.window:
+        return _pooled(name, base, col, dense, queries, use_cache)
     f = cache_dir() / f"{name}-{base}.npz"
     if use_cache and f.exists():
         z = np.load(f)
@@ -72,6 +77,34 @@ def collection_vectors(name: str, col: Collection, dense: DenseRetriever, *, use
     window_seconds = time.perf_counter() - t
     _save(fw, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
     return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, False)
+
+
+def _pooled(name: str, base: str, col: Collection, dense: DenseRetriever, queries: list[str],
+            use_cache: bool) -> Vectors:
+    f = cache_dir() / f"{name}-{base}-w{dense.windows_key.replace(':', '-')}.npz"
+    fp = cache_dir() / f"{name}-{base}-pooled.npz"
+    if use_cache and f.exists():
+        z = np.load(f)
+        windows, owner, window_seconds = z["windows"], z["owner"], float(z["window_seconds"])
+    else:
+        t = time.perf_counter()
+        windows, owner = dense.embed_windows(col.doc_texts)
+        window_seconds = time.perf_counter() - t
+        _save(f, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
+    cached = use_cache and fp.exists()
+    if cached:
+        z = np.load(fp)
+        docs, qv, doc_seconds = z["docs"], z["queries"], float(z["doc_seconds"])
+    else:
+        short = np.setdiff1d(np.arange(len(col.doc_texts)), owner)
+        t = time.perf_counter()
+        docs = np.zeros((len(col.doc_texts), dense.embedder.dim), dtype=np.float32)
+        if len(short):
+            docs[short] = dense.embedder.embed([col.doc_texts[i] for i in short])
+        doc_seconds = time.perf_counter() - t
+        qv = dense.embedder.embed(queries)
+        _save(fp, docs=docs, queries=qv, doc_seconds=np.array(doc_seconds))
+    return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, cached)
 
 
 def _key(*parts: str) -> str:

@@ -5,11 +5,11 @@ weights, 23 MB, no dependencies); the WordPiece vocabulary (bert-base-uncased, A
 with tether. Files are located without importing any package, and nothing is fetched from a hub.
 
 That graph stores its weights as int8 but computes in float32 (each weight is cast back). On first
-use tether derives from it graphs that compute most matrix products in int8 on the same weights
-(tether.rag._int8), measures them on this CPU against the shipped graph and their exact integer
-result, and keeps the fastest that is right here (tether.rag._encoder_path: 8-bit weights where the
-CPU has VNNI or AMX, 7-bit ones where its 16-bit sums would saturate, else the shipped graph, said
-loudly). Graphs and the decision are kept under $TETHER_CACHE (default ~/.cache/tether)/models.
+use tether derives from it graphs that compute its weight products in int8 on the same weights,
+each token's input quantised over its own range (tether.rag._int8), measures them on this CPU
+against the shipped graph and their exact integer result, and keeps the fastest that is right here
+(tether.rag._encoder_path: 8-bit inputs where the CPU has VNNI or AMX, 7-bit ones where its 16-bit
+sums would saturate, else the shipped graph, said loudly). Graphs and the decision are kept under $TETHER_CACHE (default ~/.cache/tether)/models.
 Set TETHER_EMBED_MODEL to another all-MiniLM-L6-v2 ONNX export to use that instead (as is), or
 TETHER_EMBED_INT8=0 to keep the shipped graph.
 """
@@ -241,8 +241,8 @@ def _session(ort: Any, path: Path, opts: Any) -> Any:
 def write_check_vectors(path: Path = CHECK_VECTORS) -> None:
     """Store the packaged graph's vectors of CHECK_TEXTS and each int8 recipe's exact result
     (after the graph's package or a recipe changes), on any x86 CPU: an 8-bit recipe's exact result
-    is its uint8 x uint8 twin's (the same integers, which every such CPU computes exactly), a 7-bit
-    recipe cannot saturate."""
+    is its uint8 x uint8 twin's (the same integers, which every such CPU computes exactly), a recipe
+    with 7-bit inputs or weights cannot saturate."""
     from dataclasses import replace
 
     source = find_model_file()
@@ -251,7 +251,7 @@ def write_check_vectors(path: Path = CHECK_VECTORS) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in _path.CANDIDATES:
             made = Path(tmp) / f"{recipe.name}.onnx"
-            (recipe if recipe.seven_bits else replace(recipe, unsigned=True)).rewrite(source, made)
+            (recipe if _path.cannot_saturate(recipe) else replace(recipe, unsigned=True)).rewrite(source, made)
             exact[recipe.name] = MiniLMEncoder(made, threads=1).embed(CHECK_TEXTS)
     arrays: dict[str, Any] = {"digest": np.array(file_digest(source)), "vectors": vectors,
                               **{f"int8_{k}": v for k, v in exact.items()}}
