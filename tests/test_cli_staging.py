@@ -188,7 +188,7 @@ def test_allow_rules_match_simple_commands_only() -> None:
 def test_a_rule_is_counted_once_by_the_approval_budget_and_the_terminal_can_add_one(tmp_path: Path) -> None:
     from tether import Agent, ScriptedModel, call, tool
 
-    @tool(effect="irreversible", metadata={"requires_approval": True})  # as unconfined Bash is
+    @tool(effect="irreversible", requires_approval=True)  # as unconfined Bash is
     def Bash(command: str) -> str:
         """Run a command."""
         return f"ran {command}"

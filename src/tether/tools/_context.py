@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from tether._fields import new_dict
+from tether.tools._extra import Extras, RunFacts
 
 
 class CancelSignal:
@@ -78,10 +78,18 @@ class ToolContext:
     call_id: str
     user: str | None = None
     idempotency_key: str = ""
-    extra: dict[str, Any] = field(default_factory=new_dict)
+    extra: Extras = field(default_factory=Extras)  # the caller's own values (`ExtraKey`s), as the policy sees them
     cancel_event: CancelSignal = field(default_factory=CancelSignal)
     # its arguments carry untrusted hidden values (tether.values): a sub-agent given them starts tainted
     untrusted_args: bool = False
+    run: RunFacts = field(default_factory=RunFacts)  # tether's own facts about the run (its parent, jobs, ...)
+
+    def __post_init__(self) -> None:
+        extra: object = self.extra
+        if isinstance(extra, Extras):
+            extra.bind(self.run)
+        else:  # the old form, a dict (deprecated)
+            self.extra = Extras.from_legacy(cast("Mapping[str, Any]", extra), self.run, "ToolContext")
 
     @property
     def cancelled(self) -> bool:
