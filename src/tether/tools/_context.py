@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
 
-from tether.tools._extra import Extras, RunFacts
+from tether.tools._extra import Extras, RunFacts, bound_extras
 
 
 class CancelSignal:
@@ -85,11 +84,7 @@ class ToolContext:
     run: RunFacts = field(default_factory=RunFacts)  # tether's own facts about the run (its parent, jobs, ...)
 
     def __post_init__(self) -> None:
-        extra: object = self.extra
-        if isinstance(extra, Extras):
-            extra.bind(self.run)
-        else:  # the old form, a dict (deprecated)
-            self.extra = Extras.from_legacy(cast("Mapping[str, Any]", extra), self.run, "ToolContext")
+        self.extra = bound_extras(self.extra, self.run, "ToolContext")  # a dict (the old form) still works
 
     @property
     def cancelled(self) -> bool:

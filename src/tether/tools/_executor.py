@@ -15,16 +15,16 @@ import contextlib
 import dataclasses
 import functools
 import types
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 from tether._errors import AwaitingApproval, InvalidInput, InvalidType
 from tether._types import CallDecision, ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
 from tether.tools._context import CancelSignal
-from tether.tools._extra import Extras, RunFacts
+from tether.tools._extra import Extras, RunFacts, bound_extras
 from tether.tools._jobs import JobNote, is_job, job_tools
 from tether.tools._results import (
     DEFAULT_MAX_RESULT_CHARS,
@@ -54,11 +54,7 @@ class CallContext:
     run: RunFacts = field(default_factory=RunFacts)  # tether's own facts about the run (handles, jobs, parent)
 
     def __post_init__(self) -> None:
-        extra: object = self.extra
-        if isinstance(extra, Extras):
-            extra.bind(self.run)
-        else:  # the old form, a dict (deprecated)
-            self.extra = Extras.from_legacy(cast("Mapping[str, Any]", extra), self.run, "CallContext")
+        self.extra = bound_extras(self.extra, self.run, "CallContext")  # a dict (the old form) still works
 
 
 def _own(ctx: CallContext, handle: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from tether._compat import REMOVED_IN, user_stacklevel
 from tether._errors import InvalidType, MissingKey
@@ -220,6 +220,14 @@ class Extras:
 
 
 _MISSING: Any = object()
+
+
+def bound_extras(extra: object, facts: RunFacts, owner: str) -> Extras:
+    """A context's `extra` bound to its run's facts; the old form, a dict, converted (deprecated)."""
+    if isinstance(extra, Extras):
+        extra.bind(facts)
+        return extra
+    return Extras.from_legacy(cast("Mapping[str, Any]", extra), facts, owner)
 
 
 def _deprecated(old: str, new: str) -> None:
