@@ -209,7 +209,7 @@ def test_undeclared_effect_is_checked_like_a_reversible_call_after_taint() -> No
 def test_inconsistent_declarations_fail_closed(meta: dict[str, Any], why: str) -> None:
     sent: list[str] = []
 
-    @tool(effect="irreversible", metadata=meta)
+    @tool(effect="irreversible", **meta)
     def send(to: str) -> str:
         """Send."""
         sent.append(to)
