@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_completion, tool_call
+from hang import HANG
 
 from tether._types import RunResult, StopReason, from_json
 
@@ -27,7 +28,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str], stdin: str | None = None,
-           timeout: float = 30) -> subprocess.CompletedProcess[str]:
+           timeout: float = HANG) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -165,20 +166,18 @@ def test_chat_reset_forgets(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_cancels_and_reports(tmp_path: Path) -> None:
-    with FakeOpenAIServer([Reply(body=chat_completion("too late"), delay=8)]) as server:
+    # the reply would come after the test's hang bound: the run ends because it was cancelled, or not at all
+    with FakeOpenAIServer([Reply(body=chat_completion("too late"), delay=2 * HANG)]) as server:
         proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "-p", "slow one"], cwd=tmp_path,
                                 env=openrouter_env(server), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG
         while not server.requests and time.monotonic() < deadline:
             time.sleep(0.02)
         assert server.requests, "the model was never called"
-        started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-        took = time.monotonic() - started
+        out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 130, err
-    assert took < 6  # cancelled, not waited out (the reply takes 8 s)
     assert out == ""
     assert err.splitlines()[-1].startswith("tether: cancelled (interrupted by Ctrl-C) after 0 steps")
 
@@ -199,7 +198,7 @@ def test_models_lists_endpoints_without_keys(tmp_path: Path) -> None:
     env = clean_env(OPENROUTER_API_KEY="sk-very-secret", TETHER_MODELS_DIR=str(tmp_path))
     (tmp_path / "tiny.gguf").write_bytes(b"GGUF")
     proc = subprocess.run([sys.executable, "-m", "tether", "models"], env=env, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert "sk-very-secret" not in proc.stdout
     assert "anthropic/claude-haiku-4.5" in proc.stdout
@@ -222,7 +221,7 @@ def test_your_program_sh_as_the_course_calls_it(tmp_path: Path) -> None:
         env = openrouter_env(server)
         env["PATH"] = os.environ["PATH"]
         proc = subprocess.run([str(PROGRAM), "-p", "Delete the old readme file."], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip() == "Deleted README_old.md"
     assert not (tmp_path / "README_old.md").exists()
@@ -241,18 +240,18 @@ def test_your_program_sh_as_the_course_calls_it(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_in_chat_cancels_the_turn_and_keeps_the_conversation(tmp_path: Path) -> None:
-    script = [Reply(body=chat_completion("too late"), delay=8), chat_completion("second answer")]
+    script = [Reply(body=chat_completion("too late"), delay=2 * HANG), chat_completion("second answer")]
     lines = tmp_path / "stdin.txt"
     lines.write_text("a slow question\nanother question\n")
     with FakeOpenAIServer(script) as server, lines.open() as stdin:
         proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "chat", "--tools", "none"], cwd=tmp_path,
                                 env=openrouter_env(server), stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG
         while not server.requests and time.monotonic() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0, err
     assert out == "second answer\n"
     assert "tether: cancelled (interrupted by Ctrl-C)" in err
@@ -282,7 +281,7 @@ def test_compact_folds_old_turns_into_a_recorded_summary(tmp_path: Path) -> None
 
     with FakeOpenAIServer(responder=responder) as server:
         proc = tether(["-p", "Read log0.txt to log29.txt one by one, then summarise.", "--compact", "--tools", "files", "--model", "fake-model",
-                       "--max-steps", "40", "--json"], cwd=tmp_path, env=openrouter_env(server), timeout=120)
+                       "--max-steps", "40", "--json"], cwd=tmp_path, env=openrouter_env(server))
     assert proc.returncode == 0, proc.stderr
     result = from_json(RunResult, proc.stdout)
     assert result.stop_reason is StopReason.COMPLETED and result.answer == "All 30 logs read: nothing alarming."

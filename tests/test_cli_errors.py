@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "ANTHROPIC_", "TETHER_", "OTEL_")
@@ -26,7 +27,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 def _tether(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG)
 
 
 def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
@@ -51,17 +52,17 @@ def test_ctrl_c_on_a_durable_run_says_how_to_resume_it(tmp_path: Path) -> None:
 
     (tmp_path / "notes.txt").write_text("the code is 7\n")
     script = [chat_completion(None, [tool_call("Read", {"file_path": "notes.txt"})]),
-              Reply(body=chat_completion("7"), delay=30), chat_completion("7")]
+              Reply(body=chat_completion("7"), delay=2 * HANG), chat_completion("7")]
     with FakeOpenAIServer(script) as server:
         env = _env(tmp_path / "home", OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url)
         proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "run", "--durable", "The code?"], cwd=tmp_path,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60  # only catches a hang: the second model call is sent
+        deadline = time.monotonic() + HANG  # only catches a hang: the second model call is sent
         while len(server.requests) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert len(server.requests) == 2, proc.communicate(timeout=10)
+        assert len(server.requests) == 2, proc.communicate(timeout=HANG)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=HANG)
         assert proc.returncode == 130, err
         run_id = re.search(r"^durable run (\w+) \(", err, re.M).group(1)  # type: ignore[union-attr]  # (a notice may come first)
         assert err.splitlines()[-1] == (

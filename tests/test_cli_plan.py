@@ -38,7 +38,7 @@ def test_plan_mode_runs_the_models_program_with_the_file_tools(tmp_path: Path) -
 
 def test_plan_mode_refuses_the_embedded_model_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("xllamacpp", reason="the embedded model (tether[local]) is not installed")
-    proc = tether(["--plan", "-p", "anything", "--model", "local"], cwd=tmp_path, env=clean_env(), timeout=120)
+    proc = tether(["--plan", "-p", "anything", "--model", "local"], cwd=tmp_path, env=clean_env())
     assert proc.returncode == 1 and "plan mode needs a model that writes code" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("tether: plan mode needs")  # after the model's notices
 
@@ -46,7 +46,7 @@ def test_plan_mode_refuses_the_embedded_model_in_one_line(tmp_path: Path) -> Non
 def test_plan_with_a_command_it_does_not_apply_to_is_one_clear_error(tmp_path: Path) -> None:
     """Before: `tether --plan chat` ignored --plan silently. A durable plan parks its approvals: no --yes."""
     for args, flag in ((["--plan", "chat"], "--plan"), (["run", "--plan", "--durable", "--yes", "x"], "--yes")):
-        proc = tether(args, cwd=tmp_path, env=clean_env(), timeout=60)
+        proc = tether(args, cwd=tmp_path, env=clean_env())
         assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from pty_driver import on_a_terminal
 from rich.console import Console
 
@@ -40,7 +41,7 @@ def _env(server: FakeOpenAIServer, home: Path) -> dict[str, str]:
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          text=True, timeout=HANG, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -188,7 +189,7 @@ def test_allow_rules_match_simple_commands_only() -> None:
 def test_a_rule_is_counted_once_by_the_approval_budget_and_the_terminal_can_add_one(tmp_path: Path) -> None:
     from tether import Agent, ScriptedModel, call, tool
 
-    @tool(effect="irreversible", metadata={"requires_approval": True})  # as unconfined Bash is
+    @tool(effect="irreversible", requires_approval=True)  # as unconfined Bash is
     def Bash(command: str) -> str:
         """Run a command."""
         return f"ran {command}"
@@ -287,7 +288,7 @@ def test_a_piped_chat_stages_its_writes_and_says_so_once_at_the_end(project: Pat
               chat_completion("wrote b")]
     with FakeOpenAIServer(script) as server:
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "chat"], cwd=project, input="write a\nwrite b\n",
-                              env=_env(server, tmp_path / "home"), capture_output=True, text=True, timeout=120)
+                              env=_env(server, tmp_path / "home"), capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "wrote a\nwrote b\n"
     assert not (project / "a.txt").exists() and not (project / "b.txt").exists()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 
 PROVIDER_VARS = ("OPENAI_", "OPENROUTER_", "TETHER_", "ANTHROPIC_")
 
@@ -25,7 +26,7 @@ def _env(server: FakeOpenAIServer | None, db: Path | str, **extra: str) -> dict[
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG)
 
 
 def _runs(tmp_path: Path, db: Path) -> list[dict]:

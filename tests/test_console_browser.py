@@ -18,6 +18,7 @@ pytest.importorskip("dbos")
 pytest.importorskip("jinja2")
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (CI installs it)")
 
+from hang import HANG  # noqa: E402
 from test_console import api_key, running  # noqa: E402
 from test_service import Service, wait_status  # noqa: E402
 
@@ -26,6 +27,8 @@ if not Path(CHROMIUM).exists():
     pytest.skip("the browser tests need Debian's chromium (apt-get install chromium; CI installs it)",
                 allow_module_level=True)
 ARTIFACTS = Path(__file__).resolve().parents[1] / ".ci" / "artifacts" / "console"
+HANG_MS = HANG * 1000  # Playwright's waits end on what they wait for; this only catches a hang
+sync_api.expect.set_options(timeout=HANG_MS)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -50,6 +53,7 @@ class Tab:
 
     def __init__(self, browser: Any, service: Service, name: str) -> None:
         self.context = browser.new_context()
+        self.context.set_default_timeout(HANG_MS)
         self.page = self.context.new_page()
         self.base, self.name, self.errors, self.aborted = service.url, name, [], []
         self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
@@ -107,7 +111,7 @@ def test_approve_in_the_browser_and_see_the_answer(service: Service, tab: Tab) -
     tab.login(key)
     run_id = tab.start("invoice", "Pay my invoice")
     page = tab.page
-    page.wait_for_selector("#approve", timeout=30_000)  # the pending approval arrived over the stream
+    page.wait_for_selector("#approve", timeout=HANG_MS)  # the pending approval arrived over the stream
     page.wait_for_selector("#timeline li.confirm")
     amount = page.locator("#pending-arguments tr", has_text="amount")
     assert "untrusted content" in amount.inner_text()  # 4200 came from the invoice page
@@ -117,8 +121,8 @@ def test_approve_in_the_browser_and_see_the_answer(service: Service, tab: Tab) -
     assert page.locator("#timeline a", has_text="the whole result").count() == 1
     tab.shot("awaiting")
     page.click("#approve")
-    page.wait_for_selector("#answer", timeout=30_000)
-    page.wait_for_selector("#timeline li.stop", timeout=30_000)
+    page.wait_for_selector("#answer", timeout=HANG_MS)
+    page.wait_for_selector("#timeline li.stop", timeout=HANG_MS)
     assert page.inner_text("#answer") == "<b>Charged</b>: charged 4200"
     assert page.inner_text("#run-status") == "completed"
     ids = event_ids(tab)
@@ -133,18 +137,18 @@ def test_deny_and_cancel(service: Service, tab: Tab) -> None:
     tab.login(api_key(service, "alice"))
     tab.start("billing", "charge 99")
     page = tab.page
-    page.wait_for_selector("#deny", timeout=30_000)
+    page.wait_for_selector("#deny", timeout=HANG_MS)
     page.fill("input[name=reason]", "not today")
     page.click("#deny")
-    page.wait_for_selector("#timeline li.stop", timeout=30_000)
+    page.wait_for_selector("#timeline li.stop", timeout=HANG_MS)
     assert "denied" in page.inner_text("#timeline")
     assert service.ledger() == []
     tab.shot("denied")
     tab.start("slow", "wait a lot")
-    page.wait_for_selector("#timeline li.tool-call", timeout=30_000)  # running: a tool call came back
+    page.wait_for_selector("#timeline li.tool-call", timeout=HANG_MS)  # running: a tool call came back
     page.click("#cancel")
-    page.wait_for_selector("#run-status.s-cancelled", timeout=30_000)
-    page.wait_for_selector("#timeline li.stop", timeout=30_000)
+    page.wait_for_selector("#run-status.s-cancelled", timeout=HANG_MS)
+    page.wait_for_selector("#timeline li.stop", timeout=HANG_MS)
     assert page.locator("#cancel").count() == 0
     tab.shot("cancelled")
 
@@ -156,12 +160,12 @@ def test_the_timeline_catches_up_after_the_connection_drops(service: Service, ta
     tab.login(key)
     run_id = tab.start("slow", "wait a lot")
     page = tab.page
-    page.locator("#timeline li.tool-call").nth(2).wait_for(timeout=30_000)
+    page.locator("#timeline li.tool-call").nth(2).wait_for(timeout=HANG_MS)
     service.stop()
     time.sleep(1.0)
     before = event_ids(tab)
     service.start()
-    page.locator("#timeline li.tool-call").nth(11).wait_for(timeout=60_000)
+    page.locator("#timeline li.tool-call").nth(11).wait_for(timeout=HANG_MS)
     ids = event_ids(tab)
     assert ids[:len(before)] == before and len(ids) > len(before)
     assert len(ids) == len(set(ids)), "a piece was shown twice"
@@ -180,7 +184,7 @@ def test_the_timeline_catches_up_after_the_connection_drops(service: Service, ta
 def test_another_users_run_is_not_reachable(browser: Any, service: Service, tab: Tab) -> None:
     tab.login(api_key(service, "alice"))
     run_id = tab.start("calc", "add 2 and 3")
-    tab.page.wait_for_selector("#answer", timeout=30_000)
+    tab.page.wait_for_selector("#answer", timeout=HANG_MS)
     bob = Tab(browser, service, "bob")
     try:
         bob.login(api_key(service, "bob"))
@@ -197,7 +201,7 @@ def test_another_users_run_is_not_reachable(browser: Any, service: Service, tab:
 def test_usage_page_draws_its_chart(service: Service, tab: Tab) -> None:
     tab.login(api_key(service, "alice"))
     tab.start("calc", "add 2 and 3")
-    tab.page.wait_for_selector("#answer", timeout=30_000)
+    tab.page.wait_for_selector("#answer", timeout=HANG_MS)
     tab.page.goto(service.url + "/usage?by=tool")
     assert tab.page.locator("#chart rect").count() == 1
     assert "add" in tab.page.inner_text("#usage")
@@ -212,13 +216,13 @@ def test_the_runs_list_follows_a_run_to_its_end_without_a_reload(service: Servic
     tab.login(key)
     run_id = tab.start("billing", "charge 99")
     page = tab.page
-    page.wait_for_selector("#deny", timeout=30_000)
+    page.wait_for_selector("#deny", timeout=HANG_MS)
     page.goto(service.url + "/runs")
     page.evaluate("window.__same_page = 1")
     status = page.locator(f'tr[data-run="{run_id}"] .status')
     assert status.inner_text() == "awaiting_approval"
     httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"})
-    sync_api.expect(status).to_have_text("cancelled", timeout=30_000)
+    sync_api.expect(status).to_have_text("cancelled", timeout=HANG_MS)
     assert page.evaluate("window.__same_page") == 1  # the rows changed in place
     assert page.request.get(service.url + "/favicon.ico").status == 200
     tab.shot("runs-live")
@@ -229,12 +233,12 @@ def test_a_waiting_runs_duration_goes_on_between_events(service: Service, tab: T
     tab.login(api_key(service, "alice"))
     tab.start("billing", "charge 99")
     page = tab.page
-    page.wait_for_selector("#deny", timeout=30_000)
+    page.wait_for_selector("#deny", timeout=HANG_MS)
     before = page.inner_text("#duration")
-    sync_api.expect(page.locator("#duration")).not_to_have_text(before, timeout=30_000)
+    sync_api.expect(page.locator("#duration")).not_to_have_text(before, timeout=HANG_MS)
     page.click("#deny")
-    page.wait_for_selector("#timeline li.stop", timeout=30_000)
-    sync_api.expect(page.locator("#duration[hx-trigger]")).to_have_count(0, timeout=30_000)  # ended: it stops
+    page.wait_for_selector("#timeline li.stop", timeout=HANG_MS)
+    sync_api.expect(page.locator("#duration[hx-trigger]")).to_have_count(0, timeout=HANG_MS)  # ended: it stops
 
 
 if os.environ.get("TETHER_CONSOLE_SLOWMO"):  # for watching by hand: TETHER_CONSOLE_SLOWMO=1 pytest ... -s
@@ -266,7 +270,7 @@ def test_a_transcript_is_readable_and_a_long_message_shows_in_whole_on_demand(se
     assert 4_000 <= before < 4_100
     page.locator("#call-3 .show-all").click()
     # the page's CSP forbids eval, which wait_for_function's string needs: Playwright's own matcher waits instead
-    sync_api.expect(long).to_have_text(re.compile(r"^.{7000,}", re.S), timeout=30_000)
+    sync_api.expect(long).to_have_text(re.compile(r"^.{7000,}", re.S), timeout=HANG_MS)
     assert page.evaluate("window.__pwned") is None
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#call-2").scroll_into_view_if_needed()
@@ -306,7 +310,7 @@ def test_a_fork_from_step_3_continues_with_the_edited_message(service: Service, 
     page.wait_for_url(re.compile(r".*/runs/t_[^/]+$"))
     fork_id = page.url.rsplit("/", 1)[1]
     assert fork_id != run_id
-    page.wait_for_selector("#answer", timeout=30_000)  # over the live stream
+    page.wait_for_selector("#answer", timeout=HANG_MS)  # over the live stream
     assert page.locator("#answer").inner_text() == "Done with: Write about <b>cats</b>"
     assert page.locator("#forked-from").inner_text() == f"forked from {run_id} at step 3"
     page.goto(f"{tab.base}/runs/{fork_id}")

@@ -10,6 +10,7 @@ import pytest
 
 from tether import BasePolicy, ToolContext, tool
 from tether._types import Effect, ToolCall
+from tether.tools import RunFacts
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Executor
 from tether.tools._results import ResultStore, cap, shape
@@ -107,7 +108,7 @@ def test_big_results_are_capped_with_a_handle_and_paged_by_read_result():
     other = asyncio.run(ex.execute(ToolCall("c2", "read_result", {"handle": h}), CallContext("run2", user="alice")))
     assert other.is_error and "unknown or expired" in other.content
     bob = asyncio.run(ex.execute(ToolCall("c3", "read_result", {"handle": h}),
-                                 CallContext("run1", user="bob", extra={"result_handles": {h}})))
+                                 CallContext("run1", user="bob", run=RunFacts(handles={h}))))
     assert bob.is_error
 
 
@@ -167,7 +168,7 @@ def test_duplicate_tool_names_are_refused():
 def test_read_result_is_advertised_once_a_result_was_capped():
     ex = Executor([big], max_result_chars=100)
     ctx = CallContext("run1", user="alice")
-    owned = lambda: bool(ctx.extra.get("result_handles"))  # noqa: E731 - what the loop asks
+    owned = lambda: bool(ctx.run.handles)  # noqa: E731 - what the loop asks
     assert [s.name for s in ex.specs_for(owned())] == ["big"]
     assert run(ex, "read_result", handle="r1").is_error  # callable all along, just not advertised
     asyncio.run(ex.execute(ToolCall("c1", "big", {"n": 50}), ctx))

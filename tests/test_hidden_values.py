@@ -51,12 +51,12 @@ class World:
             self.sent.append({"to": to, "body": body})
             return f"sent to {to}"
 
-        @tool(effect="read_only", metadata={"secret_output": True})
+        @tool(effect="read_only", secret_output=True)
         def read_env() -> str:
             """The project's .env file."""
             return "DB_PASS=hunter2-not-a-pattern\nMODE=dev"
 
-        @tool(effect="irreversible", metadata={"url_args": ("url",)})
+        @tool(effect="irreversible", url_args=("url",))
         def http_post(url: str, data: str) -> str:
             """POST data to a URL."""
             self.posted.append(data)

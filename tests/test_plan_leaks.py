@@ -365,12 +365,11 @@ def test_an_oversized_input_fails_before_the_plan_runs() -> None:
 
 
 def test_an_error_on_private_data_is_withheld_even_from_a_trusted_tool() -> None:
-    @tool
+    @tool(private_output=True)
     def get_balance() -> float:
         """The account's balance (private to the user)."""
         return 1810.25
 
-    get_balance.metadata["private_output"] = True
     planner = ScriptedModel([plan('b = get_balance()\nx = {"a": 1}[str(b)]\nfinal_answer(x)'), plan('final_answer("x")')])
     PlanMode(planner, [get_balance], trusted_tools=["get_balance"]).run("Anything.")
     retry = planner.requests[1].messages[-1].content

@@ -26,7 +26,7 @@ def bank(sent: list[dict[str, Any]], mails: list[dict[str, Any]]) -> list[Any]:
         """Read the newest email (anyone can write it)."""
         return EMAIL
 
-    @tool
+    @tool(private_output=True)
     def get_balance() -> float:
         """The account's balance."""
         return 1810.0
@@ -43,7 +43,6 @@ def bank(sent: list[dict[str, Any]], mails: list[dict[str, Any]]) -> list[Any]:
         mails.append({"to": to, "body": body})
         return "queued"
 
-    get_balance.metadata["private_output"] = True
     return [read_email, get_balance, send_money, send_email]
 
 

@@ -26,6 +26,7 @@ from tether.policy import (
     filter_output,
 )
 from tether.policy._egress import is_internal
+from tether.tools import Declares
 from tether.tools._base import Tool, tool
 from tether.tools._executor import CallContext, Executor
 
@@ -73,7 +74,7 @@ def test_ceiling_applies_inside_a_nested_model_argument() -> None:
 def test_url_typed_argument_is_checked_against_egress() -> None:
     fetched: list[str] = []
 
-    @tool(metadata={"url_args": ("url",), "source": "web"})
+    @tool(url_args=("url",), source="web")
     def fetch(url: HttpUrl) -> str:
         """Fetch a page."""
         fetched.append(str(url))
@@ -151,7 +152,7 @@ def test_a_raising_effect_hook_or_describe_never_reaches_the_executor() -> None:
     def describe(args: dict[str, Any]) -> str:
         raise ValueError("bad template")
 
-    @tool(effect="irreversible", metadata={"describe": describe, "requires_approval": True})
+    @tool(effect="irreversible", describe=describe, requires_approval=True)
     def wipe(target: str) -> str:
         """Wipe."""
         return "wiped"
@@ -167,7 +168,7 @@ def test_a_raising_effect_hook_or_describe_never_reaches_the_executor() -> None:
 def test_concurrent_calls_waiting_for_approval_cannot_exceed_the_per_user_limit() -> None:
     sent: list[str] = []
 
-    @tool(effect="irreversible", metadata={"requires_approval": True, "per_user": 1})
+    @tool(effect="irreversible", requires_approval=True, per_user=1)
     def send_money(recipient: str, amount: float) -> str:
         """Send money."""
         sent.append(recipient)
@@ -193,7 +194,7 @@ def test_concurrent_calls_waiting_for_approval_cannot_exceed_the_per_user_limit(
 def test_a_denied_call_releases_its_per_user_slot() -> None:
     sent: list[str] = []
 
-    @tool(effect="irreversible", metadata={"requires_approval": True, "per_user": 1})
+    @tool(effect="irreversible", requires_approval=True, per_user=1)
     def send_money(recipient: str, amount: float) -> str:
         """Send money."""
         sent.append(recipient)
@@ -305,7 +306,7 @@ def test_public_hosts_are_not_internal(host: str) -> None:
 def test_user_given_loopback_shorthand_is_still_refused() -> None:
     fetched: list[str] = []
 
-    @tool(metadata={"url_args": ("url",), "source": "web"})
+    @tool(url_args=("url",), source="web")
     def fetch(url: str) -> str:
         """Fetch a page."""
         fetched.append(url)
@@ -350,7 +351,7 @@ def test_image_scan_of_many_openers_is_linear() -> None:
 def test_approval_request_carries_plain_arguments() -> None:
     seen: list[dict[str, Any]] = []
 
-    @tool(effect="irreversible", metadata={"requires_approval": True})
+    @tool(effect="irreversible", requires_approval=True)
     def pay(payment: Payment) -> str:
         """Pay someone."""
         return "paid"
@@ -364,7 +365,7 @@ def test_approval_request_carries_plain_arguments() -> None:
 def test_held_actions_shown_to_the_user_are_filtered_too() -> None:
     """A held (summarized) action carries the compromised model's arguments into the answer."""
 
-    @tool(effect="irreversible", metadata={"on_untrusted": "summarize"})
+    @tool(effect="irreversible", on_untrusted="summarize")
     def send_email(to: str, body: str) -> str:
         """Send an email."""
         return "sent"
@@ -400,7 +401,7 @@ async def _echo(**kwargs: Any) -> str:
 
 
 _ANY = Tool.from_schema("send", "Send.", {"type": "object", "additionalProperties": True}, _echo,
-                        effect="irreversible", metadata={"url_args": ("url",)})
+                        effect="irreversible", declares=Declares(url_args=("url",)))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

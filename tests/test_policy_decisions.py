@@ -40,13 +40,13 @@ class World:
             """The user's balance."""
             return "balance 1200"
 
-        @tool(effect="irreversible", metadata={"guarded_args": ("recipient", "amount")})
+        @tool(effect="irreversible", guarded_args=("recipient", "amount"))
         def send_money(recipient: str, amount: float, note: str = "") -> str:
             """Send money."""
             self.sent.append({"recipient": recipient, "amount": amount, "note": note})
             return f"sent {amount} to {recipient}"
 
-        @tool(metadata={"url_args": ("url",), "source": "web"})
+        @tool(url_args=("url",), source="web")
         def fetch(url: str) -> str:
             """Fetch a URL."""
             return f"<html>page at {url}</html>"

@@ -40,7 +40,7 @@ class World:
             w.records[key] = value
             return "saved"
 
-        @tool(effect="reversible", metadata={"risk_free_args": ("body",)})
+        @tool(effect="reversible", risk_free_args=("body",))
         def add_note(title: str, body: str) -> str:
             """Add a note."""
             w.records["note:" + title] = body
@@ -56,7 +56,7 @@ class World:
             """A trusted directory; echoes the query."""
             return f"no entry for {query}"
 
-        @tool(effect="irreversible", metadata={"risk_free_args": ("memo",)})
+        @tool(effect="irreversible", risk_free_args=("memo",))
         def send_money(recipient: str, amount: float, memo: str = "") -> str:
             """Send money."""
             w.sent.append({"recipient": recipient, "amount": amount, "memo": memo})

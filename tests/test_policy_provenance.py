@@ -37,12 +37,12 @@ class Bank:
             """Scheduled payments (trusted: the user's own)."""
             return str(b.orders)
 
-        @tool(effect="read_only", metadata={"private_output": True})
+        @tool(effect="read_only", private_output=True)
         def get_balance() -> str:
             """Balance."""
             return "balance: 1810.0, passport HGK137803"
 
-        @tool(effect="reversible", metadata={"risk_free_args": ("subject",)})
+        @tool(effect="reversible", risk_free_args=("subject",))
         def update_order(id: int, recipient: str | None = None, subject: str | None = None) -> str:
             """Update a scheduled payment."""
             if recipient:
@@ -51,7 +51,7 @@ class Bank:
                 b.orders[id]["subject"] = subject
             return "updated"
 
-        @tool(effect="irreversible", metadata={"risk_free_args": ("subject",)})
+        @tool(effect="irreversible", risk_free_args=("subject",))
         def send_money(recipient: str, amount: float, subject: str = "") -> str:
             """Send money."""
             b.sent.append({"recipient": recipient, "amount": amount, "subject": subject})
@@ -209,7 +209,7 @@ def test_undeclared_effect_is_checked_like_a_reversible_call_after_taint() -> No
 def test_inconsistent_declarations_fail_closed(meta: dict[str, Any], why: str) -> None:
     sent: list[str] = []
 
-    @tool(effect="irreversible", metadata=meta)
+    @tool(effect="irreversible", **meta)
     def send(to: str) -> str:
         """Send."""
         sent.append(to)

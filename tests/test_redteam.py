@@ -35,27 +35,27 @@ class World:
     def tools(self) -> list[Tool]:
         w = self
 
-        @tool(metadata={"source": "email"})
+        @tool(source="email")
         def read_inbox() -> str:
             """Read the latest email."""
             return w.inbox
 
-        @tool(metadata={"source": "web", "url_args": ("url",)})
+        @tool(source="web", url_args=("url",))
         def fetch_page(url: str) -> str:
             """Fetch a web page."""
             return w.pages.get(url, "404")
 
-        @tool(metadata={"source": "files"})
+        @tool(source="files")
         def read_file(path: str) -> str:
             """Read a file."""
             return w.files.get(path, "no such file")
 
-        @tool(metadata={"source": "retrieval"})
+        @tool(source="retrieval")
         def search_docs(query: str) -> str:
             """Search the knowledge base."""
             return "\n---\n".join(w.docs)
 
-        @tool(metadata={"source": "retrieval"})
+        @tool(source="retrieval")
         def recall_notes() -> str:
             """Recall saved notes."""
             return "\n".join(w.notes)
@@ -71,25 +71,25 @@ class World:
             """Read the deployment config."""
             return f"region: us-east-1\naws_access_key: {AWS_KEY}"
 
-        @tool(effect="irreversible", metadata={"guarded_args": ("to", "cc")})
+        @tool(effect="irreversible", guarded_args=("to", "cc"))
         def send_email(to: str, subject: str, body: str, cc: str = "") -> str:
             """Send an email."""
             w.effects.append(("send_email", {"to": to, "cc": cc, "body": body}))
             return "sent"
 
-        @tool(effect="irreversible", metadata={"guarded_args": ("recipient", "amount")})
+        @tool(effect="irreversible", guarded_args=("recipient", "amount"))
         def transfer(recipient: str, amount: float) -> str:
             """Transfer money."""
             w.effects.append(("transfer", {"recipient": recipient, "amount": amount}))
             return "done"
 
-        @tool(effect="irreversible", metadata={"url_args": ("url",), "guarded_args": ("url",)})
+        @tool(effect="irreversible", url_args=("url",), guarded_args=("url",))
         def http_post(url: str, data: str) -> str:
             """POST data to a URL."""
             w.effects.append(("http_post", {"url": url, "data": data}))
             return "200"
 
-        @tool(effect="irreversible", metadata={"describe": lambda a: f"Restart {a['service']}"})
+        @tool(effect="irreversible", describe=lambda a: f"Restart {a['service']}")
         def restart_service(service: str) -> str:
             """Restart a service."""
             w.effects.append(("restart_service", {"service": service}))

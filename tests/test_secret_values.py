@@ -177,7 +177,7 @@ def test_environment_values_are_secrets_but_public_variables_and_paths_are_not()
 
 
 def test_a_tool_declared_secret_output_makes_every_value_secret() -> None:
-    @tool(metadata={"secret_output": True})
+    @tool(secret_output=True)
     def vault_get(name: str) -> str:
         """Fetch a secret."""
         return "Zk3-pQ9-wW1x"

@@ -201,7 +201,7 @@ def test_a_tool_cannot_untaint_its_output_without_declaring_exact_provenance() -
     declared untrusted that says otherwise still taints the run. `untrusted=True` always taints."""
 
     for exact, says, tainted in ((False, False, True), (True, False, False), (True, True, True)):
-        @tool(untrusted_output=True, metadata={"exact_provenance": exact})
+        @tool(untrusted_output=True, exact_provenance=exact)
         def lookup() -> ToolOutput:
             """Look something up."""
             return ToolOutput("a fact", untrusted=says)  # noqa: B023
@@ -236,7 +236,7 @@ def _payer_team(paid: list[str], child_script: list, durable: str | None = None,
                 ) -> tuple[Agent, ScriptedModel, ScriptedModel]:
     from tether.policy import ApprovalBook, PendingApprover
 
-    @tool(effect="irreversible", metadata={"requires_approval": True})
+    @tool(effect="irreversible", requires_approval=True)
     def pay(to: str, amount: float) -> str:
         """Pay someone."""
         paid.append(to)

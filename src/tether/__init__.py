@@ -46,6 +46,7 @@ from tether.models._scripted import ScriptedModel, call, reply
 from tether.policy import SafetyPolicy
 from tether.tools._base import Tool, ToolContext, tool
 from tether.tools._executor import AllowAll, BasePolicy, CallContext, Policy, Verdict
+from tether.tools._extra import ExtraKey, Extras
 from tether.tools._results import ToolOutput
 
 _compat.install()  # old module paths (tether.models.scripted, ...) still import, with a DeprecationWarning
@@ -59,6 +60,8 @@ __all__ = [
     "CancelToken",
     "Critic",
     "Effect",
+    "ExtraKey",
+    "Extras",
     "FallbackModel",
     "InvalidInput",
     "InvalidType",

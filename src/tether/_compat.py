@@ -14,7 +14,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import FrameType, ModuleType
 
 REMOVED_IN = "0.3.0"
 
@@ -49,3 +49,13 @@ class RenamedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install() -> None:
     if not any(isinstance(f, RenamedModules) for f in sys.meta_path):
         sys.meta_path.append(RenamedModules())
+
+
+def user_stacklevel() -> int:
+    """The `warnings.warn` stack level of the first frame outside tether (the user's code that used an
+    old form), counted from the caller of this function."""
+    frame: FrameType | None = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+    level = 1
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("tether"):
+        frame, level = frame.f_back, level + 1
+    return level

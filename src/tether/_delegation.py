@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether._errors import AwaitingApproval, InvalidInput, TetherError
 from tether._limits import Budget
-from tether._loop import DELEGATED_NAME, PARENT_KEY, ChildRun, ParentRun, run_loop
+from tether._loop import DELEGATED_NAME, ChildRun, run_loop
 from tether._types import Effect, Message, RunResult, RunState, StopReason, Usage, from_jsonable, to_jsonable
 from tether.models._pricing import require_prices
 from tether.tools._base import Tool, ToolContext
@@ -39,11 +39,6 @@ if TYPE_CHECKING:
     from tether._agent import Agent
 
 _EFFECT_ORDER = [Effect.READ_ONLY, Effect.REVERSIBLE, Effect.IRREVERSIBLE]
-# CallContext.extra keys set by tether's MCP server for a call from another process: the budget the
-# caller offered, (max tokens, max cost) with None for no limit, and a Usage the child's usage is
-# added to (reported back to the caller, which charges it)
-BUDGET_OFFER_KEY = "tether/budget_offer"
-USAGE_SINK_KEY = "tether/usage_sink"
 MIN_CHILD_TOKENS = 200  # below this a child could not write one tool call and an answer
 AGENT_KEY = "tether/sub_agent"  # Tool.metadata: the Agent an agent tool runs (a durable child is found by it)
 
@@ -57,11 +52,9 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
         raise InvalidInput(f"share must be in (0, 1], got {share}")
 
     async def run(task: str, context: ToolContext) -> str | ToolOutput:
-        parent = context.extra.get(PARENT_KEY)
-        if not isinstance(parent, ParentRun):  # called outside a run (an executor driven by hand)
-            parent = None
+        parent = context.run.parent  # None outside a run (an executor driven by hand)
         run_id = f"{context.idempotency_key or context.run_id}.{name}"  # under its parent: run:step:index
-        offer = context.extra.get(BUDGET_OFFER_KEY) if parent is None else None
+        offer = context.run.budget_offer if parent is None else None
         parked = parent.children.pop(context.call_id, None) if parent is not None else None
         resumed = from_jsonable(RunState, parked["state"]) if parked is not None else None
         segment = int(parked.get("segment", 0)) + 1 if parked is not None else 0
@@ -71,8 +64,8 @@ def agent_as_tool(agent: Agent[Any], name: str, description: str = "", *, share:
                                   state=resumed,
                                   runner=parent.run_child if parent is not None else None, segment=segment,
                                   bounds=parent.bounds if parent is not None else ())
-        sink = context.extra.get(USAGE_SINK_KEY)
-        if isinstance(sink, Usage):  # over MCP (no parent here, so never a parked child)
+        sink = context.run.usage_sink
+        if sink is not None:  # over MCP (no parent here, so never a parked child)
             sink.add(result.usage)
         if result.stop_reason is StopReason.COMPLETED:
             return ToolOutput(result.answer, untrusted=untrusted_answer(agent, result))

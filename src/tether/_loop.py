@@ -77,8 +77,8 @@ from tether.tools._executor import (
     ToolCancelled,
     ToolStepFn,
 )
-from tether.tools._jobs import JOBS_KEY, Jobs, is_job
-from tether.tools._results import HANDLES_KEY
+from tether.tools._extra import RunFacts
+from tether.tools._jobs import Jobs, is_job
 
 if TYPE_CHECKING:
     from tether._output import OutputRun
@@ -299,7 +299,6 @@ class RunSpec:
 
 
 DELEGATED_NAME = "delegated"  # a user-role task written by a tainted parent agent: counted as untrusted
-PARENT_KEY = "tether.parent"
 
 
 @dataclass(slots=True, frozen=True)
@@ -386,18 +385,18 @@ class LoopRun:
         self.trace = trace
         self.found: list[tuple[ToolCall, ToolResult]] = []  # rendered into findings once, at the end
         self.handles = handles = set(state.handles)
-        self.ctx = ctx = CallContext(run_id=spec.run_id, user=spec.user, bounds=spec.bounds, extra={
+        self.ctx = ctx = CallContext(run_id=spec.run_id, user=spec.user, bounds=spec.bounds, run=RunFacts(
             # Once per run, not per step, for the policy's provenance: the user's own words, and the tool
             # outputs of earlier turns (a continued conversation stays as tainted as it was).
-            "user_messages": [m.content for m in messages
-                              if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
+            user_messages=[m.content for m in messages
+                           if m.role == "user" and m.name not in (NOTE_NAME, DELEGATED_NAME)],
             # a task another agent's model wrote after reading untrusted data is untrusted data too
-            "history_tool_outputs": [m.content for m in messages
-                                     if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
-            HANDLES_KEY: handles,
-        })
+            history_tool_outputs=[m.content for m in messages
+                                  if m.role == "tool" or (m.role == "user" and m.name == DELEGATED_NAME)],
+            handles=handles,
+        ))
         # What a sub-agent started by one of this run's tools (tether._delegation) needs from its parent.
-        ctx.extra[PARENT_KEY] = ParentRun(
+        ctx.run.parent = ParentRun(
             budget, lambda: bool(getattr(ctx.policy_state, "tainted", False)), state.children,
             lambda child, run: spec.step_runner.run_child(spec.run_id, child, run), child_bounds(spec, ctx))
         self.policy = spec.executor.policy
@@ -425,7 +424,7 @@ class LoopRun:
             def job_event(what: str, data: dict[str, Any]) -> None:
                 emit(JobStarted(**data) if what == "started" else JobEnded(**data))
 
-            self.jobs = ctx.extra[JOBS_KEY] = Jobs(state.jobs, ledger=getattr(spec.step_runner, "job_ledger", None),
+            self.jobs = ctx.run.jobs = Jobs(state.jobs, ledger=getattr(spec.step_runner, "job_ledger", None),
                                                    emit=job_event, seconds_left=budget.remaining_seconds)
         self.context: ContextBuilder = spec.context
         self.direct = type(spec.step_runner) is DirectStepRunner
@@ -798,13 +797,13 @@ async def _run_tools(
         if verdict == "stop":
             stop = StopReason.LOOP_DETECTED
             results[i] = ToolResult(call.id, call.name, "ERROR: repeated identical call; the run is stopping.",
-                                    is_error=True, decision="loop_detected")
+                                    is_error=True, decision=CallDecision.LOOP_DETECTED)
         elif verdict == "warn":
             results[i] = ToolResult(call.id, call.name, loops.observation(call.name), is_error=True,
-                                    decision="repeat_suppressed")
+                                    decision=CallDecision.REPEAT_SUPPRESSED)
         elif left is not None and len(to_run) >= left:
             results[i] = ToolResult(call.id, call.name, "ERROR: not run: the run's tool-call budget is used up.",
-                                    is_error=True, decision="tool_call_budget")
+                                    is_error=True, decision=CallDecision.TOOL_CALL_BUDGET)
         else:
             to_run.append(i)
     if stop is not None and not spec.limits.final_answer:
@@ -870,7 +869,7 @@ async def _run_tools(
     for i in to_run:
         while (result := results[i]) is not None and result.decision == CallDecision.AWAITING_APPROVAL:
             asked = True
-            with_batch = ctx.extra.get(BATCH_DECIDED, {}).pop(calls[i].id, None)  # decided with an earlier call
+            with_batch = ctx.run.batch_decided.pop(calls[i].id, None)  # decided with an earlier call
             decisions = [with_batch] if with_batch is not None else await _wait_approvals(spec, calls[i], result, ctx)
             if decisions is None:
                 break  # this runner cannot wait: the run stops awaiting approval
@@ -893,8 +892,8 @@ async def _run_tools(
 
 def _children(ctx: CallContext) -> dict[str, Any]:
     """The run's sub-agents parked on an approval (`RunState.children`), by the parent's call id."""
-    parent = ctx.extra[PARENT_KEY]
-    assert isinstance(parent, ParentRun)
+    parent = ctx.run.parent
+    assert parent is not None
     return parent.children
 
 
@@ -922,11 +921,8 @@ async def _wait_approvals(spec: RunSpec, call: ToolCall, result: ToolResult, ctx
             return None
         decided.append(d := {**decision, "call_id": pending["call_id"]})
         for other in _apply_decision(spec, ctx, d)[1:]:  # one answer for a batch: its other calls run after
-            ctx.extra.setdefault(BATCH_DECIDED, {})[other] = {**d, "call_id": other}
+            ctx.run.batch_decided[other] = {**d, "call_id": other}
     return decided
-
-
-BATCH_DECIDED = "tether.batch_decided"  # ctx.extra: call id -> the batch decision that decided it
 
 
 def _batch_of(spec: RunSpec, ctx: CallContext, call_id: str) -> tuple[str, str]:
@@ -1026,8 +1022,8 @@ def _start_policy(policy: Policy, state: RunState, ctx: CallContext) -> None:
         if state.messages and state.messages[-1].role == "user":  # a continued conversation's new prompt
             policy.note_user(ctx.policy_state, state.messages[-1].content)
         return
-    ctx.policy_state = policy.start_run(state.run_id, state.user, ctx.extra["user_messages"],
-                                        ctx.extra["history_tool_outputs"])
+    ctx.policy_state = policy.start_run(state.run_id, state.user, ctx.run.user_messages,
+                                        ctx.run.history_tool_outputs)
 
 
 async def _final_answer(spec: RunSpec, context: ContextBuilder, messages: list[Message], reason: StopReason,

@@ -143,7 +143,7 @@ class ToolResult:
     is_error: bool = False
     handle: str | None = None  # key of the full result when `content` was capped
     full_chars: int = 0
-    decision: str = "allowed"  # a CallDecision, alone or with :<who or why> (refused:taint)
+    decision: str = CallDecision.ALLOWED  # a CallDecision, alone or with :<who or why> (refused:taint)
     # a sub-agent parked on an approval: {"agent", "state"}; recorded with the result, so a replayed
     # durable run knows it without running the tool again (the loop keeps it in RunState.children)
     parked: dict[str, Any] | None = None

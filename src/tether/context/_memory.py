@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tether._errors import InvalidInput
-from tether._loop import PARENT_KEY, ParentRun
+from tether._loop import ParentRun
 from tether._types import Effect, RunResult
 from tether.tools._base import Tool, ToolContext, tool
 
@@ -282,7 +282,7 @@ class LongTermMemory:
                 topic: what the fact is about, e.g. "deploy process".
                 fact: the fact, exactly.
             """
-            parent = context.extra.get(PARENT_KEY)
+            parent = context.run.parent
             trusted = isinstance(parent, ParentRun) and not parent.tainted()  # outside a run: untrusted
             m = memory.remember_fact(context.user, topic, fact, source=f"run {context.run_id}", trusted=trusted)
             return f"remembered under '{m.key}'" + ("" if m.trusted else " (marked untrusted)")

@@ -41,7 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether._errors import TetherError
-from tether._loop import PARENT_KEY, ParentRun
+from tether._loop import ParentRun
 from tether._types import Usage
 from tether.events import OBSERVERS
 from tether.mcp._config import ServerConfig
@@ -400,7 +400,7 @@ class MCPToolset:
             # recognise a retried or recovered call (see docs/mcp.md)
             meta: dict[str, Any] | None = None if _tether_context is None else {
                 IDEMPOTENCY_META: _tether_context.idempotency_key, RUN_META: _tether_context.run_id}
-            parent = _tether_context.extra.get(PARENT_KEY) if _tether_context is not None else None
+            parent = _tether_context.run.parent if _tether_context is not None else None
             budget = parent.budget if isinstance(parent, ParentRun) else None
             # a share of what the run has left is offered (reserved meanwhile); a tether server runs its
             # agent within it and says what it used, which is charged here (others say nothing: 0)

@@ -23,13 +23,13 @@ import mcp_types as mt
 from mcp.server.lowlevel import Server
 
 from tether._agent import Agent
-from tether._delegation import BUDGET_OFFER_KEY, USAGE_SINK_KEY
 from tether._errors import NotFound
 from tether._types import Effect, ToolCall, Usage
 from tether.events import OBSERVERS
 from tether.mcp._client import BUDGET_META, usage_to_meta
 from tether.tools._base import Tool
 from tether.tools._executor import CallContext, Executor
+from tether.tools._extra import RunFacts
 
 
 def agent_tool(agent: Agent, name: str, description: str = "") -> Tool:
@@ -109,10 +109,8 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
     async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolResult:
         call = ToolCall(f"mcp{next(counter)}", params.name, dict(params.arguments or {}))
         used = Usage()
-        extra: dict[str, Any] = {USAGE_SINK_KEY: used}
-        offer = _budget_offer(params.meta)
-        if offer is not None:
-            extra[BUDGET_OFFER_KEY] = offer
+        # for an agent tool's run: the budget the calling agent offered, and where its spending is added
+        facts = RunFacts(budget_offer=_budget_offer(params.meta), usage_sink=used)
         token = None
         if OBSERVERS:  # telemetry on: a caller's trace context in _meta parents this call's spans
             from tether.telemetry._otel import attached_from
@@ -125,7 +123,7 @@ def build_server(executor: Executor, *, user: str | None = None, name: str = "te
             except LookupError as exc:
                 return mt.CallToolResult(content=[mt.TextContent(text=f"ERROR: '{call.name}' was not run: {exc}")],
                                          is_error=True)
-            result = await executor.execute(call, CallContext(run_id=session, user=user, extra=extra,
+            result = await executor.execute(call, CallContext(run_id=session, user=user, run=facts,
                                                               policy_state=state))
         finally:
             if token is not None:

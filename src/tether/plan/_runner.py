@@ -184,12 +184,12 @@ class PlanMode:
         answer goes back as text with the sources it was computed from, and the parent's policy
         counts it untrusted exactly when one of those sources is not trusted (`ToolOutput`)."""
         from tether._delegation import may_read_untrusted, task_tool
-        from tether._loop import PARENT_KEY, ParentRun
+        from tether._loop import ParentRun
         from tether.tools._base import ToolContext
         from tether.tools._results import ToolOutput
 
         async def run(task: str, context: ToolContext) -> ToolOutput:
-            parent = context.extra.get(PARENT_KEY)
+            parent = context.run.parent
             tainted = (isinstance(parent, ParentRun) and parent.tainted()) or context.untrusted_args
             result = await self.arun(task, run_id=f"{context.idempotency_key or context.run_id}.{name}",
                                      delegated=tainted)

@@ -392,8 +392,8 @@ class SafetyPolicy:
                 with contextlib.suppress(Exception):
                     ctx.policy_state.pending.pop(call.id, None)
                     self._audit(CallView(tool, call, ctx, ctx.policy_state, args, plain_args(args), self),
-                                "refused:error", "", reason)
-            return Verdict("refuse", reason, "refused:error")
+                                f"{CallDecision.REFUSED}:error", "", reason)
+            return Verdict("refuse", reason, f"{CallDecision.REFUSED}:error")
 
     def _checked(self, c: CallView) -> Stop | None:
         """Every guard on `c` in order: the first Stop, or None (the reasons to ask are in `c.ask`)."""
@@ -454,7 +454,8 @@ class SafetyPolicy:
                 with contextlib.suppress(ValueError):
                     stamp[0].remove(stamp[1])
 
-        decision, by = "allowed", ""
+        decision: str = CallDecision.ALLOWED
+        by = ""
         # a call an allow rule approves (RuleApprover) asks nobody: the approval budget does not stop it
         ruled = bool(ask) and bool(getattr(self.approver, "allows", None)) and self.approver.allows(  # type: ignore[attr-defined]
             tool.name, c.args)
@@ -482,12 +483,12 @@ class SafetyPolicy:
             if not answer.approved:
                 release()
                 if pending:
-                    self._audit(c, "awaiting_approval", "", "; ".join(ask))
-                    return Verdict("await_approval", "; ".join(ask), "awaiting_approval")
+                    self._audit(c, CallDecision.AWAITING_APPROVAL, "", "; ".join(ask))
+                    return Verdict("await_approval", "; ".join(ask), CallDecision.AWAITING_APPROVAL)
                 reason = f"approval denied by {answer.by}" + (f" ({answer.reason})" if answer.reason else "")
-                return await self._stop(c, Stop(f"denied:{answer.by}", f"{reason}. Needed because {'; '.join(ask)}.",
+                return await self._stop(c, Stop(f"{CallDecision.DENIED}:{answer.by}", f"{reason}. Needed because {'; '.join(ask)}.",
                                                 by=answer.by))
-            decision, by = f"approved:{answer.by}", answer.by
+            decision, by = f"{CallDecision.APPROVED}:{answer.by}", answer.by
             # an approval is for this one call: it widens the provenance of nothing
             state.approved.add(c.key or action_key(tool.name, c.args))
         return self._let_through(c, decision, by)

@@ -7,9 +7,8 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from tether._fields import new_dict
+from tether.tools._extra import Extras, RunFacts, bound_extras
 
 
 class CancelSignal:
@@ -78,10 +77,14 @@ class ToolContext:
     call_id: str
     user: str | None = None
     idempotency_key: str = ""
-    extra: dict[str, Any] = field(default_factory=new_dict)
+    extra: Extras = field(default_factory=Extras)  # the caller's own values (`ExtraKey`s), as the policy sees them
     cancel_event: CancelSignal = field(default_factory=CancelSignal)
     # its arguments carry untrusted hidden values (tether.values): a sub-agent given them starts tainted
     untrusted_args: bool = False
+    run: RunFacts = field(default_factory=RunFacts)  # tether's own facts about the run (its parent, jobs, ...)
+
+    def __post_init__(self) -> None:
+        self.extra = bound_extras(self.extra, self.run, "ToolContext")  # a dict (the old form) still works
 
     @property
     def cancelled(self) -> bool:

@@ -8,14 +8,12 @@ Given as `@tool(url_args=["url"], private_output=True, ...)`, `Tool(declares=Dec
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any, Literal, TypedDict
 
-from tether._compat import REMOVED_IN
+from tether._compat import REMOVED_IN, user_stacklevel
 from tether._types import Effect
 
 OnUntrusted = Literal["approve", "refuse", "summarize"]
@@ -151,14 +149,6 @@ def merge_legacy(name: str, base: Declares, legacy: Mapping[str, Any]) -> Declar
     first = _RENAMED.get(sorted(legacy)[0], sorted(legacy)[0])
     warnings.warn(f"tool '{name}': declarations in metadata ({keys}) are deprecated and are removed in tether "
                   f"{REMOVED_IN}; declare them with @tool({first}=...) or Tool(declares=Declares(...))",
-                  DeprecationWarning, stacklevel=_user_stacklevel())
+                  DeprecationWarning, stacklevel=user_stacklevel())
     return merged
 
-
-def _user_stacklevel() -> int:
-    """The stack level of the first frame outside tether (where the user declared the tool)."""
-    frame: FrameType | None = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
-    level = 1
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("tether"):
-        frame, level = frame.f_back, level + 1
-    return level

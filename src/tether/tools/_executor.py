@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from tether._errors import AwaitingApproval, InvalidInput, InvalidType
-from tether._types import ToolCall, ToolResult, ToolSpec
+from tether._types import CallDecision, ToolCall, ToolResult, ToolSpec
 from tether.tools._base import Tool, ToolContext
 from tether.tools._context import CancelSignal
-from tether.tools._jobs import JOBS_KEY, JobNote, Jobs, is_job, job_tools
+from tether.tools._extra import Extras, RunFacts, bound_extras
+from tether.tools._jobs import JobNote, is_job, job_tools
 from tether.tools._results import (
     DEFAULT_MAX_RESULT_CHARS,
-    HANDLES_KEY,
     Results,
     ResultStore,
     ToolOutput,
@@ -50,9 +50,20 @@ class CallContext:
     user: str | None = None
     step: int = 0
     seconds_left: float | None = None  # the run's remaining time budget, bounds the tool timeout
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Extras = field(default_factory=Extras)  # the caller's own values, by `ExtraKey`; a tool sees them too
     policy_state: Any = None  # the policy's per-run state (Policy.start_run); owned by the run
     bounds: tuple[Bound, ...] = ()  # the capabilities of the runs that delegated this one (a sub-agent's)
+    run: RunFacts = field(default_factory=RunFacts)  # tether's own facts about the run (handles, jobs, parent)
+
+    def __post_init__(self) -> None:
+        self.extra = bound_extras(self.extra, self.run, "CallContext")  # a dict (the old form) still works
+
+
+def _own(ctx: CallContext, handle: str) -> None:
+    """The run owns a capped result's handle: its `read_result` may read it back."""
+    if ctx.run.handles is None:
+        ctx.run.handles = set()
+    ctx.run.handles.add(handle)
 
 
 class Bound(Protocol):
@@ -83,7 +94,7 @@ class Verdict:
 
     action: Literal["allow", "refuse", "await_approval"] = "allow"
     reason: str = ""
-    decision: str = "allowed"  # label for trace and audit: allowed, approved:alice, refused:taint, ...
+    decision: str = CallDecision.ALLOWED  # label for trace and audit: allowed, approved:alice, refused:taint, ...
     arguments: dict[str, Any] | None = None  # replaced arguments (e.g. redacted); None keeps them
 
 
@@ -374,7 +385,7 @@ class Executor:
         otherwise `_NOT_ENDED`, its answer noted (not run, or left running)."""
         if future.cancel():  # still queued for a worker thread
             cancelled.append(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
-                                         "cancelled"))
+                                         CallDecision.CANCELLED))
             return _NOT_ENDED
         if not future.done():
             ending = asyncio.wrap_future(future)
@@ -386,7 +397,7 @@ class Executor:
             self._abandon_pool()  # its thread stays busy: the next calls get fresh workers
             cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and did not stop within "
                                          f"{self.cancel_grace:g} s: it was left running and may still take effect",
-                                         "cancelled"))
+                                         CallDecision.CANCELLED))
             return _NOT_ENDED
         cancelled.append(None)
         return future.result()
@@ -424,10 +435,10 @@ class Executor:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except asyncio.CancelledError:  # e.g. while a person was being asked
             raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
-                                            "cancelled")) from None
+                                            CallDecision.CANCELLED)) from None
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
-                               f"{exc}", "refused:policy_error")
+                               f"{exc}", f"{CallDecision.REFUSED}:policy_error")
         if binding is not None and binding.quotes_hidden and verdict.action != "allow":
             # The reason may quote the hidden values in forms no mask can list (a host the egress check
             # parsed out of one, a held action's line): the model is told the decision and the handles only.
@@ -440,11 +451,11 @@ class Executor:
             return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
         if verdict.action == "await_approval":
             return ToolResult(call.id, call.name, f"PENDING: '{call.name}' awaits approval: {verdict.reason}",
-                              is_error=True, decision="awaiting_approval")
+                              is_error=True, decision=CallDecision.AWAITING_APPROVAL)
         if verdict.arguments is not None:
             args = verdict.arguments
-        jobs = ctx.extra.get(JOBS_KEY)  # (a run has Jobs only when one of its tools is a job tool)
-        if jobs is not None and is_job(tool) and isinstance(jobs, Jobs):  # run in the background, answered at once
+        jobs = ctx.run.jobs if is_job(tool) else None
+        if jobs is not None:  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
             from_source = bool(judge(tool, None)) if callable(judge) else bool(tool.untrusted_output)
@@ -470,27 +481,27 @@ class Executor:
                 raise ToolCancelled(cancelled[0]) from None
             if step is _direct:  # _run did not start the tool
                 raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
-                                                "started", "cancelled")) from None
+                                                "started", CallDecision.CANCELLED)) from None
             raise  # cancelled in the step runner: whether the tool ran is not known here
         if not result.is_error:
             result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
-            ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
-        if result.job is not None and isinstance(jobs := ctx.extra.get(JOBS_KEY), Jobs):
+            _own(ctx, result.handle)
+        if result.job is not None and (jobs := ctx.run.jobs) is not None:
             jobs.note(result.job)  # from the recorded result: a replay knows what the model was given
             if result.job.get("handle"):  # a job's capped result, now the run's to read back
-                ctx.extra.setdefault(HANDLES_KEY, set()).add(result.job["handle"])
+                _own(ctx, result.job["handle"])
         try:
             result = self.policy.after_call(tool, result, ctx)
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
-                                 f"{type(exc).__name__}: {exc}", "withheld:policy_error")
+                                 f"{type(exc).__name__}: {exc}", f"{CallDecision.WITHHELD}:policy_error")
         if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
             result.content = binding.mask(result.content)
         if hiding and len(result.content) > limit:  # shown after all: capped now
             result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
             if result.handle is not None:
-                ctx.extra.setdefault(HANDLES_KEY, set()).add(result.handle)
+                _own(ctx, result.handle)
         if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
             result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
                               f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
@@ -515,20 +526,20 @@ class Executor:
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
-            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", "unknown_tool")
+            return self._error(call, f"unknown tool '{call.name}'. Available tools: {names}.", CallDecision.UNKNOWN_TOOL)
         if call.parse_error is not None:
             return self._error(
                 call,
                 f"invalid arguments for '{call.name}': {call.parse_error}. Call it again with a JSON object "
                 "that matches its parameters.",
-                "invalid_arguments",
+                CallDecision.INVALID_ARGUMENTS,
             )
         arguments = call.arguments
         if store is not None:
             try:  # never into a code argument (Bash's command): tether.values._code
                 arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
             except (UnknownHandle, HandleInCode) as exc:
-                return self._error(call, f"'{call.name}' was not run: {exc}.", "invalid_arguments")
+                return self._error(call, f"'{call.name}' was not run: {exc}.", CallDecision.INVALID_ARGUMENTS)
         binding = store.binding(call.id) if store is not None else None
         try:
             args = tool.validator.validate(arguments)
@@ -538,14 +549,14 @@ class Executor:
                 return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
                                    "they do not fit its parameters (details not shown: they would quote the "
                                    "values). A handle stands for text, or for the JSON part it names.",
-                                   "invalid_arguments")
+                                   CallDecision.INVALID_ARGUMENTS)
             return self._error(
                 call, f"invalid arguments for '{call.name}': {exc}. Fix them and call the tool again.",
-                "invalid_arguments",
+                CallDecision.INVALID_ARGUMENTS,
             )
         except Exception as exc:  # a validator bug must not crash the run, nor let the call through
             return self._error(call, f"arguments for '{call.name}' could not be checked - {type(exc).__name__}: "
-                               f"{exc}", "invalid_arguments")
+                               f"{exc}", CallDecision.INVALID_ARGUMENTS)
         return tool, args
 
     async def _within_bounds(self, call: ToolCall, ctx: CallContext, tool: Tool,
@@ -562,7 +573,7 @@ class Executor:
             except Exception as exc:  # fail closed
                 reason = f"the delegating run's capability check failed - {type(exc).__name__}: {exc}"
             if reason is not None:
-                return self._error(call, f"'{call.name}' was not run: {reason}", "refused:delegating_run")
+                return self._error(call, f"'{call.name}' was not run: {reason}", f"{CallDecision.REFUSED}:delegating_run")
         return tool, args
 
     async def announce(self, calls: list[ToolCall], ctx: CallContext) -> list[dict[str, Any]]:
@@ -617,7 +628,7 @@ class Executor:
             args[tool.context_param] = ToolContext(
                 run_id=ctx.run_id, call_id=call.id, user=ctx.user,
                 idempotency_key=f"{ctx.run_id}:{ctx.step}:{index}", extra=ctx.extra, cancel_event=signal,
-                untrusted_args=_untrusted_args(ctx, call),
+                untrusted_args=_untrusted_args(ctx, call), run=ctx.run,
             )
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         if ctx.seconds_left is not None:
@@ -666,7 +677,7 @@ class Executor:
                 self._abandon_pool()
             return self._error(
                 call, f"tool '{call.name}' timed out after {timeout:g} s and was abandoned. Try a smaller "
-                "request or another approach.", "timeout",
+                "request or another approach.", CallDecision.TIMEOUT,
             )
         except asyncio.CancelledError:
             if tool.is_async:  # (a sync call's cancellation was handled where it waited)
@@ -674,13 +685,13 @@ class Executor:
                     signal.set()
                 if cancelled is not None:
                     cancelled.append(self._error(call, f"'{call.name}' was cancelled while it ran and was stopped "
-                                                 "before it finished", "cancelled"))
+                                                 "before it finished", CallDecision.CANCELLED))
             raise
         except AwaitingApproval as exc:  # its work waits for a person (a sub-agent parked on an approval)
-            return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision="awaiting_approval",
+            return ToolResult(call.id, call.name, f"PENDING: {exc}", is_error=True, decision=CallDecision.AWAITING_APPROVAL,
                               parked=exc.parked)
         except Exception as exc:
-            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", "failed")
+            return self._error(call, f"tool failed - {type(exc).__name__}: {exc}", CallDecision.FAILED)
         untrusted = job = None
         if type(value) is ToolOutput:  # final: no subclass to look for
             value, untrusted = value.value, value.untrusted
@@ -690,7 +701,7 @@ class Executor:
             text = shape(value)
         except Exception as exc:  # e.g. a model_dump() or __str__ that raises
             return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
-                               "failed")
+                               CallDecision.FAILED)
         limit = MAX_VALUE_CHARS if hiding else tool.max_result_chars or self.max_result_chars
         content, handle = cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,

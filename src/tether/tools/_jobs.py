@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tether._errors import InvalidInput
-from tether._types import ToolCall, ToolResult
+from tether._types import CallDecision, ToolCall, ToolResult
 from tether.tools._base import Tool, ToolContext, tool
 
-JOBS_KEY = "tether.jobs"  # the run's `Jobs`, in CallContext.extra (a tool reads it from ToolContext.extra)
 RUNNING, DONE, FAILED, CANCELLED, LOST = "running", "done", "failed", "cancelled", "lost"
 
 
@@ -119,7 +118,7 @@ class Jobs:
             if ledger.get(f"tether/job/{key}") is not None:
                 text = (f"ERROR: it was running when the run's process stopped; it was not run again "
                         f"(idempotency key {key}), and whether it took effect is not known.")
-                return ToolResult(call.id, call.name, text, is_error=True, full_chars=len(text), decision=LOST)
+                return ToolResult(call.id, call.name, text, is_error=True, full_chars=len(text), decision=CallDecision.LOST)
             ledger.put(f"tether/job/{key}", "started")
             return await run()
 
@@ -131,11 +130,11 @@ class Jobs:
         except asyncio.CancelledError as exc:
             got = getattr(exc, "result", None)  # ToolCancelled carries the call's truthful answer
             result = got if isinstance(got, ToolResult) else ToolResult(
-                "", "", "ERROR: the job was cancelled", is_error=True, decision=CANCELLED)
-            result.decision = CANCELLED
+                "", "", "ERROR: the job was cancelled", is_error=True, decision=CallDecision.CANCELLED)
+            result.decision = CallDecision.CANCELLED
         except Exception as exc:  # a failing step runner: the job's answer says so
             result = ToolResult("", "", f"ERROR: the job failed - {type(exc).__name__}: {exc}", is_error=True,
-                                decision=FAILED)
+                                decision=CallDecision.FAILED)
         self._results[jid] = result
         record = self.get(jid)
         if record is not None:
@@ -260,8 +259,8 @@ def _status(result: ToolResult) -> str:
 
 
 def _jobs_of(ctx: ToolContext) -> Jobs:
-    jobs = ctx.extra.get(JOBS_KEY)
-    if not isinstance(jobs, Jobs):
+    jobs = ctx.run.jobs
+    if jobs is None:
         raise InvalidInput("this run has no jobs (job tools run as jobs only inside an agent's run)")
     return jobs
 

@@ -50,7 +50,6 @@ def shape(value: Any) -> str:
         return str(value)
 
 
-HANDLES_KEY = "result_handles"  # CallContext.extra: the handles the current run owns (its RunState's)
 
 
 def new_handle() -> str:
@@ -171,7 +170,7 @@ def read_result_tool(store: Results, max_chars: int = DEFAULT_MAX_RESULT_CHARS) 
             offset: first character to return
             length: how many characters to return (at most the result cap)
         """
-        owned = context.extra.get(HANDLES_KEY, ())
+        owned = context.run.handles or ()
         text = store.get(handle, context.user) if handle in owned else None
         if text is None:
             raise InvalidInput(f"no stored result under handle {handle!r} (unknown or expired)")

@@ -87,9 +87,9 @@ def query_tool(model: Model, *, name: str = QUERY_TOOL) -> Tool:
 def _charge(context: ToolContext, used: Usage) -> None:
     """The reader's tokens go on the run's bill, as a sub-agent's do."""
     # imported here: the loop imports the executor, which imports this package
-    from tether._loop import PARENT_KEY, ParentRun
+    from tether._loop import ParentRun
 
-    parent = context.extra.get(PARENT_KEY)
+    parent = context.run.parent
     if isinstance(parent, ParentRun):
         used = used.copy()
         used.model_calls = max(used.model_calls, 1)
