@@ -4,6 +4,8 @@ what was approved (bound to its exact action key)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,19 +176,29 @@ def test_summary_lists_the_exact_calls_of_a_tool_that_declares_nothing() -> None
 
 # -- the task service: a batch in its approvals API, over real HTTP and a SQLite run database ----------
 
-def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def parked_payroll(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str], str, dict[str, Any]]]:
+    """A real `tether serve` whose payroll task is parked on its batch of three charges: (service, alice's
+    headers, task id, the task's body); the service is stopped after."""
     pytest.importorskip("httpx")
     pytest.importorskip("dbos")
-    import httpx
-    from test_console import csrf_of, login
-    from test_service import Service, events, submit, wait_status
+    from test_service import Service, submit, wait_status
 
     svc = Service(tmp_path)
     svc.start(f"{Path(__file__).parent / 'service_agents.py'}:BATCH_AGENTS")
     try:
         alice = svc.key("alice")
         task = submit(svc, alice, "payroll")
-        body = wait_status(svc, alice, task, "awaiting_approval")
+        yield svc, alice, task, wait_status(svc, alice, task, "awaiting_approval")
+    finally:
+        svc.stop()
+
+def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> None:
+    import httpx
+    from test_console import csrf_of, login
+    from test_service import events, submit, wait_status
+
+    with parked_payroll(tmp_path) as (svc, alice, task, body):
         pending = body["pending_approvals"]
         assert [p["call_id"] for p in pending] == ["p0", "p1", "p2"] and svc.ledger() == []
         assert len({p["batch"] for p in pending}) == 1 and pending[0]["batch"]
@@ -217,8 +229,6 @@ def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> N
         body = wait_status(svc, alice, other, "completed", "stopped")
         assert len(svc.ledger()) == 3  # nothing more was charged
         assert body["answer"].count("approval denied by alice") == 3, body["answer"]
-    finally:
-        svc.stop()
 
 
 def test_a_batch_answer_is_for_its_turn_only() -> None:
@@ -258,16 +268,9 @@ def test_the_cli_approver_chain_asks_one_question_for_the_group() -> None:
 def test_tether_approve_batch_answers_a_service_tasks_batch_at_once(tmp_path: Path) -> None:
     """`tether approve TASK CALL --batch` (another process, on the service's run database) decides the
     whole batch a task is parked on, over a real HTTP service, as `confirm {batch: true}` does."""
-    pytest.importorskip("httpx")
-    pytest.importorskip("dbos")
-    from test_service import Service, submit, wait_status
+    from test_service import wait_status
 
-    svc = Service(tmp_path)
-    svc.start(f"{Path(__file__).parent / 'service_agents.py'}:BATCH_AGENTS")
-    try:
-        alice = svc.key("alice")
-        task = submit(svc, alice, "payroll")
-        body = wait_status(svc, alice, task, "awaiting_approval")
+    with parked_payroll(tmp_path) as (svc, alice, task, body):
         assert [p["call_id"] for p in body["pending_approvals"]] == ["p0", "p1", "p2"]
         done = svc.cli("approve", task, "p0", "--batch", "--reason", "payday")
         assert done.returncode == 0, done.stderr
@@ -277,8 +280,6 @@ def test_tether_approve_batch_answers_a_service_tasks_batch_at_once(tmp_path: Pa
         assert sorted(svc.ledger()) == ["charge 10", "charge 20", "charge 30"]
         again = svc.cli("approve", task, "p0", "--batch")
         assert again.returncode == 1 and "not awaiting an approval" in again.stderr, again.stderr
-    finally:
-        svc.stop()
 
 
 def test_calls_whose_hidden_values_need_approval_are_one_question() -> None:
