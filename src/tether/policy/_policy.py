@@ -429,7 +429,7 @@ class SafetyPolicy:
         """Is the tool allowed in this task at all (always first: the guards read the capability)."""
         cap = self.capabilities.get(c.tool)
         if cap is None:
-            return Stop("refused:capability", f"'{c.tool.name}' is not permitted in this task")
+            return Stop(f"{CallDecision.REFUSED}:capability", f"'{c.tool.name}' is not permitted in this task")
         c.cap, c.declares = cap, c.tool.declared
         return None
 
