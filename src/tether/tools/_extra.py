@@ -76,7 +76,7 @@ class ExtraKey(Generic[T]):
     __slots__ = ("name", "value_type")
 
     def __init__(self, name: str, value_type: type[T] | None = None) -> None:
-        if not isinstance(name, str) or not name:
+        if not isinstance(cast("object", name), str) or not name:  # (the annotation binds no caller)
             raise InvalidType(f"an ExtraKey's name is a non-empty str (such as 'myapp.tenant'), not {name!r}")
         self.name = name
         self.value_type = value_type
@@ -111,7 +111,7 @@ class Extras:
         _deprecated(f"{owner}(extra={{...}}) with a dict", "extra=Extras({ExtraKey(name, value_type): value})")
         out = cls()
         out._facts = facts
-        for name, value in values.items():
+        for name, value in cast("Mapping[object, Any]", values).items():  # (a caller's keys may be anything)
             if not isinstance(name, str):
                 raise _not_a_key(name)
             out._set(name, LEGACY_NAMES.get(name), value)
@@ -224,7 +224,7 @@ class Extras:
         """The value's name, and the `RunFacts` field it is when it is a string key of tether's old names
         (an `ExtraKey` is always the caller's own value, whatever its name)."""
         if isinstance(key, ExtraKey):
-            return cast("ExtraKey[Any]", key).name, None
+            return key.name, None
         if not isinstance(key, str):
             raise _not_a_key(key)
         attr = LEGACY_NAMES.get(key)
