@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tether import Agent, ScriptedModel, tool
+from tether import Agent, CallDecision, ScriptedModel, tool
 from tether.models._scripted import call
 from tether.policy import (
     ApprovalRequest,
@@ -48,8 +48,8 @@ class NewPayeeLimit(BaseGuard):
         if payee in self.known:
             return None
         if amount > self.limit:
-            return Stop("refused:new_payee", f"{amount:g} to {payee}, a new payee, is over {self.limit:g}; "
-                                             "pay a known payee or ask the user to add this one")
+            return Stop(f"{CallDecision.REFUSED}:new_payee", f"{amount:g} to {payee}, a new payee, is over "
+                        f"{self.limit:g}; pay a known payee or ask the user to add this one")
         return f"{payee} is a new payee"
 
 

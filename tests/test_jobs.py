@@ -312,3 +312,41 @@ async def test_a_jobs_untrusted_output_taints_the_run_when_the_model_is_given_it
     assert result.stop_reason is StopReason.COMPLETED, result.error
     assert result.tainted  # given to the model through job_wait, checked by the policy as fetch_report's output
     assert any("report body" in m.content for m in result.messages if m.role == "tool" and m.name == "job_wait")
+
+
+async def test_a_jobs_source_is_judged_by_the_policys_is_untrusted_source_hook() -> None:
+    """`Policy.is_untrusted_source` (a BasePolicy hook) says whether a job's output is untrusted: a tool
+    not declared untrusted is untrusted when the policy says its source is."""
+    from tether import BasePolicy
+
+    @tool(job=True, effect="read_only")
+    async def fetch_feed(url: str) -> str:
+        """Fetch a feed (slow)."""
+        return "feed body"
+
+    class Judging(BasePolicy):
+        def __init__(self, untrusted: frozenset[str]) -> None:
+            self.untrusted = untrusted
+            self.seen: dict[str, bool | None] = {}
+
+        def is_untrusted_source(self, tool: Tool, state: object = None) -> bool:
+            return tool.name in self.untrusted
+
+        def after_call(self, tool: Tool, result: ToolResult, ctx: object) -> ToolResult:
+            self.seen[tool.name] = result.untrusted
+            return result
+
+    @tool(effect="read_only", untrusted_output=True)
+    def read_mail(n: int) -> str:
+        """Read a mail."""
+        return "mail"
+
+    # the default: the tool's own declaration
+    assert (BasePolicy().is_untrusted_source(fetch_feed), BasePolicy().is_untrusted_source(read_mail)) == (False, True)
+    for untrusted, expected in ((frozenset({"fetch_feed"}), True), (frozenset(), None)):
+        policy = Judging(untrusted)
+        agent = Agent(Steps([call("fetch_feed", url="https://example.com/f"), "waiting", "the feed says: feed body"]),
+                      tools=[fetch_feed], policy=policy)
+        result = await asyncio.wait_for(agent.arun("read the feed"), HANG)
+        assert result.stop_reason is StopReason.COMPLETED, result.error
+        assert policy.seen.get("job_wait") is expected, (untrusted, policy.seen)

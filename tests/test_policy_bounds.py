@@ -166,3 +166,90 @@ def test_a_durable_child_is_bounded_by_its_parents_custom_policy(tmp_path) -> No
         teardown()
     assert result.stop_reason is StopReason.COMPLETED
     assert [name for _, name in ran] == ["read_a"]
+
+
+class PerRun(BasePolicy):
+    """A custom per-run rate limit: at most `limit` calls of each tool in a run, counted when let
+    through and kept pending (by call id) until the result is in, as a real policy's state would be."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.states: dict[str, dict[str, Any]] = {}
+
+    def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+        state: dict[str, Any] = {"calls": {}, "pending": {}}
+        self.states.setdefault(run_id, state)
+        return state
+
+    async def before_call(self, tool: Tool, args: dict[str, Any], call: ToolCall, ctx: CallContext) -> Verdict:
+        state = ctx.policy_state
+        if state["calls"].get(tool.name, 0) >= self.limit:
+            return Verdict("refuse", f"{tool.name} may run {self.limit} time(s) per run", "refused:rate_limit")
+        state["calls"][tool.name] = state["calls"].get(tool.name, 0) + 1
+        state["pending"][call.id] = tool.name
+        return ALLOW
+
+    def after_call(self, tool: Tool, result: Any, ctx: CallContext) -> Any:
+        ctx.policy_state["pending"].pop(result.call_id, None)
+        return result
+
+
+def test_checking_a_childs_calls_spends_nothing_of_the_parents_rate_limit() -> None:
+    """An ancestor's check of a descendant's call is a question: the child's N checked calls leave the
+    parent's N calls of the same tool to the parent, and no pending entry in the parent's state."""
+    ran: list[tuple[str, str]] = []
+    tools = leaf_tools(ran)
+    child = Agent(calling_each(["read_a", "read_a"]), tools=[tools["read_a"]], policy=AllowAll())
+    policy = PerRun(2)
+    parent = Agent(calling_each(["sub_reader", "read_a", "read_a"]), tools=[child.as_tool("sub_reader"), tools["read_a"]],
+                   policy=policy, limits=Limits(max_steps=10))
+    result = parent.run("read twice, and have the child read twice", run_id="p")
+    assert result.stop_reason is StopReason.COMPLETED
+    assert [(run_id == "p", name) for run_id, name in ran] == [(False, "read_a")] * 2 + [(True, "read_a")] * 2
+    parent_state = policy.states["p"]
+    assert parent_state == {"calls": {"sub_reader": 1, "read_a": 2}, "pending": {}}
+
+
+def test_a_parent_whose_rate_limit_is_spent_still_refuses_its_childs_call() -> None:
+    """A pure question still refuses what the ancestor would refuse now: its own calls spent its limit."""
+    ran: list[tuple[str, str]] = []
+    tools = leaf_tools(ran)
+    child_model = calling_each(["read_a"])
+    child = Agent(child_model, tools=[tools["read_a"]], policy=AllowAll())
+    policy = PerRun(1)
+    parent = Agent(calling_each(["read_a", "sub_reader"]), tools=[child.as_tool("sub_reader"), tools["read_a"]],
+                   policy=policy, limits=Limits(max_steps=10))
+    parent.run("go", run_id="p")
+    assert [run_id for run_id, _ in ran] == ["p"]
+    told = [m.content for m in child_model.requests[-1].messages if m.role == "tool"]
+    assert told and "a run above this one refuses it (read_a may run 1 time(s) per run)" in told[0]
+    assert policy.states["p"] == {"calls": {"read_a": 1, "sub_reader": 1}, "pending": {}}
+
+
+def test_a_state_that_cannot_be_copied_is_asked_through_the_policys_own_serialisation() -> None:
+    """A run state holding a lock (no deep copy) is copied by `dump_state`/`load_state` for the
+    question; the live state is left as it was."""
+    import asyncio
+    import threading
+
+    from tether.tools._executor import PolicyBound
+
+    class Locked(PerRun):
+        def start_run(self, run_id: str, user: str | None, user_texts: list[str], tool_outputs: list[str]) -> Any:
+            return {**super().start_run(run_id, user, user_texts, tool_outputs), "lock": threading.Lock()}
+
+        def dump_state(self, state: Any) -> dict[str, Any]:
+            return {"calls": dict(state["calls"]), "pending": dict(state["pending"])}
+
+        def load_state(self, data: dict[str, Any]) -> Any:
+            return {"calls": dict(data["calls"]), "pending": dict(data["pending"]), "lock": threading.Lock()}
+
+    policy = Locked(1)
+    ctx = CallContext("p", policy_state=policy.start_run("p", None, [], []))
+    read_a = leaf_tools([])["read_a"]
+    bound = PolicyBound(policy, ctx)
+    assert asyncio.run(bound.refusal(read_a, {"target": "x"}, None)) is None
+    assert asyncio.run(bound.refusal(read_a, {"target": "x"}, None)) is None  # the first one counted nothing
+    assert ctx.policy_state["calls"] == {} and ctx.policy_state["pending"] == {}
+    ctx.policy_state["calls"]["read_a"] = 1  # the run's own call spent the limit
+    assert "may run 1 time(s) per run" in str(asyncio.run(bound.refusal(read_a, {"target": "x"}, None)))

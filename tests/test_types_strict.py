@@ -88,3 +88,40 @@ def test_mypy_checks_every_public_module() -> None:
     assert config["strict"] is True
     missing = _defining_modules() - set(config["files"])
     assert missing == set(), f"add to [tool.mypy] files in pyproject.toml: {sorted(missing)}"
+
+
+def _literal_decisions(tree: ast.AST) -> list[tuple[int, str]]:
+    """String literals given as a call's decision: `Stop("...")`, `Verdict(_, _, "...")`, `decision="..."`,
+    `x.decision = "..."` (a conditional's either side too), where the string is a CallDecision's value."""
+    kinds = {d.value for d in CallDecision}
+
+    def literals(node: ast.AST | None) -> list[tuple[int, str]]:
+        if isinstance(node, ast.IfExp):
+            return literals(node.body) + literals(node.orelse)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.partition(":")[0] in kinds:
+            return [(node.lineno, node.value)]
+        return []
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            if name == "Stop" and node.args:
+                found += literals(node.args[0])
+            if name == "Verdict" and len(node.args) > 2:
+                found += literals(node.args[2])
+            found += [hit for k in node.keywords if k.arg == "decision" for hit in literals(k.value)]
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "decision"
+                                                  for t in node.targets):
+            found += literals(node.value)
+    return found
+
+
+def test_guards_and_plan_mode_create_decisions_as_call_decisions() -> None:
+    """A decision is made from `CallDecision` (`f"{CallDecision.REFUSED}:taint"`, not `"refused:taint"`),
+    so a renamed kind cannot leave a string behind; serialised, it is the same string."""
+    src = ROOT / "src" / "tether"
+    strings = {f"{p.relative_to(src)}:{line}": text
+               for p in [*src.glob("policy/**/*.py"), *src.glob("plan/*.py")]
+               for line, text in _literal_decisions(ast.parse(p.read_text()))}
+    assert strings == {}

@@ -19,6 +19,7 @@ from typing import Any, cast
 from tether._agent import Agent
 from tether._loop import DirectStepRunner, RunSpec, _tool_call_ended
 from tether._types import (
+    CallDecision,
     Message,
     ModelReply,
     ModelRequest,
@@ -167,7 +168,7 @@ class _Parking:
         if not isinstance(self.spec.step_runner, DirectStepRunner):  # it may park: the person is told now
             self.emit(_tool_call_ended(ToolCall(call_id, req.tool, req.arguments), ToolResult(
                 call_id, req.tool, f"PENDING: '{req.tool}' awaits approval: {req.reason}", is_error=True,
-                decision="awaiting_approval")))
+                decision=CallDecision.AWAITING_APPROVAL)))
             self.emit(ApprovalRequested(call_id=call_id, tool=req.tool, arguments=req.arguments, reason=req.reason))
             decision = await self.spec.step_runner.wait_approval(self.spec.run_id, pending)
         if decision is None:

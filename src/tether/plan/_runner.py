@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, create_model
 
 from tether._errors import InvalidInput, OperationFailed
 from tether._output import OutputInvalid, structured
-from tether._types import Message, ModelRequest, ToolCall, Usage
+from tether._types import CallDecision, Message, ModelRequest, ToolCall, Usage
 from tether.models._base import Model
 from tether.plan._interp import Interpreter, LimitError, ProgramError, bounded, parse
 from tether.plan._policies import PlanCall, PlanPolicy, combine, confidentiality, policy_for, trusted_sources
@@ -334,7 +334,7 @@ class PlanMode:
                         raise _ApprovalBudget(f"{spent}; the run stops here (needed for {name}: {decision.reason})")
                     answer = await self.approver.request(request)
                     asked.count(self.approver, answer)
-                step.decision = "approved" if answer.approved else "denied"
+                step.decision = CallDecision.APPROVED if answer.approved else CallDecision.DENIED
                 if not answer.approved:
                     raise ProgramError(f"{name} was not approved: {decision.reason}", kind=f"{name} was not approved")
             if not effect and not preview and not shared.stale and nth in shared.reads:

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Stop:
-    """A guard's decision to stop a call: its label (`refused:<why>`, `denied:<by>`, `deferred`) and
-    the reason the model is told. `hold`: kept for the user to confirm instead."""
+    """A guard's decision to stop a call: its label, a `tether.CallDecision` with what follows its colon
+    (`f"{CallDecision.REFUSED}:<why>"`, `f"{CallDecision.DENIED}:<by>"`, `CallDecision.DEFERRED`), and the
+    reason the model is told. `hold`: kept for the user to confirm instead."""
 
     decision: str
     reason: str

@@ -351,6 +351,9 @@ class SafetyPolicy:
         raise InvalidType(f"CallContext.policy_state is a {type(state).__name__}, not a SafetyPolicy PolicyState")
 
     def is_untrusted_source(self, tool: Tool, state: PolicyState | None = None) -> bool:
+        """The `Policy` hook: a tool in `untrusted_tools`, declared `untrusted_output`, or whose declared
+        `source` is one of `untrusted_sources` (web, email, ...) returns content someone else wrote; one
+        in `trusted_tools` never does. `read_result` is untrusted once the run (`state`) is tainted."""
         if tool.name in self.trusted_tools:
             return False
         if tool.name in self.untrusted_tools or tool.untrusted_output:
@@ -426,7 +429,7 @@ class SafetyPolicy:
         """Is the tool allowed in this task at all (always first: the guards read the capability)."""
         cap = self.capabilities.get(c.tool)
         if cap is None:
-            return Stop("refused:capability", f"'{c.tool.name}' is not permitted in this task")
+            return Stop(f"{CallDecision.REFUSED}:capability", f"'{c.tool.name}' is not permitted in this task")
         c.cap, c.declares = cap, c.tool.declared
         return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import functools
 import types
@@ -152,9 +153,14 @@ class Policy(Protocol):
         bound too (None: no bound). Optional: a policy without it is bound as `PolicyBound` does."""
         ...
 
+    def is_untrusted_source(self, tool: Tool, state: Any = None) -> bool:
+        """Whether `tool`'s output is content someone else wrote (untrusted: it must not steer the run),
+        whatever the call's arguments; `state`: the run's state, when the answer depends on it."""
+        ...
+
 
 POLICY_HOOKS = ("start_run", "note_user", "before_call", "after_call", "label_turn", "finish_run", "dump_state",
-                "load_state", "pending", "decide")
+                "load_state", "pending", "decide", "is_untrusted_source")
 
 
 class BasePolicy:
@@ -196,12 +202,18 @@ class BasePolicy:
         default: a call this policy's `before_call` would refuse, or ask a person about, is refused."""
         return PolicyBound(self, ctx)
 
+    def is_untrusted_source(self, tool: Tool, state: Any = None) -> bool:
+        """The tool's own declaration (`@tool(untrusted_output=True)`)."""
+        return tool.untrusted_output
+
 
 class PolicyBound:
     """Any policy as a bound on the runs below its own: a descendant's call is put to the policy's
-    `before_call` as if its own run made it (with that run's state, so a per-run rule counts the
-    descendants' calls too). Refused when it refuses; refused too when it would ask a person, since
-    the person asked would be the delegating run's and the call is the sub-agent's."""
+    `before_call` as if its own run made it now, as a question only: asked with a copy of that run's
+    state (`scratch_state`), so what `before_call` counts or records for it is dropped and the
+    delegating run's own rules (a per-run rate limit) are spent by its own calls alone. Refused when it
+    refuses; refused too when it would ask a person, since the person asked would be the delegating
+    run's and the call is the sub-agent's."""
 
     __slots__ = ("ctx", "policy")
 
@@ -214,7 +226,8 @@ class PolicyBound:
         if ctx is None:  # a durable sub-agent recovered apart from its ancestor: that policy's fresh run state
             ctx = self.ctx = CallContext(run_id="", user=user)
             ctx.policy_state = self.policy.start_run("", user, [], [])
-        verdict = await self.policy.before_call(tool, dict(args), ToolCall("delegated", tool.name, dict(args)), ctx)
+        asked = dataclasses.replace(ctx, policy_state=scratch_state(self.policy, ctx.policy_state))
+        verdict = await self.policy.before_call(tool, dict(args), ToolCall("delegated", tool.name, dict(args)), asked)
         if verdict.action == "refuse":
             return f"a run above this one refuses it ({verdict.reason or verdict.decision})"
         if verdict.action == "await_approval":
@@ -223,6 +236,17 @@ class PolicyBound:
 
     def requires_approval(self, tool: Tool) -> bool:
         return False
+
+
+def scratch_state(policy: Policy, state: Any) -> Any:
+    """A copy of a run's policy state that behaves as the run's does and shares nothing with it (a deep
+    copy; else, for a state that cannot be copied, the policy's `dump_state`/`load_state` round trip)."""
+    if state is None:
+        return None
+    try:
+        return copy.deepcopy(state)
+    except Exception:  # a lock, a connection: the policy's own serialisation says what the state is
+        return policy.load_state(policy.dump_state(state))
 
 
 class AllowAll(BasePolicy):
@@ -457,8 +481,7 @@ class Executor:
         jobs = ctx.run.jobs if is_job(tool) else None
         if jobs is not None:  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
-            judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
-            from_source = bool(judge(tool, None)) if callable(judge) else bool(tool.untrusted_output)
+            from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
             untrusted_job = from_source or (binding is not None and binding.label.untrusted)
             # hidden once delivered when the call would hide in the foreground (kept whole until then)
             hidden = job_hides(store, tool, args, binding, untrusted=from_source)

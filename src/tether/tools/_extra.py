@@ -70,11 +70,14 @@ class ExtraKey(Generic[T]):
     """A typed key for a value of your own on every call of a run: `TENANT = ExtraKey("myapp.tenant", str)`,
     then `CallContext(run_id, extra=Extras({TENANT: "acme"}))`, and a policy or tool reads
     `ctx.extra[TENANT]` (a `str` to every type checker) or `ctx.extra.get(TENANT)` (`str | None`).
-    Two keys with the same name name the same value; `value_type` is for the type checker only."""
+    Two keys with the same name name the same value; `value_type` is for the type checker only. A key
+    is always yours: one named as tether's old names ("result_handles") never reaches `RunFacts`."""
 
     __slots__ = ("name", "value_type")
 
     def __init__(self, name: str, value_type: type[T] | None = None) -> None:
+        if not isinstance(cast("object", name), str) or not name:  # (the annotation binds no caller)
+            raise InvalidType(f"an ExtraKey's name is a non-empty str (such as 'myapp.tenant'), not {name!r}")
         self.name = name
         self.value_type = value_type
 
@@ -87,15 +90,17 @@ class Extras:
 
     Reads and writes like a dict keyed by `ExtraKey`s: `extras[KEY]`, `extras.get(KEY, default)`,
     `extras[KEY] = value`, `extras.setdefault(KEY, value)`, `extras.pop(KEY, default)`, `KEY in extras`.
-    A plain string key still works, deprecated (a `DeprecationWarning`, removed in `REMOVED_IN`);
-    tether's own old names among them read and write the run's `RunFacts`.
+    A key of any other type is refused (`InvalidType`). A plain string key still works, deprecated (a
+    `DeprecationWarning` each use, removed in `REMOVED_IN`); tether's own old names among them read and
+    write the `RunFacts` of the run the extras are read through.
     """
 
-    __slots__ = ("_facts", "_values")
+    __slots__ = ("_early", "_facts", "_values")
 
     def __init__(self, values: Mapping[ExtraKey[Any], Any] | None = None) -> None:
         self._values: dict[str, Any] = {}
         self._facts: RunFacts | None = None
+        self._early: dict[str, Any] = {}  # RunFacts field -> value, given by an old name before a run was bound
         for key, value in (values or {}).items():
             self[key] = value
 
@@ -106,13 +111,27 @@ class Extras:
         _deprecated(f"{owner}(extra={{...}}) with a dict", "extra=Extras({ExtraKey(name, value_type): value})")
         out = cls()
         out._facts = facts
-        for name, value in values.items():
-            out._set(name, value)
+        for name, value in cast("Mapping[object, Any]", values).items():  # (a caller's keys may be anything)
+            if not isinstance(name, str):
+                raise _not_a_key(name)
+            out._set(name, LEGACY_NAMES.get(name), value)
         return out
 
-    def bind(self, facts: RunFacts) -> None:
-        """Where the deprecated string keys for tether's own facts read and write."""
-        self._facts = facts
+    def bind(self, facts: RunFacts) -> Extras:
+        """These values as seen from the run whose facts are `facts` (where the deprecated string keys
+        for tether's own facts read and write): itself, first bound now, or, when another run's facts
+        are bound already, a view sharing its values (each run's facts stay its own)."""
+        if self._facts is facts:
+            return self
+        if self._facts is None:
+            self._facts = facts
+            for attr, value in self._early.items():
+                setattr(facts, attr, value)
+            self._early.clear()
+            return self
+        view = Extras()
+        view._values, view._facts = self._values, facts
+        return view
 
     # -- typed access ----------------------------------------------------------------------------------
 
@@ -122,7 +141,7 @@ class Extras:
     def __getitem__(self, key: str) -> Any: ...
 
     def __getitem__(self, key: ExtraKey[Any] | str) -> Any:
-        found = self._get(self._name(key), _MISSING)
+        found = self._get(*self._key(key), _MISSING)
         if found is _MISSING:
             raise MissingKey(f"no value under {key!r} on this call")
         return found
@@ -135,7 +154,7 @@ class Extras:
     def get(self, key: str, default: Any = None) -> Any: ...
 
     def get(self, key: ExtraKey[Any] | str, default: Any = None) -> Any:
-        return self._get(self._name(key), default)
+        return self._get(*self._key(key), default)
 
     @overload
     def __setitem__(self, key: ExtraKey[T], value: T) -> None: ...
@@ -143,7 +162,7 @@ class Extras:
     def __setitem__(self, key: str, value: Any) -> None: ...
 
     def __setitem__(self, key: ExtraKey[Any] | str, value: Any) -> None:
-        self._set(self._name(key), value)
+        self._set(*self._key(key), value)
 
     @overload
     def setdefault(self, key: ExtraKey[T], default: T) -> T: ...
@@ -151,10 +170,10 @@ class Extras:
     def setdefault(self, key: str, default: Any) -> Any: ...
 
     def setdefault(self, key: ExtraKey[Any] | str, default: Any) -> Any:
-        name = self._name(key)
-        found = self._get(name, None)
+        name, attr = self._key(key)
+        found = self._get(name, attr, None)
         if found is None:
-            self._set(name, found := default)
+            self._set(name, attr, found := default)
         return found
 
     @overload
@@ -165,22 +184,26 @@ class Extras:
     def pop(self, key: str, default: Any = ...) -> Any: ...
 
     def pop(self, key: ExtraKey[Any] | str, default: Any = ...) -> Any:
-        name = self._name(key)
-        if name in LEGACY_NAMES and self._facts is not None:
-            raise InvalidType(f"tether's own '{name}' cannot be removed (it is RunFacts.{LEGACY_NAMES[name]})")
+        name, attr = self._key(key)
+        if attr is not None:
+            if self._facts is not None:
+                raise InvalidType(f"tether's own '{name}' cannot be removed (it is RunFacts.{attr})")
+            values, name = self._early, attr
+        else:
+            values = self._values
         if default is ...:
-            if name not in self._values:
+            if name not in values:
                 raise MissingKey(f"no value under {key!r} on this call")
-            return self._values.pop(name)
-        return self._values.pop(name, default)
+            return values.pop(name)
+        return values.pop(name, default)
 
     def __delitem__(self, key: ExtraKey[Any] | str) -> None:
         self.pop(key)
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, ExtraKey):
-            return self._get(key.name, _MISSING) is not _MISSING
-        return isinstance(key, str) and self._get(self._name(key), None) is not None
+            return key.name in self._values
+        return isinstance(key, str) and self._get(*self._key(key), None) is not None
 
     def __iter__(self) -> Iterator[str]:
         """The names of the values set (not tether's own facts)."""
@@ -195,38 +218,51 @@ class Extras:
     def __repr__(self) -> str:
         return f"Extras({self._values!r})"
 
-    # -- the one place names are resolved ----------------------------------------------------------------
+    # -- the one place keys are resolved -----------------------------------------------------------------
 
-    def _name(self, key: ExtraKey[Any] | str) -> str:
+    def _key(self, key: object) -> tuple[str, str | None]:
+        """The value's name, and the `RunFacts` field it is when it is a string key of tether's old names
+        (an `ExtraKey` is always the caller's own value, whatever its name)."""
         if isinstance(key, ExtraKey):
-            return key.name
-        if key in LEGACY_NAMES:
-            _deprecated(f"CallContext.extra[{key!r}]", f"the typed field ctx.run.{LEGACY_NAMES[key]}")
+            return key.name, None
+        if not isinstance(key, str):
+            raise _not_a_key(key)
+        attr = LEGACY_NAMES.get(key)
+        if attr is not None:
+            _deprecated(f"CallContext.extra[{key!r}]", f"the typed field ctx.run.{attr}")
         else:
             _deprecated(f"CallContext.extra with a string key ({key!r})", f"an ExtraKey: ExtraKey({key!r}, value_type)")
-        return key
+        return key, attr
 
-    def _get(self, name: str, default: Any) -> Any:
-        if self._facts is not None and (attr := LEGACY_NAMES.get(name)) is not None:
-            value = getattr(self._facts, attr)
-            return default if value is None else value
-        return self._values.get(name, default)
+    def _get(self, name: str, attr: str | None, default: Any) -> Any:
+        if attr is None:
+            return self._values.get(name, default)
+        if self._facts is None:
+            return self._early.get(attr, default)
+        value = getattr(self._facts, attr)
+        return default if value is None else value
 
-    def _set(self, name: str, value: Any) -> None:
-        if self._facts is not None and (attr := LEGACY_NAMES.get(name)) is not None:
-            setattr(self._facts, attr, value)
-        else:
+    def _set(self, name: str, attr: str | None, value: Any) -> None:
+        if attr is None:
             self._values[name] = value
+        elif self._facts is None:
+            self._early[attr] = value
+        else:
+            setattr(self._facts, attr, value)
 
 
 _MISSING: Any = object()
 
 
+def _not_a_key(key: object) -> InvalidType:
+    return InvalidType(f"an extra's key is an ExtraKey (ExtraKey('myapp.name', value_type)), not a "
+                       f"{type(key).__name__}: {key!r}")
+
+
 def bound_extras(extra: object, facts: RunFacts, owner: str) -> Extras:
     """A context's `extra` bound to its run's facts; the old form, a dict, converted (deprecated)."""
     if isinstance(extra, Extras):
-        extra.bind(facts)
-        return extra
+        return extra.bind(facts)
     return Extras.from_legacy(cast("Mapping[str, Any]", extra), facts, owner)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._types import Effect
+from tether._types import CallDecision, Effect
 from tether.policy._canonical import leaves
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
@@ -38,10 +38,10 @@ class ArgumentScanGuard(BaseGuard):
             if not isinstance(value, str) or c.trace.get(path) is Origin.USER:
                 continue
             if secrets and (leaks := find_leaks(value, secrets)):
-                return Stop("refused:secret", f"argument '{path}' carries a secret value read from "
+                return Stop(f"{CallDecision.REFUSED}:secret", f"argument '{path}' carries a secret value read from "
                                               f"{leaks[0].source} ({leaks[0].how}); secrets must not leave the run")
             for _, _, f in scan(value, egress=policy.egress):
                 if f.kind == "secret":
-                    return Stop("refused:secret", f"argument '{path}' {f.reason}")
+                    return Stop(f"{CallDecision.REFUSED}:secret", f"argument '{path}' {f.reason}")
                 c.ask.append(f"argument '{path}': {f.reason}")
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tether._types import CallDecision
 from tether.policy._authz import check_tool
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
@@ -31,4 +32,4 @@ class AuthorizationGuard(BaseGuard):
                 reason = f"authorization failed ({type(exc).__name__}: {exc}); denied"
         if reason is None and c.cap.authorize is not None:
             reason = check_tool(c.cap.authorize, c.state.user, c.tool, c.raw_args)
-        return None if reason is None else Stop("refused:unauthorized", reason)
+        return None if reason is None else Stop(f"{CallDecision.REFUSED}:unauthorized", reason)

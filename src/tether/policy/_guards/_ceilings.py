@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tether._types import CallDecision
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.tools._base import Tool
@@ -21,4 +22,4 @@ class CeilingGuard(BaseGuard):
 
     def check(self, c: CallView, /) -> Stop | None:
         over = c.cap.ceiling_violations(c.args)
-        return Stop("refused:ceiling", "; ".join(over)) if over else None
+        return Stop(f"{CallDecision.REFUSED}:ceiling", "; ".join(over)) if over else None

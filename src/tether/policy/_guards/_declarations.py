@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from tether._types import CallDecision
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.tools._base import Tool
@@ -23,7 +24,7 @@ class DeclarationGuard(BaseGuard):
         return None if problem is None else functools.partial(self.refuse, problem)
 
     def refuse(self, problem: str, c: CallView, /) -> Stop:
-        return Stop("refused:declaration", problem)
+        return Stop(f"{CallDecision.REFUSED}:declaration", problem)
 
     def check(self, c: CallView, /) -> Stop | None:
         problem = declaration_problem(c.tool, c.cap)

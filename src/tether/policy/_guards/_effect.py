@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tether._types import CallDecision
 from tether.policy._guard import BaseGuard, CallView, Stop
 
 
@@ -14,5 +15,5 @@ class EffectGuard(BaseGuard):
         try:
             c.effect, c.effect_known = c.cap.effect_for(c.tool, c.raw_args), True
         except Exception as exc:
-            return Stop("refused:effect", f"could not classify the call's effect ({type(exc).__name__}: {exc})")
+            return Stop(f"{CallDecision.REFUSED}:effect", f"could not classify the call's effect ({type(exc).__name__}: {exc})")
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tether._types import CallDecision
 from tether.policy._canonical import leaves
 from tether.policy._egress import looks_like_url
 from tether.policy._guard import BaseGuard, CallView, Stop
@@ -28,7 +29,7 @@ class EgressGuard(BaseGuard):
             c.egress_paths.append(path)
             verdict, why = policy.egress.check(value)
             if verdict == "internal" and declared:
-                return Stop("refused:egress", why)
+                return Stop(f"{CallDecision.REFUSED}:egress", why)
             if verdict != "allow" and not (users or (policy.use_provenance and c.trace.get(path) is Origin.TRUSTED)):
                 c.ask.append(f"{why} and the URL is not known to be from the user's request")
         return None

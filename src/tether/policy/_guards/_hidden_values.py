@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._types import Effect
+from tether._types import CallDecision, Effect
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.policy._guards._taint import _on_untrusted
 from tether.values import _decide as hidden
@@ -35,10 +35,10 @@ class HiddenValuesGuard(BaseGuard):
             return None
         c.prov.update(hidden.argument_origins(binding))
         if (why := hidden.sink_refusal(c.tool, binding)) is not None:
-            return Stop("refused:secret", why)
+            return Stop(f"{CallDecision.REFUSED}:secret", why)
         if (leak := hidden.leak_reason(c.tool, binding, c.args)) is not None:  # by readers, both modes' rule
             if c.declares.on_leak == "refuse":
-                return Stop("refused:confidential", binding.mask(leak))
+                return Stop(f"{CallDecision.REFUSED}:confidential", binding.mask(leak))
             c.ask.append(leak)
         why = hidden.untrusted_reason(binding)
         # an undeclared effect is checked as reversible (fail closed), as after taint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tether._types import CallDecision
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.policy._state import PolicyState
@@ -23,7 +24,7 @@ class RateGuard(BaseGuard):
 
     def check(self, c: CallView, /) -> Stop | None:
         limited = rate_limited(c.policy, c.state, c.cap, c.tool)
-        return Stop("refused:rate_limit", limited) if limited else None
+        return Stop(f"{CallDecision.REFUSED}:rate_limit", limited) if limited else None
 
 
 def rate_limited(policy: SafetyPolicy, state: PolicyState, cap: Capability, tool: Tool) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether._types import CallDecision
 from tether.policy._canonical import leaves
 from tether.policy._capabilities import Capability
 from tether.policy._guard import BaseGuard, CallView, Stop
@@ -53,9 +54,9 @@ def _on_untrusted(c: CallView, why: str) -> Stop | None:
     """What the capability says to do with an effect the taint rule caught: refuse, hold for the
     user, or ask (the default)."""
     if c.cap.on_untrusted == "refuse":
-        return Stop("refused:taint", why)
+        return Stop(f"{CallDecision.REFUSED}:taint", why)
     if c.cap.on_untrusted == "summarize":
-        return Stop("deferred", why, hold=True)
+        return Stop(CallDecision.DEFERRED, why, hold=True)
     c.ask.append(why)
     return None
 
