@@ -620,6 +620,7 @@ class SafetyPolicy:
         if not concealed:
             state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                   private=bool(declared.private_output))
+            hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error)
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:

@@ -6,14 +6,16 @@ the final answer). Exact data flow: labels come from the executor's substitution
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tether._types import ToolResult
 from tether.tools._base import Tool
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
-from tether.values._labels import TRUSTED, Label, untrusted
-from tether.values._readers import leak
+from tether.values import _shown as shown
+from tether.values._labels import TRUSTED, Label, join_all, untrusted
+from tether.values._readers import audience, declared_readers, leak
 from tether.values._readers import output_label as readers_label
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
@@ -59,6 +61,34 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     result.content = store.hide(handle, result.content, label, what)
     result.handle = None
     return True
+
+
+def note_shown(store: ValueStore | None, tool: Tool, binding: Binding | None, content: str, *,
+               is_error: bool) -> None:
+    """An output the model is shown as it is: the texts of it that have readers (declared, or carried by
+    the hidden values it was computed from) are remembered, so a call copying them is judged by their
+    readers (tether.values._shown). An error's text is the tool's own."""
+    if store is None or is_error:
+        return
+    decl = declared_readers(tool)
+    label = Label(readers=decl) if isinstance(decl, frozenset) else TRUSTED
+    if binding is not None and binding.label.readers is not None:
+        label = label.join(Label(readers=binding.label.readers))
+    if label.readers is None and not isinstance(decl, tuple):
+        return  # public: nothing to follow (the common case, kept cheap)
+    shown.note(store.shown, shown.private_texts(tool, content, label))
+
+
+def shown_leak(store: ValueStore | None, tool: Tool, args: dict[str, Any], skip: set[str],
+               by_user: Callable[[tuple[str, ...]], bool]) -> str | None:
+    """Why this call would send text copied from a private output the model was shown to someone outside
+    its readers (None: it would not, or it copies none). `skip`: arguments the user wrote themselves."""
+    if store is None or not store.shown or audience(tool, args) is None:
+        return None
+    copied = shown.copied_labels(store.shown, args, skip)
+    if not copied:
+        return None
+    return leak(tool, args, join_all(copied.values()), copied, by_user)
 
 
 def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
