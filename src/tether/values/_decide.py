@@ -92,14 +92,17 @@ def shown_leak(store: ValueStore | None, tool: Tool, args: dict[str, Any], skip:
 
 
 def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
-              untrusted: bool) -> dict[str, Any] | None:
-    """For a call that starts a background job (`untrusted`: its source is): the label its output will
-    carry (as a dict), when that output is to be hidden once delivered (the foreground rule: hiding on,
-    the call hides, the output untrusted or secret); else None, and the job's result is shown as it is."""
-    if store is None or not store.enabled or not hides(tool, args):
+              untrusted: bool, secret_from: str | None = None) -> dict[str, Any] | None:
+    """For a call that starts a background job (`untrusted`: its source is; `secret_from`: the
+    secret-bearing source it reads, a `.env` its command names): the label its output will carry (as a
+    dict), when that output is to be hidden once delivered (hiding on, and the call hides and its output
+    is untrusted or secret, or it reads a secret source: a job's output read from `.env` is delivered as a
+    secret handle, passed only where secrets may go); else None, and the job's result is shown as it is."""
+    if secret_from is None and tool.declared.secret_output:
+        secret_from = tool.name
+    if store is None or not store.enabled or not (hides(tool, args) or secret_from is not None):
         return None
-    label = output_label(tool, binding, is_untrusted=untrusted,
-                         secret_from=tool.name if tool.declared.secret_output else None)
+    label = output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
     return label.to_dict() if label.untrusted or label.secret else None
 
 
