@@ -11,9 +11,9 @@ from typing import Any
 
 from tether._types import ToolResult
 from tether.tools._base import Tool
+from tether.values import _shown as shown
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
-from tether.values import _shown as shown
 from tether.values._labels import TRUSTED, Label, join_all, untrusted
 from tether.values._readers import audience, declared_readers, leak
 from tether.values._readers import output_label as readers_label
