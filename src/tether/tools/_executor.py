@@ -462,7 +462,8 @@ class Executor:
             untrusted_job = from_source or (binding is not None and binding.label.untrusted)
             # hidden once delivered when the call would hide in the foreground (kept whole until then)
             reads = getattr(self.policy, "secret_source", None)  # a secret-bearing source it reads (.env)
-            secret = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+            read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+            secret = read if isinstance(read, str) else None
             hidden = job_hides(store, tool, args, binding, untrusted=from_source, secret_from=secret)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                               functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
