@@ -28,7 +28,7 @@ MIN_WHOLE = 4  # a whole argument with a digit this long, found as a token of a 
 GRAM = 8  # index grams of this length every STRIDE characters: any common span >= GRAM + STRIDE - 1 meets one
 STRIDE = MIN_SPAN - GRAM + 1
 MAX_SHOWN = 64  # the latest private texts kept (each is searched for every effect call's arguments)
-MAX_TEXT = 20_000  # of each, the first characters
+MAX_TEXT = 8_000  # of each, the first characters (a shown output is capped at 4,000 by default)
 
 
 def norm(text: str) -> str:
