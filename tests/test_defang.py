@@ -32,3 +32,38 @@ def test_hosts_a_browser_reaches_are_made_inert(text: str, want: str) -> None:
                                   "Note: lunch at 12:30, pi is 3.14, e.g. v1.2; write to bob@home.example."])
 def test_look_alikes_that_are_not_hosts_stay(text: str) -> None:
     assert defang(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a host with no dot: any IPv4 form a browser or curl (inet_aton) reads becomes the address, inert
+    ("hxxp://3232235521/", "hxxp://192[.]168[.]0[.]1/"),
+    ("http://3232235521:8080/x", "hxxp://192[.]168[.]0[.]1:8080/x"),
+    ("http://0xC0A80001/", "hxxp://192[.]168[.]0[.]1/"),
+    ("http://017700000001/", "hxxp://127[.]0[.]0[.]1/"),  # octal
+    ("http://user@3232235521/", "hxxp://user@192[.]168[.]0[.]1/"),
+    ("http://%33%32%33%32235521/", "hxxp://192[.]168[.]0[.]1/"),  # percent-encoded digits
+    ("http://\uff13\uff12\uff13\uff12\uff12\uff13\uff15\uff15\uff12\uff11/", "hxxp://192[.]168[.]0[.]1/"),  # full-width
+    ("http:\\\\3232235521\\x", "hxxp:\\\\192[.]168[.]0[.]1\\x"),  # backslashes, as a browser reads them
+    ("http://evil%2Eexample/", "hxxp://evil[.]example/"),  # a percent-encoded dot
+    # standing alone, in forms prose does not write
+    ("see 0xC0A80001 now", "see 192[.]168[.]0[.]1 now"),
+    ("017700000001", "127[.]0[.]0[.]1"),
+    ("3232235521/reset", "192[.]168[.]0[.]1/reset"),
+    ("curl 0xc0.0xa8.0.1", "curl 0xc0[.]0xa8[.]0[.]1"),  # mixed hex and decimal parts
+    ("192.168.1/admin", "192[.]168[.]1/admin"),
+    # IPv6 without brackets
+    ("go to 2001:db8::1 now", "go to 2001[:]db8[:][:]1 now"),
+    ("http://2001:db8::1/", "hxxp://2001[:]db8[:][:]1/"),
+    ("::ffff:203.0.113.7", "[:][:]ffff[:]203[.]0[.]113[.]7"),
+    ("fe80::1%eth0", "fe80[:][:]1%eth0"),
+    ("2001:0db8:0000:0000:0000:0000:0000:0001", "2001[:]0db8[:]0000[:]0000[:]0000[:]0000[:]0000[:]0001"),
+])
+def test_hosts_with_no_dot_and_bare_ipv6_are_made_inert(text: str, want: str) -> None:
+    assert defang(text) == want
+    assert defang(want) == want and has_link(text)
+
+
+@pytest.mark.parametrize("text", ["order 1234567890 shipped", "3232235521", "24/7 and 3/4, page 10/20", "x = 0x10",
+                                  "at 09:30 / 10:00", "std::vector and 12:30:45", "1.5/2 cups", "ratio 127.1"])
+def test_numbers_that_are_not_hosts_stay(text: str) -> None:
+    assert defang(text) == text

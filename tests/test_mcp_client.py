@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp_servers.servers import flaky, npm_server
@@ -328,3 +329,76 @@ def test_a_server_dies_with_tether_and_its_call_in_flight_with_it(tmp_path: Path
         proc.wait()
     time.sleep(5)
     assert not ledger.exists(), "the MCP server outlived tether and made the payment"
+
+
+# -- per-tool declarations in the config (tether.declare) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def declared() -> Iterator[MCPToolset]:
+    """The everything server with the user's declarations: echo's message is code; get-sum is shown as
+    it is and trusted; a declaration naming an argument echo lacks leaves that tool out of a second prefix."""
+    with toolset({"ev": {"command": npm_server("mcp-server-everything"),
+                         "tether": {"connectTimeout": SLOW_START,
+                                    "declare": {"echo": {"codeArgs": ["message"], "sendsTo": "public"},
+                                                "get-sum": {"hideOutput": False, "untrusted": False,
+                                                            "outputReaders": "user"}}}},
+                  "bad": {"command": npm_server("mcp-server-everything"),
+                          "tether": {"connectTimeout": SLOW_START, "tools": ["echo"],
+                                     "declare": {"echo": {"codeArgs": ["command"]}}}}}) as ts:
+        assert ts.failures == {}
+        yield ts
+
+
+def _hidden_then_echo(tools: list[Any]) -> tuple[ScriptedModel, Any]:
+    """A hidden untrusted value ($v1_1, from get-sum as the default declares it), then put into echo."""
+    model = ScriptedModel([call("ev__get-sum", a=2, b=3), call("ev__echo", message="$v1_1"), "done"])
+    return model, Agent(model, tools=tools).run("add, then echo")
+
+
+def test_declared_code_args_keep_a_hidden_value_out_of_an_mcp_tool(declared: MCPToolset,
+                                                                    everything: MCPToolset) -> None:
+    tools = {t.name: t for t in declared.tools}
+    assert tools["ev__echo"].declared.code_args == ("message",) and tools["ev__echo"].declared.sends_to == "public"
+    # undeclared (the default everything set): the handle is substituted into echo's message
+    model, _ = _hidden_then_echo(everything.tools)
+    out = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
+    assert "is code" not in out, out
+    # declared code: refused before the server sees it, with the way to pass it as data
+    default_sum = next(t for t in everything.tools if t.name == "ev__get-sum")
+    model, _ = _hidden_then_echo([default_sum, tools["ev__echo"]])
+    out = [m.content for m in model.requests[-1].messages if m.role == "tool"][-1]
+    assert out.startswith("ERROR: 'ev__echo' was not run: its message is code, and a hidden value is never put "
+                          "into code"), out
+
+
+def test_declared_hide_output_untrusted_and_readers_of_an_mcp_tool(declared: MCPToolset) -> None:
+    tools = {t.name: t for t in declared.tools}
+    get_sum = tools["ev__get-sum"]
+    assert get_sum.hide_output is False and not get_sum.untrusted_output and get_sum.declared.source is None
+    assert get_sum.declared.output_readers == "user"
+    model = ScriptedModel([call("ev__get-sum", a=2, b=3), "5"])
+    result = Agent(model, tools=[get_sum]).run("What is 2 + 3?")
+    assert [m.content for m in model.requests[1].messages if m.role == "tool"] == ["The sum of 2 and 3 is 5."]
+    assert not result.tainted
+
+
+def test_a_declaration_naming_no_argument_leaves_the_tool_out(declared: MCPToolset) -> None:
+    assert "bad__echo" not in {t.name for t in declared.tools}
+    assert any("tool 'echo' of server 'bad' is left out: its declared code_args names 'command'" in w
+               for w in declared.warnings), declared.warnings
+
+
+@pytest.mark.parametrize(("declare", "error"), [
+    ({"echo": {"codeArg": ["message"]}}, "'tether.declare.echo': unknown declaration 'codeArg'"),
+    ({"echo": {"codeArgs": "message"}}, "'tether.declare.echo'.codeArgs must be a list of argument names"),
+    ({"echo": {"onLeak": "maybe"}}, "'tether.declare.echo'.onLeak must be \"approve\" or \"refuse\""),
+    ({"echo": ["codeArgs"]}, "'tether.declare.echo' must be an object"),
+    (["echo"], "'tether.declare' must map tool names to objects"),
+])
+def test_bad_declarations_are_one_error_line(declare: object, error: str) -> None:
+    from tether.mcp import MCPConfigError
+
+    with pytest.raises(MCPConfigError) as info:
+        parse_config({"mcpServers": {"ev": {"command": "x", "tether": {"declare": declare}}}})
+    assert error in str(info.value), str(info.value)

@@ -294,3 +294,43 @@ def test_an_endpoint_address_in_the_environment_is_no_secret_but_a_password_insi
                                  "WEBHOOK": "https://hooks.example.com/in?token=Zx81Qv02Lm"})
     assert sorted(found) == ["Wq8vL2nZ-pass", "https://hooks.example.com/in?token=Zx81Qv02Lm",
                              "sk-proj-Abc123Def456Ghi789"]
+
+
+def _job_run(hidden_values: bool, command: str = "cat ./.env") -> tuple[ScriptedModel, str]:
+    """The model starts a background job printing `.env` (by a command, so no key name says secret),
+    waits for it, then answers with what the file holds."""
+    @tool(job=True, effect="read_only")
+    async def shell(command: str) -> str:
+        """Run a command in the background."""
+        return DOTENV
+
+    def step(request: object) -> object:
+        tools = [m.content for m in request.messages if m.role == "tool"]  # type: ignore[attr-defined]
+        if not tools:
+            return call("shell", command=command)
+        if len(tools) == 1:
+            return call("job_wait", job_id=tools[0].split()[1])
+        return f"DB_PASS is {DB_PASS}, TOKEN is {TOKEN}. Also: {tools[-1]}"
+
+    model = ScriptedModel(step)
+    result = Agent(model, tools=[shell], policy=SafetyPolicy(environment={}, hidden_values=hidden_values)).run(
+        "what does my .env configure?")
+    return model, result.answer
+
+
+def test_a_background_jobs_dotenv_output_is_never_shown_to_the_model_nor_in_the_answer() -> None:
+    model, answer = _job_run(hidden_values=True)
+    seen = "\n".join(m.content for r in model.requests for m in r.messages)
+    assert DB_PASS not in seen and TOKEN not in seen and KEY not in seen, seen
+    assert "secret" in model.requests[-1].messages[-1].content  # the handle's line says what it is
+    assert DB_PASS not in answer and TOKEN not in answer and KEY not in answer, answer
+    assert answer.count(PLACEHOLDER) >= 2, answer
+
+
+def test_a_background_jobs_dotenv_values_are_redacted_in_the_visible_mode() -> None:
+    """Shown to the model as a foreground Read of .env would be; every value is a secret of the run."""
+    _, answer = _job_run(hidden_values=False)
+    assert DB_PASS not in answer and TOKEN not in answer and KEY not in answer, answer
+    assert answer.startswith(f"DB_PASS is {PLACEHOLDER}, TOKEN is {PLACEHOLDER}."), answer
+    _, answer = _job_run(hidden_values=False, command="cat ./settings.txt")  # no secret source: as before
+    assert DB_PASS in answer and TOKEN in answer

@@ -218,3 +218,68 @@ def test_loop_readers_of_records_meet_and_a_call_asks_exactly_outside_them(recor
     assert binding is not None and binding.label == join_all([label])
     why = leak(tools["send_email"], args, binding.label, ["body"], lambda names: False)
     assert (why is None) == (set(to) <= label.readers)
+
+
+# -- the loop, outputs the model was shown (visible mode, a tool that does not hide) ------------------
+
+
+def shown_run(body: str, to: list[str], *, hidden_values: bool = False, on_leak: str = "approve",
+              request: str = "go", read: str = "read_email") -> tuple[Mail, list[ApprovalRequest]]:
+    """The model reads e-mail 1 (shown to it as it is) and sends `body` (`{copy}`: the e-mail's body) to `to`."""
+    mail, asked = Mail(), []
+    tools = mail.tools(on_leak=on_leak)
+    if hidden_values:  # hiding on, but the reading tool declared visible: the model sees the text
+        for t in tools:
+            if t.name in ("read_email", "read_inbox"):
+                t.hide_output = False
+
+    def step(req: Any) -> Any:
+        tool_msgs = [m for m in req.messages if m.role == "tool"]
+        if not tool_msgs:
+            return call(read, id=1) if read == "read_email" else call(read)
+        if len(tool_msgs) == 1:
+            assert HANDLE.search(tool_msgs[0].content) is None  # shown, not hidden
+            return call("send_email", recipients=to, body=body.format(copy=INBOX[0]["body"]))
+        return "done"
+
+    policy = SafetyPolicy(approver=CallbackApprover(lambda r: asked.append(r) or False),
+                          hidden_values=hidden_values)
+    Agent(ScriptedModel(step), tools=tools, policy=policy, limits=Limits(max_steps=6)).run(request)
+    return mail, asked
+
+
+def test_shown_private_text_copied_outside_its_readers_asks_by_label() -> None:
+    """Every tool is trusted and the run is never tainted: only the e-mail's readers object, found by the
+    body's exact span in what the model was shown (visible mode, and a tool declared not to hide)."""
+    for hidden_values in (False, True):
+        mail, asked = shown_run("FYI, {copy} (from the board)", [CAROL], hidden_values=hidden_values)
+        assert mail.sent == [] and [r.tool for r in asked] == ["send_email"], hidden_values
+        assert "readable only by the user and 2 named readers" in asked[0].reason
+        assert "outside them (recipients)" in asked[0].reason and CAROL not in asked[0].reason
+    mail, asked = shown_run("{copy}", [CAROL], on_leak="refuse")
+    assert mail.sent == [] and asked == []
+
+
+def test_shown_private_text_to_its_own_readers_or_not_copied_asks_nobody() -> None:
+    mail, asked = shown_run("{copy}", [ALICE])
+    assert asked == [] and len(mail.sent) == 1
+    mail, asked = shown_run("{copy}", [ALICE], read="read_inbox")  # each record its own readers, not their meet
+    assert asked == [] and len(mail.sent) == 1
+    mail, asked = shown_run("Let us talk about the quarter tomorrow.", [CAROL])  # nothing copied
+    assert asked == [] and len(mail.sent) == 1
+    mail, asked = shown_run("4.2M", [CAROL])  # a figure of the e-mail, whole
+    assert mail.sent == [] and [r.tool for r in asked] == ["send_email"]
+    mail, asked = shown_run("{copy}", [CAROL], request=f"Send the Q3 e-mail to {CAROL}")  # the user named her
+    assert asked == [] and len(mail.sent) == 1
+
+
+def test_shown_texts_survive_the_policy_state_dump() -> None:
+    tools = {t.name: t for t in Mail().tools()}
+    store = ValueStore(enabled=False)
+    from tether.values._decide import note_shown, shown_leak
+    note_shown(store, tools["read_email"], None, json.dumps(INBOX[0]), is_error=False)
+    again = ValueStore.load(store.dump())
+    assert again == store and len(again.shown) == 1
+    args = {"recipients": [CAROL], "body": "Re: Q3 numbers: 4.2M"}
+    assert shown_leak(again, tools["send_email"], args, set(), lambda names: False) is not None
+    assert shown_leak(again, tools["send_email"], {**args, "recipients": [ALICE]}, set(), lambda n: False) is None

@@ -44,7 +44,7 @@ from tether._errors import TetherError
 from tether._loop import ParentRun
 from tether._types import Usage
 from tether.events import OBSERVERS
-from tether.mcp._config import ServerConfig
+from tether.mcp._config import MCPConfigError, ServerConfig
 from tether.mcp._convert import annotations_of, effect_of, result_text
 from tether.tools._base import Tool, ToolContext
 from tether.tools._declares import Declares
@@ -355,7 +355,7 @@ class MCPToolset:
     def __init__(self, servers: Iterable[ServerConfig]) -> None:
         self.servers = list(servers)
         self.failures: dict[str, str] = {}  # server name -> why it is not available
-        self.warnings: list[str] = []  # tools left out (name clashes)
+        self.warnings: list[str] = []  # tools left out (name clashes, declarations naming no argument)
         self._portal: _Portal | None = None
         self._connections: dict[str, _Connection] = {}
         self._tools: dict[str, Tool] = {}
@@ -389,7 +389,14 @@ class MCPToolset:
                         self._tools[t.name] = t
 
     def _wrap(self, conn: _Connection) -> list[Tool]:
-        return [mcp_tool(conn.config, t, self._caller(conn, t.name)) for t in conn.tools]
+        tools: list[Tool] = []
+        for t in conn.tools:
+            try:
+                tools.append(mcp_tool(conn.config, t, self._caller(conn, t.name)))
+            except MCPConfigError as exc:  # a declaration that cannot hold: the tool is left out (fail closed)
+                if str(exc) not in self.warnings:
+                    self.warnings.append(str(exc))
+        return tools
 
     def _caller(self, conn: _Connection, name: str) -> Callable[..., Awaitable[str]]:
         portal = self._portal
@@ -506,15 +513,37 @@ def usage_from_meta(meta: Any) -> Usage:
 def mcp_tool(server: ServerConfig, spec: mt.Tool, call: Callable[..., Awaitable[str]]) -> Tool:
     """A tether Tool for one MCP tool: irreversible and untrusted unless the user's config says
     otherwise; the server's hints are kept in metadata either way."""
-    trusted = server.tether.output_trusted(spec.name)
+    declared = dict(server.tether.declare.get(spec.name, {}))
+    hide_output: bool | None = declared.pop("hide_output", None)
+    untrusted: bool | None = declared.pop("untrusted", None)
+    trusted = server.tether.output_trusted(spec.name) if untrusted is None else not untrusted
+    _check_arguments(server, spec, declared)
     metadata: dict[str, Any] = {"mcp_server": server.name, "mcp_tool": spec.name,
                                 "mcp_annotations": annotations_of(spec)}
     description = spec.description or spec.title or spec.name
+    declared.setdefault("source", None if trusted else "mcp")
     return Tool.from_schema(
         server.tool_name(spec.name), description, dict(spec.input_schema), call,
         effect=effect_of(server, spec), untrusted_output=not trusted,
         # the connection's own call timeout answers first, with a better message
         timeout=server.tether.call_timeout + server.tether.connect_timeout + 5, metadata=metadata,
-        declares=Declares(source=None if trusted else "mcp"),
+        declares=Declares(**declared), hide_output=hide_output,
         context_param="_tether_context",
     )
+
+
+_ARG_FIELDS = ("code_args", "url_args", "risk_free_args", "guarded_args", "sends_to", "writes_path")
+
+
+def _check_arguments(server: ServerConfig, spec: mt.Tool, declared: dict[str, Any]) -> None:
+    """Every argument a declaration names is one of the tool's parameters: a misspelt `codeArgs` would
+    otherwise protect nothing, so the tool is left out with this reason (MCPConfigError)."""
+    params = set(dict(spec.input_schema).get("properties") or {})
+    for name in _ARG_FIELDS:
+        value = declared.get(name)
+        named = (value,) if isinstance(value, str) and name == "writes_path" else value if isinstance(value, tuple) else ()
+        missing = sorted(set(named) - params)
+        if missing:
+            raise MCPConfigError(f"tool '{spec.name}' of server '{server.name}' is left out: its declared {name} "
+                                 f"names {', '.join(map(repr, missing))}, not among its arguments "
+                                 f"({', '.join(sorted(params)) or 'none'})")

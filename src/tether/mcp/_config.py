@@ -5,7 +5,8 @@
   "fs":   {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/data"],
            "env": {"DEBUG": "0"},
            "tether": {"trustAnnotations": ["read_text_file", "list_directory"],
-                      "effects": {"create_directory": "reversible"}, "trustedOutput": ["list_directory"]}},
+                      "effects": {"create_directory": "reversible"}, "trustedOutput": ["list_directory"],
+                      "declare": {"run_script": {"codeArgs": ["source"]}}}},
   "docs": {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ..."}}
 }}
 ```
@@ -47,6 +48,9 @@ class TetherSettings:
     - `tools`: only these tool names are offered (default: all the server lists).
     - `prefix`: what tether tool names start with (default: the server's name; "" for none).
     - `connectTimeout`, `callTimeout`: seconds (defaults 20 and 60).
+    - `declare`: tool name -> what the user declares of it for the safety policy (`DECLARE_KEYS`:
+      `codeArgs`, `urlArgs`, `sendsTo`, `outputReaders`, `hideOutput`, `untrusted`, ...), read as the
+      tool's `Declares` (tether.tools); kept here with their `Declares` names.
     """
 
     trust_annotations: bool | frozenset[str] = False
@@ -56,6 +60,7 @@ class TetherSettings:
     prefix: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     call_timeout: float = DEFAULT_CALL_TIMEOUT
+    declare: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
 
     def annotations_confirmed(self, tool: str) -> bool:
         return self.trust_annotations is True or (
@@ -151,7 +156,8 @@ def _server(name: str, entry: Any) -> ServerConfig:
 def _settings(raw: Any, where: str) -> TetherSettings:
     if not isinstance(raw, dict):
         raise MCPConfigError(f"{where}: 'tether' must be an object")
-    known = {"trustAnnotations", "effects", "trustedOutput", "tools", "prefix", "connectTimeout", "callTimeout"}
+    known = {"trustAnnotations", "effects", "trustedOutput", "tools", "prefix", "connectTimeout", "callTimeout",
+             "declare"}
     unknown = sorted(set(raw) - known)
     _check(not unknown, f"{where}: unknown 'tether' setting {', '.join(map(repr, unknown))}; "
            f"known: {', '.join(sorted(known))}")
@@ -177,7 +183,54 @@ def _settings(raw: Any, where: str) -> TetherSettings:
         prefix=prefix,
         connect_timeout=_seconds(raw.get("connectTimeout", DEFAULT_CONNECT_TIMEOUT), f"{where}: 'connectTimeout'"),
         call_timeout=_seconds(raw.get("callTimeout", DEFAULT_CALL_TIMEOUT), f"{where}: 'callTimeout'"),
+        declare=_declare(raw.get("declare", {}), where),
     )
+
+
+_NAMES = "a list of argument names"
+# `tether.declare.TOOL` keys -> (the `Declares` field, or hide_output / untrusted, and what its value may be)
+DECLARE_KEYS: dict[str, tuple[str, str]] = {
+    "codeArgs": ("code_args", _NAMES), "urlArgs": ("url_args", _NAMES), "riskFreeArgs": ("risk_free_args", _NAMES),
+    "guardedArgs": ("guarded_args", _NAMES), "writesPath": ("writes_path", "an argument name"),
+    "executes": ("executes", "true or false"), "secretSink": ("secret_sink", "true or false"),
+    "sendsTo": ("sends_to", '"user", "public" or ' + _NAMES), "onLeak": ("on_leak", '"approve" or "refuse"'),
+    "outputReaders": ("output_readers", '"public", "user", "secret" or a list of output field names'),
+    "privateOutput": ("private_output", "true or false"), "secretOutput": ("secret_output", "true or false"),
+    "source": ("source", 'a source name such as "web", "email" or "mcp"'),
+    "requiresApproval": ("requires_approval", "true or false"),
+    "onUntrusted": ("on_untrusted", '"approve", "refuse" or "summarize"'),
+    "hideOutput": ("hide_output", "true or false"), "untrusted": ("untrusted", "true or false"),
+}
+_WORDS = {"sendsTo": ("user", "public"), "onLeak": ("approve", "refuse"), "outputReaders": ("public", "user", "secret"),
+          "onUntrusted": ("approve", "refuse", "summarize")}
+
+
+def _declare(raw: Any, where: str) -> dict[str, dict[str, Any]]:
+    """The per-tool declarations, checked: each value of the kind its key takes (one error line if not)."""
+    _check(isinstance(raw, dict), f"{where}: 'tether.declare' must map tool names to objects of declarations")
+    out: dict[str, dict[str, Any]] = {}
+    for tool, decl in raw.items():
+        what = f"{where}: 'tether.declare.{tool}'"
+        _check(isinstance(decl, dict), f"{what} must be an object such as {{\"codeArgs\": [\"command\"]}}")
+        unknown = sorted(set(decl) - set(DECLARE_KEYS))
+        _check(not unknown, f"{what}: unknown declaration {', '.join(map(repr, unknown))}; known: "
+               f"{', '.join(sorted(DECLARE_KEYS))}")
+        fields: dict[str, Any] = {}
+        for key, value in decl.items():
+            name, kind = DECLARE_KEYS[key]
+            names = isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+            if kind == "true or false":
+                ok = isinstance(value, bool)
+            elif key in _WORDS:
+                ok = value in _WORDS[key] or (names and key in ("sendsTo", "outputReaders"))
+            elif kind == _NAMES:
+                ok = names
+            else:
+                ok = isinstance(value, str) and value != ""
+            _check(ok, f"{what}.{key} must be {kind}")
+            fields[name] = tuple(value) if isinstance(value, list) else value
+        out[tool] = fields
+    return out
 
 
 def _names_or_bool(value: Any, what: str) -> bool | frozenset[str]:

@@ -364,6 +364,11 @@ class SafetyPolicy:
         # read_result pages through earlier outputs: untrusted once any of them was
         return tool.name == "read_result" and state is not None and state.tainted
 
+    def secret_source(self, tool: Tool, args: dict[str, Any]) -> str | None:
+        """The secret-bearing source a call reads (`secret_bearer`): the executor asks it of a background
+        job when it starts, so the job's output is labelled and read as that source's once delivered."""
+        return secret_bearer(tool, args)
+
     def _reads_untrusted_handle(self, tool: Tool, state: PolicyState, pend: _Pending | None) -> bool:
         """read_result is trusted only for a handle this run got from a trusted output: the store is
         shared by every run of an executor, so a handle from another run (or an unknown one) may hold
@@ -613,7 +618,7 @@ class SafetyPolicy:
                 state.written_paths.add(pend.args[path_arg])
         # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
         # output came from a secret-bearing source (its hidden value's label is secret)
-        secret_from = _note_secrets(state, tool, pend, result.content, error=result.is_error)
+        secret_from = _note_secrets(state, ctx, tool, pend, result, error=result.is_error)
         concealed = False
         if binding is not None:
             hidden.note_sent(state.values, tool, binding)
@@ -623,6 +628,7 @@ class SafetyPolicy:
         if not concealed:
             state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                   private=bool(declared.private_output))
+            hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error)
         if result.handle and not untrusted:
             state.trusted_handles.add(result.handle)
         if pend is not None:
@@ -658,7 +664,32 @@ _FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secre
 _READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
 
 
-def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content: str, *, error: bool) -> str | None:
+def secret_bearer(tool: Tool, args: dict[str, Any]) -> str | None:
+    """The secret-bearing source a call of `tool` with `args` reads, whatever its output's keys are
+    called: the tool itself when declared `secret_output`, else a secret file (`.env`, a key file) its
+    path or command names. None: it reads none (its output is searched for secret-looking values only)."""
+    declared = tool.declared
+    if declared.secret_output:
+        return tool.name
+    if declared.writes_path or _READS.isdisjoint(args):
+        return None
+    return next((n for k, v in args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)), None)
+
+
+def _delivered_secret(ctx: CallContext, result: ToolResult) -> tuple[str, str] | None:
+    """For a call delivering a background job's output (job_wait, job_status): the secret-bearing source
+    the job read (its record says, from the call that started it) and the job's own output."""
+    job, jobs = result.job, ctx.run.jobs
+    if not isinstance(job, dict) or jobs is None or not job.get("seen") or job.get("is_error"):
+        return None
+    record = jobs.get(str(job.get("id")))
+    source = record.get("secret") if record is not None else None
+    raw = job.get("result")
+    return (str(source), raw) if source and isinstance(raw, str) else None
+
+
+def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, pend: _Pending | None, result: ToolResult, *,
+                  error: bool) -> str | None:
     """Add the secret values an output holds to the run's set: every value of a secret-bearing source
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
@@ -666,12 +697,12 @@ def _note_secrets(state: PolicyState, tool: Tool, pend: _Pending | None, content
     came from (its label is secret), if any."""
     if error:
         return None
-    declared = tool.declared
-    file_name = None  # a secret file the call names
-    if not declared.secret_output and pend is not None and not declared.writes_path and not _READS.isdisjoint(pend.args):
-        file_name = next((n for k, v in pend.args.items() if k in _READS and isinstance(v, str)
-                          for n in secret_files_named(v)), None)
-    bearer = tool.name if declared.secret_output else file_name
+    content = result.content
+    bearer = secret_bearer(tool, pend.args if pend is not None else {})
+    delivered = _delivered_secret(ctx, result) if result.job is not None else None
+    if delivered is not None:  # a background job's output, read from a secret-bearing source: its own values
+        bearer, content = delivered
+    file_name = secret_file(bearer) if bearer is not None else None
     if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
         return bearer
     found: dict[str, str] = {}

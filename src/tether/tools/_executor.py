@@ -484,10 +484,13 @@ class Executor:
             from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
             untrusted_job = from_source or (binding is not None and binding.label.untrusted)
             # hidden once delivered when the call would hide in the foreground (kept whole until then)
-            hidden = job_hides(store, tool, args, binding, untrusted=from_source)
+            reads = getattr(self.policy, "secret_source", None)  # a secret-bearing source it reads (.env)
+            read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+            secret = read if isinstance(read, str) else None
+            hidden = job_hides(store, tool, args, binding, untrusted=from_source, secret_from=secret)
             return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                               functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
-                                                hidden is not None), step, hidden=hidden)
+                                                hidden is not None), step, hidden=hidden, secret=secret)
         # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
         # returns is late), else the answer of a call that did not finish
         cancelled: list[ToolResult | None] = []

@@ -81,10 +81,12 @@ class Jobs:
     def start(self, call: ToolCall, step: int, index: int, key: str, untrusted: bool,
               run: Callable[[], Awaitable[ToolResult]],
               step_fn: Callable[[Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]], *,
-              hidden: dict[str, Any] | None = None) -> ToolResult:
+              hidden: dict[str, Any] | None = None, secret: str | None = None) -> ToolResult:
         """Start `run` (the tool's run through the executor) as a job, in its step; the call's answer.
         `hidden`: the label of its output when that output is to be a hidden value once delivered (the
-        foreground call's rule, tether.values): it is then delivered alone, for the policy to hide."""
+        foreground call's rule, tether.values): it is then delivered alone, for the policy to hide.
+        `secret`: the secret-bearing source it reads (`.env`, a tool declared `secret_output`): every value
+        of its output is then a secret of the run once delivered (tether.policy._policy.secret_bearer)."""
         jid = job_id(step, index)
         record = self.get(jid)
         if record is None:
@@ -93,6 +95,8 @@ class Jobs:
             self.records.append(record)
         if hidden is not None:
             record["hidden"] = hidden
+        if secret is not None:
+            record["secret"] = secret
         self.untrusted[jid] = untrusted
         work = step_fn(self._guarded(key, call, run))  # made now: a durable step takes its reserved id here
         self._tasks[jid] = task = asyncio.ensure_future(self._finish(jid, work))

@@ -6,14 +6,16 @@ the final answer). Exact data flow: labels come from the executor's substitution
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tether._types import ToolResult
 from tether.tools._base import Tool
+from tether.values import _shown as shown
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
-from tether.values._labels import TRUSTED, Label, untrusted
-from tether.values._readers import leak
+from tether.values._labels import TRUSTED, Label, join_all, untrusted
+from tether.values._readers import audience, declared_readers, leak
 from tether.values._readers import output_label as readers_label
 from tether.values._store import Binding, ValueStore, describe_call, handle_for
 
@@ -61,15 +63,46 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     return True
 
 
-def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
-              untrusted: bool) -> dict[str, Any] | None:
-    """For a call that starts a background job (`untrusted`: its source is): the label its output will
-    carry (as a dict), when that output is to be hidden once delivered (the foreground rule: hiding on,
-    the call hides, the output untrusted or secret); else None, and the job's result is shown as it is."""
-    if store is None or not store.enabled or not hides(tool, args):
+def note_shown(store: ValueStore | None, tool: Tool, binding: Binding | None, content: str, *,
+               is_error: bool) -> None:
+    """An output the model is shown as it is: the texts of it that have readers (declared, or carried by
+    the hidden values it was computed from) are remembered, so a call copying them is judged by their
+    readers (tether.values._shown). An error's text is the tool's own."""
+    if store is None or is_error:
+        return
+    decl = declared_readers(tool)
+    label = Label(readers=decl) if isinstance(decl, frozenset) else TRUSTED
+    if binding is not None and binding.label.readers is not None:
+        label = label.join(Label(readers=binding.label.readers))
+    if label.readers is None and not isinstance(decl, tuple):
+        return  # public: nothing to follow (the common case, kept cheap)
+    shown.note(store.shown, shown.private_texts(tool, content, label))
+
+
+def shown_leak(store: ValueStore | None, tool: Tool, args: dict[str, Any], skip: set[str],
+               by_user: Callable[[tuple[str, ...]], bool]) -> str | None:
+    """Why this call would send text copied from a private output the model was shown to someone outside
+    its readers (None: it would not, or it copies none). `skip`: arguments the user wrote themselves."""
+    if store is None or not store.shown or audience(tool, args) is None:
         return None
-    label = output_label(tool, binding, is_untrusted=untrusted,
-                         secret_from=tool.name if tool.declared.secret_output else None)
+    copied = shown.copied_labels(store.shown, args, skip)
+    if not copied:
+        return None
+    return leak(tool, args, join_all(copied.values()), copied, by_user)
+
+
+def job_hides(store: ValueStore | None, tool: Tool, args: dict[str, Any], binding: Binding | None, *,
+              untrusted: bool, secret_from: str | None = None) -> dict[str, Any] | None:
+    """For a call that starts a background job (`untrusted`: its source is; `secret_from`: the
+    secret-bearing source it reads, a `.env` its command names): the label its output will carry (as a
+    dict), when that output is to be hidden once delivered (hiding on, and the call hides and its output
+    is untrusted or secret, or it reads a secret source: a job's output read from `.env` is delivered as a
+    secret handle, passed only where secrets may go); else None, and the job's result is shown as it is."""
+    if secret_from is None and tool.declared.secret_output:
+        secret_from = tool.name
+    if store is None or not store.enabled or not (hides(tool, args) or secret_from is not None):
+        return None
+    label = output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
     return label.to_dict() if label.untrusted or label.secret else None
 
 

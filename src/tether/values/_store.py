@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from tether._errors import InvalidInput
 from tether.values._labels import TRUSTED, Label, join_all
+from tether.values._shown import Shown
 
 HANDLE = re.compile(r"\$v(\d+)_(\d+)((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)")
 _PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
@@ -92,7 +93,7 @@ class ValueStore:
     and the bindings of the calls in flight. `enabled` False: the visible mode (nothing is hidden,
     nothing substituted)."""
 
-    __slots__ = ("bindings", "enabled", "reader", "values", "written")
+    __slots__ = ("bindings", "enabled", "reader", "shown", "values", "written")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -102,6 +103,9 @@ class ValueStore:
         self.values: dict[str, Hidden] = {}
         self.bindings: dict[str, Binding] = {}  # call id -> its binding, until the call's result is in
         self.written: list[str] = []  # untrusted hidden texts passed to a call: seen again, they taint
+        # private texts the model was shown (not hidden), with their readers (tether.values._shown); kept in
+        # the visible mode too
+        self.shown: list[Shown] = []
 
     # -- hiding --------------------------------------------------------------------------------
 
@@ -234,7 +238,8 @@ class ValueStore:
     def dump(self) -> dict[str, Any]:
         return {"version": STORE_VERSION, "enabled": self.enabled, "written": list(self.written),
                 "values": {h: {"value": v.value, "label": v.label.to_dict(), "description": v.description}
-                           for h, v in self.values.items()}}
+                           for h, v in self.values.items()},
+                **({"shown": [{"text": s.text, "label": s.label.to_dict()} for s in self.shown]} if self.shown else {})}
 
     @classmethod
     def load(cls, data: Any) -> ValueStore:
@@ -243,6 +248,7 @@ class ValueStore:
                                f" are not supported (expected {STORE_VERSION})")
         store = cls(bool(data.get("enabled", True)))
         store.written = [str(w) for w in data.get("written") or ()]
+        store.shown = [Shown(str(s["text"]), Label.from_dict(s["label"])) for s in data.get("shown") or ()]
         for h, v in dict(data.get("values") or {}).items():
             store.values[str(h)] = Hidden(str(v["value"]), Label.from_dict(v["label"]), str(v["description"]))
         return store

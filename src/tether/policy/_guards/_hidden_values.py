@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from tether._types import CallDecision, Effect
 from tether.policy._guard import BaseGuard, CallView, Check, Stop
 from tether.policy._guards._taint import _on_untrusted
+from tether.policy._provenance import Origin
 from tether.values import _decide as hidden
 from tether.values._defang import defang
 from tether.values._store import Binding
@@ -27,9 +28,28 @@ class HiddenValuesGuard(BaseGuard):
     only with `SafetyPolicy(hidden_values=True)` (the default)."""
 
     def prepare(self, policy: SafetyPolicy, tool: Tool, cap: Capability) -> Check | None:
-        return self.check if policy.hidden_values else None
+        return self.check if policy.hidden_values else self.check_shown
+
+    def check_shown(self, c: CallView, /) -> Stop | None:
+        """Text copied from a private output the model was shown (not hidden), sent outside its readers:
+        the same rule as for hidden values, by exact substring provenance (tether.values._shown). Only for
+        the effects the policy guards (plan mode guards none here: it judges its calls by its own labels)."""
+        if not c.state.values.shown or c.checked_effect not in c.policy.guard_effects:
+            return None
+        user = {p.split(".", 1)[0] for p, o in c.trace.items() if o is Origin.USER}
+        user -= {p.split(".", 1)[0] for p, o in c.trace.items() if o is not Origin.USER}
+        leak = hidden.shown_leak(c.state.values, c.tool, c.args, user,
+                                 lambda names: bool(names) and set(names) <= user)
+        if leak is None:
+            return None
+        if c.declares.on_leak == "refuse":
+            return Stop("refused:confidential", leak)
+        c.ask.append(leak)
+        return None
 
     def check(self, c: CallView, /) -> Stop | None:
+        if (stop := self.check_shown(c)) is not None:
+            return stop
         binding = c.state.values.binding(c.call.id)
         if binding is None or not binding.used:
             return None
