@@ -43,7 +43,7 @@ class HiddenValuesGuard(BaseGuard):
         if leak is None:
             return None
         if c.declares.on_leak == "refuse":
-            return Stop("refused:confidential", leak)
+            return Stop(f"{CallDecision.REFUSED}:confidential", leak)
         c.ask.append(leak)
         return None
 
