@@ -431,6 +431,7 @@ class Executor:
                 return checked
         tool, args = checked
         binding = store.binding(call.id) if store is not None else None
+        quotes_hidden = binding is not None and binding.quotes_hidden  # (fixed once bound)
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except asyncio.CancelledError:  # e.g. while a person was being asked
@@ -439,7 +440,7 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", f"{CallDecision.REFUSED}:policy_error")
-        if binding is not None and binding.quotes_hidden and verdict.action != "allow":
+        if quotes_hidden and verdict.action != "allow":
             # The reason may quote the hidden values in forms no mask can list (a host the egress check
             # parsed out of one, a held action's line): the model is told the decision and the handles only.
             refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
@@ -496,7 +497,7 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", f"{CallDecision.WITHHELD}:policy_error")
-        if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
+        if quotes_hidden and result.is_error and binding is not None:  # a tool's error quoting them
             result.content = binding.mask(result.content)
         if hiding and len(result.content) > limit:  # shown after all: capped now
             result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
@@ -540,10 +541,10 @@ class Executor:
                 arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
             except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", CallDecision.INVALID_ARGUMENTS)
-        binding = store.binding(call.id) if store is not None else None
         try:
             args = tool.validator.validate(arguments)
         except ArgumentError as exc:
+            binding = store.binding(call.id) if store is not None else None
             if binding is not None and binding.quotes_hidden:  # its details would quote the hidden values
                 refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
                 return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
