@@ -238,7 +238,10 @@ class LoopDetector:
     def check(self, name: str, arguments: dict[str, Any]) -> str:
         if self.max_repeats is None:
             return "run"
-        key = canonical_call_key(name, arguments)
+        try:  # canonical_call_key(name, arguments), without its frame for the usual JSON arguments
+            key = f"{name}\x00{_canonical(arguments)}"
+        except (TypeError, ValueError):
+            key = canonical_call_key(name, arguments)
         if key in self.warned:
             return "stop"
         count = self.counts.get(key, 0) + 1

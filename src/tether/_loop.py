@@ -522,9 +522,13 @@ class LoopRun:
         stop = budget.exceeded()
         if stop is not None:
             return StopRun(stop)
-        built = self.context.build(self.messages)
-        if not isinstance(built, list):  # an async builder (e.g. compaction)
-            built = await built
+        context = self.context
+        if type(context) is FullHistory:  # its build returns the transcript as is
+            built: Any = self.messages
+        else:
+            built = context.build(self.messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
         request = ModelRequest(built, spec.executor.specs_for(bool(self.handles)))
         if spec.output is not None:
             request = spec.output.prepare(spec.model, request)

@@ -455,7 +455,7 @@ class Executor:
                               is_error=True, decision=CallDecision.AWAITING_APPROVAL)
         if verdict.arguments is not None:
             args = verdict.arguments
-        jobs = ctx.run.jobs if is_job(tool) else None
+        jobs = ctx.run.jobs if ctx.run.jobs is not None and is_job(tool) else None  # (a run with no job tool: None)
         if jobs is not None:  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             judge = getattr(self.policy, "is_untrusted_source", None)  # the policy's word on its source, if it has one
@@ -698,12 +698,15 @@ class Executor:
             value, untrusted = value.value, value.untrusted
         elif type(value) is JobNote:  # job_status / job_wait: the job as the model now knows it
             untrusted, job, value = value.untrusted or None, value.job or None, value.text
-        try:
-            text = shape(value)
-        except Exception as exc:  # e.g. a model_dump() or __str__ that raises
-            return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
-                               CallDecision.FAILED)
+        if type(value) is str:  # shape(value), without its frame for the usual text
+            text = value
+        else:
+            try:
+                text = shape(value)
+            except Exception as exc:  # e.g. a model_dump() or __str__ that raises
+                return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
+                                   CallDecision.FAILED)
         limit = MAX_VALUE_CHARS if hiding else tool.max_result_chars or self.max_result_chars
-        content, handle = cap(text, limit, self.results, ctx.user)
+        content, handle = (text, None) if len(text) <= limit else cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,
                           job=job)
