@@ -884,7 +884,7 @@ async def _run_tools(
                                    batch=batch, batch_summary=summary))
 
     if to_run:  # the calls that need approval: one question for the group (tether.policy._batch)
-        for d in await spec.executor.announce([calls[i] for i in to_run], ctx):
+        for d in await spec.executor.announce(list(map(calls.__getitem__, to_run)), ctx):
             emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d["by"]),
                                  batch=str(d["batch"])))
     if not direct:  # (DirectStepRunner.begin_turn does nothing)
@@ -928,10 +928,16 @@ async def _run_tools(
         break
 
     if stop is None:
-        answered = [r.decision for r in results if r is not None]
-        if asked and CallDecision.AWAITING_APPROVAL in answered:
+        parked = spent = False  # a call of the turn awaits approval; one met the approval budget
+        for r in results:
+            if r is not None:
+                if r.decision == CallDecision.AWAITING_APPROVAL:
+                    parked = True
+                elif r.decision == APPROVAL_BUDGET_DECISION:
+                    spent = True
+        if asked and parked:
             stop = StopReason.AWAITING_APPROVAL
-        elif APPROVAL_BUDGET_DECISION in answered:
+        elif spent:
             stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
     return stop
 
