@@ -440,7 +440,7 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", f"{CallDecision.REFUSED}:policy_error")
-        if quotes_hidden and verdict.action != "allow":
+        if quotes_hidden and verdict.action != "allow" and binding is not None:
             # The reason may quote the hidden values in forms no mask can list (a host the egress check
             # parsed out of one, a held action's line): the model is told the decision and the handles only.
             refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
