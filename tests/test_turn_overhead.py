@@ -74,3 +74,32 @@ def test_an_empty_announcement_still_ends_the_last_turns_batch_answers() -> None
     assert [d["approved"] for d in decided] == [True, True] and len(state.decisions) == 2
     assert asyncio.run(executor.announce([call("send_money", **pays[0])], ctx)) == []  # the next turn, one call
     assert state.decisions == {}
+
+
+def test_each_turns_events_are_the_typed_events_envelopes() -> None:
+    """The loop builds the events of every turn straight into their envelopes (`emit_data`): each
+    envelope must carry its type's whole payload, field for field and in order, and a telemetry
+    observer still gets the typed event."""
+    from tether.events import OBSERVERS, BaseEvent, typed
+
+    @tool
+    async def fetch(key: str) -> str:
+        """Fetch a key."""
+        return "got " + key
+
+    seen: list[BaseEvent] = []
+    OBSERVERS.append(lambda run_id, event: seen.append(event))
+    try:
+        agent = Agent(ScriptedModel([call("fetch", key="a"), call("fetch", key="b"), "done"]), tools=[fetch],
+                      limits=Limits(max_steps=5, max_tokens=10**9))
+        result = agent.run("fetch a then b")
+    finally:
+        OBSERVERS.pop()
+    assert result.completed
+    kinds = [e.kind for e in result.trace]
+    assert kinds.count("tool_call_started") == kinds.count("tool_call") == 2 and kinds.count("model_call") == 3
+    for envelope, event in zip(result.trace, seen, strict=True):
+        again = typed(envelope)
+        assert list(envelope.data) == list(again.data) and envelope.data == again.data, envelope.kind
+        assert type(event) is type(again) and event == again  # what the observer got
+        assert (event.step, event.t, event.duration) == (envelope.step, envelope.t, envelope.duration)

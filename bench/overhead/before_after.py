@@ -8,7 +8,7 @@ The base revision's `src/` is exported with `git archive` to a temporary directo
 machine inflates it less than wall time). Prints the median per figure and the ratio, and each
 round's ratio (base and this ran back to back, so their spread is the noise); the figures go into
 `bench/overhead/results.json` under "before_after" (each repetition's ratios under
-"before_after_history"), beside the last run of this tree's own. A second
+"before_after_history", runs against every base kept), beside the last run of this tree's own. A second
 measure, independent of the machine's load: function calls per turn (Python and C, counted by a
 `sys.setprofile` hook over one 50-step run, async tool); it is deterministic, so a call a change adds
 to every step shows up exactly (work without calls, such as an attribute test, does not).
@@ -115,7 +115,7 @@ def main() -> int:
     }
     # each repetition's ratios, kept (with its tree's commit), so the spread between runs shows too
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    history = [h for h in earlier if h.get("base") == base]
+    history = list(earlier)  # every earlier run kept, whatever its base (each names its own)
     history.append({"base": base, "this": head, "ratios": {n: f["ratio"] for n, f in figures.items()},
                     "round_ratios": {n: f["round_ratios"] for n, f in figures.items()}})
     results["before_after_history"] = history

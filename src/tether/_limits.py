@@ -76,14 +76,15 @@ class Limits:
 class Budget:
     """Accounts a run's usage against its Limits; `exceeded()` is O(1)."""
 
-    __slots__ = ("_cost_cap", "_now", "_time_cap", "_token_cap", "clock", "limits", "reserved_cost", "reserved_tokens",
+    __slots__ = ("_cost_cap", "_time_cap", "_token_cap", "clock", "limits", "now", "reserved_cost", "reserved_tokens",
                  "started", "steps", "usage")
 
     def __init__(self, limits: Limits, clock: Clock, usage: Usage | None = None, steps: int = 0) -> None:
         self.limits = limits
         self.clock = clock
-        # read several times a step: the real clock without its method frame
-        self._now = time.monotonic if type(clock) is MonotonicClock else clock.now
+        # read several times a step: the real clock without its method frame (the loop reads
+        # `now() - started` itself, for the run's seconds without a method frame either)
+        self.now = time.monotonic if type(clock) is MonotonicClock else clock.now
         self.started = clock.now() - (usage.seconds if usage else 0.0)
         self.usage = usage or Usage()
         self.steps = steps
@@ -96,13 +97,13 @@ class Budget:
         self._time_cap = None if limits.max_seconds is None else limits.max_seconds * keep
 
     def elapsed(self) -> float:
-        return self._now() - self.started
+        return self.now() - self.started
 
     def remaining_seconds(self) -> float | None:
         """Seconds left before the time budget (reserve excluded); None when unbounded."""
         if self._time_cap is None:
             return None
-        return max(0.0, self._time_cap - (self._now() - self.started))
+        return max(0.0, self._time_cap - (self.now() - self.started))
 
     def final_seconds(self) -> float | None:
         """Seconds the final tool-free call may take: what is left of the whole time budget, and at
@@ -123,7 +124,7 @@ class Budget:
             return StopReason.COST_BUDGET
         if lim.max_tool_calls is not None and usage.tool_calls >= lim.max_tool_calls:
             return StopReason.TOOL_CALL_BUDGET
-        if self._time_cap is not None and self._now() - self.started >= self._time_cap:
+        if self._time_cap is not None and self.now() - self.started >= self._time_cap:
             return StopReason.TIME_BUDGET
         return None
 
@@ -237,7 +238,10 @@ class LoopDetector:
     def check(self, name: str, arguments: dict[str, Any]) -> str:
         if self.max_repeats is None:
             return "run"
-        key = canonical_call_key(name, arguments)
+        try:  # canonical_call_key(name, arguments), without its frame for the usual JSON arguments
+            key = f"{name}\x00{_canonical(arguments)}"
+        except (TypeError, ValueError):
+            key = canonical_call_key(name, arguments)
         if key in self.warned:
             return "stop"
         count = self.counts.get(key, 0) + 1

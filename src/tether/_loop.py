@@ -358,8 +358,18 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     it ended. The state's transcript is appended to in place; `result.state` carries it on."""
     run = LoopRun(spec, state, usage=usage, steps=steps)
     node: Step = Start()
-    while type(node) is not End:
-        node = await run.next(node)
+    steps_of = _STEPS
+    # `run.next`, without its coroutine frame per step (five a turn): the same steps, the same handling
+    while (kind := type(node)) is not End:
+        if kind is StopRun:
+            node = await run.stop(node)  # type: ignore[arg-type]
+            continue
+        try:
+            node = await steps_of[kind](run, node)
+        except (_Cancelled, asyncio.CancelledError):
+            node = run.cancelled()
+        except Exception as exc:
+            node = run.failed(exc)
     return cast(End, node).result  # (End, by the loop's condition)
 
 
@@ -369,7 +379,7 @@ class LoopRun:
     and writes the RunState (and the budget over it), so stepping changes nothing."""
 
     __slots__ = ("admission", "answer", "budget", "calls", "context", "ctx", "deadline", "direct", "emit",
-                 "found", "handles", "jobs", "loops", "messages", "pending", "policy", "spec", "state", "trace",
+                 "emit_data", "found", "handles", "jobs", "loops", "messages", "pending", "policy", "spec", "state", "trace",
                  "under_way")
 
     def __init__(self, spec: RunSpec, state: RunState | list[Message], *, usage: Usage | None = None,
@@ -404,10 +414,12 @@ class LoopRun:
         on_event = spec.on_event
         run_id = spec.run_id
 
+        now, started = budget.now, budget.started  # budget.elapsed(), without its frame (four a turn)
+
         def emit(event: BaseEvent, since: float | None = None) -> None:
             """Stamp a typed event (`since`: its start; the duration ends now) and send its envelope."""
             event.step = budget.steps
-            event.t = t = budget.elapsed()  # one clock reading for both
+            event.t = t = now() - started  # one clock reading for both
             if since is not None:
                 event.duration = t - since
             envelope = event.envelope()
@@ -417,7 +429,20 @@ class LoopRun:
             if OBSERVERS:  # telemetry, when enabled: nothing on the hot path otherwise
                 _observe(run_id, event)
 
+        def emit_data(kind: type[BaseEvent], name: str, data: dict[str, Any], since: float | None = None) -> None:
+            """`emit(kind(**data))` for the events of every turn, their envelope built straight from
+            `data` (`kind`'s payload, field for field, in order): the typed event is made only for
+            telemetry observers, when there are any."""
+            t = now() - started
+            envelope = TraceEvent(name, budget.steps, t, 0.0 if since is None else t - since, data)
+            trace.append(envelope)
+            if on_event is not None:
+                on_event(envelope)
+            if OBSERVERS:
+                _observe(run_id, kind(step=envelope.step, t=t, duration=envelope.duration, **data))
+
         self.emit = emit
+        self.emit_data = emit_data
         # Background jobs (tether.tools._jobs), when the agent has a job tool; their records are the state's.
         self.jobs: Jobs | None = None
         if any(is_job(t) for t in spec.executor.tools.values()):
@@ -453,17 +478,25 @@ class LoopRun:
         try:
             return await _STEPS[kind](self, node)
         except (_Cancelled, asyncio.CancelledError):
-            spec = self.spec
-            if spec.cancel is not None and spec.cancel.cancelled:
-                error = spec.cancel.reason or "cancelled"
-            else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
-                error = INTERRUPTED
-            self.emit(Notice(notice={"cancelled": error}))
-            return StopRun(StopReason.CANCELLED, error)
+            return self.cancelled()
         except Exception as exc:  # a failing step runner, context builder, policy or event sink
-            error = f"run failed: {type(exc).__name__}: {exc}"
-            self.emit(Error(error=error))
-            return StopRun(StopReason.ERROR, error)
+            return self.failed(exc)
+
+    def cancelled(self) -> StopRun:
+        """The step was cancelled: the run stops, saying by whom."""
+        spec = self.spec
+        if spec.cancel is not None and spec.cancel.cancelled:
+            error = spec.cancel.reason or "cancelled"
+        else:  # its task was cancelled from outside (a process stopping), not the run: INTERRUPTED names it
+            error = INTERRUPTED
+        self.emit(Notice(notice={"cancelled": error}))
+        return StopRun(StopReason.CANCELLED, error)
+
+    def failed(self, exc: Exception) -> StopRun:
+        """The step failed: the run stops with the error."""
+        error = f"run failed: {type(exc).__name__}: {exc}"
+        self.emit(Error(error=error))
+        return StopRun(StopReason.ERROR, error)
 
     async def start(self, node: Start) -> Step:
         """The policy's state, the context builder's; decided approvals; the input filter."""
@@ -489,9 +522,13 @@ class LoopRun:
         stop = budget.exceeded()
         if stop is not None:
             return StopRun(stop)
-        built = self.context.build(self.messages)
-        if not isinstance(built, list):  # an async builder (e.g. compaction)
-            built = await built
+        context = self.context
+        if type(context) is FullHistory:  # its build returns the transcript as is
+            built: Any = self.messages
+        else:
+            built = context.build(self.messages)
+            if not isinstance(built, list):  # an async builder (e.g. compaction)
+                built = await built
         request = ModelRequest(built, spec.executor.specs_for(bool(self.handles)))
         if spec.output is not None:
             request = spec.output.prepare(spec.model, request)
@@ -510,8 +547,9 @@ class LoopRun:
     async def call_model(self, node: CallModel) -> Step:
         """2. The model, bounded by the time left (the final call's reserve excluded)."""
         spec, budget, emit, deadline, request = self.spec, self.budget, self.emit, self.deadline, node.request
-        started = budget.elapsed()
-        emit(ModelCallStarted(model=spec.model.name, messages=len(request.messages)))
+        started = budget.now() - budget.started  # (budget.elapsed(), one frame less)
+        self.emit_data(ModelCallStarted, "model_call_started",
+                       {"model": spec.model.name, "messages": len(request.messages), "purpose": "step"})
         deadline.armed = True
         try:
             if self.direct:  # DirectStepRunner.model_step only awaits the call
@@ -543,7 +581,12 @@ class LoopRun:
         self.messages.append(reply.to_message())
         if reply.text:
             self.answer = reply.text
-        emit(_model_call_ended(reply, spec.model, "step"), started)
+        usage = reply.usage  # _model_call_ended(reply, spec.model, "step"), as its envelope's data
+        self.emit_data(ModelCallEnded, "model_call", {
+            "model": reply.model or spec.model.name, "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens, "cost_usd": usage.cost_usd, "tool_calls": len(reply.tool_calls),
+            "text_chars": len(reply.text), "purpose": "step", "final": False, "finish_reason": reply.finish_reason,
+        }, started)
         return PlanCalls(reply)
 
     async def plan_calls(self, node: PlanCalls) -> Step:
@@ -589,7 +632,7 @@ class LoopRun:
         assert results is not None
         ctx.step = budget.steps
         ctx.seconds_left = budget.remaining_seconds()
-        work = _run_tools(spec, calls, results, ctx, budget, self.loops, self.emit, under_way)
+        work = _run_tools(spec, calls, results, ctx, budget, self.loops, self.emit, under_way, self.emit_data)
         stop = await (work if spec.cancel is None else _with_cancel(spec, work, spec.executor.cancel_grace))
         return Observe(calls, results, stop)
 
@@ -784,6 +827,7 @@ async def _run_tools(
     loops: LoopDetector,
     emit: Callable[..., None],
     under_way: list[bool],
+    emit_data: Callable[..., None],
 ) -> StopReason | None:
     """Apply the per-call guards, run what may run (concurrently, bounded); `results[i]` is filled
     in place as call `i` finishes (or is cancelled: `ToolCancelled` carries its answer), so an
@@ -817,8 +861,9 @@ async def _run_tools(
 
     async def one(i: int) -> None:
         call = calls[i]
-        started = budget.elapsed()
-        emit(ToolCallStarted(name=call.name, call_id=call.id, arguments=call.arguments, index=i))
+        started = budget.now() - budget.started  # (budget.elapsed(), one frame less)
+        emit_data(ToolCallStarted, "tool_call_started",
+                  {"name": call.name, "call_id": call.id, "arguments": call.arguments, "index": i})
         under_way[i] = True
         try:
             if direct:
@@ -830,7 +875,7 @@ async def _run_tools(
             emit(_tool_call_ended(call, cancelled.result), started)
             raise
         results[i] = result
-        emit(_tool_call_ended(call, result), started)
+        emit_data(ToolCallEnded, "tool_call", _tool_call_data(call, result), started)
         if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
@@ -839,10 +884,11 @@ async def _run_tools(
                                    batch=batch, batch_summary=summary))
 
     if to_run:  # the calls that need approval: one question for the group (tether.policy._batch)
-        for d in await spec.executor.announce([calls[i] for i in to_run], ctx):
+        for d in await spec.executor.announce(list(map(calls.__getitem__, to_run)), ctx):
             emit(ApprovalDecided(call_id=str(d["call_id"]), approved=bool(d["approved"]), by=str(d["by"]),
                                  batch=str(d["batch"])))
-    runner.begin_turn(ctx.step, to_run)
+    if not direct:  # (DirectStepRunner.begin_turn does nothing)
+        runner.begin_turn(ctx.step, to_run)
     if len(to_run) == 1:
         await one(to_run[0])
     elif to_run:
@@ -882,10 +928,16 @@ async def _run_tools(
         break
 
     if stop is None:
-        answered = [r.decision for r in results if r is not None]
-        if asked and CallDecision.AWAITING_APPROVAL in answered:
+        parked = spent = False  # a call of the turn awaits approval; one met the approval budget
+        for r in results:
+            if r is not None:
+                if r.decision == CallDecision.AWAITING_APPROVAL:
+                    parked = True
+                elif r.decision == APPROVAL_BUDGET_DECISION:
+                    spent = True
+        if asked and parked:
             stop = StopReason.AWAITING_APPROVAL
-        elif APPROVAL_BUDGET_DECISION in answered:
+        elif spent:
             stop = StopReason.APPROVAL_BUDGET  # a run that keeps asking (or being denied) ends, with a partial answer
     return stop
 
@@ -1147,6 +1199,13 @@ def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
                          is_error=result.is_error, result_chars=result.full_chars or len(result.content),
                          truncated=result.handle is not None, preview=result.content[:PREVIEW_CHARS],
                          handle=result.handle)
+
+
+def _tool_call_data(call: ToolCall, result: ToolResult) -> dict[str, Any]:
+    """`_tool_call_ended(call, result)`'s payload, for `emit_data`."""
+    return {"name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
+            "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
+            "truncated": result.handle is not None, "preview": result.content[:PREVIEW_CHARS], "handle": result.handle}
 
 
 def _observe(run_id: str, event: BaseEvent) -> None:

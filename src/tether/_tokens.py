@@ -244,10 +244,15 @@ def context_window(model: str, windows: Mapping[str, int] | None = None) -> int:
 def message_tokens(counter: TokenCounter, message: Message) -> int:
     """One message's tokens: content, tool calls (name + JSON arguments), tool name, overhead."""
     n = MESSAGE_OVERHEAD + counter.count(message.content)
+    names = _NAMES  # _name_tokens' cache read here first: its frame only for a name not counted yet
     for call in message.tool_calls:
-        n += _name_tokens(counter, call.name) + counter.count(call.raw_arguments or _args_json(call.arguments)) + 3
+        name_n = names.get((counter.name, call.name))
+        if name_n is None:
+            name_n = _name_tokens(counter, call.name)
+        n += name_n + counter.count(call.raw_arguments or _args_json(call.arguments)) + 3
     if message.name:
-        n += _name_tokens(counter, message.name)
+        name_n = names.get((counter.name, message.name))
+        n += name_n if name_n is not None else _name_tokens(counter, message.name)
     return n
 
 

@@ -455,6 +455,7 @@ class Executor:
                 return checked
         tool, args = checked
         binding = store.binding(call.id) if store is not None else None
+        quotes_hidden = binding is not None and binding.quotes_hidden  # (fixed once bound)
         try:
             verdict = await self.policy.before_call(tool, args, call, ctx)
         except asyncio.CancelledError:  # e.g. while a person was being asked
@@ -463,7 +464,7 @@ class Executor:
         except Exception as exc:  # fail closed: a policy that cannot decide refuses
             return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
                                f"{exc}", f"{CallDecision.REFUSED}:policy_error")
-        if binding is not None and binding.quotes_hidden and verdict.action != "allow":
+        if quotes_hidden and verdict.action != "allow" and binding is not None:
             # The reason may quote the hidden values in forms no mask can list (a host the egress check
             # parsed out of one, a held action's line): the model is told the decision and the handles only.
             refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
@@ -478,7 +479,7 @@ class Executor:
                               is_error=True, decision=CallDecision.AWAITING_APPROVAL)
         if verdict.arguments is not None:
             args = verdict.arguments
-        jobs = ctx.run.jobs if is_job(tool) else None
+        jobs = ctx.run.jobs if ctx.run.jobs is not None and is_job(tool) else None  # (a run with no job tool: None)
         if jobs is not None:  # its run goes on in the background; the call is answered at once
             # a job given untrusted hidden values delivers a result computed from them: untrusted
             from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
@@ -522,7 +523,7 @@ class Executor:
         except Exception as exc:  # fail closed: an unchecked result is not shown to the model
             result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
                                  f"{type(exc).__name__}: {exc}", f"{CallDecision.WITHHELD}:policy_error")
-        if binding is not None and binding.quotes_hidden and result.is_error:  # a tool's error quoting them
+        if quotes_hidden and result.is_error and binding is not None:  # a tool's error quoting them
             result.content = binding.mask(result.content)
         if hiding and len(result.content) > limit:  # shown after all: capped now
             result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
@@ -566,10 +567,10 @@ class Executor:
                 arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
             except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", CallDecision.INVALID_ARGUMENTS)
-        binding = store.binding(call.id) if store is not None else None
         try:
             args = tool.validator.validate(arguments)
         except ArgumentError as exc:
+            binding = store.binding(call.id) if store is not None else None
             if binding is not None and binding.quotes_hidden:  # its details would quote the hidden values
                 refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
                 return self._error(call, f"invalid arguments for '{call.name}': with the hidden values put in ({refs}) "
@@ -723,12 +724,15 @@ class Executor:
             value, untrusted = value.value, value.untrusted
         elif type(value) is JobNote:  # job_status / job_wait: the job as the model now knows it
             untrusted, job, value = value.untrusted or None, value.job or None, value.text
-        try:
-            text = shape(value)
-        except Exception as exc:  # e.g. a model_dump() or __str__ that raises
-            return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
-                               CallDecision.FAILED)
+        if type(value) is str:  # shape(value), without its frame for the usual text
+            text = value
+        else:
+            try:
+                text = shape(value)
+            except Exception as exc:  # e.g. a model_dump() or __str__ that raises
+                return self._error(call, f"tool result could not be turned into text - {type(exc).__name__}: {exc}",
+                                   CallDecision.FAILED)
         limit = MAX_VALUE_CHARS if hiding else tool.max_result_chars or self.max_result_chars
-        content, handle = cap(text, limit, self.results, ctx.user)
+        content, handle = (text, None) if len(text) <= limit else cap(text, limit, self.results, ctx.user)
         return ToolResult(call.id, call.name, content, handle=handle, full_chars=len(text), untrusted=untrusted,
                           job=job)

@@ -25,7 +25,8 @@ def bind_data(store: ValueStore, tool: Tool, call_id: str, step: int, index: int
               arguments: dict[str, Any]) -> dict[str, Any]:
     """`store.bind` over the arguments that are not code; code arguments kept as written. Raises
     HandleInCode when one names a value of the run (and UnknownHandle as `bind` does)."""
-    code = [k for k in tool.declared.code_args if isinstance(arguments.get(k), str)]
+    code_args = tool.declared.code_args
+    code = [k for k in code_args if isinstance(arguments.get(k), str)] if code_args else None
     if not code:
         return store.bind(call_id, step, index, arguments)
     for name in code:

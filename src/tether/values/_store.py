@@ -125,6 +125,15 @@ class ValueStore:
         """The arguments with every handle replaced by its value; the binding is kept under `call_id`
         until `take`. Raises UnknownHandle for a handle (or a part) the run does not have."""
         binding = Binding(step, index, arguments)
+        for v in arguments.values():
+            if isinstance(v, str):
+                if "$v" in v:
+                    break
+            elif isinstance(v, (dict, list)):
+                break
+        else:  # no handle in any argument (`_sub` would return each as is): nothing to substitute
+            self.bindings[call_id] = binding
+            return arguments
         labels: list[Label] = []
         out = {k: self._sub(v, str(k), binding, labels) for k, v in arguments.items()}
         binding.label = join_all(labels)
