@@ -14,7 +14,7 @@ pytest.importorskip("Stemmer")
 from rag_fakes import BagEmbedder
 
 from tether.rag._dense import DenseRetriever, Rocchio
-from tether.rag._fusion import FusionRetriever, fuse, normalise, rrf_scores, smooth
+from tether.rag._fusion import FusionRetriever, fuse, normalise, peak_weight, rrf_scores, smooth
 from tether.rag._lexical import RM3, BM25Retriever
 from tether.rag._settings import BEST, best_retriever
 
@@ -106,8 +106,37 @@ def test_best_retriever_follows_its_settings():
 def test_shipped_settings_are_the_ones_the_bench_chose():
     results = Path(__file__).resolve().parents[1] / "bench" / "retrieval" / "results.json"
     report = json.loads(results.read_text())
-    assert report["best_settings"]["chosen"] == BEST.as_dict()
+    # the grid chose every setting but `peak`, tuned after it (bench/rag_encoder/tune.py)
+    assert report["best_settings"]["chosen"] == {k: v for k, v in BEST.as_dict().items() if k != "peak"}
+    tuned = json.loads((results.parents[1] / "rag_encoder" / "results.json").read_text())["tuning"]["pick"]
+    assert (tuned["settings"]["peak"], tuned["settings"]["weight"]) == (BEST.peak, BEST.weight)
     assert set(report["collections"]) >= {"cisi", "cacm", "med"}
     for rows in report["collections"].values():
         for name in ("tfidf", "bm25", "dense", "hybrid", "best"):
             assert set(rows[name]) >= {"ndcg@10", "recall@100", "map"}
+
+
+def test_a_query_whose_lexical_match_stands_out_leans_lexical():
+    # Passage 0 is the only one with the query's words; dense prefers passage 1, among several close ones.
+    lexical = np.array([9.0] + [0.0] * 11)
+    dense = np.array([0.6, 0.8, 0.78, 0.76] + [0.5] * 8)
+    fixed = FusionRetriever(None, DenseRetriever(BagEmbedder()), weight=0.3, neighbours=0)  # pyright: ignore[reportArgumentType]
+    tilted = FusionRetriever(None, DenseRetriever(BagEmbedder()), weight=0.3, neighbours=0, peak=0.5)  # pyright: ignore[reportArgumentType]
+    assert int(np.argmax(fixed.combine(lexical, dense))) == 1
+    assert int(np.argmax(tilted.combine(lexical, dense))) == 0
+    lex_z, den_z = normalise(lexical), normalise(dense)
+    w = peak_weight(lex_z, den_z, 0.3, 0.5)
+    assert 0.3 < float(w[0]) < 0.5
+    np.testing.assert_allclose(tilted.combine(lexical, dense), w * lex_z + (1 - w) * den_z, atol=1e-6)
+    # one row of a matrix is weighted as that query alone; power 0 keeps the fixed weight
+    rows = tilted.combine(np.stack([lexical, lexical[::-1]]), np.stack([dense, dense]))
+    np.testing.assert_allclose(rows[0], tilted.combine(lexical, dense), atol=1e-6)
+    assert peak_weight(lex_z, den_z, 0.3, 0.0) == pytest.approx(0.3)
+
+
+def test_a_query_matching_no_word_ranks_by_dense_alone():
+    tilted = FusionRetriever(None, DenseRetriever(BagEmbedder()), weight=0.3, neighbours=0, peak=0.5)  # pyright: ignore[reportArgumentType]
+    dense = np.array([0.1, 0.7, 0.3, 0.9, 0.2])
+    got = tilted.combine(np.zeros(5), dense)
+    assert list(np.argsort(-got)) == list(np.argsort(-dense))
+    assert float(peak_weight(np.zeros(5), normalise(dense), 0.3, 0.5)[0]) < 0.05

@@ -1,5 +1,5 @@
 """Combining retrievers: reciprocal rank fusion, and `best` (normalised-score fusion with
-neighbour smoothing).
+neighbour smoothing, weighted per query by how far each side's top passage stands out).
 
 The score functions work on the last axis, so the same code ranks one query (a vector) in a
 retriever and every query of a collection at once (a matrix) in bench/retrieval's tuning.
@@ -66,6 +66,16 @@ def fuse(lexical: np.ndarray, dense: np.ndarray, *, how: str = "sum", weight: fl
     raise InvalidInput(f"unknown fusion {how!r}; use one of: {', '.join(FUSIONS)}")
 
 
+def peak_weight(lexical: np.ndarray, dense: np.ndarray, weight: float, power: float) -> np.ndarray:
+    """The lexical share of a weighted sum, per query: `weight` tilted towards the side whose top
+    passage stands out more (its largest normalised score, `p`): w * pl^power / (w * pl^power +
+    (1 - w) * pd^power). A side with no signal (a constant row, e.g. no query term in any passage)
+    gets next to no share; `power=0` keeps `weight`. Shape: one value per row (keepdims)."""
+    pl = np.maximum(lexical.max(axis=-1, keepdims=True), 1e-3).astype(np.float64) ** power
+    pd = np.maximum(dense.max(axis=-1, keepdims=True), 1e-3).astype(np.float64) ** power
+    return (weight * pl / (weight * pl + (1.0 - weight) * pd)).astype(np.float32)
+
+
 class HybridRetriever:
     """Reciprocal rank fusion (k=60) of several retrievers (by default BM25 and dense)."""
 
@@ -91,7 +101,9 @@ class FusionRetriever:
 
     Each side: s'(d) = norm(norm(s)(d) + gain * mean(norm(s)(n) for n in the `neighbours` nearest
     passages of d)); then `weight * lex' + (1 - weight) * dense'` (`fusion="sum"`) or their RRF.
-    `neighbours=0` (or a store under `min_store` passages) skips the smoothing.
+    `neighbours=0` (or a store under `min_store` passages) skips the smoothing. With `peak` > 0 (a
+    weighted sum), the weight is set per query by `peak_weight`: a query whose best lexical match
+    stands out leans lexical, one whose words match nothing in particular leans dense.
     """
 
     name = "best"
@@ -108,13 +120,14 @@ class FusionRetriever:
         fusion: str = "sum",
         rrf_k: int = 60,
         min_store: int = 100,
+        peak: float = 0.0,
     ) -> None:
         if norm not in NORMS or fusion not in FUSIONS:
             raise InvalidInput(f"norm must be one of {NORMS} and fusion one of {FUSIONS}")
         self.lexical, self.dense = lexical, dense
         self.weight, self.neighbours, self.gain = weight, neighbours, gain
         self.norm, self.fusion, self.rrf_k = norm, fusion, rrf_k
-        self.min_store = min_store
+        self.min_store, self.peak = min_store, peak
         self.graph: np.ndarray | None = None
 
     def fit(self, texts: Sequence[str]) -> None:
@@ -136,6 +149,9 @@ class FusionRetriever:
         """Fused scores from raw lexical and dense scores (one query, or a matrix of queries)."""
         lex = smooth(lexical, self.graph, self.gain, self.norm)
         den = smooth(dense, self.graph, self.gain, self.norm)
+        if self.fusion == "sum" and self.peak and lex.shape[-1]:
+            w = peak_weight(lex, den, self.weight, self.peak)
+            return (w * lex + (1.0 - w) * den).astype(np.float32)
         return fuse(lex, den, how=self.fusion, weight=self.weight, rrf_k=self.rrf_k)
 
     def scores(self, query: str) -> np.ndarray:

@@ -4,7 +4,9 @@
 Rocchio, normalisation, fusion, weight, RRF k, neighbours, gain) on every development collection
 (CISI, CACM, MED) and picks the point with the best mean rank over the collections; the figures
 for a collection left out of that choice are in its results.json (`leave_one_collection_out`).
-The values below are that pick; a test checks they match the bench's results.json.
+The values below are that pick; a test checks they match the bench's results.json. `peak` (a
+per-query fusion weight) was tuned afterwards by `python -m bench.rag_encoder.tune` on dev data only
+(even queries of the three plus a venv-docstrings collection): it lost on the docstrings, so it is off.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class BestSettings:
     rrf_k: int = 60
     neighbours: int = 10
     gain: float = 1.0
+    peak: float = 0.0  # per-query weight: power of each side's top normalised score (0 = fixed weight)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -35,7 +38,7 @@ class BestSettings:
 
 # The procedure's pick over the 8,640-point grid (bench/retrieval/results.json, `best_settings`).
 BEST = BestSettings(k1=1.2, b=0.4, rm3=RM3(docs=10, terms=20, original=0.7, max_df=0.1), window=126,
-                    rocchio=None, norm="z", fusion="sum", weight=0.3, rrf_k=60, neighbours=10, gain=1.0)
+                    rocchio=None, norm="z", fusion="sum", weight=0.3, rrf_k=60, neighbours=10, gain=1.0, peak=0.0)
 
 
 def best_retriever(settings: BestSettings = BEST, embedder=None, *, dense=None, min_store: int = 100):
@@ -52,4 +55,4 @@ def best_retriever(settings: BestSettings = BEST, embedder=None, *, dense=None, 
     return FusionRetriever(
         BM25Retriever(settings.k1, settings.b, rm3=settings.rm3), dense, weight=settings.weight,
         neighbours=settings.neighbours, gain=settings.gain, norm=settings.norm, fusion=settings.fusion,
-        rrf_k=settings.rrf_k, min_store=min_store)
+        rrf_k=settings.rrf_k, min_store=min_store, peak=settings.peak)
