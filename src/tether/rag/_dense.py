@@ -185,6 +185,10 @@ class DenseRetriever:
         self._ptr = np.zeros(1, dtype=np.int64)  # windows of passage i: rows _ptr[i]:_ptr[i+1]
         self.ivf: Candidates | None = None
         self.progress: Callable[[int, int], None] | None = None  # called while `fit` embeds
+        # scores computed elsewhere (a PostgreSQL server with pgvector: tether.rag._pgvector): every
+        # position's for a query vector, and the top k (None: take them from every position's)
+        self.remote: Callable[[np.ndarray], np.ndarray] | None = None
+        self.remote_top: Callable[[np.ndarray, int], list[tuple[int, float]] | None] | None = None
 
     @property
     def windows_key(self) -> str:
@@ -289,6 +293,8 @@ class DenseRetriever:
 
     def _scored(self, qv: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Scores of all passages (rows None), or of the IVF candidate positions `rows`."""
+        if self.remote is not None:
+            return None, self.remote(qv)
         if self.ivf is None:
             out = np.asarray(self.stored @ qv, dtype=np.float32)
             rows, best = self._window_max(qv)
@@ -317,7 +323,10 @@ class DenseRetriever:
         return self.scores_for(self.query_vector(query))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
-        rows, part = self._scored(self.query_vector(query))
+        qv = self.query_vector(query)
+        if self.remote_top is not None and (found := self.remote_top(qv, k)) is not None:
+            return found
+        rows, part = self._scored(qv)
         if rows is None:
             return top_k(part, k)
         return [(int(rows[i]), s) for i, s in top_k(part, k)]
