@@ -21,7 +21,16 @@ pytest.importorskip("Stemmer")
 
 from rag_fakes import BagEmbedder
 from store_fixtures import fresh_postgres_database
-from test_rag_postgres_rows import TOLERANCE, QUERIES, SETTINGS, assert_same_ranking, change_files, corpus, top, write_file
+from test_rag_postgres_rows import (
+    QUERIES,
+    SETTINGS,
+    TOLERANCE,
+    assert_same_ranking,
+    change_files,
+    corpus,
+    top,
+    write_file,
+)
 
 from tether.rag import _pg_rows, _pgvector
 from tether.rag._index import Index
@@ -93,6 +102,7 @@ def test_pgvector_ranks_the_same_files_as_sqlite(tmp_path: Path, vec_url: str, r
         _pg_rows._CACHES.clear()  # another process, reading what the writer left
         with Index.open(vec_url + "#rank", embedder=BagEmbedder()) as reader:
             assert_same_ranking(reader, lite)
+            assert reader._rowcache.downloaded["vectors"] == 0  # none read: scored by the server  # type: ignore[attr-defined]
 
 
 def test_an_approximate_dense_search_by_hnsw_finds_the_exact_top(tmp_path: Path, vec_url: str,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tether._errors import InvalidInput, MissingDependency
+from tether._errors import InvalidInput, MissingDependency, OperationFailed
 from tether.rag import _pg_lexical, _pg_rows, _pgvector
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk
@@ -175,6 +175,7 @@ class PostgresIndex(Index):
         self._gone: list[tuple[str, bool]] = []  # a change's removed ids (and whether gone for good), until committed
         self._dead: tuple[str, dict[int, str]] | None = None  # generation, removed slot -> id, till its vectors are stored
         self._dense_server: _pgvector.ServerDense | None = None
+        self._on_server = False  # the built generation's dense scores come from the server (no vectors read)
         return db
 
     @property
@@ -470,18 +471,52 @@ class PostgresIndex(Index):
         self._dead = (gen, {s: cid for s, (cid, dead) in zip(dropped, self._gone, strict=True) if dead})
         self._gone = []
 
+    # -- dense search by the server (tether.rag._pgvector) -----------------------------------------
+
+    def _snapshot(self) -> tuple[np.ndarray, str, _Vectors | None]:
+        """As `Index._snapshot`; when the server holds this generation's vectors (pgvector) and the
+        store is below the ANN threshold, no vector is read: the dense retriever gets placeholders of
+        width 0 and its scores from the server (`_build`)."""
+        self._on_server = False
+        if self.pgvector.schema is None or not self.uses_vectors:
+            return super()._snapshot()
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            slots = self._live_slots()
+            gen = self._meta("generation") or "0"
+            m = self._metas("embedder", "vectors_windows", "vectors_generation", "pgvector")
+            if (m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key
+                    or m.get("vectors_generation") != gen or m.get("pgvector") != f"{self._vec_key()}@{gen}"
+                    or len(slots) > self.ann_threshold):  # (the HNSW file of a large store needs the vectors)
+                return slots, gen, self._load_vectors()  # (a writer without pgvector changed it: rows till the next change)
+            self._on_server = True
+            total = self._rowcache.order(self._db.conn, gen).total
+            return slots, gen, _Vectors(np.zeros((total, 0), dtype=np.float32), np.zeros((0, 0), dtype=np.float32),
+                                        np.zeros(0, dtype=np.int64))
+
+    def _neighbours(self, vectors: np.ndarray, k: int, live: np.ndarray) -> Neighbours | None:
+        """As `Index._neighbours`; for placeholder vectors (`_snapshot`) the stored graph, else the
+        vectors are read after all to build it."""
+        if vectors.shape[1] or not k:
+            return super()._neighbours(vectors, k, live)
+        state = self._load_neighbours(self._neighbours_key(self._built_generation or "0", False, k), vectors)
+        if state is not None and len(state.rows) == len(vectors):
+            return state
+        stored = self._load_vectors()
+        if stored is None:
+            raise OperationFailed(f"the vectors of {self.location} changed while it was read; search again")
+        return super()._neighbours(stored.vectors, k, live)
+
     def _build(self) -> Retriever:
         self._server = self._dense_server = None
         retriever = super()._build()
-        if self.pgvector.schema is None or self.vectors_pending or not self.uses_vectors:
+        if not self._on_server or self.vectors_pending:
             return retriever
         gen = self._built_generation or "0"
-        m = self._metas("pgvector", "vectors_generation")
-        if m.get("pgvector") != f"{self._vec_key()}@{gen}" or m.get("vectors_generation") != gen:
-            return retriever  # written by a process without pgvector: the rows path till the next change
         self._dense_server = _pgvector.ServerDense(self._db.conn, self._rowcache.order(self._db.conn, gen).ids, gen)
         for part in retriever_parts(retriever):
             if isinstance(part, DenseRetriever):
+                if part.rocchio is not None:  # (feedback moves the query by the passages' own vectors)
+                    raise OperationFailed("Rocchio feedback needs the vectors on the client")
                 part.remote, part.remote_top = self._dense_server.scores, self._dense_server.top
         return retriever
 
