@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-from rag_fakes import BagEmbedder
+from rag_fakes import BagEmbedder, rag_cli
 from store_fixtures import fresh_postgres_database
 from test_rag_postgres_rows import (
     QUERIES,
@@ -181,3 +181,17 @@ def test_a_user_who_cannot_create_pgvector_is_told_and_takes_the_rows_path(tmp_p
         with psycopg.connect(vec_url, autocommit=True) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')
             conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_ingest_says_where_dense_search_runs(tmp_path: Path, vec_url: str, plain_url: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cli = rag_cli(monkeypatch, tmp_path)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "refunds.md").write_text("# Refunds\nRefunds are issued within 30 days of delivery.\n")
+    on_server = cli("ingest", str(docs), "--index", vec_url + "#cli", "--retriever", "hybrid")
+    assert on_server.exit_code == 0, on_server.output
+    assert "dense search: on the server (pgvector 0." in " ".join(on_server.stderr.split())  # (lines are wrapped)
+    rows = cli("ingest", str(docs), "--index", plain_url + "#cli", "--retriever", "hybrid")
+    assert rows.exit_code == 0, rows.output
+    assert "dense search: vectors as rows, cached by each process (the server has no pgvector)" in " ".join(rows.stderr.split())
