@@ -107,14 +107,15 @@ def test_pgvector_ranks_the_same_files_as_sqlite(tmp_path: Path, vec_url: str, r
 
 def test_an_approximate_dense_search_by_hnsw_finds_the_exact_top(tmp_path: Path, vec_url: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above EXACT_BELOW passages a dense search takes its top from the HNSW index; on a small
-    store with ef_search 400 that is the exact top."""
+    """From EXACT_BELOW passages on the vectors have an HNSW index and a dense search takes its top
+    from it; on a small store with ef_search 400 that is the exact top."""
+    monkeypatch.setattr(_pgvector, "EXACT_BELOW", 10)
     docs = corpus(tmp_path)
     with Index(tmp_path / "ix", retriever="dense", embedder=BagEmbedder(), **SETTINGS) as lite, \
             Index.open(vec_url + "#ann", retriever="dense", embedder=BagEmbedder(), **SETTINGS) as pg:
         for idx in (lite, pg):
             idx.ingest(docs)
-        monkeypatch.setattr(_pgvector, "EXACT_BELOW", 10)
+        pg._db.execute("SET enable_seqscan = off")  # (the planner would scan a table this small)  # type: ignore[attr-defined]
         assert_same_ranking_up_to_ties(pg, lite)
         server = pg._dense_server  # type: ignore[attr-defined]
         assert server is not None and not server.exact and server.statements == len(QUERIES)
@@ -139,6 +140,7 @@ def test_a_one_file_change_writes_only_that_files_pgvector_rows(tmp_path: Path, 
         live = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}  # type: ignore[attr-defined]
         assert {k.rpartition(":")[0] for k in now} == live
         assert {k.rpartition(":")[0] for k, x in now.items() if rows.get(k) != x} == mine
+        assert not idx._db.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'chunk_vecs_hnsw'").fetchall()  # type: ignore[attr-defined]
 
 
 def test_a_server_without_pgvector_takes_the_rows_path(tmp_path: Path, plain_url: str) -> None:

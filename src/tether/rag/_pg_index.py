@@ -335,6 +335,7 @@ class PostgresIndex(Index):
         _pgvector.ensure_table(conn, self.embedder.dim)
         if was_key != key:
             conn.execute("DELETE FROM chunk_vecs")
+            _pgvector.drop_index(conn)  # (built again in bulk after the rows)
         if was_key != key or was_gen != m.get("vectors_generation", "0"):
             dead = None  # (kept up by another writer meanwhile, or never: find what went by the chunks)
         _pgvector.delete(conn, dead)
@@ -343,6 +344,7 @@ class PostgresIndex(Index):
         need = [(int(r), str(c)) for r, c in need if r < len(v.vectors)]
         _pgvector.write(conn, [c for _, c in need], np.asarray(v.vectors, dtype=np.float32)[[r for r, _ in need]],
                         [np.asarray(v.windows[ptr[r] : ptr[r + 1]], dtype=np.float32) for r, _ in need])
+        _pgvector.index_if_large(conn, len(self._live_slots()))
 
     def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
         """The graph stored for `key`, per slot (its generation's chunk order must be known to this
