@@ -57,7 +57,8 @@ def probe(conn: Any) -> Support:
                        "ON n.oid = e.extnamespace WHERE e.extname = 'vector'").fetchone()
     if got is None:  # (dropped meanwhile)
         return Support(None, "", "dense search: vectors as rows, cached by each process (pgvector is gone)")
-    return Support(str(got[0]), str(got[1]), f"dense search: on the server (pgvector {got[1]}, HNSW)")
+    return Support(str(got[0]), str(got[1]), f"dense search: on the server (pgvector {got[1]}: exact below "
+                                             f"{EXACT_BELOW:,} passages, HNSW from there)")
 
 
 def schema_sql(dim: int) -> str:
