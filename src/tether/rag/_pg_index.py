@@ -10,7 +10,9 @@ swapped: the connection, the locks (PostgreSQL advisory locks, exclusive for wri
 readers, as the flock files are), where vectors and the neighbour graph live (rows, a change writing
 only its own), a process's copy of them (read once, then only the rows it has not seen), and BM25
 (on the server, one statement per search). It ranks as a SQLite index of the same documents. Only
-the HNSW graph of a store above the ANN threshold is still a file (a `files` row).
+the HNSW graph of a store above the ANN threshold is still a file (a `files` row). On a server with
+pgvector (detected at open) the vectors are also `vector` rows and the dense scores are computed by
+the server (tether.rag._pgvector): a process that only searches reads no vectors.
 """
 
 from __future__ import annotations

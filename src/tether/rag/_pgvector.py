@@ -52,7 +52,7 @@ def probe(conn: Any) -> Support:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return Support(None, "", f"dense search: vectors as rows, cached by each process (the server has "
                                      f"pgvector {row[0]} but this user cannot create it: {reason}; "
-                                     f"CREATE EXTENSION vector as its owner turns it on)")
+                                     f"CREATE EXTENSION vector by a superuser in this database turns it on)")
     got = conn.execute("SELECT n.nspname, e.extversion FROM pg_extension e JOIN pg_namespace n "
                        "ON n.oid = e.extnamespace WHERE e.extname = 'vector'").fetchone()
     if got is None:  # (dropped meanwhile)
