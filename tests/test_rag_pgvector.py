@@ -25,6 +25,7 @@ from test_rag_postgres_rows import (
     QUERIES,
     SETTINGS,
     TOLERANCE,
+    Counting,
     assert_same_ranking,
     change_files,
     corpus,
@@ -197,3 +198,42 @@ def test_ingest_says_where_dense_search_runs(tmp_path: Path, vec_url: str, plain
     rows = cli("ingest", str(docs), "--index", plain_url + "#cli", "--retriever", "hybrid")
     assert rows.exit_code == 0, rows.output
     assert "dense search: vectors as rows, cached by each process (the server has no pgvector)" in " ".join(rows.stderr.split())
+
+
+@pytest.mark.parametrize(("retriever", "statements"), [("dense", 1), ("best", 2)])
+def test_a_search_of_a_read_generation_is_one_dense_statement(tmp_path: Path, vec_url: str, retriever: str,
+                                                              statements: int) -> None:
+    """BM25's statement (tether.rag._pg_lexical) and one for the dense scores; a reader reads no vectors."""
+    docs = corpus(tmp_path)
+    with Index.open(vec_url + "#trips", retriever=retriever, embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        idx.search(QUERIES[0], 5)  # (the writer builds and stores the neighbour graph)
+    _pg_rows._CACHES.clear()
+    with Index.open(vec_url + "#trips", embedder=BagEmbedder()) as idx:
+        counting = Counting(idx._db.conn)  # type: ignore[attr-defined]
+        idx._db.conn = counting  # type: ignore[attr-defined]
+        for q in QUERIES[:2]:  # reads the generation (and, `dense` on its first search by the server, the texts)
+            idx.search(q, 5)
+        for q in QUERIES[2:]:
+            before = counting.statements
+            assert idx.search(q, 5)
+            assert counting.statements - before == statements, q
+        assert idx._rowcache.downloaded["vectors"] == 0  # type: ignore[attr-defined]
+
+
+def test_a_dense_reader_sees_another_writers_change(tmp_path: Path, vec_url: str) -> None:
+    """The dense statement says the generation it saw: a reader that has built an older one reads
+    the new one and asks again (no other statement of its search would notice)."""
+    docs = corpus(tmp_path)
+    url = vec_url + "#seen"
+    with Index.open(url, retriever="dense", embedder=BagEmbedder(), **SETTINGS) as writer:
+        writer.ingest(docs)
+    _pg_rows._CACHES.clear()
+    with Index.open(url, embedder=BagEmbedder()) as reader:
+        for q in QUERIES[:2]:
+            reader.search(q, 5)
+        with Index.open(url, embedder=BagEmbedder()) as writer:
+            writer.add_text("animals", "zebra quokka narwhal")
+            new_id = writer.search("zebra quokka narwhal", 1)[0].id
+        assert reader.search("zebra quokka narwhal", 1)[0].id == new_id
+        assert _server_searched(reader) > 0

@@ -537,13 +537,14 @@ class PostgresIndex(Index):
         part.remote = self._server.scores
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
-        """As `Index.search`; a search whose BM25 the server computes is one statement (it also
-        says the index's generation: a newer one is read, and the search asked again)."""
+        """As `Index.search`; a search whose BM25 the server computes is one statement, and one more
+        for dense scores by pgvector (each says the index's generation: a newer one is read, and the
+        search asked again)."""
         if not query.strip():
             raise InvalidInput("query must not be empty")
         with self._lock:
             retriever = self._retriever
-            if retriever is None or self._server is None or self.vectors_pending:
+            if retriever is None or (self._server is None and self._dense_server is None) or self.vectors_pending:
                 try:
                     return super().search(query, k)
                 except _pgvector.Stale:  # the vectors moved on between the check and the statement

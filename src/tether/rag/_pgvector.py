@@ -6,7 +6,8 @@ With it, each passage's whole-text vector and its windows' are also rows of `chu
 vec vector(384))` (part 0 the passage's vector, 1.. its windows), written in the transaction that
 swaps a change's vectors in. The dense scores of a search are then one statement: the server
 computes each passage's best inner product over its rows (MaxP, as DenseRetriever does) for the
-query vector the client embedded, and returns them with the generation its vectors are of. Below
+query vector the client embedded, and returns them with the generation it saw (a search of an
+older one is asked again once the client has read the new one). Below
 `EXACT_BELOW` passages a search scans every row (exact: the ranks are SQLite's, up to float32
 rounding in another order of summation). From `EXACT_BELOW` passages on the table has an HNSW index
 on inner product (built in bulk when the store reaches that size: inserted row by row it made a
@@ -118,7 +119,9 @@ def delete(conn: Any, ids: Sequence[str] | None) -> None:
         conn.execute("DELETE FROM chunk_vecs WHERE id = ANY(%s)", (list(ids),))
 
 
-_GENERATION = "SELECT NULL::text, (SELECT value FROM meta WHERE key = 'vectors_generation')::float8"
+# the generation the statement saw, -1 while its vectors are not all stored yet
+_GENERATION = ("SELECT NULL::text, (SELECT CASE WHEN g.value = v.value THEN g.value::float8 ELSE -1 END FROM meta g "
+               "JOIN meta v ON g.key = 'generation' AND v.key = 'vectors_generation')")
 _EXACT = f"""{_GENERATION}
 UNION ALL SELECT id, max(-(vec <#> %(q)s::vector))::float8 FROM chunk_vecs GROUP BY id"""
 # an approximate top: the HNSW index's nearest rows (iterated past the first ef_search when the
