@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tether._errors import InvalidInput
+from tether._errors import InvalidInput, OperationFailed
 from tether.rag._ann import Candidates, IVFIndex
 from tether.rag._base import top_k
 from tether.rag._encoder import Embedder, MiniLMEncoder
@@ -335,6 +335,8 @@ class DenseRetriever:
 def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 256, ivf: Candidates | None = None) -> np.ndarray:
     """Each vector's `k` nearest other vectors by cosine, as an (n, k) array of row numbers."""
     n = len(vectors)
+    if n and not vectors.shape[1]:  # (placeholders: a PostgreSQL server with pgvector holds them)
+        raise OperationFailed("no neighbour graph from vectors of width 0: the vectors are on the server")
     k = min(k, max(n - 1, 0))
     out = np.zeros((n, k), dtype=np.int32)
     if k == 0:
