@@ -237,3 +237,16 @@ def test_a_dense_reader_sees_another_writers_change(tmp_path: Path, vec_url: str
             new_id = writer.search("zebra quokka narwhal", 1)[0].id
         assert reader.search("zebra quokka narwhal", 1)[0].id == new_id
         assert _server_searched(reader) > 0
+
+
+def test_above_the_ann_threshold_dense_scores_still_come_from_the_server(tmp_path: Path, vec_url: str) -> None:
+    """Above the ANN threshold a process reads the vectors (the neighbour graph's HNSW file needs
+    them), and the server still scores: exactly, as SQLite's IVF does on a store this small."""
+    docs = corpus(tmp_path)
+    with Index(tmp_path / "ix", retriever="best", embedder=BagEmbedder(), ann_threshold=20, **SETTINGS) as lite, \
+            Index.open(vec_url + "#large", retriever="best", embedder=BagEmbedder(), ann_threshold=20,
+                       **SETTINGS) as pg:
+        for idx in (lite, pg):
+            idx.ingest(docs)
+        assert_same_ranking(pg, lite)
+        assert _server_searched(pg) >= len(QUERIES)

@@ -478,9 +478,9 @@ class PostgresIndex(Index):
     # -- dense search by the server (tether.rag._pgvector) -----------------------------------------
 
     def _snapshot(self) -> tuple[np.ndarray, str, _Vectors | None]:
-        """As `Index._snapshot`; when the server holds this generation's vectors (pgvector) and the
-        store is below the ANN threshold, no vector is read: the dense retriever gets placeholders of
-        width 0 and its scores from the server (`_build`)."""
+        """As `Index._snapshot`; when the server holds this generation's vectors (pgvector) the dense
+        retriever gets its scores from the server (`_build`), and below the ANN threshold no vector
+        is read: it gets placeholders of width 0 (above it the neighbour graph's HNSW file needs them)."""
         self._on_server = False
         if self.pgvector.schema is None or not self.uses_vectors:
             return super()._snapshot()
@@ -489,10 +489,11 @@ class PostgresIndex(Index):
             gen = self._meta("generation") or "0"
             m = self._metas("embedder", "vectors_windows", "vectors_generation", "pgvector")
             if (m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key
-                    or m.get("vectors_generation") != gen or m.get("pgvector") != f"{self._vec_key()}@{gen}"
-                    or len(slots) > self.ann_threshold):  # (the HNSW file of a large store needs the vectors)
+                    or m.get("vectors_generation") != gen or m.get("pgvector") != f"{self._vec_key()}@{gen}"):
                 return slots, gen, self._load_vectors()  # (a writer without pgvector changed it: rows till the next change)
             self._on_server = True
+            if len(slots) > self.ann_threshold:
+                return slots, gen, self._load_vectors()
             total = self._rowcache.order(self._db.conn, gen).total
             return slots, gen, _Vectors(np.zeros((total, 0), dtype=np.float32), np.zeros((0, 0), dtype=np.float32),
                                         np.zeros(0, dtype=np.int64))
