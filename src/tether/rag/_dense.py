@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tether._errors import InvalidInput
+from tether._errors import InvalidInput, OperationFailed
 from tether.rag._ann import Candidates, IVFIndex
 from tether.rag._base import top_k
 from tether.rag._encoder import Embedder, MiniLMEncoder
@@ -185,6 +185,10 @@ class DenseRetriever:
         self._ptr = np.zeros(1, dtype=np.int64)  # windows of passage i: rows _ptr[i]:_ptr[i+1]
         self.ivf: Candidates | None = None
         self.progress: Callable[[int, int], None] | None = None  # called while `fit` embeds
+        # scores computed elsewhere (a PostgreSQL server with pgvector: tether.rag._pgvector): every
+        # position's for a query vector, and the top k (None: take them from every position's)
+        self.remote: Callable[[np.ndarray], np.ndarray] | None = None
+        self.remote_top: Callable[[np.ndarray, int], list[tuple[int, float]] | None] | None = None
 
     @property
     def windows_key(self) -> str:
@@ -289,6 +293,8 @@ class DenseRetriever:
 
     def _scored(self, qv: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Scores of all passages (rows None), or of the IVF candidate positions `rows`."""
+        if self.remote is not None:
+            return None, self.remote(qv)
         if self.ivf is None:
             out = np.asarray(self.stored @ qv, dtype=np.float32)
             rows, best = self._window_max(qv)
@@ -317,7 +323,10 @@ class DenseRetriever:
         return self.scores_for(self.query_vector(query))
 
     def search(self, query: str, k: int = 10) -> list[tuple[int, float]]:
-        rows, part = self._scored(self.query_vector(query))
+        qv = self.query_vector(query)
+        if self.remote_top is not None and (found := self.remote_top(qv, k)) is not None:
+            return found
+        rows, part = self._scored(qv)
         if rows is None:
             return top_k(part, k)
         return [(int(rows[i]), s) for i, s in top_k(part, k)]
@@ -326,6 +335,8 @@ class DenseRetriever:
 def knn_graph(vectors: np.ndarray, k: int = 10, *, block: int = 256, ivf: Candidates | None = None) -> np.ndarray:
     """Each vector's `k` nearest other vectors by cosine, as an (n, k) array of row numbers."""
     n = len(vectors)
+    if n and not vectors.shape[1]:  # (placeholders: a PostgreSQL server with pgvector holds them)
+        raise OperationFailed("no neighbour graph from vectors of width 0: the vectors are on the server")
     k = min(k, max(n - 1, 0))
     out = np.zeros((n, k), dtype=np.int32)
     if k == 0:

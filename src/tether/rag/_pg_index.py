@@ -10,7 +10,9 @@ swapped: the connection, the locks (PostgreSQL advisory locks, exclusive for wri
 readers, as the flock files are), where vectors and the neighbour graph live (rows, a change writing
 only its own), a process's copy of them (read once, then only the rows it has not seen), and BM25
 (on the server, one statement per search). It ranks as a SQLite index of the same documents. Only
-the HNSW graph of a store above the ANN threshold is still a file (a `files` row).
+the HNSW graph of a store above the ANN threshold is still a file (a `files` row). On a server with
+pgvector (detected at open) the vectors are also `vector` rows and the dense scores are computed by
+the server (tether.rag._pgvector): a process that only searches reads no vectors.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from tether._errors import InvalidInput, MissingDependency
-from tether.rag import _pg_lexical, _pg_rows
+from tether._errors import InvalidInput, MissingDependency, OperationFailed
+from tether.rag import _pg_lexical, _pg_rows, _pgvector
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk
-from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix, _Vectors
+from tether.rag._dense import DenseRetriever
+from tether.rag._index import _SCHEMA, BACKENDS, Index, _like_prefix, _Vectors, retriever_parts
 from tether.rag._lexical import BM25Retriever
 from tether.rag._neighbours import HNSW, Neighbours
 
@@ -153,7 +156,9 @@ class PostgresIndex(Index):
             self._made_db = conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
                                          (self._schema,)).fetchone() is None
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)))
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema)))
+            self.pgvector = _pgvector.probe(conn)
+            path = [self._schema] + ([self.pgvector.schema] if self.pgvector.schema else [])
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.SQL(", ").join(map(sql.Identifier, path))))
             db.executescript(_SCHEMA)
             db.executescript(_pg_lexical.SCHEMA)
             db.executescript(_pg_rows.SCHEMA)
@@ -171,7 +176,14 @@ class PostgresIndex(Index):
         self._next_order: tuple[str, _pg_rows.Order] | None = None  # a change's chunk order, until committed
         self._gone: list[tuple[str, bool]] = []  # a change's removed ids (and whether gone for good), until committed
         self._dead: tuple[str, dict[int, str]] | None = None  # generation, removed slot -> id, till its vectors are stored
+        self._dense_server: _pgvector.ServerDense | None = None
+        self._on_server = False  # the built generation's dense scores come from the server (no vectors read)
         return db
+
+    @property
+    def dense_path(self) -> str:
+        """Where this index's dense search runs, in one line (the ingest's first lines, `tether doctor`)."""
+        return self.pgvector.note
 
     def close(self) -> None:
         super().close()
@@ -293,11 +305,15 @@ class PostgresIndex(Index):
         vectors, windows = np.asarray(v.vectors, dtype=np.float32), np.asarray(v.windows, dtype=np.float32)
         _pg_rows.copy_rows(conn, "chunk_vectors", "id, vec, windows",
                            [(c, vectors[r].tobytes(), windows[ptr[r] : ptr[r + 1]].tobytes()) for r, c in need])
-        if self._dead is not None and self._dead[0] == (self._meta("generation") or "0"):
-            conn.execute("DELETE FROM chunk_vectors WHERE id = ANY(%s)", (list(self._dead[1].values()),))
-        else:  # (a stopped change's, a compaction: no list of what went)
+        dead = list(self._dead[1].values()) if self._dead is not None and self._dead[0] == (
+            self._meta("generation") or "0") else None  # (None: a stopped change's, a compaction: no list of what went)
+        if dead is not None:
+            conn.execute("DELETE FROM chunk_vectors WHERE id = ANY(%s)", (dead,))
+        else:
             conn.execute("DELETE FROM chunk_vectors v WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.id = v.id)")
         self._dead = None
+        if self.pgvector.schema is not None:
+            self._switch_server_vectors(v, ptr, dead)
         with self._rowcache.lock:
             self._rowcache.use_key(self._vec_key(), self.embedder.dim)
             for r, c in need:
@@ -306,6 +322,31 @@ class PostgresIndex(Index):
             self._drop_files(prefix)
         self._db.execute("DELETE FROM meta WHERE key = 'vectors_epoch'")
         self._vector_meta(len(v.vectors), len(v.windows), generation)
+        if self.pgvector.schema is not None:
+            self._set_meta("pgvector", f"{self._vec_key()}@{generation}")
+
+    def _switch_server_vectors(self, v: _Vectors, ptr: np.ndarray, dead: list[str] | None) -> None:
+        """Bring `chunk_vecs` (pgvector) to the vectors `v` per slot, in the transaction that swaps
+        them in: the rows of chunks that have none written, those of removed chunks deleted; all of
+        them again when they were of another embedder or window scheme or a writer without pgvector
+        changed the index since (the meta `pgvector` names the vectors key and generation they are of)."""
+        conn = self._db.conn
+        key = self._vec_key()
+        m = self._metas("pgvector", "vectors_generation")
+        was_key, _, was_gen = m.get("pgvector", "").rpartition("@")
+        _pgvector.ensure_table(conn, self.embedder.dim)
+        if was_key != key:
+            conn.execute("DELETE FROM chunk_vecs")
+            _pgvector.drop_index(conn)  # (built again in bulk after the rows)
+        if was_key != key or was_gen != m.get("vectors_generation", "0"):
+            dead = None  # (kept up by another writer meanwhile, or never: find what went by the chunks)
+        _pgvector.delete(conn, dead)
+        need = conn.execute("SELECT c.row, c.id FROM chunks c WHERE NOT EXISTS "
+                            "(SELECT 1 FROM chunk_vecs v WHERE v.id = c.id AND v.part = 0)").fetchall()
+        need = [(int(r), str(c)) for r, c in need if r < len(v.vectors)]
+        _pgvector.write(conn, [c for _, c in need], np.asarray(v.vectors, dtype=np.float32)[[r for r, _ in need]],
+                        [np.asarray(v.windows[ptr[r] : ptr[r + 1]], dtype=np.float32) for r, _ in need])
+        _pgvector.index_if_large(conn, len(self._live_slots()))
 
     def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
         """The graph stored for `key`, per slot (its generation's chunk order must be known to this
@@ -434,9 +475,55 @@ class PostgresIndex(Index):
         self._dead = (gen, {s: cid for s, (cid, dead) in zip(dropped, self._gone, strict=True) if dead})
         self._gone = []
 
+    # -- dense search by the server (tether.rag._pgvector) -----------------------------------------
+
+    def _snapshot(self) -> tuple[np.ndarray, str, _Vectors | None]:
+        """As `Index._snapshot`; when the server holds this generation's vectors (pgvector) the dense
+        retriever gets its scores from the server (`_build`), and below the ANN threshold no vector
+        is read: it gets placeholders of width 0 (above it the neighbour graph's HNSW file needs them)."""
+        self._on_server = False
+        if self.pgvector.schema is None or not self.uses_vectors:
+            return super()._snapshot()
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            slots = self._live_slots()
+            gen = self._meta("generation") or "0"
+            m = self._metas("embedder", "vectors_windows", "vectors_generation", "pgvector")
+            if (m.get("embedder") != self.embedder.name or m.get("vectors_windows") != self._dense().windows_key
+                    or m.get("vectors_generation") != gen or m.get("pgvector") != f"{self._vec_key()}@{gen}"):
+                return slots, gen, self._load_vectors()  # (a writer without pgvector changed it: rows till the next change)
+            self._on_server = True
+            if len(slots) > self.ann_threshold:
+                return slots, gen, self._load_vectors()
+            total = self._rowcache.order(self._db.conn, gen).total
+            return slots, gen, _Vectors(np.zeros((total, 0), dtype=np.float32), np.zeros((0, 0), dtype=np.float32),
+                                        np.zeros(0, dtype=np.int64))
+
+    def _neighbours(self, vectors: np.ndarray, k: int, live: np.ndarray) -> Neighbours | None:
+        """As `Index._neighbours`; for placeholder vectors (`_snapshot`) the stored graph, else the
+        vectors are read after all to build it."""
+        if vectors.shape[1] or not k:
+            return super()._neighbours(vectors, k, live)
+        state = self._load_neighbours(self._neighbours_key(self._built_generation or "0", False, k), vectors)
+        if state is not None and len(state.rows) == len(vectors):
+            return state
+        stored = self._load_vectors()
+        if stored is None:
+            raise OperationFailed(f"the vectors of {self.location} changed while it was read; search again")
+        return super()._neighbours(stored.vectors, k, live)
+
     def _build(self) -> Retriever:
-        self._server = None
-        return super()._build()
+        self._server = self._dense_server = None
+        retriever = super()._build()
+        if not self._on_server or self.vectors_pending:
+            return retriever
+        gen = self._built_generation or "0"
+        self._dense_server = _pgvector.ServerDense(self._db.conn, self._rowcache.order(self._db.conn, gen).ids, gen)
+        for part in retriever_parts(retriever):
+            if isinstance(part, DenseRetriever):
+                if part.rocchio is not None:  # (feedback moves the query by the passages' own vectors)
+                    raise OperationFailed("Rocchio feedback needs the vectors on the client")
+                part.remote, part.remote_top = self._dense_server.scores, self._dense_server.top
+        return retriever
 
     def _fit_lexical(self, part: Retriever, texts: list[str]) -> None:
         if not isinstance(part, BM25Retriever) or not part.stem:
@@ -451,17 +538,22 @@ class PostgresIndex(Index):
         part.remote = self._server.scores
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
-        """As `Index.search`; a search whose BM25 the server computes is one statement (it also
-        says the index's generation: a newer one is read, and the search asked again)."""
+        """As `Index.search`; a search whose BM25 the server computes is one statement, and one more
+        for dense scores by pgvector (each says the index's generation: a newer one is read, and the
+        search asked again)."""
         if not query.strip():
             raise InvalidInput("query must not be empty")
         with self._lock:
             retriever = self._retriever
-            if retriever is None or self._server is None or self.vectors_pending:
-                return super().search(query, k)
+            if retriever is None or (self._server is None and self._dense_server is None) or self.vectors_pending:
+                try:
+                    return super().search(query, k)
+                except _pgvector.Stale:  # the vectors moved on between the check and the statement
+                    self._retriever = None
+                    return super().search(query, k)
             try:
                 found = retriever.search(query, k)
-            except _pg_lexical._Stale:
+            except (_pg_lexical._Stale, _pgvector.Stale):
                 self._retriever = None
                 return super().search(query, k)
             return [Hit(pos, score, c.id, c.source, c.heading, c.text)
