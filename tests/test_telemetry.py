@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed (pip install 'tether[otel]')")
 
@@ -200,7 +201,7 @@ def test_the_cli_exports_to_the_otlp_endpoint_in_the_environment(tmp_path: Path)
                        TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}",
                        OTEL_SERVICE_NAME="tether-test")
             done = subprocess.run([sys.executable, "-m", "tether.cli", "--tools", "calculator", "-p", "17 * 23?"],
-                                  env=env, capture_output=True, text=True, timeout=120)
+                                  env=env, capture_output=True, text=True, timeout=HANG)
     finally:
         collector.shutdown()
     assert done.returncode == 0 and done.stdout == "391\n", done.stderr
@@ -317,13 +318,13 @@ def test_a_durable_run_resumed_by_another_process_continues_its_trace(tmp_path: 
     try:
         service.start()
         auth = service.key("alice")
-        task = httpx.post(f"{service.url}/v1/tasks", json={"prompt": "charge", "agent": "billing"}, headers=auth).json()
+        task = httpx.post(f"{service.url}/v1/tasks", json={"prompt": "charge", "agent": "billing"}, headers=auth, timeout=HANG).json()
         run_id = task["task_id"]
         wait_status(service, auth, run_id, "awaiting_approval")
         service.stop()
         service.start()
         done = httpx.post(f"{service.url}/v1/tasks/{run_id}/confirm", json={"call_id": "c1", "approved": True},
-                          headers=auth)
+                          headers=auth, timeout=HANG)
         assert done.status_code == 200, done.text
         wait_status(service, auth, run_id, "completed")
         service.stop()
@@ -454,14 +455,14 @@ def test_a_dead_collector_does_not_hold_the_exit(tmp_path: Path, collector: str)
                        TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
             began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "Say hi."], env=env, capture_output=True,
-                                  text=True, timeout=120)
+                                  text=True, timeout=HANG)
             took = time.monotonic() - began
             # the same run without telemetry, just after: what start-up and the run cost on this machine now
             # (a loaded machine stretches both alike; the bound is on what the dead collector adds)
             plain = {k: v for k, v in env.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"}
             began = time.monotonic()
             subprocess.run([sys.executable, "-m", "tether.cli", "-p", "Say hi."], env=plain, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=HANG)
             baseline = time.monotonic() - began
     finally:
         if server is not None:
