@@ -1,5 +1,7 @@
 """Test-wide settings: under CI=true the property tests draw the same examples every run (a red CI
-must mean a change broke something, not that a new random example turned up); locally they explore."""
+must mean a change broke something, not that a new random example turned up); locally they explore.
+Either way no property test races a clock: no per-example deadline and no health check on how long
+examples take to draw (a loaded machine makes both slow; what the tests check is what comes out)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ except ImportError:  # hypothesis is in the dev extra
     settings = None
 
 if settings is not None:
-    settings.register_profile("ci", derandomize=True, print_blob=True)
-    if os.environ.get("CI") == "true":
-        settings.load_profile("ci")
+    from hypothesis import HealthCheck
+
+    untimed = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+    settings.register_profile("untimed", **untimed)
+    settings.register_profile("ci", derandomize=True, print_blob=True, **untimed)
+    settings.load_profile("ci" if os.environ.get("CI") == "true" else "untimed")
 
 
 # ----- what a test needs from the machine ------------------------------------------------------------

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from hang import HANG
+
 from tether import Agent, AllowAll, ToolContext, tool
 from tether._types import ModelReply, ModelRequest, ToolCall
 from tether.models._scripted import ScriptedModel
@@ -22,7 +24,7 @@ def build(ledger: Path, durable: object) -> object:
         """Query a service's metrics (slow)."""
         with open(ledger, "a", encoding="utf-8") as fh:
             fh.write(f"ran {ctx.idempotency_key}\n")
-        ctx.cancel_event.wait(120)  # the first process is killed here
+        ctx.cancel_event.wait(HANG)  # the first process is killed here
         return "p99 250 ms"
 
     def script(request: ModelRequest) -> ModelReply:

@@ -36,7 +36,7 @@ def _once(ledger: Path, line: str, key: str) -> None:
         fh.write(f"{key}\n")
     if os.environ.get("TETHER_TEST_STALL") == key and not ledger.with_name("stalled").exists():
         ledger.with_name("stalled").write_text(key)  # the test kills the worker here, once
-        time.sleep(120)
+        time.sleep(1200)  # outlasts the test's hang bound (tests/hang.py): only the kill ends it
     lines = ledger.read_text().splitlines() if ledger.exists() else []
     if not any(x.endswith(" " + key) for x in lines):
         with ledger.open("a") as fh:

@@ -8,9 +8,11 @@ import select
 import time
 from pathlib import Path
 
+from hang import HANG
+
 
 def on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], answers: dict[bytes, bytes],
-                   timeout: float = 120) -> bytes:
+                   timeout: float = HANG) -> bytes:
     """Run `argv` on a pseudo-terminal; each time a key of `answers` appears (again), type its value."""
     pid, fd = pty.fork()
     if pid == 0:  # the child

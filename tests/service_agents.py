@@ -15,6 +15,7 @@ from tether.policy import Capabilities, Capability, SafetyPolicy
 from tether.tools._base import ToolContext
 
 LEDGER = Path(os.environ.get("TETHER_TEST_LEDGER", "/tmp/tether-ledger.txt"))
+RELEASE = LEDGER.with_name(LEDGER.name + ".release")  # a first try of -1 s lasts until the test makes it
 
 
 def _turn(request: ModelRequest) -> int:
@@ -77,14 +78,18 @@ def effect(seconds: float, context: ToolContext) -> str:
     `done KEY` once). Sync, so it runs in a thread that a stopping process cannot cancel.
 
     Args:
-        seconds: how long the first try takes
+        seconds: how long the first try takes (-1: until the test creates RELEASE)
     """
     key = context.idempotency_key
     lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
     retry = f"start {key}" in lines
     with LEDGER.open("a") as fh:
         fh.write(f"start {key}\n")
-    time.sleep(0.2 if retry else seconds)
+    if seconds < 0 and not retry:  # in flight for as long as the test needs, whatever the machine's load
+        while not RELEASE.exists():
+            time.sleep(0.05)
+    else:
+        time.sleep(0.2 if retry else seconds)
     if f"done {key}" not in LEDGER.read_text().splitlines():
         with LEDGER.open("a") as fh:
             fh.write(f"done {key}\n")

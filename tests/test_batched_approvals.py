@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang import HANG
 
 from tether import Agent, Limits, StopReason
 from tether._types import RunState
@@ -204,7 +205,7 @@ def test_service_lists_the_batch_and_one_confirm_answers_it(tmp_path: Path) -> N
         assert len({p["batch"] for p in pending}) == 1 and pending[0]["batch"]
         assert pending[0]["batch_summary"] == 'charge(amount=10); charge(amount=20); charge(amount=30)'
         ok = httpx.post(f"{svc.url}/v1/tasks/{task}/confirm", json={"call_id": "p0", "approved": True, "batch": True},
-                        headers=alice, timeout=30)
+                        headers=alice, timeout=HANG)
         assert ok.status_code == 200, ok.text
         # max_approvals=1: the group was one question, so all three ran
         body = wait_status(svc, alice, task, "completed", "stopped")

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether._types import Effect
 from tether.tools._base import Tool
@@ -43,7 +44,7 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-async def wait_dead(pid: int, within: float = 30.0) -> bool:
+async def wait_dead(pid: int, within: float = HANG) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not alive(pid):
@@ -66,7 +67,7 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-async def none_left(marker: str, within: float = 30.0) -> bool:  # generous: a busy machine reaps slowly
+async def none_left(marker: str, within: float = HANG) -> bool:  # only a hang: a busy machine reaps slowly
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not processes_with(marker):
@@ -185,9 +186,9 @@ async def test_bash_does_not_hand_secrets_to_commands(tmp_path: Path, monkeypatc
     monkeypatch.setenv("TETHER_DB", "postgres://app:hunter2@db/x")
     monkeypatch.setenv("TETHER_PLAIN_SETTING", "visible")
     probe = "echo key=${OPENROUTER_API_KEY:-none} db=${TETHER_DB:-none} plain=${TETHER_PLAIN_SETTING:-none}"
-    bash = shell_tool(tmp_path, timeout=10, sandbox=box)
+    bash = shell_tool(tmp_path, timeout=HANG, sandbox=box)
     assert await bash.fn(command=probe) == "key=none db=none plain=none\n"  # an allowlist: named or absent
-    bash = shell_tool(tmp_path, timeout=10, sandbox=box, pass_env=["TETHER_PLAIN_SETTING"])
+    bash = shell_tool(tmp_path, timeout=HANG, sandbox=box, pass_env=["TETHER_PLAIN_SETTING"])
     assert await bash.fn(command=probe) == "key=none db=none plain=visible\n"
 
 
@@ -197,16 +198,16 @@ async def test_timeout_kills_every_process_of_the_command(tmp_path: Path, box: S
     started = time.monotonic()
     with pytest.raises(CommandTimeout) as info:
         await run(bash, f"echo started; sleep {marker} & sleep {marker} | cat & wait")
-    assert time.monotonic() - started < 10  # returned, not after the long sleep
+    assert time.monotonic() - started < HANG  # returned, not after the long sleep (hours: the marker)
     assert "timed out after 1 s" in str(info.value) and "started" in str(info.value)
     assert await none_left(marker), "a child of the command survived the timeout"
 
 
 async def test_cancellation_kills_every_process_of_the_command(tmp_path: Path, box: Sandbox) -> None:
-    bash = shell_tool(tmp_path, timeout=60, sandbox=box)
+    bash = shell_tool(tmp_path, timeout=HANG, sandbox=box)
     marker = f"31{os.getpid() % 1000}.{time.time_ns() % 10**6}"
     task = asyncio.create_task(run(bash, f"sleep {marker} & echo started > c.txt; wait"))
-    for _ in range(200):
+    for _ in range(int(HANG / 0.05)):
         if (tmp_path / "c.txt").exists() and processes_with(marker):
             break
         await asyncio.sleep(0.05)
@@ -221,16 +222,16 @@ async def test_cancellation_kills_every_process_of_the_command(tmp_path: Path, b
 
 
 async def test_unconfined_background_children_holding_output_are_stopped(tmp_path: Path) -> None:
-    bash = shell_tool(tmp_path, timeout=20, sandbox=Unconfined())
+    bash = shell_tool(tmp_path, timeout=HANG, sandbox=Unconfined())
     started = time.monotonic()
-    out = await run(bash, "sleep 30 & echo $! > bg.pid; echo done")
-    assert time.monotonic() - started < 10
+    out = await run(bash, f"sleep {2 * HANG:g} & echo $! > bg.pid; echo done")
+    assert time.monotonic() - started < HANG  # returned, not after the child's sleep
     assert out.startswith("done\n[background processes still holding the output were stopped")
     assert await wait_dead(int((tmp_path / "bg.pid").read_text()))
 
 
 async def test_unconfined_background_children_with_redirected_output_keep_running(tmp_path: Path) -> None:
-    bash = shell_tool(tmp_path, timeout=20, sandbox=Unconfined())
+    bash = shell_tool(tmp_path, timeout=HANG, sandbox=Unconfined())
     out = await run(bash, "sleep 30 > /dev/null 2>&1 & echo $! > bg.pid; echo ok")
     assert out == "ok\n"
     pid = int((tmp_path / "bg.pid").read_text())
@@ -258,7 +259,7 @@ async def test_a_secret_outside_the_workspace_cannot_be_read(workspace: Path, tm
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_rsa").write_text("PRIVATE-KEY-IN-HOME\n")
     monkeypatch.setenv("HOME", str(home))
-    bash = shell_tool(workspace, timeout=10, sandbox=Bubblewrap(workspace))
+    bash = shell_tool(workspace, timeout=HANG, sandbox=Bubblewrap(workspace))
     out = await run(bash, f"cat {tmp_path}/secret.txt {home}/.ssh/id_rsa ~/.ssh/id_rsa; ls -a {tmp_path}")
     assert "TOP-SECRET" not in out and "PRIVATE-KEY" not in out
     assert "No such file or directory" in out
@@ -273,7 +274,7 @@ async def test_a_secret_outside_the_workspace_cannot_be_read(workspace: Path, tm
 async def test_the_parents_environment_is_not_visible_through_proc(workspace: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TETHER_PROBE_API_KEY", "sk-parent-secret-4242")
-    bash = shell_tool(workspace, timeout=10)  # the default sandbox, as the CLI builds it
+    bash = shell_tool(workspace, timeout=HANG)  # the default sandbox, as the CLI builds it
     out = await run(bash, "echo ppid=$PPID; cat /proc/$PPID/environ /proc/1/environ | tr '\\0' '\\n'; ls /proc")
     assert "sk-parent-secret-4242" not in out
     assert "ppid=1" in out  # its own PID namespace: the parent is the sandbox's init
@@ -311,10 +312,10 @@ def host_server() -> Iterator[int]:
 async def test_no_network_unless_allowed(workspace: Path, host_server: int) -> None:
     probe = (f"python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', {host_server}), 3); "
              f"print(s.recv(20).decode().strip())\" 2>&1 | tail -1; tail -n +3 /proc/net/dev | cut -d: -f1")
-    out = await run(shell_tool(workspace, timeout=20, sandbox=Bubblewrap(workspace)), probe)
+    out = await run(shell_tool(workspace, timeout=HANG, sandbox=Bubblewrap(workspace)), probe)
     assert "reached" not in out and "Connection refused" in out
     assert out.split()[-1] == "lo"  # loopback only
-    allowed = await run(shell_tool(workspace, timeout=20, sandbox=Bubblewrap(workspace, allow_net=True)), probe)
+    allowed = await run(shell_tool(workspace, timeout=HANG, sandbox=Bubblewrap(workspace, allow_net=True)), probe)
     assert "reached" in allowed
 
 
@@ -324,7 +325,7 @@ async def test_writes_outside_the_workspace_fail(workspace: Path, tmp_path: Path
     marker = f"tether-sandbox-probe-{os.getpid()}"
     git = workspace / ".git" / "hooks"
     git.mkdir(parents=True)
-    bash = shell_tool(workspace, timeout=10, sandbox=Bubblewrap(workspace))
+    bash = shell_tool(workspace, timeout=HANG, sandbox=Bubblewrap(workspace))
     out = await run(bash, f"touch {here}/{marker}; touch /etc/{marker}; echo x > {tmp_path}/{marker}; "
                           f"echo evil > .git/hooks/pre-commit; echo ok > inside.txt; cat inside.txt")
     # each of the three writes fails: read-only, or not there at all (a checkout under /tmp sits under the

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need_bubblewrap
+from hang import HANG
 from test_builtin_shell import for_the_sandbox_user, none_left
 
 from tether import Agent, AllowAll, CancelToken, RunResult, StopReason, ToolContext, tool
@@ -25,8 +26,6 @@ from tether.models._scripted import ScriptedModel, call
 from tether.tools import Executor, Tool, run_process
 from tether.tools._sandbox import Bubblewrap, Sandbox, Unconfined
 from tether.tools.builtin import shell_tool
-
-HANG = 60  # only catches a hang: every wait below ends on an event long before
 
 
 def agent_for(tools: list[Tool], replies: list, **executor: float) -> Agent:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from test_cli import openrouter_env, tether
 
 MAIL_TOOL = '''
@@ -29,7 +30,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[dict, list[str]]:
     script = [chat_completion(None, [tool_call("read_mail", {"id": 1})]), chat_completion("read it")]
     with FakeOpenAIServer(script) as server:
         proc = tether(["--tools", "mailtool:read_mail", *extra, "-p", "Read mail 1."], cwd=tmp_path,
-                      env=openrouter_env(server), timeout=60)
+                      env=openrouter_env(server), timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     second = server.requests[1].body
     tool_msg = next(m for m in second["messages"] if m["role"] == "tool")
@@ -50,9 +51,9 @@ def test_show_outputs_is_the_visible_mode(tmp_path: Path) -> None:
 
 
 def test_show_outputs_is_in_help_and_refused_with_plan(tmp_path: Path) -> None:
-    helped = tether(["run", "--help"], cwd=tmp_path, env=openrouter_env_stub(), timeout=60)
+    helped = tether(["run", "--help"], cwd=tmp_path, env=openrouter_env_stub(), timeout=HANG)
     assert "--show-outputs" in helped.stdout
-    proc = tether(["--plan", "--show-outputs", "-p", "x"], cwd=tmp_path, env=openrouter_env_stub(), timeout=60)
+    proc = tether(["--plan", "--show-outputs", "-p", "x"], cwd=tmp_path, env=openrouter_env_stub(), timeout=HANG)
     assert proc.returncode == 2 and "--show-outputs does not apply to plan mode" in proc.stderr, proc.stderr
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion
+from hang import HANG
 from test_cli import clean_env, openrouter_env, tether
 
 PLAN = '''```python
@@ -78,17 +79,17 @@ def test_a_durable_plan_parks_on_its_question_and_finishes_after_tether_approve(
     with FakeOpenAIServer(script) as server:
         env = openrouter_env(server)
         run = tether(["run", "--plan", "--durable", "--db", db, "Write the file the note names."], cwd=tmp_path,
-                     env=env, timeout=180)
+                     env=env, timeout=HANG)
         assert run.returncode == 4, run.stderr
         assert "is parked: Write(" in run.stderr and "tether approve" in run.stderr, run.stderr
         run_id = run.stderr.split("is parked")[0].split()[-1]
         call_id = run.stderr.split(f"tether approve {run_id} ")[1].split()[0]
         assert not (tmp_path / "out.txt").exists()
-        approved = tether(["approve", run_id, call_id, "--db", db], cwd=tmp_path, env=env, timeout=120)
+        approved = tether(["approve", run_id, call_id, "--db", db], cwd=tmp_path, env=env, timeout=HANG)
         assert approved.returncode == 0, approved.stderr
-        resumed = tether(["resume", run_id, "--db", db], cwd=tmp_path, env=env, timeout=180)
+        resumed = tether(["resume", run_id, "--db", db], cwd=tmp_path, env=env, timeout=HANG)
         assert resumed.returncode == 0 and resumed.stdout == "Wrote out.txt\n", resumed.stderr
-        shown = tether(["runs", run_id, "--db", db], cwd=tmp_path, env=env, timeout=120)
+        shown = tether(["runs", run_id, "--db", db], cwd=tmp_path, env=env, timeout=HANG)
         assert "completed" in shown.stdout, shown.stdout
     assert (tmp_path / "out.txt").read_text() == "done"
     assert len(server.requests) == 2  # the planner and the reader, once each: the resumed run replayed them

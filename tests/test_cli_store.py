@@ -122,7 +122,7 @@ def test_the_console_shows_cli_runs_to_the_user_of_the_login_name(tmp_path: Path
     svc.start()
     try:
         key = svc.key(getpass.getuser())["Authorization"].removeprefix("Bearer ")
-        client = httpx.Client(base_url=svc.url, timeout=30)
+        client = httpx.Client(base_url=svc.url, timeout=HANG)
         token = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
         assert token
         assert client.post("/login", data={"csrf": token.group(1), "key": key}).status_code == 303

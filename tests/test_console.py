@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("dbos")
@@ -42,7 +43,7 @@ def api_key(service: Service, user: str) -> str:
 
 def login(service: Service, key: str) -> httpx.Client:
     """A client holding a console session, logged in through the form as a browser does."""
-    client = httpx.Client(base_url=service.url, timeout=30)
+    client = httpx.Client(base_url=service.url, timeout=HANG)
     form = client.get("/login")
     token = re.search(r'name="csrf" value="([^"]+)"', form.text)
     assert form.status_code == 200 and token
@@ -64,7 +65,7 @@ def start(client: httpx.Client, agent: str, prompt: str) -> str:
 
 
 def pieces(client: httpx.Client, run_id: str, last_id: str | None = None, until: str | None = None,
-           timeout: float = 30) -> list[tuple[str, str, str]]:
+           timeout: float = HANG) -> list[tuple[str, str, str]]:
     """(id, event name, data) of the live stream's events, up to the one whose data holds `until`
     (to the `end` event without)."""
     out: list[tuple[str, str, str]] = []
@@ -100,7 +101,7 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
 
 def test_login_needs_a_valid_key_and_the_forms_token(service: Service) -> None:
     key = api_key(service, "alice")
-    anonymous = httpx.Client(base_url=service.url)
+    anonymous = httpx.Client(base_url=service.url, timeout=HANG)
     assert anonymous.get("/runs").headers["location"] == "/login"  # no session: to the login form
     assert anonymous.get("/").headers["location"] == "/login"
     form = anonymous.get("/login")
@@ -143,7 +144,7 @@ def test_a_session_ends_at_logout_and_when_its_key_is_revoked(service: Service) 
     cookie = client.cookies.get("tether_session")
     out = client.post("/logout", data={"csrf": csrf_of(client)})
     assert out.status_code == 303 and out.headers["location"] == "/login"
-    replay = httpx.Client(base_url=service.url, cookies={"tether_session": cookie})
+    replay = httpx.Client(base_url=service.url, cookies={"tether_session": cookie}, timeout=HANG)
     assert replay.get("/runs").headers["location"] == "/login"  # the old cookie opens nothing
     client = login(service, key)
     assert client.get("/runs").status_code == 200
@@ -219,7 +220,7 @@ def test_runs_list_filters_and_pages_and_usage_adds_up(service: Service) -> None
     assert usage.status_code == 200 and "<svg" in usage.text
     row = re.search(r"<tr><td>add</td><td class=\"num\">(\d+)</td>", usage.text)
     assert row and int(row.group(1)) == 27
-    api = httpx.get(f"{service.url}/v1/tasks/{ids[0]}", headers={"Authorization": f"Bearer {key}"}).json()
+    api = httpx.get(f"{service.url}/v1/tasks/{ids[0]}", headers={"Authorization": f"Bearer {key}"}, timeout=HANG).json()
     assert api["usage"]["model_calls"] == 2 and api["usage"]["tool_calls"] == 1  # one add, then the answer
 
 
@@ -331,7 +332,7 @@ def test_the_runs_list_shows_a_running_runs_spend_and_reloads_itself(service: Se
     assert 'hx-sse:connect="/runs/rows/live"' in listing  # its rows come over SSE
     rows = client.get("/runs/rows")
     assert rows.status_code == 200 and rows.text.startswith('<tbody id="runs-rows"') and run_id in rows.text
-    with client.stream("GET", "/runs/rows/live", timeout=60) as live:
+    with client.stream("GET", "/runs/rows/live", timeout=HANG) as live:
         assert live.status_code == 200 and live.headers["content-type"].startswith("text/event-stream")
         events = sse_data(live.iter_lines())
         assert run_id in next(events)  # the table at once

@@ -178,7 +178,7 @@ def test_the_timeline_catches_up_after_the_connection_drops(service: Service, ta
                 "htmx:error: Failed to fetch")
     tab.errors = [e for e in tab.errors if not any(x in e for x in expected)]
     httpx = pytest.importorskip("httpx")
-    httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"})
+    httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"}, timeout=HANG)
 
 
 def test_another_users_run_is_not_reachable(browser: Any, service: Service, tab: Tab) -> None:
@@ -221,7 +221,7 @@ def test_the_runs_list_follows_a_run_to_its_end_without_a_reload(service: Servic
     page.evaluate("window.__same_page = 1")
     status = page.locator(f'tr[data-run="{run_id}"] .status')
     assert status.inner_text() == "awaiting_approval"
-    httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"})
+    httpx.post(f"{service.url}/v1/tasks/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"}, timeout=HANG)
     sync_api.expect(status).to_have_text("cancelled", timeout=HANG_MS)
     assert page.evaluate("window.__same_page") == 1  # the rows changed in place
     assert page.request.get(service.url + "/favicon.ico").status == 200

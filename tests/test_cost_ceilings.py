@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion
+from hang import HANG
 
 from tether import Agent, Limits, StopReason, tool
 from tether._tokens import counter_for, message_tokens, tools_tokens
@@ -135,7 +136,7 @@ def test_a_provider_reported_cost_above_the_table_is_charged() -> None:
 
 def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=HANG)
 
 
 def test_the_cli_refuses_max_cost_over_an_unpriced_model_as_a_usage_error(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang import HANG
 
 from tether.durable._control import ControlError, decide
 from tether.store._sql import RunStore
@@ -65,7 +66,7 @@ def test_approve_and_deny_at_once_exactly_one_wins(tmp_path: Path, round_: int) 
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(HANG)
     winners = [o for o in outcomes if not o.startswith("error")]
     assert len(winners) == 1, outcomes
     assert len(inbox.sent) == 1 and inbox.sent[0]["approved"] == (winners[0] == "approved")

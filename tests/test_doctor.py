@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hang import HANG
 from typer.testing import CliRunner
 
 from tether.cli._app import app
@@ -47,11 +48,11 @@ def test_a_configured_database_that_cannot_open_is_broken_and_its_password_is_no
 
 def test_the_real_command_exits_by_what_is_broken(tmp_path: Path) -> None:
     tether = Path(sys.executable).with_name("tether")
-    ok = subprocess.run([str(tether), "doctor"], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    ok = subprocess.run([str(tether), "doctor"], env=_env(tmp_path), capture_output=True, text=True, timeout=HANG)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "nothing configured is broken" in ok.stdout
     bad = subprocess.run([str(tether), "doctor"], env=_env(tmp_path, OPENAI_BASE_URL="https://api.example.com/v1"),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG)
     assert bad.returncode == 1 and "BROKEN" in bad.stdout, bad.stdout + bad.stderr
 
 
@@ -77,7 +78,7 @@ def test_a_corrupt_run_store_is_broken_and_the_runs_commands_say_so_in_one_line(
     tether = Path(sys.executable).with_name("tether")
     for args in (["runs"], ["runs", "stats"]):
         done = subprocess.run([str(tether), *args, "--db", str(db)], env=_env(tmp_path), capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=HANG)
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr == f"tether: cannot read the run database {db}: DatabaseError: database disk image is " \
                               "malformed (`tether doctor` checks it)\n", (args, done.stderr)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("dbos")
 
@@ -92,7 +93,7 @@ def _spawn(scenario: str, db: str, ledger: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.STDOUT)
 
 
-def _wait_pending(db: str, run_id: str, to: str, timeout: float = 90) -> dict:
+def _wait_pending(db: str, run_id: str, to: str, timeout: float = HANG) -> dict:
     store = RunStore(db)
     try:
         end = time.monotonic() + timeout
@@ -115,7 +116,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 def _tether(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG)
 
 
 def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_path):
@@ -139,7 +140,7 @@ def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_
         assert ledger.read_text().count("pay:") == 1
         denied = _tether("approve", "pay1", attack["call_id"], "--deny", "--reason", "not on the invoice", "--db", db)
         assert denied.returncode == 0, denied.stderr
-        out, _ = fresh.communicate(timeout=120)
+        out, _ = fresh.communicate(timeout=HANG)
     finally:
         _kill(fresh)
     assert fresh.returncode == 0, out.decode()
@@ -153,7 +154,7 @@ def test_an_approval_waits_across_processes_and_the_approved_call_runs_once(tmp_
 def _wait_second_child_call(worker: subprocess.Popen[bytes], models: Path) -> None:
     """Until the team worker's sub-agent is inside its second model call (held there until the test
     creates the `.release` file, so a busy machine cannot let it finish before the kill or cancel)."""
-    end = time.monotonic() + 90
+    end = time.monotonic() + HANG
     while "child:2" not in (models.read_text() if models.exists() else ""):
         assert time.monotonic() < end and worker.poll() is None, "the child never reached its second model call"
         time.sleep(0.05)
@@ -176,7 +177,7 @@ def test_a_sub_agent_killed_mid_run_goes_on_from_its_last_step(tmp_path):
     ledger.with_name(ledger.stem + ".release").touch()
     fresh = _spawn("team", db, ledger)
     try:
-        out, _ = fresh.communicate(timeout=120)
+        out, _ = fresh.communicate(timeout=HANG)
     finally:
         _kill(fresh)
     assert fresh.returncode == 0, out.decode()
@@ -205,7 +206,7 @@ def test_a_call_in_flight_at_a_kill_is_charged_so_the_bill_stays_under_the_ceili
     bill = tmp_path / "ledger.bill.txt"
     first = _spawn("billed", db, ledger)
     try:
-        end = time.monotonic() + 90
+        end = time.monotonic() + HANG
         while "child:2\t" not in (bill.read_text() if bill.exists() else ""):
             assert time.monotonic() < end and first.poll() is None, "the child never reached its second model call"
             time.sleep(0.05)
@@ -214,7 +215,7 @@ def test_a_call_in_flight_at_a_kill_is_charged_so_the_bill_stays_under_the_ceili
     ledger.with_name(ledger.stem + ".release").touch()
     fresh = _spawn("billed", db, ledger)
     try:
-        out, _ = fresh.communicate(timeout=120)
+        out, _ = fresh.communicate(timeout=HANG)
     finally:
         _kill(fresh)
     assert b"team done" in out, out.decode()  # the parent answers, at its budget stop or before
@@ -242,7 +243,7 @@ def test_cancel_from_another_process_ends_a_parked_run(tmp_path):
         _wait_pending(db, "pay1", "alice-iban")
         res = _tether("cancel", "pay1", "--db", db)
         assert res.returncode == 0, res.stderr
-        out, _ = worker.communicate(timeout=60)
+        out, _ = worker.communicate(timeout=HANG)
     finally:
         _kill(worker)
     assert b"cancelled" in out
@@ -262,7 +263,7 @@ def test_cancelling_a_run_cancels_its_running_sub_agent(tmp_path):
         _wait_second_child_call(worker, models)
         res = _tether("cancel", "team1", "--db", db)
         assert res.returncode == 0, res.stderr
-        out, _ = worker.communicate(timeout=60)
+        out, _ = worker.communicate(timeout=HANG)
     finally:
         _kill(worker)
     assert b"cancelled" in out, out.decode()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("dbos")
 
@@ -26,7 +27,7 @@ def env_for(server: FakeOpenAIServer, home: Path) -> dict[str, str]:
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG)
 
 
 def test_a_durable_cli_run_is_stored_listed_and_resumable(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import sqlalchemy.exc
+from hang import HANG
 
 from tether.cli._durable_cmd import error_line
 
@@ -27,6 +28,6 @@ def test_a_corrupt_database_is_one_line_through_the_real_cli(tmp_path: Path) -> 
     bad.write_text("this is not a database at all, just text padding padding padding")
     tether = Path(sys.executable).with_name("tether")
     proc = subprocess.run([str(tether), "--tools", "calculator", "run", "--durable", "--db", str(bad), "2+2?"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == ["tether: durable run failed: DatabaseError: file is not a database"]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("dbos")
 
@@ -34,7 +35,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.communicate()
 
 
-def _until(what: str, check, proc: subprocess.Popen[bytes], timeout: float = 120):
+def _until(what: str, check, proc: subprocess.Popen[bytes], timeout: float = HANG):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if (got := check()):
@@ -65,11 +66,11 @@ def test_a_plan_killed_in_its_loop_and_while_parked_finishes_once(tmp_path: Path
     assert pending["tool"] == "transfer" and pending["arguments"] == {"to": "savings", "amount": 100}
     approve = subprocess.run([sys.executable, "-m", "tether", "approve", "plan1", pending["call_id"], "--db", db],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True,
-                             text=True, timeout=120)
+                             text=True, timeout=HANG)
     assert approve.returncode == 0, approve.stderr
 
     third = _spawn(db, ledger)
-    out, _ = third.communicate(timeout=180)
+    out, _ = third.communicate(timeout=HANG)
     assert third.returncode == 0, out.decode()
     assert "completed: paid 3, transfer done" in out.decode()
     assert ledger.read_text().splitlines() == [

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, Reply, chat_completion, tool_call
+from hang import HANG
 
 from tether import Agent, Limits, StopReason, tool
 from tether.models._openai_compat import OpenAICompatModel
@@ -118,7 +119,7 @@ def test_repeated_sync_runs_leave_nothing_to_close_on_a_closed_loop(tmp_path) ->
         "    agent = Agent(OpenAICompatModel('gpt-4o-mini', base_url=s.base_url, api_key='k'))\n"
         "    print([agent.run('x').answer for _ in range(3)])\n"
         "    import gc; gc.collect()\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=HANG)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['hi', 'hi', 'hi']"
     assert out.stderr == "", out.stderr

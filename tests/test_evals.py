@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether import Agent, tool
 from tether.evals import Cassette, SuiteError, load_suite, run_suite
@@ -198,7 +199,7 @@ def test_cli_eval_replays_reports_and_compares(tmp_path: Path) -> None:
     shutil.copytree(OPS.parent, suite_dir, ignore=shutil.ignore_patterns("__pycache__"))
     cmd = [sys.executable, "-m", "tether.cli", "eval", str(suite_dir / "suite.toml"), "--json", str(tmp_path / "a.json"),
            "--html", str(tmp_path / "a.html")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr + done.stdout
     assert "ops-assistant" in done.stdout and "total" in done.stdout
     html = (tmp_path / "a.html").read_text()
@@ -207,10 +208,10 @@ def test_cli_eval_replays_reports_and_compares(tmp_path: Path) -> None:
     old["scenarios"][0]["success"] = False
     (tmp_path / "old.json").write_text(json.dumps(old))
     again = subprocess.run([*cmd[:5], "--only", old["scenarios"][0]["id"], "--compare", str(tmp_path / "old.json")],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=HANG)
     assert again.returncode == 0 and f"fixed {old['scenarios'][0]['id']}" in again.stdout
     missing = subprocess.run([sys.executable, "-m", "tether.cli", "eval", str(tmp_path / "none.toml")],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=HANG)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "cannot read suite" in missing.stderr
 
 
@@ -247,7 +248,7 @@ def test_a_stored_run_exports_as_a_cassette_that_replays(tmp_path: Path) -> None
     store.close()
     out = tmp_path / "r1.json"
     done = subprocess.run([sys.executable, "-m", "tether.cli", "export-cassette", "r1", "--db", str(db), "-o", str(out)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
     player = CassettePlayer(Cassette.load(out))
 
@@ -266,7 +267,7 @@ def test_a_stored_run_exports_as_a_cassette_that_replays(tmp_path: Path) -> None
     assert [m.content for m in again.messages if m.role == "tool"] == [m.content for m in first.messages
                                                                         if m.role == "tool"]
     missing = subprocess.run([sys.executable, "-m", "tether.cli", "export-cassette", "nope", "--db", str(db), "-o",
-                              str(out)], capture_output=True, text=True, timeout=120)
+                              str(out)], capture_output=True, text=True, timeout=HANG)
     assert missing.returncode == 2 and "no finished run 'nope'" in missing.stderr
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import pytest
+from hang import HANG
 
 from tether import BasePolicy, ToolContext, tool
 from tether._types import Effect, ToolCall
@@ -226,13 +227,13 @@ def test_a_result_that_cannot_be_shaped_is_an_error_result():
     assert "RuntimeError: no text for you" in result.content
 
 
-@tool(timeout=5)
+@tool(timeout=HANG)
 async def instant(x: int) -> int:
     """Returns without suspending."""
     return x + 1
 
 
-@tool(timeout=5)
+@tool(timeout=HANG)
 async def suspends(x: int) -> int:
     """Suspends twice, then returns."""
     await asyncio.sleep(0)
@@ -240,13 +241,13 @@ async def suspends(x: int) -> int:
     return x + 2
 
 
-@tool(timeout=5)
+@tool(timeout=HANG)
 async def fails_at_once(x: int) -> int:
     """Raises in its first step."""
     raise KeyError(x)
 
 
-@tool(timeout=5)
+@tool(timeout=HANG)
 async def fails_later(x: int) -> int:
     """Raises after suspending."""
     await asyncio.sleep(0)
@@ -288,7 +289,7 @@ def test_an_async_tool_failing_before_or_after_suspending_is_an_error_result(nam
 def test_a_suspended_async_tool_is_cancelled_through_the_executor():
     state: dict[str, bool] = {}
 
-    @tool(timeout=5)
+    @tool(timeout=HANG)
     async def waits(x: int) -> int:
         """Waits until cancelled."""
         try:
@@ -332,10 +333,10 @@ async def test_timed_out_sync_tools_do_not_take_the_next_calls_workers():
     @tool(timeout=0.2)
     def stuck(n: int) -> str:
         """Blocks until released."""
-        release.wait(60)
+        release.wait(HANG)
         return "late"
 
-    @tool(timeout=5)
+    @tool(timeout=HANG)
     def quick() -> str:
         """Answers at once."""
         return "quick"

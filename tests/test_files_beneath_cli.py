@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 
 from tether.tools._sandbox import probe_bubblewrap
 
@@ -58,7 +59,7 @@ def test_a_swapping_bash_and_parallel_file_calls_in_one_turn(tmp_path: Path) -> 
         # link (without it they are denied, and the run stops at its approval budget after 5)
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "tidy up", "--workspace", str(ws),
                                "--max-seconds", "120", "--yes"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=180)
+                              capture_output=True, text=True, timeout=HANG)
         bodies = [r.body for r in server.requests]
     assert proc.returncode == 0, proc.stderr
     results = {m.get("tool_call_id"): m.get("content", "") for m in bodies[1]["messages"] if m["role"] == "tool"}
@@ -87,7 +88,7 @@ def test_the_sandbox_through_the_cli_never_root_git_read_only_environment_by_all
         env.update(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=server.base_url)
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "check the build", "--workspace", str(ws),
                                "--env", "KEEP_ME", "--apply"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert (ws / "uid.txt").read_text().strip() != "0"
     assert (ws / "shadow.txt").read_text() == ""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,6 @@ from tether.tools.builtin import file_tools
 from tether.tools.builtin._files import grep_tool, read_tool
 from tether.tools.builtin._regex import compile_pattern
 
-HANG = 60  # seconds: only a hang gets near this
 EVIL_LINE = "a" * 40 + "!"  # 41 characters: ^(a+)+$ backtracks 2**40 times in Python's re
 SPARSE_BYTES = 1_500_000_000
 MEMORY_CEILING = 300 << 20

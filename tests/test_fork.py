@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether._errors import InvalidInput
 from tether._types import Message, RunState, ToolCall
@@ -58,7 +59,7 @@ def _env(server: FakeOpenAIServer, home: Path) -> dict[str, str]:
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG)
 
 
 SCRIPT = [chat_completion(None, [tool_call("Read", {"file_path": f"{n}.txt"}, id=f"call_{n}")]) for n in (1, 2, 3)]

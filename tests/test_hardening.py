@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, RecordedRequest, Reply, chat_completion, tool_call
+from hang import HANG
 from trickle_server import Trickler
 
 from tether.tools._sandbox import probe_bubblewrap
@@ -37,7 +38,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def tether(args: list[str], *, cwd: Path, env: dict[str, str], stdin: str | None = None,
-           timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+           timeout: float = HANG) -> subprocess.CompletedProcess[bytes]:
     """The real command; stdout and stderr as bytes, so escape sequences are seen as they are."""
     return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=cwd, env=env,
                           input=stdin.encode() if stdin is not None else None, capture_output=True, timeout=timeout)
@@ -190,7 +191,7 @@ def test_anthropic_final_call_sends_the_tools_with_choice_none(tmp_path: Path) -
 
 @pytest.mark.parametrize("silent", [False, True], ids=["trickling", "silent"])
 def test_a_trickling_or_silent_endpoint_is_abandoned_at_the_model_deadline(tmp_path: Path, silent: bool) -> None:
-    # The server never finishes: without a total deadline this would only end at the 60 s guard below.
+    # The server never finishes: without a total deadline this would only end at the hang guard (HANG).
     with Trickler(silent=silent) as server:
         proc = tether(["-p", "hi", "--tools", "none", "--model-timeout", "1.5"], cwd=tmp_path,
                       env=clean_env(OPENROUTER_API_KEY="k", OPENROUTER_BASE_URL=server.base_url))
@@ -274,7 +275,7 @@ def test_bad_limits_in_the_environment(tmp_path: Path) -> None:
 def test_non_utf8_prompt_on_stdin(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "-", "--tools", "none"], cwd=tmp_path,
                           env=clean_env(OPENROUTER_API_KEY="k", OPENROUTER_BASE_URL="http://127.0.0.1:9/v1"),
-                          input=b"\xff\xfe bad", capture_output=True, timeout=60)
+                          input=b"\xff\xfe bad", capture_output=True, timeout=HANG)
     assert "UTF-8" in one_clear_line(proc)
 
 
@@ -285,7 +286,7 @@ def test_ctrl_c_while_waiting_for_the_prompt(tmp_path: Path) -> None:
     try:
         time.sleep(2.0)  # let it reach the stdin read (a signal earlier just ends it sooner)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -303,7 +304,7 @@ def test_a_closed_stdout_is_not_a_traceback(tmp_path: Path) -> None:
         proc.stdout.read(10)
         proc.stdout.close()  # `| head -c 10`
         err = proc.stderr.read()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG)
     assert b"Traceback" not in err and b"Exception ignored" not in err
 
 
@@ -313,7 +314,7 @@ def test_your_program_sh_without_a_venv_says_how_to_set_up(tmp_path: Path) -> No
         pytest.skip("the system python3 has tether's dependencies, so the script can run without a venv")
     shutil.copy(REPO / "your_program.sh", tmp_path / "your_program.sh")  # a checkout with no .venv
     proc = subprocess.run([str(tmp_path / "your_program.sh"), "-p", "hi"], cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, timeout=60)
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, timeout=HANG)
     err = proc.stderr.decode()
     assert proc.returncode == 1 and proc.stdout == b""
     assert err.count("\n") == 1 and "Traceback" not in err and "venv" in err
@@ -352,20 +353,22 @@ def test_the_spinner_stops_while_an_approval_is_asked() -> None:
     assert seen == [True, True]
 
 
-def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("module", ["tether.cli._app", "tether.telemetry._otel"])
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path, module: str) -> None:
     """A Ctrl-C delivered while the command's modules import (deterministically: an import hook raises
-    SIGINT when tether.cli._app starts importing) ends with exit 130 and one line, no traceback."""
+    SIGINT when `module` starts importing: the command's own modules, or telemetry's, set up after the
+    command's main has taken Ctrl-C back) ends with exit 130 and one line, no traceback."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
         "import signal, sys\n"
         "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'tether.cli._app':\n"
+        f"        if name == {module!r}:\n"
         "            signal.raise_signal(signal.SIGINT)\n"
         "        return None\n"
         "sys.meta_path.insert(0, Interrupt())\n")
     for argv in ([sys.executable, "-P", "-m", "tether.cli", "--version"], [sys.executable, "-P", "-m", "tether", "--version"]):
-        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(PYTHONPATH=f"{hook}:{REPO / 'src'}"),
-                              capture_output=True, text=True, timeout=120)
+        env = clean_env(PYTHONPATH=f"{hook}:{REPO / 'src'}", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG)
         assert (done.returncode, done.stderr) == (130, "tether: interrupted\n"), (argv, done.stderr)

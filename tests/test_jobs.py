@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether import Agent, AllowAll, CancelToken, Limits, StopReason, ToolContext, tool
 from tether._types import Message, ModelReply, ModelRequest, RunState, ToolCall, ToolResult
@@ -23,7 +24,6 @@ from tether.models._scripted import ScriptedModel, _as_reply, call
 from tether.tools import Executor, Tool
 from tether.tools._jobs import Jobs
 
-HANG = 60  # only catches a hang: every wait below ends on an event long before
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -258,7 +258,7 @@ def test_a_durable_run_killed_while_its_job_runs_does_not_run_the_job_twice(tmp_
 
     first = spawn()
     try:
-        end = time.monotonic() + 90
+        end = time.monotonic() + HANG
         while not (ledger.exists() and ledger.read_text()):
             assert time.monotonic() < end and first.poll() is None, "the job never started"
             time.sleep(0.05)
@@ -267,7 +267,7 @@ def test_a_durable_run_killed_while_its_job_runs_does_not_run_the_job_twice(tmp_
         first.communicate()
     fresh = spawn()
     try:
-        out, _ = fresh.communicate(timeout=120)
+        out, _ = fresh.communicate(timeout=HANG)
     finally:
         if fresh.poll() is None:
             fresh.kill()
@@ -279,7 +279,7 @@ def test_a_durable_run_killed_while_its_job_runs_does_not_run_the_job_twice(tmp_
 
 def test_the_on_call_example_with_a_query_metrics_job_replays() -> None:
     out = subprocess.run([sys.executable, "-m", "tether", "eval", str(ROOT / "examples/ops_assistant/jobs.toml")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=HANG)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok  latency-metrics-job" in out.stderr and "ok  metrics-job-checked" in out.stderr
 

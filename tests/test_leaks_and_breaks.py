@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether.policy import ApprovalBook, PendingApprover
 from tether.policy._approvals import ApprovalRequest
@@ -108,7 +109,7 @@ with FakeOpenAIServer([chat_completion("one"), chat_completion("two"), chat_comp
 
 def test_a_model_reused_across_event_loops_closes_its_connections_quietly() -> None:
     proc = subprocess.run([sys.executable, "-c", REUSE.format(tests=str(ROOT / "tests"))], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=HANG)
     assert proc.stdout.split() == ["one", "two", "three"], proc.stderr
     assert "Event loop is closed" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -124,5 +125,5 @@ print("imported", runner.CANCELLED)
 def test_the_durable_runner_imports_without_dbos_private_errors() -> None:
     pytest.importorskip("dbos")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(NO_PRIVATE_DBOS)], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=HANG)
     assert proc.returncode == 0 and "imported ()" in proc.stdout, proc.stderr

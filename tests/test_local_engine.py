@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hang import HANG
 
 from tether.models._local import LocalModel, _load, default_gguf_path
 
@@ -31,7 +32,7 @@ def test_the_engine_listens_only_on_a_private_unix_socket_and_wants_a_key() -> N
     sock = Path(address.removeprefix("unix://"))
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700  # other users cannot reach the socket
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost", timeout=30) as c:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost", timeout=HANG) as c:
         assert c.post("/v1/chat/completions", json=body).status_code == 401
         evil = c.post("/v1/chat/completions", json=body, headers={"Origin": "http://evil.example"})
         assert evil.status_code == 401

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hang import HANG
 
 from tether._types import Message, ModelReply, ModelRequest, TextDelta, ToolCall, ToolSpec
 from tether.models._gbnf import reply_grammar
@@ -56,23 +57,23 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/models", timeout=HANG).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server not ready after 60 s:\n{log.read_text()[-2000:]}")
+                pytest.fail(f"llama_cpp.server not ready after {HANG:g} s:\n{log.read_text()[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=HANG)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -84,7 +85,7 @@ def _model(base_url: str, **kwargs: object) -> OpenAICompatModel:
 
 
 def test_server_lists_the_alias(base_url: str) -> None:
-    data = httpx.get(f"{base_url}/models", timeout=5).json()
+    data = httpx.get(f"{base_url}/models", timeout=HANG).json()
     assert "local" in [m["id"] for m in data["data"]]
 
 

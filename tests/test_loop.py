@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+from hang import HANG
 
 from tether import Agent, BasePolicy, CancelToken, Limits, StopReason, tool
 from tether._types import ModelReply, ModelRequest, RunResult, Usage, from_json, to_json
@@ -283,7 +284,7 @@ async def test_parallel_async_tools_run_concurrently_and_are_bounded():
 
 
 def test_parallel_sync_tools_run_in_threads():
-    barrier = threading.Barrier(4, timeout=10)
+    barrier = threading.Barrier(4, timeout=HANG)
 
     @tool
     def meet(i: int) -> str:
@@ -357,7 +358,7 @@ async def test_cancel_token_interrupts_running_tools_and_keeps_finished_results_
     await slow_started.wait()
     await asyncio.sleep(0.01)
     token.cancel("user pressed stop")  # the CLI's Ctrl-C: must not wait for the tool to finish
-    result = await asyncio.wait_for(task, 2)
+    result = await asyncio.wait_for(task, HANG)  # the tool sleeps for an hour
     assert result.stop_reason is StopReason.CANCELLED and result.error == "user pressed stop"
     tool_msgs = [m for m in result.messages if m.role == "tool"]
     assert [m.tool_call_id for m in tool_msgs] == [c.id for c in calls]
@@ -443,7 +444,7 @@ async def test_a_slow_model_call_is_bounded_by_the_time_budget():
 
         async def complete(self, request):
             if request.tool_choice != "none":
-                await asyncio.sleep(30)
+                await asyncio.sleep(3600)  # longer than the hang bound below: only the budget ends it in time
                 return reply("", call("add", a=1, b=1))
             return reply("partial: nothing found in time")
 
@@ -451,7 +452,7 @@ async def test_a_slow_model_call_is_bounded_by_the_time_budget():
             raise NotImplementedError
 
     agent = Agent(SlowToolCaller(), tools=[add], limits=Limits(max_seconds=0.3))
-    result = await asyncio.wait_for(agent.arun("go"), 5)
+    result = await asyncio.wait_for(agent.arun("go"), HANG)
     assert result.stop_reason is StopReason.TIME_BUDGET
     assert result.answer == "partial: nothing found in time"
     assert result.usage.seconds < 10  # interrupted at the budget, not after the model's 30 s
@@ -571,11 +572,11 @@ def test_cancel_from_another_thread_interrupts_a_synchronous_run() -> None:
         async def stream(self, request: ModelRequest):  # pragma: no cover
             yield await self.complete(request)
 
-    threading.Thread(target=lambda: (started.wait(30), token.cancel("stopped from a thread")), daemon=True).start()
+    threading.Thread(target=lambda: (started.wait(HANG), token.cancel("stopped from a thread")), daemon=True).start()
     done: list[RunResult] = []
     runner = threading.Thread(target=lambda: done.append(Agent(Hanging()).run("go", cancel=token)), daemon=True)
     runner.start()
-    runner.join(60)  # a generous guard: the run ends as soon as the cancel lands
+    runner.join(HANG)  # a generous guard: the run ends as soon as the cancel lands
     assert done, "the run did not end after the cancel"
     assert done[0].stop_reason is StopReason.CANCELLED
     assert done[0].error == "stopped from a thread"

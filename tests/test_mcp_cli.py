@@ -10,6 +10,7 @@ from pathlib import Path
 import mcp_types as mt
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from mcp_servers.servers import env, flaky, npm_server
 
 from tether._types import Effect
@@ -20,7 +21,7 @@ from tether.mcp._convert import effect_of, result_text
 
 def tether(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tether", *args], cwd=cwd, env=env(**extra_env),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG)
 
 
 def write_config(path: Path, servers: dict[str, object]) -> Path:
@@ -130,7 +131,7 @@ def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
               chat_completion(None, [tool_call("ok__pid", {}, id="call_2")]), chat_completion("second")]
     with FakeOpenAIServer(script) as model:
         proc = subprocess.run([sys.executable, "-m", "tether", "chat", "--tools", "none", "--mcp", str(config)],
-                              cwd=tmp_path, input="one\ntwo\n", capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, input="one\ntwo\n", capture_output=True, text=True, timeout=HANG,
                               env=env(OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url))
     assert (proc.returncode, proc.stdout) == (0, "first\nsecond\n"), proc.stderr
     # the last tool message

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang import HANG
 from mcp_servers.servers import flaky, npm_server
 
 from tether import Agent
@@ -20,7 +21,7 @@ from tether.mcp import MCPToolset, parse_config
 from tether.models._scripted import ScriptedModel, call
 from tether.tools._executor import AllowAll, CallContext, Executor
 
-SLOW_START = 60  # seconds a server may take to start on a loaded machine
+SLOW_START = HANG  # seconds a server may take to start on a loaded machine: only a hang gets near this
 
 
 def toolset(servers: dict[str, dict[str, object]]) -> MCPToolset:
@@ -132,7 +133,16 @@ def test_servers_that_fail_to_start_are_reported_within_the_timeout() -> None:
 
 @pytest.fixture
 def flaky_set() -> Iterator[tuple[MCPToolset, Executor]]:
-    with toolset({"ok": flaky("ok", connectTimeout=SLOW_START, callTimeout=1)}) as ts:
+    yield from _flaky_set(call_timeout=HANG)
+
+
+@pytest.fixture
+def hang_after_1s() -> Iterator[tuple[MCPToolset, Executor]]:
+    yield from _flaky_set(call_timeout=1)  # the bound under test: every call of this set races it
+
+
+def _flaky_set(call_timeout: float) -> Iterator[tuple[MCPToolset, Executor]]:
+    with toolset({"ok": flaky("ok", connectTimeout=SLOW_START, callTimeout=call_timeout)}) as ts:
         assert ts.failures == {}
         executor = Executor(ts.tools, policy=AllowAll())
         ts.attach(executor)
@@ -144,8 +154,8 @@ async def run(executor: Executor, name: str, **args: object) -> tuple[bool, str]
     return result.is_error, result.content
 
 
-async def test_a_hanging_call_is_a_tool_error_and_the_server_stays_usable(flaky_set) -> None:
-    _, executor = flaky_set
+async def test_a_hanging_call_is_a_tool_error_and_the_server_stays_usable(hang_after_1s) -> None:
+    _, executor = hang_after_1s
     is_error, text = await run(executor, "ok__hang")
     assert is_error and "did not answer 'hang' within 1 s" in text
     assert await run(executor, "ok__echo", text="still here") == (False, "echo: still here")
@@ -163,7 +173,7 @@ async def test_a_changed_tool_list_reaches_the_executor(flaky_set) -> None:
     ts, executor = flaky_set
     assert "ok__extra_1" not in {s.name for s in executor.specs}
     assert await run(executor, "ok__grow") == (False, "added extra_1")
-    for _ in range(100):  # the notification arrives after the answer
+    for _ in range(int(HANG / 0.05)):  # the notification arrives after the answer
         if "ok__extra_1" in {s.name for s in executor.specs}:
             break
         await asyncio.sleep(0.05)
@@ -179,7 +189,7 @@ async def test_closing_stops_the_servers() -> None:
     os.kill(int(pid), 0)  # running
     await asyncio.to_thread(ts.close)
     with pytest.raises(ProcessLookupError):
-        for _ in range(100):  # reaped by the SDK's shutdown; allow it a moment
+        for _ in range(int(HANG / 0.05)):  # reaped by the SDK's shutdown; allow it a moment
             os.kill(int(pid), 0)
             await asyncio.sleep(0.05)
 
@@ -220,7 +230,7 @@ async def test_name_clashes_never_replace_a_tool() -> None:
         executor = Executor([*ts.tools, builtin_extra], policy=AllowAll())
         ts.attach(executor)
         assert await run(executor, "grow") == (False, "added extra_1")
-        for _ in range(100):  # wait until the toolset has seen the change
+        for _ in range(int(HANG / 0.05)):  # wait until the toolset has seen the change
             if "extra_1" in {t.name for t in ts.tools}:
                 break
             await asyncio.sleep(0.05)
@@ -245,7 +255,7 @@ def test_handshake_era_list_changed_notification_is_followed(monkeypatch: pytest
     with toolset({"ev": {"command": npm_server("mcp-server-everything"),
                          "tether": {"connectTimeout": SLOW_START}}}) as ts:
         assert ts._connections["ev"].client.protocol_version == "2025-11-25"
-        for _ in range(100):
+        for _ in range(int(HANG / 0.05)):
             if len(listings) >= 2:
                 break
             time.sleep(0.05)
@@ -292,6 +302,23 @@ async def test_each_call_carries_its_idempotency_key_in_meta(flaky_set) -> None:
     assert meta[IDEMPOTENCY_META] == "run-9:4:2" and meta[RUN_META] == "run-9"
 
 
+
+def until(condition, timeout: float = HANG) -> None:
+    """Poll `condition` until it holds; `timeout` only ends a wait that would otherwise never end."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "hang"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 KILLED_MID_CALL = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])
@@ -300,10 +327,10 @@ from tether.mcp import MCPToolset, parse_config
 from tether.tools._executor import AllowAll, CallContext, Executor
 from tether._types import ToolCall
 
-with MCPToolset(parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=60, callTimeout=600)}})) as ts:
+with MCPToolset(parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=600, callTimeout=600)}})) as ts:
     executor = Executor(ts.tools, policy=AllowAll())
     ts.attach(executor)
-    call = ToolCall("c1", "ok__pay_later", {"path": sys.argv[2], "seconds": 3})
+    call = ToolCall("c1", "ok__pay_later", {"path": sys.argv[2], "seconds": 30})
     print("calling", flush=True)
     asyncio.run(executor.execute(call, CallContext("r1")))
 """
@@ -312,22 +339,26 @@ with MCPToolset(parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=60
 def test_a_server_dies_with_tether_and_its_call_in_flight_with_it(tmp_path: Path) -> None:
     """SIGKILL tether while an MCP call is in flight: the server goes too, so the call's side effect
     never happens behind the back of the recovered run (before: the server, in a session of its own,
-    finished the call 3 s later)."""
+    finished the call 30 s later: long enough that a server dying slowly on a busy machine is not taken
+    for one that made the payment)."""
     import subprocess
     import sys
 
     from mcp_servers.servers import env
 
     ledger = tmp_path / "ledger"
+    started = tmp_path / "ledger.started"  # the server's process id, once the call is in it
     proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_CALL, str(Path(__file__).parent), str(ledger)],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "calling\n", proc.stderr
-        time.sleep(1)  # the call is in the server now (it answers after 3 s)
+        until(lambda: started.exists() or proc.poll() is not None)
+        assert started.exists(), proc.stderr
     finally:
         proc.kill()
         proc.wait()
-    time.sleep(5)
+    server = int(started.read_text())
+    until(lambda: not alive(server) or ledger.exists())  # gone, or it made the payment (after 30 s)
     assert not ledger.exists(), "the MCP server outlived tether and made the payment"
 
 

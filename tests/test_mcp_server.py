@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from mcp import Client, StdioServerParameters
 from mcp_servers.servers import env
 
@@ -80,7 +81,7 @@ def http_server(workspace: Path) -> Iterator[str]:
                                                           "--http", f"127.0.0.1:{port}")],
                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 pytest.fail(f"mcp-serve --http exited: {proc.stderr.read() if proc.stderr else ''}")
@@ -89,7 +90,7 @@ def http_server(workspace: Path) -> Iterator[str]:
                     break
             time.sleep(0.1)
         else:
-            pytest.fail("mcp-serve --http did not listen within 60 s")
+            pytest.fail(f"mcp-serve --http did not listen within {HANG:g} s")
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()

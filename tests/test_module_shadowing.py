@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion
+from hang import HANG
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALLED = REPO / ".venv" / "bin" / "tether"
@@ -58,7 +59,7 @@ def planted(tmp_path: Path) -> Path:
 ], ids=["python -m tether.cli", "python -m tether", "your_program.sh", "tether"])
 def test_modules_written_in_the_working_directory_are_not_imported(planted: Path, argv: list[str]) -> None:
     env = env_with(f"::.:{os.environ.get('PYTHONPATH', '')}")  # empty and relative entries mean the cwd too
-    proc = subprocess.run(argv, cwd=planted, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, cwd=planted, env=env, capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("tether ")
     assert imported(planted) == []
@@ -82,7 +83,7 @@ def test_the_tether_command_imports_nothing_from_the_working_directory(workspace
                                                                         ) -> None:
     # ":/opt/x" is what `export PYTHONPATH=$PYTHONPATH:/opt/x` gives when PYTHONPATH was unset.
     proc = subprocess.run([str(INSTALLED), "--version"], cwd=workspace, env=env_with(pythonpath),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("tether ")
     assert imported(workspace) == []
@@ -101,7 +102,7 @@ def test_user_tools_still_import_from_absolute_pythonpath_entries(workspace: Pat
         proc = subprocess.run(
             [str(INSTALLED), "-p", "hi", "--tools", "shadowtest_tools:double", "--base-url", server.base_url,
              "--api-key", "k"],
-            cwd=workspace, env=env_with(f":{tools}"), capture_output=True, text=True, timeout=60)
+            cwd=workspace, env=env_with(f":{tools}"), capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
     assert [t["function"]["name"] for t in server.requests[0].body["tools"]] == ["double"]
@@ -115,7 +116,7 @@ def test_user_tools_still_import_from_absolute_pythonpath_entries(workspace: Pat
 def test_python_m_refuses_after_a_sitecustomize_from_the_working_directory(tmp_path: Path, module: str) -> None:
     plant(tmp_path, "sitecustomize")  # `site` imports it (an empty PYTHONPATH entry) before any tether code
     proc = subprocess.run([sys.executable, "-m", module, "--version"], cwd=tmp_path,
-                          env=env_with(f":{REPO / 'src'}"), capture_output=True, text=True, timeout=60)
+                          env=env_with(f":{REPO / 'src'}"), capture_output=True, text=True, timeout=HANG)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 1 and proc.stdout == ""
     assert len(lines) == 1 and lines[0].startswith("tether: refusing to start: sitecustomize was imported from")
@@ -126,7 +127,7 @@ def test_python_m_refuses_a_tether_package_from_the_working_directory() -> None:
     # Here the copy in the working directory is tether's own (src/): detectable, so refused; a planted
     # copy would run instead of this one, which is why the docs say to use the `tether` command.
     proc = subprocess.run([sys.executable, "-m", "tether", "--version"], cwd=REPO / "src", env=env_with(None),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 1, proc.stdout
     assert proc.stderr.startswith("tether: refusing to start: tether was imported from")
     assert proc.stderr.count("\n") == 1
@@ -136,7 +137,7 @@ def test_python_safe_path_with_an_empty_pythonpath_entry_imports_nothing_from_th
         planted: Path) -> None:
     # -P keeps sys.path[0] out, but an empty PYTHONPATH entry still puts the working directory on sys.path.
     proc = subprocess.run([sys.executable, "-P", "-m", "tether", "--version"], cwd=planted,
-                          env=env_with(f":{REPO / 'src'}"), capture_output=True, text=True, timeout=60)
+                          env=env_with(f":{REPO / 'src'}"), capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert imported(planted) == []
 
@@ -149,7 +150,7 @@ def test_the_mcp_stdio_launcher_imports_nothing_from_the_working_directory(tmp_p
     for name in ("ctypes", "signal", "os"):
         (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / ('IMPORTED-' + name))!r}, 'w').close()\n")
     program, args = _dying_with_us("true", [])
-    done = subprocess.run([program, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    done = subprocess.run([program, *args], cwd=tmp_path, capture_output=True, text=True, timeout=HANG,
                           env={**os.environ, "PYTHONPATH": ":"})
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.glob("IMPORTED-*"))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
@@ -369,7 +370,7 @@ def test_cli_output_schema_prints_the_validated_json(tmp_path: Path) -> None:
     with FakeOpenAIServer(script) as server:
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "Paris?", "--tools", "none",
                                "--output-schema", str(schema)], cwd=tmp_path, env=_cli_env(server),
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"city": "Paris", "people": 2100000}
     assert server.requests[0].body["response_format"]["json_schema"]["schema"]["required"] == ["city", "people"]
@@ -379,7 +380,7 @@ def test_cli_output_schema_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "x", "--output-schema", str(bad)],
-                          cwd=tmp_path, env=_cli_env_static(), capture_output=True, text=True, timeout=60)
+                          cwd=tmp_path, env=_cli_env_static(), capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "not a valid JSON Schema" in proc.stderr
 
@@ -388,7 +389,7 @@ def test_cli_output_schema_errors(tmp_path: Path) -> None:
     with FakeOpenAIServer(responder=lambda r: chat_completion("no idea")) as server:
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "x", "--tools", "none",
                                "--output-schema", str(schema)], cwd=tmp_path, env=_cli_env(server),
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 1 and proc.stdout == ""  # nothing unvalidated reaches stdout
     assert "no valid output after 3 attempt(s)" in proc.stderr and "no answer" in proc.stderr
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from hang import HANG
 
 from tether._agent import Agent
 from tether._limits import Limits
@@ -241,7 +242,7 @@ def test_a_run_continued_on_a_fresh_process_pages_its_capped_result(tmp_path) ->
     (tmp_path / "state.json").write_text(first.state.to_json())
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     done = subprocess.run([sys.executable, "-c", CONTINUE_IN_A_FRESH_PROCESS, str(tmp_path / "state.json"), handle, db],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
     assert "THE END: margin 12%" in json.loads(done.stdout)
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hang import HANG
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -44,7 +45,7 @@ def tether(home: Path, *args: str) -> subprocess.Popen:
 def run(home: Path, *args: str) -> subprocess.CompletedProcess:
     proc = tether(home, *args)
     try:
-        out, err = proc.communicate(timeout=120)  # only a hang reaches this
+        out, err = proc.communicate(timeout=HANG)  # only a hang reaches this
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
@@ -183,7 +184,7 @@ def test_a_sigterm_during_ingest_leaves_no_index_that_reports_empty(tmp_path: Pa
         line = proc.stderr.readline()  # returns once the ingest is waiting (or has ended)
         assert "waiting for another process" in line, line
         proc.terminate()
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG)
     finally:
         os.close(fd)
     assert proc.returncode == 143 and "stopped by SIGTERM" in flat(err) and "no index was created" in flat(err), err

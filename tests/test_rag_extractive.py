@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -170,7 +171,7 @@ def test_embedded_model_answers_zorbania_from_the_index(tmp_path: Path) -> None:
 
     def tether(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tether.cli", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=HANG)
 
     ingest = tether("ingest", "docs", "--index", "z", "--retriever", "bm25")
     assert ingest.returncode == 0, ingest.stderr

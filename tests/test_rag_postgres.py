@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -69,7 +70,7 @@ def test_two_processes_ingest_into_postgres_and_a_third_searches_as_sqlite_would
         assert all("waiting for another process writing to the index at 127.0.0.1" in w for w in waiting), waiting
         assert all("postgresql://" not in w for w in waiting)  # the location, without scheme and user
         assert [p.poll() for p in procs] == [None, None]
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=HANG) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     for d in (a, b):  # the second ingest of each folder finds it unchanged
         again = run(tmp_path / "home", "ingest", str(d), "--index", index)
@@ -92,14 +93,14 @@ def test_a_search_during_an_ingest_is_answered_by_bm25_and_says_so(tmp_path: Pat
     ingest = threading.Thread(target=writer.add_texts, args=(texts,))
     ingest.start()
     try:
-        assert gate.reached.wait(60)
+        assert gate.reached.wait(HANG)
         reader = Index.open(pg_url + "#kb", embedder=BagEmbedder())
         hits = reader.search("topic3", k=3)
         assert len(hits) == 3 and all(h.text.endswith("topic3 and more words") for h in hits)
         assert reader.answered_by == "bm25" and "(128 of 300 passages)" in (reader.vectors_pending or "")
     finally:
         gate.release.set()
-        ingest.join(120)
+        ingest.join(HANG)
     writer.close()
     assert reader.search("topic3", k=3) and reader.answered_by == "best" and reader.vectors_pending is None
     reader.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -219,7 +220,7 @@ def test_a_second_process_sees_a_change(tmp_path: Path, pg_url: str) -> None:
         assert second["downloaded"]["vectors"] == first["downloaded"]["vectors"] + 1  # the new passage only
     finally:
         child.stdin.close()
-        child.wait(60)
+        child.wait(HANG)
 
 
 class Counting:

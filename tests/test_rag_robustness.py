@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -32,7 +33,7 @@ def tether(home: Path, *args: str, **kw) -> subprocess.Popen:
 
 def run(home: Path, *args: str) -> subprocess.CompletedProcess:
     proc = tether(home, *args)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=HANG)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -64,7 +65,7 @@ def test_two_processes_ingesting_into_one_index_both_land(tmp_path: Path) -> Non
     for a, b in ((folders[0], folders[1]), (folders[2], folders[3])):
         # dense: each embeds for seconds between reading the index and writing it (the race's window)
         procs = [tether(home, "ingest", str(d), "--index", "kb", "--retriever", "dense") for d in (a, b)]
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=HANG) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
     _, sources = rows_are_whole(index)
     assert sources == 80
@@ -89,7 +90,7 @@ def test_an_ingest_waits_for_the_process_writing_to_the_index(tmp_path: Path) ->
         assert proc.poll() is None and rows_are_whole(index)[1] == 2  # still waiting, and nothing written
     finally:
         os.close(fd)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0, err
     assert rows_are_whole(index)[1] == 5
 
@@ -171,7 +172,7 @@ class Gate(BagEmbedder):
     def embed(self, texts):
         if self.calls + 1 == self.at:
             self.reached.set()
-            assert self.release.wait(120)
+            assert self.release.wait(HANG)
         return super().embed(texts)
 
 
@@ -182,7 +183,7 @@ def test_an_index_is_searchable_by_its_words_while_its_vectors_are_computed(tmp_
     ingest = threading.Thread(target=writer.add_texts, args=(texts,))
     ingest.start()
     try:
-        assert gate.reached.wait(60)
+        assert gate.reached.wait(HANG)
         reader = Index(tmp_path / "ix", embedder=BagEmbedder())
         hits = reader.search("topic3", k=3)
         assert len(hits) == 3 and all(h.text.endswith("topic3 and more words") for h in hits)
@@ -195,7 +196,7 @@ def test_an_index_is_searchable_by_its_words_while_its_vectors_are_computed(tmp_
         assert "answered by bm25 meanwhile" in " ".join(r.stderr.split())
     finally:
         gate.release.set()
-        ingest.join(120)
+        ingest.join(HANG)
     assert gate.texts == 300  # each passage embedded once
     hits = reader.search("topic3", k=3)
     assert reader.answered_by == "best" and reader.vectors_pending is None
@@ -237,7 +238,7 @@ def test_rankings_do_not_depend_on_the_hash_seed() -> None:
     for seed in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO / "src")}
         done = subprocess.run([sys.executable, "-c", RANK_UNDER_SEED], env=env, capture_output=True, text=True,
-                              timeout=120)
+                              timeout=HANG)
         assert done.returncode == 0, done.stderr
         outs.add(done.stdout)
     assert len(outs) == 1, outs
@@ -304,7 +305,7 @@ def test_eval_retrieval_gives_the_same_figures_under_any_hash_seed(tmp_path: Pat
         done = subprocess.run([sys.executable, "-m", "tether.cli", "eval-retrieval", "--corpus",
                                str(tmp_path / "corpus.jsonl"), "--queries", str(tmp_path / "queries.jsonl"),
                                "--qrels", str(tmp_path / "qrels.tsv"), "--retriever", "best", "--json"],
-                              env=env, capture_output=True, text=True, timeout=300)
+                              env=env, capture_output=True, text=True, timeout=HANG)
         assert done.returncode == 0, done.stderr
         assert "tether: embedding 300 passages" in done.stderr  # progress while it embeds (before: silence)
         out = json.loads(done.stdout)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -61,7 +62,7 @@ def test_readme_first_command_answers_391_whatever_the_directory(tmp_path: Path,
     env = {k: v for k, v in os.environ.items() if k not in _KEYS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(README.parent / "src"), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "tether", "--tools", "calculator", "-p", "What is 17 * 23?"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     assert "391" in proc.stdout, (proc.stdout, proc.stderr)
     assert "embedded" in proc.stderr  # the once-only notice

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import need_bubblewrap
+from hang import HANG
 
 from tether._agent import Agent
 from tether._limits import Limits
@@ -351,7 +352,7 @@ def _coding(tmp_path: Any, approve: Any = None) -> tuple[SafetyPolicy, list[Tool
     from tether.tools.builtin import coding_tools
 
     policy = SafetyPolicy(approver=CallbackApprover(approve)) if approve else SafetyPolicy()
-    return policy, coding_tools(tmp_path, bash_timeout=20)
+    return policy, coding_tools(tmp_path, bash_timeout=HANG)
 
 
 def test_shell_output_taints_and_the_injected_command_does_not_run(tmp_path: Any) -> None:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 from tether.tools._base import Tool
 from tether.tools._sandbox import ENV_ALLOWLIST, Bubblewrap, probe_bubblewrap, sandbox_environ
@@ -43,7 +44,7 @@ async def sh(tool: Tool, command: str) -> str:
 
 
 async def test_commands_run_unprivileged_and_cannot_plant_a_setuid_root_binary(ws: Path) -> None:
-    bash = shell_tool(ws, timeout=20, sandbox=Bubblewrap(ws))
+    bash = shell_tool(ws, timeout=HANG, sandbox=Bubblewrap(ws))
     out = await sh(bash, "id -u; head -c 5 /etc/shadow || echo NO-SHADOW; grep -E '^(CapEff|CapBnd|NoNewPrivs)' "
                          "/proc/self/status; cp /bin/sh ./sh && chmod 4755 ./sh; "
                          f"grep ' {ws} ' /proc/self/mountinfo")
@@ -70,7 +71,7 @@ async def test_as_root_a_root_owned_workspace_is_written_as_nobody_and_never_get
     (root_ws / "f.txt").write_text("readable\n")
     before = _tether_mounts()  # a process killed mid-command elsewhere may have left one: not this test's
     box = Bubblewrap(root_ws)
-    out = await sh(shell_tool(root_ws, timeout=20, sandbox=box), (
+    out = await sh(shell_tool(root_ws, timeout=HANG, sandbox=box), (
         "id -u; cat f.txt; echo more >> f.txt; echo new > g.txt; head -c 5 /etc/shadow || echo NO-SHADOW; "
         "cp /bin/sh sh; chmod 4755 sh; chmod g+s g.txt; install -m 4755 /bin/sh sh2; "
         "python3 -c \"import os; os.open('sh3', os.O_CREAT | os.O_WRONLY, 0o4755)\"; mkdir -m 2755 d; "
@@ -113,7 +114,7 @@ def repo(ws: Path) -> Path:
 
 
 async def test_the_whole_git_directory_is_read_only_and_cannot_be_moved(repo: Path) -> None:
-    bash = shell_tool(repo, timeout=20, sandbox=Bubblewrap(repo, executed_later=[".envrc"]))
+    bash = shell_tool(repo, timeout=HANG, sandbox=Bubblewrap(repo, executed_later=[".envrc"]))
     attacks = {
         "mv": "mv .git .git.orig && cp -a .git.orig .git",
         "rm": "rm -rf .git",
@@ -151,7 +152,7 @@ LEAKY = {
 async def test_no_variable_reaches_a_command_unless_allowed_or_named(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in LEAKY.items():
         monkeypatch.setenv(name, value)
-    bash = shell_tool(ws, timeout=20, sandbox=Bubblewrap(ws), pass_env=["SOMETHING_NEW"])
+    bash = shell_tool(ws, timeout=HANG, sandbox=Bubblewrap(ws), pass_env=["SOMETHING_NEW"])
     out = await sh(bash, "env; cat /proc/1/environ /proc/$PPID/environ | tr '\\0' '\\n'")
     for i in range(1, 7):
         assert f"leak{i}" not in out, out

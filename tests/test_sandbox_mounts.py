@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import need_bubblewrap
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 
 from tether.tools._base import Tool
 from tether.tools._sandbox import (
@@ -127,7 +128,7 @@ def probe_reads(planted: Planted) -> str:
 
 async def test_a_command_reads_nothing_of_the_host_outside_its_allowlist(planted: Planted) -> None:
     ws = planted.workspace
-    bash = shell_tool(ws, timeout=60, sandbox=Bubblewrap(ws))
+    bash = shell_tool(ws, timeout=HANG, sandbox=Bubblewrap(ws))
     out = await sh(bash, probe_reads(planted))
     assert planted.secrets, "nothing could be planted"
     for path, secret in planted.secrets.items():
@@ -146,7 +147,7 @@ async def test_a_command_reads_nothing_of_the_host_outside_its_allowlist(planted
 
 
 async def test_only_the_sandbox_user_and_root_are_named(planted: Planted) -> None:
-    bash = shell_tool(planted.workspace, timeout=30, sandbox=Bubblewrap(planted.workspace))
+    bash = shell_tool(planted.workspace, timeout=HANG, sandbox=Bubblewrap(planted.workspace))
     out = await sh(bash, "cut -d: -f1,3,6 /etc/passwd; echo; cat /etc/hosts; id -un; "
                          "touch /etc/x / 2>&1 | head -1")
     users = out.split("\n\n", 1)[0].splitlines()
@@ -180,7 +181,7 @@ async def test_ordinary_work_still_runs(bwrap: None, tmp_path: Path) -> None:
     (ws / "H.java").write_text('class H{public static void main(String[] a){System.out.println("java-ok");}}')
     (ws / "Makefile").write_text("all:\n\t@echo make-ok\n")
     for_commands(ws)
-    bash = shell_tool(ws, timeout=120, sandbox=Bubblewrap(ws))
+    bash = shell_tool(ws, timeout=HANG, sandbox=Bubblewrap(ws))
     out = await sh(bash, (
         "echo b a | tr ' ' '\\n' | sort | head -1; ls -l h.c | cut -c1; wc -l < h.c; "
         "date +%Y >/dev/null && echo date-ok; whoami; "
@@ -222,7 +223,7 @@ async def test_named_paths_are_readable_read_only_and_hidden_ones_stay_hidden(pl
         p.chmod(0o755 if p.is_dir() else 0o644)
     ws = planted.workspace
     box = Bubblewrap(ws, readable=[link, in_tmp, latest], hidden=[tools / "keys"])
-    out = await sh(shell_tool(ws, timeout=30, sandbox=box), (
+    out = await sh(shell_tool(ws, timeout=HANG, sandbox=box), (
         f"bash {link}/bin.sh; bash {latest}/bin.sh; cat {in_tmp}/data.txt; cat {tools}/keys/k; "
         f"readlink {link}; touch {tools}/new 2>&1; cat {planted.root}/sibling/notes.txt 2>&1"))
     assert out.count("TOOL-RAN") == 2 and "DATA-UNDER-TMP" in out, out
@@ -249,7 +250,7 @@ def test_the_user_namespace_path_mounts_the_same_allowlist(planted: Planted,
     launch = box.launch(["bash", "-c", command], cwd=ws, env={"PATH": "/usr/bin:/bin"})
     assert "--unshare-user" in launch.argv
     proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *launch.argv],
-                          env=launch.env, capture_output=True, text=True, timeout=60, check=False)
+                          env=launch.env, capture_output=True, text=True, timeout=HANG, check=False)
     out = proc.stdout + proc.stderr
     if "No permissions to create new namespace" in out or "setting up uid map" in out:
         pytest.skip(f"unprivileged user namespaces are not available here: {out.strip()}")
@@ -295,7 +296,7 @@ def test_the_cli_option_and_variable_reach_the_sandbox(bwrap: None, tmp_path: Pa
                    **{READ_ENV: str(named["env"])})
         proc = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "look", "--yes", "--tools", "bash",
                                "--sandbox-read", str(named["flag"])], cwd=ws, env=env, capture_output=True,
-                              text=True, timeout=120, check=False)
+                              text=True, timeout=HANG, check=False)
     assert proc.returncode == 0, proc.stderr
     seen = "\n".join(m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool")
     assert "CONTENT-OF-FLAG" in seen and "CONTENT-OF-ENV" in seen, seen

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hang import HANG
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("dbos")
@@ -25,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 AGENTS = f"{ROOT / 'tests' / 'service_agents.py'}:AGENTS"
 # Waits for the server end on an event (it answers, a task reaches a status); this bound only catches a
 # hang. A busy machine (stress-ng beside the suite, load 50 on 2 cores) took over 60 s to start one.
-HANG = 600.0
 
 
 def _port() -> int:
@@ -45,7 +45,7 @@ class Service:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=self.env, capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=HANG)
 
     def start(self, agents: str = AGENTS, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "serve", "--agents", agents, "--port",
@@ -54,7 +54,7 @@ class Service:
         deadline = time.monotonic() + HANG
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/healthz", timeout=30).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=HANG).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -96,7 +96,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def submit(svc: Service, headers: dict, agent: str, prompt: str = "go", **extra) -> str:
-    r = httpx.post(svc.url + "/v1/tasks", json={"prompt": prompt, "agent": agent, **extra}, headers=headers, timeout=30)
+    r = httpx.post(svc.url + "/v1/tasks", json={"prompt": prompt, "agent": agent, **extra}, headers=headers, timeout=HANG)
     assert r.status_code == 201, r.text
     return r.json()["task_id"]
 
@@ -104,7 +104,7 @@ def submit(svc: Service, headers: dict, agent: str, prompt: str = "go", **extra)
 def wait_status(svc: Service, headers: dict, task_id: str, *statuses: str, timeout: float = HANG) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        body = httpx.get(f"{svc.url}/v1/tasks/{task_id}", headers=headers, timeout=30).json()
+        body = httpx.get(f"{svc.url}/v1/tasks/{task_id}", headers=headers, timeout=HANG).json()
         if body["status"] in statuses:
             return body
         time.sleep(0.1)
@@ -117,7 +117,7 @@ def events(svc: Service, headers: dict, task_id: str, last: str | None = None, l
     `url`: the stream's path with its query (a stream token's `events_url`)."""
     out: list[dict] = [] if into is None else into
     h = dict(headers, **({"Last-Event-ID": last} if last else {}))
-    with httpx.stream("GET", svc.url + (url or f"/v1/tasks/{task_id}/events"), headers=h, timeout=60) as r:
+    with httpx.stream("GET", svc.url + (url or f"/v1/tasks/{task_id}/events"), headers=h, timeout=HANG) as r:
         assert r.status_code == 200
         current: dict = {}
         for line in r.iter_lines():
@@ -162,9 +162,9 @@ def test_submit_stream_get_list(service: Service) -> None:
     assert sum(isinstance(e, ModelCallStarted) for e in timeline) == sum(isinstance(e, ModelCallEnded) for e in timeline) == 2
     ids = [e["id"] for e in evs]
     assert len(set(ids)) == len(ids)
-    body = httpx.get(f"{service.url}/v1/tasks/{task}", headers=alice).json()
+    body = httpx.get(f"{service.url}/v1/tasks/{task}", headers=alice, timeout=HANG).json()
     assert body["status"] == "completed" and body["answer"] == "The sum is 5." and body["findings"]
-    listed = httpx.get(f"{service.url}/v1/tasks", params={"status": "completed"}, headers=alice).json()
+    listed = httpx.get(f"{service.url}/v1/tasks", params={"status": "completed"}, headers=alice, timeout=HANG).json()
     assert [t["task_id"] for t in listed["tasks"]] == [task]
 
 
@@ -195,12 +195,12 @@ def test_users_are_isolated_and_keys_required(service: Service) -> None:
     alice, bob = service.key("alice2"), service.key("bob2")
     task = submit(service, alice, "calc")
     for method, path in [("GET", ""), ("GET", "/events"), ("POST", "/cancel")]:
-        r = httpx.request(method, f"{service.url}/v1/tasks/{task}{path}", headers=bob, timeout=30)
+        r = httpx.request(method, f"{service.url}/v1/tasks/{task}{path}", headers=bob, timeout=HANG)
         assert r.status_code == 404 and r.json() == {"error": f"no task {task}"}
-    assert httpx.get(f"{service.url}/v1/tasks", headers=bob).json()["tasks"] == []
-    r = httpx.get(f"{service.url}/v1/tasks")
+    assert httpx.get(f"{service.url}/v1/tasks", headers=bob, timeout=HANG).json()["tasks"] == []
+    r = httpx.get(f"{service.url}/v1/tasks", timeout=HANG)
     assert r.status_code == 401 and "API key" in r.json()["error"]
-    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": "Bearer nope"})
+    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": "Bearer nope"}, timeout=HANG)
     assert r.status_code == 401
 
 
@@ -215,10 +215,10 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
         ({"prompt": "x" * 100_001, "agent": "calc"}, 413, "characters"),
     ]
     for body, status, needle in cases:
-        r = httpx.post(service.url + "/v1/tasks", json=body, headers=alice, timeout=30)
+        r = httpx.post(service.url + "/v1/tasks", json=body, headers=alice, timeout=HANG)
         assert r.status_code == status, (body, r.text)
         assert needle in r.json()["error"], r.json()
-    r = httpx.post(service.url + "/v1/tasks", content=b"x" * 1_000_001, headers=alice, timeout=30)
+    r = httpx.post(service.url + "/v1/tasks", content=b"x" * 1_000_001, headers=alice, timeout=HANG)
     assert r.status_code == 413 and "bytes" in r.json()["error"]
 
     def chunked():  # no Content-Length: the limit counts the bytes as they stream in
@@ -228,18 +228,18 @@ def test_bad_requests_get_json_4xx(service: Service) -> None:
         yield b'"}'
 
     r = httpx.post(service.url + "/v1/tasks", content=chunked(), headers={**alice, "content-type": "application/json"},
-                   timeout=30)
+                   timeout=HANG)
     assert r.status_code == 413 and r.json()["error"] == "request body over 1000000 bytes", r.text
-    r = httpx.post(service.url + "/v1/tasks", content=b"{not json", headers={**alice, "content-type": "application/json"})
+    r = httpx.post(service.url + "/v1/tasks", content=b"{not json", headers={**alice, "content-type": "application/json"}, timeout=HANG)
     assert r.status_code == 422 and "error" in r.json()
-    assert httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"] == []  # nothing half-created
+    assert httpx.get(f"{service.url}/v1/tasks", headers=alice, timeout=HANG).json()["tasks"] == []  # nothing half-created
 
 
 def test_keys_are_listed_without_their_secret_and_revoked_at_once(service: Service) -> None:
     done = service.cli("keys", "add", "erin", "--label", "erin's laptop")
     key = done.stdout.strip()
     other = service.key("erin")["Authorization"].removeprefix("Bearer ")
-    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=HANG).status_code == 200
     listed = service.cli("keys", "list", "--user", "erin")
     assert listed.returncode == 0 and "tk_" not in listed.stdout, listed
     lines = listed.stdout.splitlines()
@@ -247,13 +247,13 @@ def test_keys_are_listed_without_their_secret_and_revoked_at_once(service: Servi
     key_id = lines[0].split()[0]
     revoked = service.cli("keys", "revoke", key_id)
     assert revoked.returncode == 0 and f"revoked key {key_id} of erin" in revoked.stderr, revoked
-    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"})
+    r = httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=HANG)
     assert r.status_code == 401 and "API key" in r.json()["error"]  # the next request already
-    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}).status_code == 200
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}, timeout=HANG).status_code == 200
     again = service.cli("keys", "revoke", key_id)
     assert again.returncode == 1 and again.stderr.startswith("tether: no key with id"), again
     assert service.cli("keys", "revoke", other).returncode == 0  # by the key itself
-    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}).status_code == 401
+    assert httpx.get(f"{service.url}/v1/tasks", headers={"Authorization": f"Bearer {other}"}, timeout=HANG).status_code == 401
     assert service.cli("keys", "list", "--user", "erin").stdout == ""
     bad = service.cli("keys", "revoke", "nope")
     assert bad.returncode == 1 and "neither a key" in bad.stderr and "Traceback" not in bad.stderr
@@ -265,7 +265,7 @@ def test_a_stream_token_opens_one_tasks_events_without_the_key(service: Service)
     frank = {"Authorization": f"Bearer {done.stdout.strip()}"}
     grace = service.key("grace")
     task, other = submit(service, frank, "calc"), submit(service, frank, "calc")
-    r = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=frank)
+    r = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=frank, timeout=HANG)
     assert r.status_code == 200, r.text
     minted = r.json()
     assert minted["expires_at"] > time.time() + 3000 and minted["events_url"].endswith(minted["token"])
@@ -275,7 +275,7 @@ def test_a_stream_token_opens_one_tasks_events_without_the_key(service: Service)
     assert [e["event"] for e in resumed] == names[3:]
 
     def refused(path: str, token: str) -> dict:
-        r = httpx.get(f"{service.url}{path}", params={"token": token}, timeout=30)
+        r = httpx.get(f"{service.url}{path}", params={"token": token}, timeout=HANG)
         assert r.status_code == 401, (path, r.status_code, r.text)
         return r.json()
 
@@ -284,10 +284,10 @@ def test_a_stream_token_opens_one_tasks_events_without_the_key(service: Service)
     refused(f"/v1/tasks/{task}/events", token[:-2] + ("AA" if not token.endswith("AA") else "BB"))  # tampered
     refused(f"/v1/tasks/{task}/events", "st_x.y")
     refused(f"/v1/tasks/{task}", token)  # only the stream: every other request still needs the key
-    assert httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=grace).status_code == 404
+    assert httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", headers=grace, timeout=HANG).status_code == 404
     assert httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", json={"ttl_seconds": 0},
-                      headers=frank).status_code == 422
-    short = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", json={"ttl_seconds": 1}, headers=frank).json()
+                      headers=frank, timeout=HANG).status_code == 422
+    short = httpx.post(f"{service.url}/v1/tasks/{task}/stream-token", json={"ttl_seconds": 1}, headers=frank, timeout=HANG).json()
     time.sleep(1.5)
     refused(f"/v1/tasks/{task}/events", short["token"])  # expired
     key_id = service.cli("keys", "list", "--user", "frank").stdout.split()[0]
@@ -308,12 +308,12 @@ def test_cors_lets_only_the_named_origins_call_from_a_browser(tmp_path: Path) ->
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://console.test"
         assert "authorization" in pre.headers["access-control-allow-headers"].lower()
         task = submit(svc, {**alice, **page}, "calc")
-        token = httpx.post(f"{svc.url}/v1/tasks/{task}/stream-token", headers={**alice, **page}).json()["events_url"]
-        with httpx.stream("GET", svc.url + token, headers=page, timeout=60) as r:  # EventSource, cross-origin
+        token = httpx.post(f"{svc.url}/v1/tasks/{task}/stream-token", headers={**alice, **page}, timeout=HANG).json()["events_url"]
+        with httpx.stream("GET", svc.url + token, headers=page, timeout=HANG) as r:  # EventSource, cross-origin
             assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://console.test"
-        r = httpx.get(f"{svc.url}/v1/tasks", headers={**alice, "Origin": "https://elsewhere.test"})
+        r = httpx.get(f"{svc.url}/v1/tasks", headers={**alice, "Origin": "https://elsewhere.test"}, timeout=HANG)
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers  # the browser blocks it
-        r = httpx.get(f"{svc.url}/v1/tasks", headers=page)  # a refusal is readable by the page too
+        r = httpx.get(f"{svc.url}/v1/tasks", headers=page, timeout=HANG)  # a refusal is readable by the page too
         assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://console.test"
     finally:
         svc.stop()
@@ -322,12 +322,12 @@ def test_cors_lets_only_the_named_origins_call_from_a_browser(tmp_path: Path) ->
 def test_idempotent_submission(service: Service) -> None:
     alice = service.key("dave")
     h = {**alice, "Idempotency-Key": "order-7"}
-    first = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h).json()
-    again = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h)
+    first = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h, timeout=HANG).json()
+    again = httpx.post(service.url + "/v1/tasks", json={"prompt": "a", "agent": "calc"}, headers=h, timeout=HANG)
     assert again.status_code == 200 and again.json() == {"task_id": first["task_id"], "created": False}
-    other = httpx.post(service.url + "/v1/tasks", json={"prompt": "b", "agent": "calc"}, headers=h)
+    other = httpx.post(service.url + "/v1/tasks", json={"prompt": "b", "agent": "calc"}, headers=h, timeout=HANG)
     assert other.status_code == 409 and "different request" in other.json()["error"]
-    assert len(httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"]) == 1
+    assert len(httpx.get(f"{service.url}/v1/tasks", headers=alice, timeout=HANG).json()["tasks"]) == 1
 
 
 def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
@@ -339,11 +339,11 @@ def test_confirm_runs_exactly_the_pending_call_once(service: Service) -> None:
                                           "reason": body["pending_approvals"][0]["reason"],
                                           "provenance": {"amount": "model"}, "batch": "", "batch_summary": ""}]  # 99: in no source the run saw
     assert len(service.ledger()) == before
-    wrong = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c9", "approved": True}, headers=alice)
+    wrong = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c9", "approved": True}, headers=alice, timeout=HANG)
     assert wrong.status_code == 409 and "waits on call 'c1'" in wrong.json()["error"]
-    ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice, timeout=HANG)
     assert ok.status_code == 200, ok.text
-    twice = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    twice = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice, timeout=HANG)
     assert twice.status_code == 409
     body = wait_status(service, alice, task, "completed")
     assert body["answer"] == "Done: charged 99" and service.ledger()[before:] == ["charge 99"]
@@ -360,7 +360,7 @@ def test_a_second_approval_with_the_same_call_id_in_a_later_turn_is_taken(servic
     for _ in range(2):
         wait_status(service, alice, task, "awaiting_approval")
         ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True},
-                        headers=alice)
+                        headers=alice, timeout=HANG)
         assert ok.status_code == 200, ok.text
     body = wait_status(service, alice, task, "completed")
     assert service.ledger()[before:] == ["charge 99", "charge 5"]
@@ -373,7 +373,7 @@ def test_deny_returns_the_refusal_to_the_model(service: Service) -> None:
     task = submit(service, alice, "billing")
     wait_status(service, alice, task, "awaiting_approval")
     r = httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": False,
-                                                                  "reason": "not today"}, headers=alice)
+                                                                  "reason": "not today"}, headers=alice, timeout=HANG)
     assert r.status_code == 200
     body = wait_status(service, alice, task, "completed")
     assert "not today" in body["answer"] and len(service.ledger()) == before
@@ -384,12 +384,12 @@ def test_cancel_a_running_task(service: Service) -> None:
     task = submit(service, alice, "slow")
     wait_status(service, alice, task, "running")
     time.sleep(1)
-    r = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=30)
+    r = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=HANG)
     assert r.status_code == 200
     body = wait_status(service, alice, task, "cancelled", "stopped")
     assert body["steps"] < 40
     assert events(service, alice, task)[-1]["event"] == "stop"
-    again = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=30)
+    again = httpx.post(f"{service.url}/v1/tasks/{task}/cancel", headers=alice, timeout=HANG)
     assert again.status_code == 409
 
 
@@ -409,7 +409,7 @@ def _resume_across_restart(service: Service) -> None:
     head = events(service, alice, task, limit=3)
     service.stop()
     service.start()
-    httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice)
+    httpx.post(f"{service.url}/v1/tasks/{task}/confirm", json={"call_id": "c1", "approved": True}, headers=alice, timeout=HANG)
     wait_status(service, alice, task, "completed")
     tail = events(service, alice, task, last=head[-1]["id"])
     full = events(service, alice, task)
@@ -429,7 +429,7 @@ def test_global_concurrency_limits_running_tasks(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             # one list request is one SELECT: a snapshot (three GETs in a row can see a task start before
             # the one read first was seen finishing, and count two running under load)
-            listed = {t["task_id"]: t["status"] for t in httpx.get(f"{service.url}/v1/tasks", headers=alice).json()["tasks"]}
+            listed = {t["task_id"]: t["status"] for t in httpx.get(f"{service.url}/v1/tasks", headers=alice, timeout=HANG).json()["tasks"]}
             statuses = [listed[t] for t in tasks]
             most = max(most, statuses.count("running"))
             if all(s == "completed" for s in statuses):
@@ -441,7 +441,7 @@ def test_global_concurrency_limits_running_tasks(tmp_path: Path) -> None:
 
 
 def test_openapi_spec(service: Service) -> None:
-    spec = httpx.get(service.url + "/openapi.json").json()
+    spec = httpx.get(service.url + "/openapi.json", timeout=HANG).json()
     assert {"/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/events", "/v1/tasks/{task_id}/confirm",
             "/v1/tasks/{task_id}/cancel", "/healthz"} <= set(spec["paths"])
 
@@ -475,7 +475,7 @@ def test_two_workers_on_postgres_one_killed(tmp_path: Path, pg_database: str) ->
         deadline = time.monotonic() + HANG
         while time.monotonic() < deadline:  # the API first: it creates the schemas the workers use
             try:
-                if httpx.get(api.url + "/healthz", timeout=30).status_code == 200:
+                if httpx.get(api.url + "/healthz", timeout=HANG).status_code == 200:
                     break
             except httpx.HTTPError:
                 assert api.proc.poll() is None, api.proc.stderr.read()
@@ -530,7 +530,7 @@ def test_healthz_reports_a_lost_database_and_its_return(tmp_path: Path, pg_datab
         deadline = time.monotonic() + timeout
         while True:
             try:
-                r = httpx.get(api.url + "/healthz", timeout=10)
+                r = httpx.get(api.url + "/healthz", timeout=10)  # one try of the loop: a slow one is tried again
                 if r.status_code == want:
                     return r
             except httpx.HTTPError:
@@ -571,7 +571,7 @@ def test_schemathesis_finds_no_failure(tmp_path: Path) -> None:
                                "--checks", "all", "-n", "8", "--request-timeout", "20", "--seed", "1",
                                # a live task's event stream does not end while the task runs (tested above)
                                "--exclude-path-regex", "/events$"],
-                              capture_output=True, text=True, timeout=600, env=service.env)
+                              capture_output=True, text=True, timeout=HANG, env=service.env)
         assert done.returncode == 0, done.stdout[-3000:]
     finally:
         service.stop()

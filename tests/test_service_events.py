@@ -12,6 +12,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from hang import HANG
 from store_fixtures import fresh_postgres_database
 
 from tether._types import TraceEvent
@@ -79,7 +80,7 @@ def test_the_stream_of_a_finished_run_and_every_resume(store: RunStore) -> None:
     for i, seen in enumerate(full):  # Last-Event-ID after any event: exactly the rest
         assert asyncio.run(_collect(store, "r1", seen["id"])) == full[i + 1:], seen["id"]
     assert asyncio.run(_collect(store, "r1", "garbage")) == full  # a malformed id starts over
-    assert asyncio.run(asyncio.wait_for(_collect(store, "r1", "99.0"), 10)) == []  # past the end: it ends
+    assert asyncio.run(asyncio.wait_for(_collect(store, "r1", "99.0"), HANG)) == []  # past the end: it ends
 
 
 def test_live_text_then_the_event_it_precedes(store: RunStore) -> None:
@@ -103,7 +104,7 @@ def test_live_text_then_the_event_it_precedes(store: RunStore) -> None:
             await _until(lambda: len(got) > before)  # noqa: B023 (awaited at once)
         assert [e["event"] for e in got] == ["status", "text_delta", "text_delta", "text_delta"]
         store.add_events("r2", [_event("model_call"), _event("stop", stop_reason="completed")], 0)
-        await asyncio.wait_for(reader, 10)
+        await asyncio.wait_for(reader, HANG)
         return got
 
     got = asyncio.run(scenario())
@@ -111,7 +112,7 @@ def test_live_text_then_the_event_it_precedes(store: RunStore) -> None:
     assert "".join(e["data"]["text"] for e in got if e["event"] == "text_delta") == "The answer is 42."
 
 
-async def _until(condition, timeout: float = 10.0) -> None:
+async def _until(condition, timeout: float = HANG) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -146,7 +147,7 @@ def test_a_run_ended_without_a_stop_event_gets_one_stored(store: RunStore) -> No
     assert first[-1]["id"] == "1.1" and first[-1]["data"]["stop_reason"] == "cancelled"
     store.add_events("r4", [_event("notice", cancelled="late"), _event("stop", stop_reason="cancelled")], 1)
     assert asyncio.run(_collect(store, "r4")) == first  # the run's own late events change nothing seen
-    assert asyncio.run(asyncio.wait_for(_collect(store, "r4", "50.0"), 10)) == []  # an id from elsewhere
+    assert asyncio.run(asyncio.wait_for(_collect(store, "r4", "50.0"), HANG)) == []  # an id from elsewhere
     with store.engine.connect() as conn:
         seqs = [q for (q,) in conn.execute(sa.text("SELECT seq FROM tether_events WHERE run_id = 'r4' ORDER BY seq"))]
     assert seqs == [0, 1, 2]  # and it wrote nothing there
@@ -178,7 +179,7 @@ def test_one_feed_query_per_tick_for_many_streams(tmp_path, monkeypatch) -> None
         return await asyncio.to_thread(fn, *args)
 
     async def until(check, what: str) -> None:
-        for _ in range(6000):  # a guard of minutes, not a measure
+        for _ in range(int(HANG / 0.01)):  # only a hang ends it: a guard, not a measure
             if check():
                 return
             await asyncio.sleep(0.01)
@@ -200,7 +201,7 @@ def test_one_feed_query_per_tick_for_many_streams(tmp_path, monkeypatch) -> None
         await until(lambda: len(polls) >= p0 + 10, "ten more feed ticks")
         idle = (len(statements) - s0, len(polls) - p0, len(reads) - r0)
         store.add_events("w7", [_event("stop", stop_reason="completed")], 0)
-        await asyncio.wait_for(readers[7], 30)
+        await asyncio.wait_for(readers[7], HANG)
         for r in readers:
             r.cancel()
         return idle

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion
+from hang import HANG
 
 from tether.plan import PlanAgent
 from tether.server._registry import RegistryError, load_registry
@@ -59,7 +60,7 @@ options = {{ max_attempts = 1 }}
             assert "extract" in pending["provenance"]["file_path"]  # the flow the approver is shown
             assert not (ws / "out.txt").exists()
             ok = httpx.post(f"{service.url}/v1/tasks/{task}/confirm",
-                            json={"call_id": pending["call_id"], "approved": True}, headers=alice, timeout=30)
+                            json={"call_id": pending["call_id"], "approved": True}, headers=alice, timeout=HANG)
             assert ok.status_code == 200, ok.text
             body = wait_status(service, alice, task, "completed", "stopped", "error")
             seen = [e["event"] for e in events(service, alice, task)]

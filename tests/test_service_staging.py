@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("dbos")
@@ -17,10 +18,10 @@ pytest.importorskip("fastapi")
 from test_service import Service  # noqa: E402  (after the skips)
 
 
-def _wait(service: Service, headers: dict[str, str], task_id: str, timeout: float = 60) -> dict:
+def _wait(service: Service, headers: dict[str, str], task_id: str, timeout: float = HANG) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        task = httpx.get(f"{service.url}/v1/tasks/{task_id}", headers=headers, timeout=10).json()
+        task = httpx.get(f"{service.url}/v1/tasks/{task_id}", headers=headers, timeout=HANG).json()
         if task["status"] not in ("pending", "running"):
             return task
         time.sleep(0.2)
@@ -47,7 +48,7 @@ def test_a_staged_task_is_reviewed_and_applied_over_http(tmp_path: Path) -> None
         service.start(str(agents))
         try:
             alice, bob = service.key("alice"), service.key("bob")
-            created = httpx.post(f"{service.url}/v1/tasks", headers=alice, timeout=30,
+            created = httpx.post(f"{service.url}/v1/tasks", headers=alice, timeout=HANG,
                                  json={"agent": "coder", "prompt": "fix the issue"})
             assert created.status_code == 201, created.text
             task_id = created.json()["task_id"]
@@ -55,25 +56,25 @@ def test_a_staged_task_is_reviewed_and_applied_over_http(tmp_path: Path) -> None
             assert task["status"] == "completed", task  # nobody was asked: the edits were staged
             assert (ws / "calc.py").read_text().endswith("a - b\n")
 
-            assert httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=bob, timeout=10).status_code == 404
-            changes = httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=alice, timeout=10).json()
+            assert httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=bob, timeout=HANG).status_code == 404
+            changes = httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=alice, timeout=HANG).json()
             by_path = {c["path"]: c for c in changes["changes"]}
             assert by_path["calc.py"]["kind"] == "changed" and by_path["calc.py"]["runs_later"] is None
             assert by_path[".envrc"]["runs_later"]
             assert "+    return a + b" in changes["diff"]
 
-            applied = httpx.post(f"{service.url}/v1/tasks/{task_id}/apply", headers=alice, timeout=30).json()
+            applied = httpx.post(f"{service.url}/v1/tasks/{task_id}/apply", headers=alice, timeout=HANG).json()
             assert applied["done"] == ["calc.py"] and ".envrc" in applied["skipped"]
             assert (ws / "calc.py").read_text().endswith("a + b\n") and not (ws / ".envrc").exists()
-            left = httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=alice, timeout=10).json()
+            left = httpx.get(f"{service.url}/v1/tasks/{task_id}/changes", headers=alice, timeout=HANG).json()
             assert [c["path"] for c in left["changes"]] == [".envrc"]
 
-            undone = httpx.post(f"{service.url}/v1/tasks/{task_id}/undo", headers=alice, timeout=30)
+            undone = httpx.post(f"{service.url}/v1/tasks/{task_id}/undo", headers=alice, timeout=HANG)
             assert undone.status_code == 200, undone.text
             assert (ws / "calc.py").read_text().endswith("a - b\n")
-            dropped = httpx.post(f"{service.url}/v1/tasks/{task_id}/discard", headers=alice, timeout=30).json()
+            dropped = httpx.post(f"{service.url}/v1/tasks/{task_id}/discard", headers=alice, timeout=HANG).json()
             assert dropped["status"] == "discarded"
-            again = httpx.post(f"{service.url}/v1/tasks/{task_id}/apply", headers=alice, timeout=30)
+            again = httpx.post(f"{service.url}/v1/tasks/{task_id}/apply", headers=alice, timeout=HANG)
             assert again.status_code == 422 and "discarded" in again.json()["error"]
         finally:
             service.stop()

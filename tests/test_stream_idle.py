@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fake_openai_server import chat_completion, completion_chunks
+from hang import HANG
 from trickle_server import Trickler
 
 from tether import Agent, Limits, StopReason
@@ -21,7 +22,6 @@ from tether.models._base import ModelError
 from tether.models._openai_compat import OpenAICompatModel
 
 ASK = ModelRequest([Message.user("hi")])
-HANG = 60.0  # seconds: only a hang gets near this
 
 
 def openai_model(server: Trickler, **kwargs: Any) -> OpenAICompatModel:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+from hang import HANG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -319,7 +320,7 @@ def test_a_durable_parent_waits_on_its_childs_call_and_a_decision_from_outside_c
                                                                         run_id="team1")))
         worker.start()
         store = RunStore(db)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG
         while time.monotonic() < deadline:
             row = store.run("team1")
             if row is not None and row.status == "awaiting_approval" and row.pending:
@@ -330,7 +331,7 @@ def test_a_durable_parent_waits_on_its_childs_call_and_a_decision_from_outside_c
         assert row.pending["tool"] == "pay" and row.pending["agent"] == "payer" and "/" in row.pending["call_id"]
         assert paid == []
         approve(db, "team1", row.pending["call_id"], by="alice")
-        worker.join(60)
+        worker.join(HANG)
         assert out and out[0].completed and paid == ["bob"], out
         # the child's run is stored under its parent, both of its segments' events in order
         [child] = [r for r in store.runs() if r.parent_run == "team1"]
@@ -406,18 +407,18 @@ def test_cancelling_a_durable_parent_in_process_cancels_its_sub_agents(tmp_path)
         agent = _durable_writers(tmp_path, slow=30)
         worker = threading.Thread(target=lambda: out.append(agent.run("write", run_id="w2", cancel=token)))
         worker.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG
         while len([r for r in runtime().store.runs() if r.parent_run == "w2"]) < 2:
             assert time.monotonic() < deadline, "the children never started"
             time.sleep(0.05)
         token.cancel()
-        worker.join(60)
+        worker.join(HANG)
         assert out and out[0].stop_reason is StopReason.CANCELLED
         store = runtime().store
         for child in ("w2:1:0.writer", "w2:1:1.writer"):  # each stopped at once (or never started)
             # DBOS records the child's end after its task unwinds: wait for it (the bound only catches a
             # hang; a loaded machine showed PENDING right after the parent returned)
-            ended = time.monotonic() + 60
+            ended = time.monotonic() + HANG
             while (status := DBOS.get_workflow_status(child)) is not None and status.status == "PENDING" \
                     and time.monotonic() < ended:
                 time.sleep(0.05)

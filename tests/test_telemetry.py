@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from hang import HANG
 
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed (pip install 'tether[otel]')")
 
@@ -200,7 +201,7 @@ def test_the_cli_exports_to_the_otlp_endpoint_in_the_environment(tmp_path: Path)
                        TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}",
                        OTEL_SERVICE_NAME="tether-test")
             done = subprocess.run([sys.executable, "-m", "tether.cli", "--tools", "calculator", "-p", "17 * 23?"],
-                                  env=env, capture_output=True, text=True, timeout=120)
+                                  env=env, capture_output=True, text=True, timeout=HANG)
     finally:
         collector.shutdown()
     assert done.returncode == 0 and done.stdout == "391\n", done.stderr
@@ -317,13 +318,13 @@ def test_a_durable_run_resumed_by_another_process_continues_its_trace(tmp_path: 
     try:
         service.start()
         auth = service.key("alice")
-        task = httpx.post(f"{service.url}/v1/tasks", json={"prompt": "charge", "agent": "billing"}, headers=auth).json()
+        task = httpx.post(f"{service.url}/v1/tasks", json={"prompt": "charge", "agent": "billing"}, headers=auth, timeout=HANG).json()
         run_id = task["task_id"]
         wait_status(service, auth, run_id, "awaiting_approval")
         service.stop()
         service.start()
         done = httpx.post(f"{service.url}/v1/tasks/{run_id}/confirm", json={"call_id": "c1", "approved": True},
-                          headers=auth)
+                          headers=auth, timeout=HANG)
         assert done.status_code == 200, done.text
         wait_status(service, auth, run_id, "completed")
         service.stop()
@@ -419,7 +420,7 @@ class _Silent(BaseHTTPRequestHandler):
     released = threading.Event()
 
     def do_POST(self) -> None:
-        self.released.wait(60)
+        self.released.wait(2 * HANG)  # never, for the test: it is released at the end
 
     def log_message(self, *args: object) -> None:
         pass
@@ -427,12 +428,12 @@ class _Silent(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("collector", ["down", "silent"])
 def test_a_dead_collector_does_not_hold_the_exit(tmp_path: Path, collector: str) -> None:
-    """With the collector down (connection refused) or never answering, the CLI still exits soon after
-    its run, with one warning line and no SDK traceback. Only a generous bound here: the figure is
-    measured by bench/console-otel (was 13 s and 17 s)."""
+    """With the collector down (connection refused) or never answering, the CLI still exits after its
+    run, with one warning line and no SDK traceback. The exporter's own timeout is set past the hang
+    bound: held by the collector, the exit would take that long (seen: 37 s with a 40 s timeout and
+    tether's bound lifted, 9 s with it, at load 20); the figure is measured by bench/console-otel."""
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="tether[otel] is not installed")
     import socket
-    import time
 
     from fake_openai_server import FakeOpenAIServer, chat_completion
 
@@ -451,18 +452,10 @@ def test_a_dead_collector_does_not_hold_the_exit(tmp_path: Path, collector: str)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENROUTER_", "TETHER_",
                                                                                 "ANTHROPIC_", "OTEL_"))}
             env.update(OPENAI_API_KEY="sk-test", OPENAI_BASE_URL=model.base_url, PYTHONPATH=str(REPO / "src"),
-                       TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
-            began = time.monotonic()
+                       TETHER_HOME=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                       OTEL_EXPORTER_OTLP_TIMEOUT=str(2 * HANG))  # the exporter alone would outlast the wait below
             done = subprocess.run([sys.executable, "-m", "tether.cli", "-p", "Say hi."], env=env, capture_output=True,
-                                  text=True, timeout=120)
-            took = time.monotonic() - began
-            # the same run without telemetry, just after: what start-up and the run cost on this machine now
-            # (a loaded machine stretches both alike; the bound is on what the dead collector adds)
-            plain = {k: v for k, v in env.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"}
-            began = time.monotonic()
-            subprocess.run([sys.executable, "-m", "tether.cli", "-p", "Say hi."], env=plain, capture_output=True,
-                           text=True, timeout=120)
-            baseline = time.monotonic() - began
+                                  text=True, timeout=HANG)
     finally:
         if server is not None:
             _Silent.released.set()
@@ -471,5 +464,3 @@ def test_a_dead_collector_does_not_hold_the_exit(tmp_path: Path, collector: str)
     warnings = [line for line in done.stderr.splitlines() if "telemetry" in line]
     assert len(warnings) == 1 and warnings[0].startswith("tether: warning: telemetry:"), done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    # before the bounded shutdown: 13 s (down), 17 s (silent) more than the run; now 0.5 s at most
-    assert took - baseline < 6, f"with the collector {collector}: {took:.1f} s, without telemetry {baseline:.1f} s"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from hang import HANG
 from hypothesis import given
 from hypothesis import strategies as st
 from pty_driver import on_a_terminal
@@ -64,7 +65,7 @@ def test_show_call_puts_each_argument_on_its_own_line() -> None:
 # --- through the CLI, in a terminal ---------------------------------------------------------------
 
 
-def _run_in_pty(argv: list[str], cwd: Path, env: dict[str, str], answer: bytes, timeout: float = 60) -> bytes:
+def _run_in_pty(argv: list[str], cwd: Path, env: dict[str, str], answer: bytes, timeout: float = HANG) -> bytes:
     """Run `argv` on a pseudo-terminal; answer its approval questions with `answer`."""
     return on_a_terminal(argv, cwd, env, {b"Approve? [y/N": answer}, timeout)
 

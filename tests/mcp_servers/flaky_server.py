@@ -4,7 +4,7 @@
 
 Tools: `echo(text)`; `hang()` never answers; `crash()` kills the process mid-call; `grow()` adds
 a tool named `extra_N` and announces the change; `pid()` returns the process id; `pay_later(path,
-seconds)` appends to a file after a while.
+seconds)` writes its process id to PATH.started, then appends to PATH after a while.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolRe
         return mt.CallToolResult(content=[mt.TextContent(text=json.dumps(params.meta or {}, sort_keys=True,
                                                                           default=str))])
     if params.name == "pay_later":
+        started = args["path"] + ".started"  # the call is in this process now: its id, for the test to watch
+        with open(started + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(started + ".tmp", started)
         time.sleep(float(args["seconds"]))  # blocking work, as many servers do: no cancellation point
         with open(args["path"], "a") as f:
             f.write("paid\n")

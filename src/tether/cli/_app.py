@@ -460,8 +460,8 @@ def main(argv: list[str] | None = None) -> None:
     from tether._start import ctrl_c_is_main_s
 
     ctrl_c_is_main_s()  # start-up is over: Ctrl-C is a KeyboardInterrupt again, answered below
-    _telemetry_from_env()
     try:
+        _telemetry_from_env()  # inside: a Ctrl-C while telemetry's modules import is answered too
         code = app(args=argv, prog_name="tether", standalone_mode=False)
     except UsageError as exc:  # exit 2: a typo, not a failed run
         ctx = getattr(exc, "ctx", None)
