@@ -209,6 +209,9 @@ class PostgresIndex(Index):
             self._db.execute("INSERT OR REPLACE INTO files(name, data) VALUES (?, ?)", (name, written.read_bytes()))
         written.unlink()
 
+    def _reclaim(self) -> None:
+        pass  # (PostgreSQL's autovacuum keeps the space of deleted rows for reuse)
+
     def _metas(self, *keys: str) -> dict[str, str]:
         """Several meta values in one round trip (missing keys are absent)."""
         return dict(self._db.conn.execute("SELECT key, value FROM meta WHERE key = ANY(%s)", (list(keys),)).fetchall())
