@@ -17,7 +17,7 @@ this 2-core machine), then with a `best` index:
   graph_recall_at_10        the stored neighbour graph of 500 sampled passages against exact search
   dense_recall_at_10        the dense top 10 of 20 queries (HNSW candidates above 50,000) against exact
 PostgreSQL: $TETHER_BENCH_POSTGRES (default postgresql://postgres@127.0.0.1:54329/postgres); a
-database `tether_bench_rag_growth` is created and dropped. Figures go under `--label` (default `growth`)
+database `tether_bench_rag_growth` ($TETHER_BENCH_DB) is created and dropped. Figures go under `--label` (default `growth`)
 in results.json, one row per size, backend and code: `--src before=/path/to/old/src --src after=src`
 measures two checkouts side by side in one run (a row already there for the same size, backend and
 code is replaced, so a run can add the rows another one lacks).
@@ -43,7 +43,7 @@ import numpy as np
 from bench.rag_growth.__main__ import HERE, REPO, WORDS, _peak_mb
 
 PG = os.environ.get("TETHER_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:54329/postgres")
-DB = "tether_bench_rag_growth"
+DB = os.environ.get("TETHER_BENCH_DB", "tether_bench_rag_growth")  # (a database of its own per concurrent run)
 QUERIES = ["kabana lodilis", "vagurum tecoron", "susenum rofenis", "minee kahola", "tebanum ladilis"]
 
 

@@ -236,7 +236,17 @@ class Index:
         self._made_db = not (self.path / "index.sqlite").exists()
         self.path.mkdir(parents=True, exist_ok=True)
         # Tools run on executor threads: one connection shared under a lock.
-        return sqlite3.connect(self.path / "index.sqlite", check_same_thread=False, timeout=60)
+        conn = sqlite3.connect(self.path / "index.sqlite", check_same_thread=False, timeout=60)
+        if self._made_db:  # (only before the first table: an older index keeps its freed pages for reuse)
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        return conn
+
+    def _reclaim(self) -> None:
+        """Give the pages a change freed (the embedding checkpoints, megabytes per thousand
+        passages) back to the file system, in an index made with incremental auto-vacuum."""
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2 and self._db.execute(
+                "PRAGMA freelist_count").fetchone()[0]:
+            self._db.executescript("PRAGMA incremental_vacuum")  # (run to the end: `execute` frees one page)
 
     def _remove_created(self) -> None:
         """Remove what this object created (it is closed after an error)."""
@@ -693,6 +703,7 @@ class Index:
             with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
                 self._switch_vectors(tmps, whole, generation)
                 self._db.execute("DELETE FROM embed_cache")
+            self._reclaim()
             self._drop_old_arrays()
         finally:
             for tmp in tmps:
@@ -733,6 +744,7 @@ class Index:
                     fh.write(head)
             self._vector_meta(len(have.vectors) + len(new.vectors), len(have.windows) + len(new.windows), generation)
             self._db.execute("DELETE FROM embed_cache")
+        self._reclaim()
         return True
 
     def _write_arrays(self, v: _Vectors) -> list[Path]:

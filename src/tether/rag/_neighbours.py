@@ -115,6 +115,20 @@ class HNSW:
             self.labels[new] = added
         self._slot_of = None
 
+    def relabel(self, labels: np.ndarray, next_label: int) -> None:
+        """Set the label of each slot (-1: dead) and the next label to give, as stored."""
+        self.labels, self.next_label, self._slot_of = labels.astype(np.int64), next_label, None
+
+    def replay(self, deleted: np.ndarray, vectors: np.ndarray, added: np.ndarray) -> None:
+        """One logged change as the writer made it: the labels `deleted` marked deleted, then
+        `vectors` added under the labels `added` (the slots' labels are the caller's to set)."""
+        for label in deleted.tolist():
+            self.index.mark_deleted(label)
+        if len(added):
+            if self.index.element_count + len(added) > self.index.max_elements:
+                self.index.resize_index((self.index.element_count + len(added)) * 2)
+            self.index.add_items(np.asarray(vectors, dtype=np.float32), added, replace_deleted=True)
+
     def compact(self, live: np.ndarray) -> None:
         """Renumber the slots `live` to 0..len(live)-1 (the store was compacted); labels stay."""
         self.labels = self.labels[live]
@@ -302,12 +316,7 @@ class Neighbours:
         log = list(zip(*parts.values(), strict=True)) if parts else []
         ann = HNSW.load(ann_file, np.zeros(0, dtype=np.int64), 0, vectors.shape[1])
         for deleted, slots, added in log:  # the changes since the file, in order, as the writer made them
-            for label in deleted.tolist():
-                ann.index.mark_deleted(label)
-            if len(slots):
-                if ann.index.element_count + len(slots) > ann.index.max_elements:
-                    ann.index.resize_index((ann.index.element_count + len(slots)) * 2)
-                ann.index.add_items(np.asarray(vectors[slots], dtype=np.float32), added, replace_deleted=True)
+            ann.replay(deleted, vectors[slots], added)
         ann.labels, ann.next_label = labels.astype(np.int64), next_label
         me = cls(rows, sims, ann)
         me.base, me.log = base, log

@@ -9,10 +9,11 @@ tether.rag._pg_lexical), and each passage's vector, windows and neighbours as ro
 swapped: the connection, the locks (PostgreSQL advisory locks, exclusive for writers and shared for
 readers, as the flock files are), where vectors and the neighbour graph live (rows, a change writing
 only its own), a process's copy of them (read once, then only the rows it has not seen), and BM25
-(on the server, one statement per search). It ranks as a SQLite index of the same documents. Only
-the HNSW graph of a store above the ANN threshold is still a file (a `files` row). On a server with
-pgvector (detected at open) the vectors are also `vector` rows and the dense scores are computed by
-the server (tether.rag._pgvector): a process that only searches reads no vectors.
+(on the server, one statement per search). It ranks as a SQLite index of the same documents. The
+HNSW graph of a store above the ANN threshold is a file (a `files` row) written now and then, with
+a change log in between (`ann_log` rows: tether.rag._pg_ann). On a server with pgvector (detected at
+open) the vectors are also `vector` rows and the dense scores are computed by the server
+(tether.rag._pgvector): a process that only searches reads no vectors.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tether._errors import InvalidInput, MissingDependency, OperationFailed
-from tether.rag import _pg_lexical, _pg_rows, _pgvector
+from tether.rag import _pg_ann, _pg_lexical, _pg_rows, _pgvector
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk
 from tether.rag._dense import DenseRetriever
@@ -162,6 +163,7 @@ class PostgresIndex(Index):
             db.executescript(_SCHEMA)
             db.executescript(_pg_lexical.SCHEMA)
             db.executescript(_pg_rows.SCHEMA)
+            db.executescript(_pg_ann.SCHEMA)
             db.execute("CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, data BYTEA NOT NULL)")
             # what names this schema's rows in a process's cache (a schema dropped and made again is another)
             conn.execute("INSERT INTO meta (key, value) VALUES ('instance', %s) ON CONFLICT DO NOTHING",
@@ -173,6 +175,7 @@ class PostgresIndex(Index):
         self._rowcache = _pg_rows.cache_for(f"{self._url.rpartition('@')[2]}#{self.name}#{instance}")
         self._server: _pg_lexical.ServerBM25 | None = None
         self._graph_from: str | None = None  # the generation whose stored graph was last loaded
+        self._held: _pg_ann.Held | None = None  # the HNSW index this object read (or wrote) last
         self._next_order: tuple[str, _pg_rows.Order] | None = None  # a change's chunk order, until committed
         self._gone: list[tuple[str, bool]] = []  # a change's removed ids (and whether gone for good), until committed
         self._dead: tuple[str, dict[int, str]] | None = None  # generation, removed slot -> id, till its vectors are stored
@@ -217,6 +220,9 @@ class PostgresIndex(Index):
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO files(name, data) VALUES (?, ?)", (name, written.read_bytes()))
         written.unlink()
+
+    def _reclaim(self) -> None:
+        pass  # (PostgreSQL's autovacuum keeps the space of deleted rows for reuse)
 
     def _metas(self, *keys: str) -> dict[str, str]:
         """Several meta values in one round trip (missing keys are absent)."""
@@ -350,11 +356,17 @@ class PostgresIndex(Index):
 
     def _load_neighbours(self, key: str, vectors: np.ndarray) -> Neighbours | None:
         """The graph stored for `key`, per slot (its generation's chunk order must be known to this
-        process: the current one, or the one before that this process read)."""
+        process: the current one, or the one before that this process read); this object's own if
+        it saved or loaded it last. Its HNSW index (above the ANN threshold) is the one this object
+        holds with the log rows written since replayed, else the file with its log replayed
+        (tether.rag._pg_ann)."""
+        if self._graph is not None and self._graph[0] == key:
+            return self._graph[1]
         gen = key.split(":", 1)[0]
         conn = self._db.conn
         with self._flock("swap.lock", fcntl.LOCK_SH):
-            m = self._metas("neighbours_key", "neighbours_k", "neighbours_ann", "ann_next_label", "generation")
+            m = self._metas("neighbours_key", "neighbours_k", "neighbours_ann", "ann_next_label", "ann_log_seq",
+                            "generation")
             if m.get("neighbours_key") != key:
                 return None
             order = self._rowcache.orders.get(gen)
@@ -372,41 +384,65 @@ class PostgresIndex(Index):
             sims = np.zeros((order.total, pos_rows.shape[1]), dtype=np.float32)
             labels = np.full(order.total, -1, dtype=np.int64)  # (a dead slot: none)
             rows[slots], sims[slots], labels[slots] = slots[pos_rows], pos_sims, pos_labels
-            ann = None
+            held = None
             ann_name = m.get("neighbours_ann", "")
             if ann_name:
-                if (f := self._file(ann_name)) is None:
-                    return None
-                ann = HNSW.load(f, labels, int(m.get("ann_next_label", "0")), vectors.shape[1])
+                upto = int(m.get("ann_log_seq", "0"))
+                held = self._held
+                if held is None or held.base != ann_name or held.seq > upto:
+                    self._held = None
+                    if (f := self._file(ann_name)) is None:
+                        return None
+                    held = _pg_ann.Held(ann_name, 0, HNSW.load(f, labels, 0, vectors.shape[1]), [])
+                    f.unlink()  # (read into memory)
+                    self._local.pop(ann_name, None)
+                held = _pg_ann.replay(conn, held, upto, vectors.shape[1])
+                held.ann.relabel(labels, int(m.get("ann_next_label", "0")))
+                self._held = held
             self._graph_from = gen
-            state = Neighbours(rows, sims, ann)
-            state.base = ann_name  # (the file is written whole with each save: no log to replay)
-            return state
+            state = Neighbours(rows, sims, held.ann if held is not None else None)
+            state.base, state.log = ann_name, list(held.log) if held is not None else []
+        self._graph = (key, state)
+        return state
 
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the graph rows that differ
-        from the last generation's (all of them when it was built whole), the HNSW file whole."""
-        ann_name = f"ann-{generation}.hnsw" if state.ann is not None else ""
+        from the last generation's (all of them when it was built whole) and, above the ANN
+        threshold, the HNSW changes since the last save as log rows, or the HNSW file whole when
+        due (tether.rag._pg_ann)."""
+        self._graph, held, self._held = None, self._held, None  # (`state` may be the one held, changed in place)
         tmp_ann = self.path / f"neighbours.{os.getpid()}.{threading.get_ident()}.hnsw.tmp"
         conn = self._db.conn
+        rebase = state.ann is not None and state.rebase_due
         try:
-            if state.ann is not None:
+            if state.ann is not None and rebase:
                 state.ann.save(tmp_ann)
-                state.base, state.log = ann_name, []
             with self._flock("swap.lock", fcntl.LOCK_EX):
                 if (self._meta("generation") or "0") != generation:
                     return  # another process changed the store meanwhile: its readers build their own
                 order = self._rowcache.order(conn, generation)
                 if order.total != len(state.rows):
                     return
+                if state.ann is not None and not rebase and state.base != (self._meta("neighbours_ann") or ""):
+                    rebase = True  # another process wrote the file anew since this state's: its log is of that one
+                    state.ann.save(tmp_ann)
                 prev = self._rowcache.orders.get(str(int(generation) - 1)) if self._graph_from == str(
                     int(generation) - 1) else None
                 slots = order.slots
                 rows = self._rowcache.graph_rows(order.ids, state.positions(slots), state.sims[slots],
                                                  state.ann.labels[slots] if state.ann is not None else None)
-                if state.ann is not None:
-                    self._put_file(ann_name, tmp_ann)
                 with self._db:
+                    ann_name, seq = "", 0
+                    if state.ann is not None and rebase:
+                        name_stamp = int(conn.execute("SELECT nextval('row_stamps')").fetchone()[0])
+                        ann_name = f"ann-{generation}-{name_stamp}.hnsw"  # (a name of its own: see `_load_neighbours`)
+                        self._put_file(ann_name, tmp_ann)
+                        conn.execute("DELETE FROM ann_log")
+                    elif state.ann is not None:  # a change: its log rows, not the file
+                        ann_name = state.base
+                        seq = _pg_ann.write_entries(conn, ann_name, state.ann,
+                                                    state.log[_pg_ann.logged(conn, ann_name):]) \
+                            or int(self._meta("ann_log_seq") or 0)
                     if prev is None:  # built whole: every row
                         conn.execute("DELETE FROM chunk_graph")
                     else:  # carried: the rows that changed, and those of passages new to it
@@ -424,6 +460,7 @@ class PostgresIndex(Index):
                     self._set_meta("neighbours_key", key)
                     self._set_meta("neighbours_k", str(state.k))
                     self._set_meta("neighbours_ann", ann_name)
+                    self._set_meta("ann_log_seq", str(seq))
                     self._set_meta("ann_next_label", str(state.ann.next_label if state.ann is not None else 0))
                 with self._rowcache.lock:  # committed: this process's copy is the server's
                     if prev is None:
@@ -433,8 +470,18 @@ class PostgresIndex(Index):
                     self._rowcache.graph_stamp = max(self._rowcache.graph_stamp, stamp)
                 self._graph_from = generation
                 self._drop_files("ann-", keep=ann_name)
+                held = None  # (stored: what this object holds now is below)
+                if state.ann is None or not rebase:
+                    self._graph = (key, state)
+                    if state.ann is not None:
+                        self._held = _pg_ann.Held(ann_name, seq, state.ann, list(state.log))
+                else:  # A written HNSW index is taken back from its file (hnswlib does not store its level
+                    # generator: every process continues from the file, this one too)
+                    state.base, state.log = ann_name, []
         finally:
             tmp_ann.unlink(missing_ok=True)
+            if held is not None and state.ann is not held.ann:
+                self._held = held  # not stored, nor changed by this save: still what this object holds
 
     # -- BM25 on the server (tether.rag._pg_lexical) ------------------------------------------------
 
