@@ -159,18 +159,23 @@ def test_an_enum_condition_runs_only_on_its_option() -> None:
         assert bool(booked) is runs
 
 
+def _note_tool(booked: list[str]) -> Tool:
+    @tool(effect="reversible", untrusted_output=True, hide_output=False)
+    def note(text: str) -> str:
+        """Write a note."""
+        booked.append(text)
+        return f"noted: {text}"
+
+    return note
+
+
 def test_no_note_about_the_inner_call_reaches_the_model() -> None:
     """An inner tool whose output is untrusted and shown would get the turn's "data from outside" note,
     which would tell the model the call ran; the note is left out (the output is in the hidden record)."""
     seen = []
     for reply in ("true", "false"):
         world, booked = World(), []  # type: ignore[var-annotated]
-
-        @tool(effect="reversible", untrusted_output=True, hide_output=False)
-        def note(text: str) -> str:
-            """Write a note."""
-            booked.append(text)
-            return f"noted: {text}"
+        note = _note_tool(booked)
 
         def step(request: Any) -> Any:
             tools = [m for m in request.messages if m.role == "tool"]
