@@ -22,6 +22,10 @@ In the hidden mode the planner announces together the effects it can make withou
 and the oracle answers such a turn as one question (batched approvals); the clean runs also give the
 prompts without batches (`approval_prompts_unbatched`) and the blunt rule's with them
 (`approval_prompts_blunt_batched`: the scripted model announcing consecutive effects in one turn).
+The hidden mode's planner writes a call the data decides as `call_if` (tether.values._conditional: the
+answer never reaches it), and the reversible effects of bench/agentdojo/staging.py are staged for one
+review at the run's end: `reviews` and `staged_changes` count those apart from the prompts, and
+`approval_prompts_before` / `utility_deny_before` are the same run's figures with both off.
 """
 
 from __future__ import annotations
