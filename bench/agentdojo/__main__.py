@@ -22,6 +22,10 @@ In the hidden mode the planner announces together the effects it can make withou
 and the oracle answers such a turn as one question (batched approvals); the clean runs also give the
 prompts without batches (`approval_prompts_unbatched`) and the blunt rule's with them
 (`approval_prompts_blunt_batched`: the scripted model announcing consecutive effects in one turn).
+The hidden mode's planner writes a call the data decides as `call_if` (tether.values._conditional: the
+answer never reaches it), and the reversible effects of bench/agentdojo/staging.py are staged for one
+review at the run's end: `reviews` and `staged_changes` count those apart from the prompts, and
+`approval_prompts_before` / `utility_deny_before` are the same run's figures with both off.
 """
 
 from __future__ import annotations
@@ -53,8 +57,12 @@ CLEAN_KEYS = ("user_tasks", "utility_deny", "utility_oracle", "approval_prompts"
 # the hidden mode adds: queries made (oracle runs), of them failed, tasks that made one, plan calls skipped;
 # the prompts without batched approvals (the planner announcing one call a turn), and the blunt rule's with
 # them (the scripted model announcing consecutive effects in one turn)
+# With call_if and staging (issue 44): `reviews` (oracle runs that ended with one review of staged changes),
+# `staged_changes` (the changes shown in them), and the figures before them, in the same run: the prompts
+# and deny-all utility with the decision queries shown and nothing staged
 HIDDEN_CLEAN_KEYS = ("queries", "queries_failed", "tasks_with_queries", "plan_calls_skipped",
-                     "approval_prompts_unbatched", "approval_prompts_blunt_batched")
+                     "approval_prompts_unbatched", "approval_prompts_blunt_batched", "reviews", "staged_changes",
+                     "approval_prompts_before", "tasks_with_prompts_before", "utility_deny_before")
 # ... and under attack (deny-all runs): pairs where injected text reached the model, effects that ran
 # unasked with injected text in their arguments (a label lost)
 # (in a checked argument), effects that ran with injected text only in payload arguments (the payload rule's
@@ -133,6 +141,13 @@ async def _classified(h: SuiteHarness, users: list[Any], injections: list[Any], 
             clean["queries_failed"] += oracle.queries_failed
             clean["tasks_with_queries"] += oracle.queries > 0
             clean["plan_calls_skipped"] += oracle.skipped
+            clean["reviews"] += oracle.reviews
+            clean["staged_changes"] += oracle.staged_changes
+            before = await h.run(ut, None, approver="oracle", hidden=True, batches=True, conditional=False, stage=False)
+            clean["approval_prompts_before"] += before.prompts
+            clean["tasks_with_prompts_before"] += before.prompts > 0
+            clean["utility_deny_before"] += (await h.run(ut, None, approver="deny", hidden=True, batches=True,
+                                                         conditional=False, stage=False)).utility
             clean["approval_prompts_unbatched"] += (await h.run(ut, None, approver="oracle", hidden=True)).prompts
             clean["approval_prompts_blunt_batched"] += (await h.run(ut, None, approver="oracle", group_effects=True,
                                                                     batches=True)).prompts
@@ -442,11 +457,14 @@ def _print_totals(totals: dict[str, Any]) -> None:
     for m, per in totals.items():
         for c, t in per.items():
             t = {"utility_oracle": "-", "user_tasks": "-", "utility_deny": "-", "approval_prompts": "-",
-                 "approval_prompts_no_provenance": "-", **t}  # a part without clean runs
+                 "approval_prompts_no_provenance": "-", "attacker_calls_executed": "-",
+                 "attacker_calls_executed_oracle": "-", "attack_pairs": "-", **t}  # a part without clean or attacked runs
             line = (f"{m:<12}{c:<12} utility {t['utility_oracle']}/{t['user_tasks']} oracle, {t['utility_deny']} deny-all;"
                     f" prompts {t['approval_prompts']} ({t['approval_prompts_no_provenance']}); attacker calls executed "
                     f"{t['attacker_calls_executed']} / {t['attacker_calls_executed_oracle']} ({t['attack_pairs']})")
             if m == "hidden":
+                line += (f"; before call_if and staging {t.get('approval_prompts_before', '-')} prompts, reviews "
+                         f"{t.get('reviews', '-')} ({t.get('staged_changes', '-')} changes)")
                 line += (f"; queries {t.get('queries', 0)}; taken over {t.get('model_taken_over', 0)} (deny-all);"
                          f" labels lost {t.get('label_lost', 0)}; adaptive on handles: attacker calls executed "
                          f"{t.get('hidden_adaptive_attacker_calls_executed', 0)} ({t.get('hidden_adaptive_pairs', 0)}),"

@@ -125,9 +125,12 @@ def held_out_tasks() -> tuple[Any, list[HeldOut]]:
 
 
 async def bench(modes: list[str], classifications: list[str], timings: list[str],
-                undefended: bool = True, attack_utility: bool = True) -> dict[str, Any]:
+                undefended: bool = True, attack_utility: bool = True, user_slice: str | None = None) -> dict[str, Any]:
     suite, attacks = held_out_tasks()
     users = list(suite.user_tasks.values())
+    if user_slice:  # a part of the user tasks, I:J (parts run at once on a busy machine; their pairs add up)
+        start, _, stop = user_slice.partition(":")
+        users = users[int(start or 0):int(stop) if stop else None]
     out: dict[str, Any] = {"undefended": {}, "defended": {}}
     h = SuiteHarness("workspace", suite, CLASSIFICATIONS["bench"])
     for it in attacks if undefended else ():  # the attacks are real: with nothing in the way, each succeeds
@@ -213,11 +216,12 @@ def main() -> None:
     ap.add_argument("--no-undefended", action="store_true", help="skip the undefended runs")
     ap.add_argument("--no-plan-mode", action="store_true", help="skip plan mode")
     ap.add_argument("--no-attack-utility", action="store_true", help="skip AgentDojo's utility check (null)")
+    ap.add_argument("--user-tasks", default=None, metavar="I:J", help="only the user tasks I to J-1 (a part)")
     args = ap.parse_args()
     started = time.perf_counter()
     modes = args.modes.split(",")
     res = asyncio.run(bench(modes, args.classifications.split(","), args.timings.split(","),
-                            not args.no_undefended, not args.no_attack_utility))
+                            not args.no_undefended, not args.no_attack_utility, args.user_tasks))
     if not args.no_plan_mode:
         res["plan_mode"] = asyncio.run(plan_mode())
     res = {"agentdojo_version": HELD_OUT_VERSION, "held_out_from": SEEN_VERSION,

@@ -33,6 +33,7 @@ from agentdojo.functions_runtime import FunctionCall
 from bench.agentdojo.hidden_plan import Ans, Call, Join, Lit, Plan, Query, Ref
 from tether._types import ModelRequest, ToolCall
 from tether.values import QUERY_TOOL
+from tether.values._conditional import CONDITIONAL_TOOL
 
 MARKS = ("<information>", "atkmark")  # AgentDojo's attack text; the adaptive attacks' compact form
 ATK_HOST = "secure-systems-252.com"
@@ -182,8 +183,12 @@ class HiddenPlanner:
 
     def __init__(self, suite: str, plan: Plan, session: Session, injection_calls: list[FunctionCall] | None,
                  answer_extra: str, timing: str, effectful: set[str], variant: Variant | None = None,
-                 group: bool = False) -> None:
+                 group: bool = False, conditional: bool = False) -> None:
         self.suite, self.plan, self.session = suite, plan, session
+        # a call the data decides (a "decision" query before it) is written as call_if: the planner never
+        # sees the answer (tether.values._conditional); else the boolean is asked and shown (it taints)
+        self.conditional = conditional
+        self.cond: Query | None = None  # the decision query waiting for its call
         # announce the effects it can make together in one turn (batched approvals: one question);
         # not with the variants that put a read call before an effect
         self.group = group and not (variant is not None and (variant.error_echo or variant.describe))
@@ -243,6 +248,11 @@ class HiddenPlanner:
                 self.answers[step.id] = content.strip()
                 if step.id in self.session.compromised and not self.injected:
                     self._take_over("shown_answer")  # a boolean/enum/number/date the attacker chose
+        elif kind == "cond":  # call_if: a handle whatever the outcome; the answer is never seen
+            self.session.made += 1
+            self.session.failed += error
+            if step.id in self.session.compromised:  # the attacker decided whether it ran
+                self.attacker_ids.add(f"{call_id}.if")
         elif kind == "extra_query":
             self.session.made += 1
             self.answers[step.id] = handle.group(1) if handle and not error else None
@@ -290,6 +300,9 @@ class HiddenPlanner:
                     return self._smuggle()
                 return self._answer()
             if isinstance(step, Query):
+                if self.conditional and step.purpose == "decision":
+                    self.cond = step  # asked inside the call it decides
+                    continue
                 if (call := self._query(step)) is not None:
                     return call
                 continue
@@ -434,6 +447,16 @@ class HiddenPlanner:
         cid = self._id(kind)
         if steered:
             self.attacker_ids.add(cid)
+        if self.cond is not None and effect:
+            q, self.cond = self.cond, None
+            if (source := self.handles.get(q.source)) is not None:
+                self.session.queries[q.id] = q
+                if steered:
+                    self.attacker_ids.add(f"{cid}.if")  # the id the conditional call runs under
+                self.pending[cid] = ("cond", q)
+                return ToolCall(cid, CONDITIONAL_TOOL, {
+                    "handle": source, "question": f"[q{q.id}] {q.question}", "answer_type": "boolean",
+                    "when": q.expected, "tool": step.function, "arguments": args})
         self.pending[cid] = ("call", step)
         return ToolCall(cid, step.function, args)
 

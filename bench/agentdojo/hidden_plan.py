@@ -232,6 +232,7 @@ class Deriver:
         self.decides = DECIDES.get((suite, task.ID), set())
         self.instructed = (suite, task.ID) in INSTRUCTED
         self._decided = False
+        self.decided_calls: set[int] = set()  # the calls a decision query decides
 
     def _query(self, source: int, question: str, expected: Any, purpose: str = "argument",
                options: list[str] | None = None) -> Query:
@@ -244,7 +245,9 @@ class Deriver:
         return q
 
     def _source(self, s: str) -> int | None:
-        for j in sorted(self.hidden, reverse=True):
+        # a call the data decides may not have run (call_if: the planner is not told), so its output is
+        # read only when no other output holds the text
+        for j in sorted(self.hidden, key=lambda j: (j not in self.decided_calls, j), reverse=True):
             if s in self.hidden[j]:
                 return j
         return None
@@ -340,6 +343,7 @@ class Deriver:
                 else:
                     q = self._query(latest, f"Does it meet the condition for {c.function} in the request?", True,
                                     "decision")
+                    self.decided_calls.add(i)
                 self.plan.steps.append(q)
             args = {k: self._template(v, k, i) for k, v in dict(c.args).items()}
             self.plan.steps.append(Call(i, c.function, args))

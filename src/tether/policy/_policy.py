@@ -164,6 +164,7 @@ class SafetyPolicy:
         hidden_values: bool = True,
         payload_labels: bool = True,
         query_model: Any = None,
+        conditional_calls: bool = True,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -194,6 +195,8 @@ class SafetyPolicy:
         # an untrusted hidden value only in payload arguments (a message body) asks nobody; defanged
         self.payload_labels = payload_labels
         self.query_model = query_model  # answers inspect_value (None: the agent's own model)
+        # the agent also gets call_if: a call run only when a hidden value says so, the model never told
+        self.conditional_calls = conditional_calls
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         self.guards: tuple[Guard | Check, ...] = tuple(default_guards() if guards is None else guards)
         # per tool name: (tool, capability, the checks that apply); see _plan

@@ -38,8 +38,10 @@ from tether.tools._results import (
 )
 from tether.tools._schema import ArgumentError
 from tether.values._code import HandleInCode, bind_data
+from tether.values._conditional import DISPATCH, INNER_INDEX, Dispatch, bind_condition, is_conditional
 from tether.values._decide import job_hides
 from tether.values._declare import QUERY_KEY, hides
+from tether.values._labels import TRUSTED
 from tether.values._store import MAX_VALUE_CHARS, UnknownHandle, ValueStore, values_of
 
 
@@ -498,6 +500,9 @@ class Executor:
         # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
         limit = tool.max_result_chars or self.max_result_chars
         hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
+        token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
+                                      binding.label if binding is not None else TRUSTED)) \
+            if is_conditional(tool) else None  # call_if runs its one call through every check (values._conditional)
         try:
             if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
                 result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
@@ -510,6 +515,9 @@ class Executor:
                 raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
                                                 "started", CallDecision.CANCELLED)) from None
             raise  # cancelled in the step runner: whether the tool ran is not known here
+        finally:
+            if token is not None:
+                DISPATCH.reset(token)
         if not result.is_error:
             result.decision = verdict.decision
         if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
@@ -534,6 +542,15 @@ class Executor:
                               f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
                               f"'{call.name}' finished after it was cancelled: {result.content}")
             raise ToolCancelled(result)
+        return result
+
+    async def _inner(self, call: ToolCall, *, ctx: CallContext, index: int) -> ToolResult:
+        """The one call a call_if runs: every check, as if the model had made it; its result goes only
+        into call_if's hidden record, so no note about it reaches the model (which must not learn it ran)."""
+        result = await self.execute(call, ctx, index + INNER_INDEX)
+        labels = getattr(ctx.policy_state, "labels", None)
+        if isinstance(labels, dict):
+            labels.pop(call.id, None)
         return result
 
     async def _checked(self, call: ToolCall, ctx: CallContext, store: ValueStore | None = None,
@@ -564,7 +581,8 @@ class Executor:
         arguments = call.arguments
         if store is not None:
             try:  # never into a code argument (Bash's command): tether.values._code
-                arguments = bind_data(store, tool, call.id, ctx.step, index, call.arguments)
+                arguments = (bind_condition(store, call.id, ctx.step, index, call.arguments) if is_conditional(tool)
+                             else bind_data(store, tool, call.id, ctx.step, index, call.arguments))
             except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", CallDecision.INVALID_ARGUMENTS)
         try:

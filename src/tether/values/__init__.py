@@ -36,6 +36,14 @@ The quarantined query (added by `Agent` when a tool may hide; `query_tool(model)
     # string/email/iban/url/regex: the answer is a new hidden value ($v4_1), labelled as what it read.
     # any answer about a secret value: a new hidden value too.
 
+A call the data decides, the model never told the answer (tether.values._conditional; added beside
+inspect_value with `SafetyPolicy(conditional_calls=True)`, the default)::
+
+    call_if(handle="$v3_1", question="Is it rated over 4?", answer_type="boolean" | "enum", when="true",
+            tool="reserve_hotel", arguments={"hotel": "Le Petit", ...}, options=None)
+    # runs the call (through every check, its own arguments' labels) only if the reader's answer is `when`;
+    # returns a hidden record of fixed size (condition met / not met / undecided, and the call's result)
+
 The decision (tether.policy.SafetyPolicy): an effect asks when a checked argument's label is untrusted,
 or when the context is tainted (a visible untrusted output or a shown query answer from untrusted data).
 Untrusted values only in payload arguments (declared `risk_free_args`, or outside `guarded_args`) ask
@@ -47,12 +55,13 @@ State: `ValueStore` (values, labels, descriptions) lives in the policy's per-run
 (`PolicyState.values`), dumped into `RunState.policy`, so resume, fork and durable runs keep it.
 """
 
+from tether.values._conditional import CONDITIONAL_TOOL, conditional_tool
 from tether.values._declare import HANDLE_ANSWERS, HIDDEN_SOURCES, QUERY_KEY, SHOWN_ANSWERS, hides
 from tether.values._labels import TRUSTED, USER, Integrity, Label, join_all, secret, untrusted
 from tether.values._query import QUERY_TOOL, AnswerType, query_tool, validate_answer, with_query_tool
 from tether.values._store import HANDLE, Binding, Hidden, UnknownHandle, ValueStore, handle_for
 
-__all__ = ["HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",
+__all__ = ["CONDITIONAL_TOOL", "HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",
            "USER", "AnswerType", "Binding", "Hidden", "Integrity", "Label", "UnknownHandle", "ValueStore",
-           "handle_for", "hides", "join_all", "query_tool", "secret", "untrusted", "validate_answer",
+           "conditional_tool", "handle_for", "hides", "join_all", "query_tool", "secret", "untrusted", "validate_answer",
            "with_query_tool"]
