@@ -110,10 +110,33 @@ class EstimateCounter:
         return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
 
     def _count_ascii(self, text: str) -> int:
-        """`count` for ASCII text, the same figure, in linear time without a Python loop: each character
-        is mapped to its piece's class (a letter, digit, newline, other space, other), and every sum is
-        read from string counts. Only the word sum is a float sum in `_count_pieces` (see `_words_sum`)."""
+        """`count` for ASCII text, the same figure: each character mapped to its piece's class (a letter,
+        digit, newline, other space, other). A short text's words and digit runs are listed by a regex (a
+        few calls); a longer one's sums are read from string and big-int counts (`_count_long`, linear
+        time without a Python loop). Words are summed in `_count_pieces`' order, so the float sum is the same."""
         classes = text.translate(_ASCII_CLASSES)
+        if len(classes) > _SHORT:
+            return self._count_long(text, classes)
+        runs = _ASCII_WORDS.findall(classes)
+        if "aaaaaaa" not in classes:  # every word counts 1: a sum of ones, exact in any order
+            words = float(len(runs))
+        else:
+            words = 0.0
+            for run in runs:  # (at most _SHORT / 8 words of 7 letters)
+                n = len(run)
+                words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
+        digits = 0.0
+        if "d" in classes:  # whole numbers summed: exact in any order
+            runs = _ASCII_DIGITS.findall(classes)
+            digits = float(len(runs)) if "dddd" not in classes else float(sum(-(-len(run) // 3) for run in runs))
+        punct = float(classes.count("p"))
+        breaks = float(classes.count("n") + (len(_ASCII_GAPS.findall(classes)) if "ss" in classes else 0))
+        w = self.weights
+        return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
+
+    def _count_long(self, text: str, classes: str) -> int:
+        """`_count_ascii` of a longer text, in linear time without a Python loop: every sum is read from
+        string and big-int counts. Only the word sum is a float sum in `_count_pieces` (see `_words_sum`)."""
         # one byte a character, 1 a letter: a run of n letters is n bytes of 1; as one int, each test of
         # all characters is one big-int operation
         letters = int.from_bytes(text.encode().translate(_LETTER_BYTES), "little")
@@ -166,6 +189,8 @@ def _ascii_class(ch: str) -> str:
 
 _ASCII_CLASSES = {i: _ascii_class(chr(i)) for i in range(128)}
 _ASCII_WORDS = re.compile("a+")
+_ASCII_DIGITS = re.compile("d+")
+_SHORT = 256  # characters: up to this, a regex's list of words costs fewer calls than building the int
 _LETTER_BYTES = bytes(int(_ASCII_CLASSES.get(i) == "a") for i in range(256))  # (an ASCII text has no byte over 127)
 _DIGIT_RUNS = str.maketrans("ansp", "bbbb")  # a digit stays "d", every other class becomes "b"
 _ASCII_GAPS = re.compile("(?<![sn])s{2,}(?![sn])")  # a run of spaces with no line break counts as one break
