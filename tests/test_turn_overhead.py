@@ -131,3 +131,21 @@ def test_a_call_reads_its_tools_declarations_a_few_times_not_once_per_check(monk
 
     per_call = (reads_in_a_run(5) - reads_in_a_run(1)) / 4  # (a run reads some once: its capability, its plan)
     assert per_call <= 4  # the policy before and after the call, binding its arguments, `hides`
+
+
+def test_a_subclass_is_untrusted_source_hook_still_judges_outputs_after_the_call() -> None:
+    """`after_call` reads the declarations once and tests the source itself, but a subclass's own
+    `is_untrusted_source` is still the one asked."""
+    from tether.tools._base import Tool
+
+    class WebLookups(SafetyPolicy):
+        def is_untrusted_source(self, tool: Tool, state: Any = None) -> bool:
+            return tool.name == "lookup" or super().is_untrusted_source(tool, state)
+
+    for policy, labelled in ((SafetyPolicy(), False), (WebLookups(), True)):
+        agent = Agent(ScriptedModel([call("lookup", key="a"), "done"]), tools=[lookup], policy=policy,
+                      limits=Limits(max_steps=4))
+        result = agent.run("look a up")
+        assert result.completed
+        notes = [m for m in result.messages if "data from outside this conversation" in m.content]
+        assert bool(notes) is labelled

@@ -603,7 +603,9 @@ class SafetyPolicy:
                 state.done.discard(action_key(tool.name, pend.args))
             # the hidden values its arguments carried (tether.values; `ValueStore.take`, inline)
             binding = state.values.bindings.pop(result.call_id, None)
-            untrusted = self._untrusted_source(tool, state, declared) or (
+            # the `is_untrusted_source` hook with the declarations read above (a subclass's own hook is asked)
+            untrusted = (self._untrusted_source(tool, state, declared) if type(self) is SafetyPolicy
+                         else self.is_untrusted_source(tool, state)) or (
                 tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
             if result.untrusted is not None and (result.untrusted or (
                     declared.exact_provenance and tool.name not in self.untrusted_tools)):
