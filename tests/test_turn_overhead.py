@@ -103,3 +103,49 @@ def test_each_turns_events_are_the_typed_events_envelopes() -> None:
         assert list(envelope.data) == list(again.data) and envelope.data == again.data, envelope.kind
         assert type(event) is type(again) and event == again  # what the observer got
         assert (event.step, event.t, event.duration) == (envelope.step, envelope.t, envelope.duration)
+
+
+def test_a_call_reads_its_tools_declarations_a_few_times_not_once_per_check(monkeypatch: Any) -> None:
+    """`Tool.declared` (a property) was read nine times a call, by the policy before and after it and by
+    the hidden-values bookkeeping; the policy now reads it once on each side and passes it on."""
+    from tether.tools._base import Tool
+
+    reads = 0
+    declared = Tool.declared
+
+    def counted(self: Tool) -> Any:
+        nonlocal reads
+        reads += 1
+        return declared.fget(self)  # pyright: ignore[reportOptionalCall]
+
+    monkeypatch.setattr(Tool, "declared", property(counted))
+
+    def reads_in_a_run(calls: int) -> int:
+        nonlocal reads
+        reads = 0
+        script: list[Any] = [call("lookup", key=str(i)) for i in range(calls)]
+        agent = Agent(ScriptedModel([*script, "done"]), tools=[lookup], limits=Limits(max_steps=calls + 2))
+        result = agent.run("look the keys up")
+        assert result.completed and result.output == "done"
+        return reads
+
+    per_call = (reads_in_a_run(5) - reads_in_a_run(1)) / 4  # (a run reads some once: its capability, its plan)
+    assert per_call <= 4  # the policy before and after the call, binding its arguments, `hides`
+
+
+def test_a_subclass_is_untrusted_source_hook_still_judges_outputs_after_the_call() -> None:
+    """`after_call` reads the declarations once and tests the source itself, but a subclass's own
+    `is_untrusted_source` is still the one asked."""
+    from tether.tools._base import Tool
+
+    class WebLookups(SafetyPolicy):
+        def is_untrusted_source(self, tool: Tool, state: Any = None) -> bool:
+            return tool.name == "lookup" or super().is_untrusted_source(tool, state)
+
+    for policy, labelled in ((SafetyPolicy(), False), (WebLookups(), True)):
+        agent = Agent(ScriptedModel([call("lookup", key="a"), "done"]), tools=[lookup], policy=policy,
+                      limits=Limits(max_steps=4))
+        result = agent.run("look a up")
+        assert result.completed
+        notes = [m for m in result.messages if "data from outside this conversation" in m.content]
+        assert bool(notes) is labelled

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import math
 import re
 from collections.abc import Mapping
 from functools import cache
@@ -110,15 +111,18 @@ class EstimateCounter:
 
     def _count_ascii(self, text: str) -> int:
         """`count` for ASCII text, the same figure: each character mapped to its piece's class (a letter,
-        digit, newline, other space, other), so only words and digit runs are walked in Python. Words
-        are summed in `_count_pieces`' order, so the float sum is the same."""
+        digit, newline, other space, other). A short text's words and digit runs are listed by a regex (a
+        few calls); a longer one's sums are read from string and big-int counts (`_count_long`, linear
+        time without a Python loop). Words are summed in `_count_pieces`' order, so the float sum is the same."""
         classes = text.translate(_ASCII_CLASSES)
+        if len(classes) > _SHORT:
+            return self._count_long(text, classes)
         runs = _ASCII_WORDS.findall(classes)
         if "aaaaaaa" not in classes:  # every word counts 1: a sum of ones, exact in any order
             words = float(len(runs))
         else:
             words = 0.0
-            for run in runs:
+            for run in runs:  # (at most _SHORT / 8 words of 7 letters)
                 n = len(run)
                 words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
         digits = 0.0
@@ -128,6 +132,48 @@ class EstimateCounter:
         punct = float(classes.count("p"))
         breaks = float(classes.count("n") + (len(_ASCII_GAPS.findall(classes)) if "ss" in classes else 0))
         w = self.weights
+        return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
+
+    def _count_long(self, text: str, classes: str) -> int:
+        """`_count_ascii` of a longer text, in linear time without a Python loop: every sum is read from
+        string and big-int counts. Only the word sum is a float sum in `_count_pieces` (see `_words_sum`)."""
+        # one byte a character, 1 a letter: a run of n letters is n bytes of 1; as one int, each test of
+        # all characters is one big-int operation
+        letters = int.from_bytes(text.encode().translate(_LETTER_BYTES), "little")
+        runs = (letters & ~(letters >> 8)).bit_count()  # a word's last letter: no letter after it
+        digits = 0.0
+        if "d" in classes:  # ceil(n / 3) for each run of n digits: floor((n + 2) / 3), the run made 2 longer
+            runs_of = classes.translate(_DIGIT_RUNS) + "b"  # "d" a digit, "b" anything else (and after the text)
+            digits = float(runs_of.replace("db", "dddb").count("ddd") if "dddd" in classes else runs_of.count("db"))
+        punct = float(classes.count("p"))
+        breaks = float(classes.count("n") + (len(_ASCII_GAPS.findall(classes)) if "ss" in classes else 0))
+        if "aaaaaaa" in classes:  # a word of n > 6 letters counts 1 + (n - 6) / 6
+            # the letters past each word's sixth: those that begin 7 letters in a row (n - 6 in a word of n)
+            two = letters & (letters >> 8)
+            four = two & (two >> 16)
+            long = (four & (two >> 32) & (letters >> 48)).bit_count()
+            return self._words_sum(runs, long, digits, punct, breaks, classes)
+        w = self.weights  # every word counts 1: a sum of ones, exact in any order
+        return max(1, round(runs * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
+
+    def _words_sum(self, runs: int, long: int, digits: float, punct: float, breaks: float, classes: str) -> int:
+        """The count when some words are longer than six letters. `_count_pieces` adds each word's
+        1 + (n - 6) / 6 to a float in turn, which rounds; the exact sum is runs + long / 6. Both lie
+        within the bound of sequential summation (m terms: (m - 1) * 2**-53 of the sum, plus each term's
+        own two roundings) of it, so when the total is farther than that from a rounding boundary (an
+        odd multiple of 0.5), both round alike. Otherwise (rare: a total within ~1e-9 of x.5) the words
+        are summed one by one, as `_count_pieces` does."""
+        w = self.weights
+        words = runs + long / 6
+        total = words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]
+        size = abs(words * w[0]) + abs(digits * w[1]) + abs(punct * w[2]) + abs(breaks * w[3])
+        margin = 2.3e-16 * (words + 8) * (words + 8) * abs(w[0]) + 1e-9 * (1 + size)
+        if math.isfinite(total) and abs(total - math.floor(total) - 0.5) > margin:
+            return max(1, round(total))
+        words = 0.0
+        for run in _ASCII_WORDS.findall(classes):
+            n = len(run)
+            words += 1 if n < 7 else 1 + (n - 6) / 6  # (1 + 0 / 6 is 1.0: the same sum as `_count_pieces`')
         return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
 
 
@@ -144,6 +190,9 @@ def _ascii_class(ch: str) -> str:
 _ASCII_CLASSES = {i: _ascii_class(chr(i)) for i in range(128)}
 _ASCII_WORDS = re.compile("a+")
 _ASCII_DIGITS = re.compile("d+")
+_SHORT = 256  # characters: up to this, a regex's list of words costs fewer calls than building the int
+_LETTER_BYTES = bytes(int(_ASCII_CLASSES.get(i) == "a") for i in range(256))  # (an ASCII text has no byte over 127)
+_DIGIT_RUNS = str.maketrans("ansp", "bbbb")  # a digit stays "d", every other class becomes "b"
 _ASCII_GAPS = re.compile("(?<![sn])s{2,}(?![sn])")  # a run of spaces with no line break counts as one break
 
 

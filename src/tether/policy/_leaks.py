@@ -61,7 +61,7 @@ def _squash(text: str) -> str:
 def secrets_in(text: str) -> set[str]:
     """The secret-looking values in a text, by pattern (whitespace inside them removed)."""
     out: set[str] = set()
-    plain = normalise(text)
+    plain = text.translate(_ASCII_INVISIBLE) if text.isascii() else normalise(text)  # (`normalise`'s ASCII case)
     for label, pattern in secret_patterns_for(plain):
         for m in pattern.finditer(plain):
             found = m.group()

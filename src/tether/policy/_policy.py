@@ -56,6 +56,7 @@ from tether.policy._output_filter import Finding, filter_output, fold
 from tether.policy._provenance import Origin
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
+from tether.tools._declares import Declares
 from tether.tools._executor import CallContext, Verdict
 from tether.values import _decide as hidden
 from tether.values._store import ValueStore
@@ -357,11 +358,17 @@ class SafetyPolicy:
         """The `Policy` hook: a tool in `untrusted_tools`, declared `untrusted_output`, or whose declared
         `source` is one of `untrusted_sources` (web, email, ...) returns content someone else wrote; one
         in `trusted_tools` never does. `read_result` is untrusted once the run (`state`) is tainted."""
+        if tool.name in self.trusted_tools:  # (before `declared`: reading it may apply a deprecated key)
+            return False
+        return self._untrusted_source(tool, state, tool.declared)
+
+    def _untrusted_source(self, tool: Tool, state: PolicyState | None, declared: Declares) -> bool:
+        """`is_untrusted_source` with the tool's declarations read already (`Tool.declared`)."""
         if tool.name in self.trusted_tools:
             return False
         if tool.name in self.untrusted_tools or tool.untrusted_output:
             return True
-        declared = tool.declared  # (a deprecated `untrusted` metadata key sets untrusted_output)
+        # (reading `declared` applied a deprecated `untrusted` metadata key to untrusted_output)
         if tool.untrusted_output or str(declared.source or "").lower() in self.untrusted_sources:
             return True
         # read_result pages through earlier outputs: untrusted once any of them was
@@ -394,7 +401,10 @@ class SafetyPolicy:
             if stop is not None:
                 return await self._stop(c, stop)
             if not c.ask:  # nobody to ask: `_approve` without its awaits (no coroutine for the usual call)
-                self._reserve(c)
+                if c.cap.per_user is None:  # `_reserve`, inline
+                    c.state.calls[tool.name] += 1
+                else:
+                    self._reserve(c)
                 return self._let_through(c, "allowed", "")
             return await self._approve(c)
         except Exception as exc:
@@ -408,16 +418,20 @@ class SafetyPolicy:
 
     def _checked(self, c: CallView) -> Stop | None:
         """Every guard on `c` in order: the first Stop, or None (the reasons to ask are in `c.ask`)."""
-        stop = self._capability(c)
-        if stop is None:
-            for check in self._plan(c):
-                found = check(c)
-                if found is not None:
-                    if isinstance(found, str):  # a reason to ask a person
-                        c.ask.append(found)
-                        continue
-                    return found
-        return stop
+        tool = c.tool  # `_capability` and `_plan`, inline (two frames a call)
+        cap = self.capabilities.get(tool)
+        if cap is None:
+            return Stop(f"{CallDecision.REFUSED}:capability", f"'{tool.name}' is not permitted in this task")
+        c.cap, c.declares = cap, tool.declared
+        known = self._plans.get(tool.name)
+        for check in known[2] if known is not None and known[0] is tool and known[1] is cap else self._plan(c):
+            found = check(c)
+            if found is not None:
+                if isinstance(found, str):  # a reason to ask a person
+                    c.ask.append(found)
+                    continue
+                return found
+        return None
 
     def _plan(self, c: CallView) -> tuple[Check, ...]:
         """The checks of `self.guards` that can apply to this tool and capability, in order (a guard's
@@ -580,68 +594,70 @@ class SafetyPolicy:
         is left exactly as the tool returned it; untrusted results are labelled outside it (see
         `label_turn`). Never raises: on a failure the output is treated as untrusted."""
         try:
-            return self._after_call(tool, result, ctx)
+            declared = tool.declared
+            state = ctx.policy_state
+            if type(state) is not PolicyState:
+                state = self._state(ctx)
+            pend = state.pending.pop(result.call_id, None)
+            if pend is not None and result.decision == CallDecision.AWAITING_APPROVAL:
+                # the tool parked its work for a person (a sub-agent awaiting approval): nothing was done
+                # yet, so running the same call again to finish it is not a repeat, nor another use
+                state.calls[tool.name] -= 1
+                state.done.discard(action_key(tool.name, pend.args))
+            # the hidden values its arguments carried (tether.values; `ValueStore.take`, inline)
+            binding = state.values.bindings.pop(result.call_id, None)
+            # the `is_untrusted_source` hook with the declarations read above (a subclass's own hook is asked)
+            untrusted = (self._untrusted_source(tool, state, declared) if type(self) is SafetyPolicy
+                         else self.is_untrusted_source(tool, state)) or (
+                tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
+            if result.untrusted is not None and (result.untrusted or (
+                    declared.exact_provenance and tool.name not in self.untrusted_tools)):
+                untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
+            source = tool.name
+            exact = result.untrusted is False and bool(declared.exact_provenance)
+            if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
+                untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
+            elif not untrusted and hidden.came_back(state.values, result.content):
+                untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
+            if not untrusted and looks_injected(result.content):
+                # declared trusted, but it speaks to the assistant: someone else wrote into it
+                untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
+            if pend is not None and pend.written:
+                state.prov.add_written(pend.written)
+                path_arg = declared.writes_path
+                if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
+                    state.written_paths.add(pend.args[path_arg])
+            # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
+            # output came from a secret-bearing source (its hidden value's label is secret)
+            secret_from = _note_secrets(state, ctx, tool, declared, pend, result, error=result.is_error)
+            concealed = False
+            if binding is not None:
+                hidden.note_sent(state.values, tool, binding)
+                label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
+                # the model sees the handle's line only (built from trusted facts): its context stays as it was
+                concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label,
+                                              declared)
+            if not concealed:
+                state.prov.add_output(result.content, trusted=not untrusted, source=source,
+                                      private=bool(declared.private_output))
+                hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error,
+                                  declared=declared)
+            if result.handle and not untrusted:
+                state.trusted_handles.add(result.handle)
+            if pend is not None:
+                self.audit.record(AuditRecord(  # positional (field order), one per call
+                    state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
+                    pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
+                    result.content[:200], state.prov.tainted, batch=pend.batch))
+            if untrusted and self.wrap_outputs and not concealed:
+                state.labels[result.call_id] = tool.name
+            return result
         except Exception:
             with contextlib.suppress(Exception):
                 state = self._state(ctx)
                 state.prov.add_output(result.content, trusted=False, source=tool.name)
                 state.labels[result.call_id] = tool.name
             return result
-
-    def _after_call(self, tool: Tool, result: ToolResult, ctx: CallContext) -> ToolResult:
-        state = ctx.policy_state
-        if type(state) is not PolicyState:
-            state = self._state(ctx)
-        pend = state.pending.pop(result.call_id, None)
-        if pend is not None and result.decision == CallDecision.AWAITING_APPROVAL:
-            # the tool parked its work for a person (a sub-agent awaiting approval): nothing was done
-            # yet, so running the same call again to finish it is not a repeat, nor another use
-            state.calls[tool.name] -= 1
-            state.done.discard(action_key(tool.name, pend.args))
-        binding = state.values.take(result.call_id)  # the hidden values its arguments carried (tether.values)
-        untrusted = self.is_untrusted_source(tool, state) or (
-            tool.name == "read_result" and self._reads_untrusted_handle(tool, state, pend))
-        declared = tool.declared
-        if result.untrusted is not None and (result.untrusted or (
-                declared.exact_provenance and tool.name not in self.untrusted_tools)):
-            untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
-        source = tool.name
-        exact = result.untrusted is False and bool(declared.exact_provenance)
-        if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
-            untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
-        elif not untrusted and hidden.came_back(state.values, result.content):
-            untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
-        if not untrusted and looks_injected(result.content):
-            # declared trusted, but it speaks to the assistant: someone else wrote into it
-            untrusted, source = True, f"{tool.name} (declared trusted, but its output addresses the assistant)"
-        if pend is not None and pend.written:
-            state.prov.add_written(pend.written)
-            path_arg = declared.writes_path
-            if isinstance(path_arg, str) and isinstance(pend.args.get(path_arg), str):
-                state.written_paths.add(pend.args[path_arg])
-        # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
-        # output came from a secret-bearing source (its hidden value's label is secret)
-        secret_from = _note_secrets(state, ctx, tool, pend, result, error=result.is_error)
-        concealed = False
-        if binding is not None:
-            hidden.note_sent(state.values, tool, binding)
-            label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
-            # the model sees the handle's line only (built from trusted facts): its context stays as it was
-            concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label)
-        if not concealed:
-            state.prov.add_output(result.content, trusted=not untrusted, source=source,
-                                  private=bool(declared.private_output))
-            hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error)
-        if result.handle and not untrusted:
-            state.trusted_handles.add(result.handle)
-        if pend is not None:
-            self.audit.record(AuditRecord(  # positional (field order), one per call
-                state.run_id, tool.name, pend.decision, result.call_id, state.user, pend.step, pend.args,
-                pend.provenance, pend.effect, pend.by, pend.reason, "error" if result.is_error else "ok",
-                result.content[:200], state.prov.tainted, batch=pend.batch))
-        if untrusted and self.wrap_outputs and not concealed:
-            state.labels[result.call_id] = tool.name
-        return result
 
     def label_turn(self, state: PolicyState | None, results: Iterable[ToolResult]) -> str | None:
         """One short note for the model after a turn's tool results, naming the results that are
@@ -667,11 +683,13 @@ _FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secre
 _READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
 
 
-def secret_bearer(tool: Tool, args: dict[str, Any]) -> str | None:
+def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = None) -> str | None:
     """The secret-bearing source a call of `tool` with `args` reads, whatever its output's keys are
     called: the tool itself when declared `secret_output`, else a secret file (`.env`, a key file) its
-    path or command names. None: it reads none (its output is searched for secret-looking values only)."""
-    declared = tool.declared
+    path or command names. None: it reads none (its output is searched for secret-looking values only).
+    `declared`: `tool.declared`, when the caller has read it already."""
+    if declared is None:
+        declared = tool.declared
     if declared.secret_output:
         return tool.name
     if declared.writes_path or _READS.isdisjoint(args):
@@ -691,8 +709,8 @@ def _delivered_secret(ctx: CallContext, result: ToolResult) -> tuple[str, str] |
     return (str(source), raw) if source and isinstance(raw, str) else None
 
 
-def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, pend: _Pending | None, result: ToolResult, *,
-                  error: bool) -> str | None:
+def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: Declares, pend: _Pending | None,
+                  result: ToolResult, *, error: bool) -> str | None:
     """Add the secret values an output holds to the run's set: every value of a secret-bearing source
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
@@ -701,7 +719,10 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, pend: _Pendi
     if error:
         return None
     content = result.content
-    bearer = secret_bearer(tool, pend.args if pend is not None else {})
+    args = pend.args if pend is not None else {}
+    # `secret_bearer`'s two common answers inline (no frame): declared secret, or no argument names a file
+    bearer = tool.name if declared.secret_output else None if declared.writes_path or _READS.isdisjoint(args) \
+        else secret_bearer(tool, args, declared)
     delivered = _delivered_secret(ctx, result) if result.job is not None else None
     if delivered is not None:  # a background job's output, read from a secret-bearing source: its own values
         bearer, content = delivered

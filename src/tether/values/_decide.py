@@ -11,6 +11,7 @@ from typing import Any
 
 from tether._types import ToolResult
 from tether.tools._base import Tool
+from tether.tools._declares import Declares
 from tether.values import _shown as shown
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
@@ -29,14 +30,15 @@ def output_label(tool: Tool, binding: Binding | None, *, is_untrusted: bool, sec
     label = untrusted(tool.name) if is_untrusted else TRUSTED
     if secret_from is not None:
         label = label.join(Label("trusted", frozenset({secret_from}), frozenset()))
-    return label if binding is None else label.join(binding.label)
+    return label if binding is None or binding.label is TRUSTED else label.join(binding.label)
 
 
 def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None, binding: Binding | None,
-               result: ToolResult, label: Label) -> bool:
+               result: ToolResult, label: Label, declared: Declares | None = None) -> bool:
     """Keep the output behind a handle when hiding is on, the call hides (declared, or the query's free
     text), the output is untrusted or secret, and it is not an error (whose text is the tool's own).
-    Replaces `result.content` with the handle's line; True when it did."""
+    Replaces `result.content` with the handle's line; True when it did. `declared`: `tool.declared`, if
+    the caller has read it already."""
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
     job = result.job if isinstance(result.job, dict) and isinstance(result.job.get("label"), dict) else None
@@ -44,9 +46,11 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
         # its own label (its tool, the values it was given) stands for the delivering call's source
         own = Label.from_dict(job["label"]).join(binding.label)
         label = own if own.untrusted or not label.untrusted else own.join(label)
-    if tool.declared.output_readers is not None:  # its declared readers (tether.values._readers) ride along
+    if declared is None:
+        declared = tool.declared
+    if declared.output_readers is not None:  # its declared readers (tether.values._readers) ride along
         label = label.join(readers_label(tool, result.content))
-    private = label.readers is not None and bool(tool.declared.output_readers or tool.metadata.get(QUERY_KEY))
+    private = label.readers is not None and bool(declared.output_readers or tool.metadata.get(QUERY_KEY))
     if not (label.untrusted or label.secret or private):
         return False
     # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
@@ -64,13 +68,13 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
 
 
 def note_shown(store: ValueStore | None, tool: Tool, binding: Binding | None, content: str, *,
-               is_error: bool) -> None:
+               is_error: bool, declared: Declares | None = None) -> None:
     """An output the model is shown as it is: the texts of it that have readers (declared, or carried by
     the hidden values it was computed from) are remembered, so a call copying them is judged by their
     readers (tether.values._shown). An error's text is the tool's own."""
     if store is None or is_error:
         return
-    decl = declared_readers(tool)
+    decl = declared_readers(tool, declared)
     label = Label(readers=decl) if isinstance(decl, frozenset) else TRUSTED
     if binding is not None and binding.label.readers is not None:
         label = label.join(Label(readers=binding.label.readers))
@@ -225,10 +229,13 @@ def note_sent(store: ValueStore, tool: Tool, binding: Binding | None) -> None:
     the model will read, that output is treated as untrusted (the value came back visible). The query
     sends nothing out."""
     if binding is not None and not tool.metadata.get(QUERY_KEY):
-        store.written.extend(v for v in binding.values if len(v) >= MIN_FOLLOWED and v not in store.written)
+        if binding.values:  # (none: no generator frame)
+            store.written.extend(v for v in binding.values if len(v) >= MIN_FOLLOWED and v not in store.written)
         del store.written[:-MAX_FOLLOWED]  # the latest ones (each is searched for in every shown output)
 
 
 def came_back(store: ValueStore | None, content: str) -> bool:
     """Whether an output holds an untrusted hidden text a call sent out."""
-    return store is not None and any(w in content for w in store.written)
+    if store is None or not store.written:  # (none sent: no generator frame)
+        return False
+    return any(w in content for w in store.written)

@@ -29,6 +29,6 @@ def hides(tool: Tool, args: dict[str, Any] | None = None) -> bool:
         return isinstance(args, dict) and args.get("answer_type") in HANDLE_ANSWERS
     if tool.hide_output is not None:
         return bool(tool.hide_output)
-    source = str(tool.declared.source or "").lower()
     declared = tool.declared
+    source = str(declared.source or "").lower()
     return source in HIDDEN_SOURCES or bool(declared.secret_output) or isinstance(declared.output_readers, tuple)

@@ -27,6 +27,7 @@ from tether.values._labels import TRUSTED, USER, Label, join_all
 
 if TYPE_CHECKING:
     from tether.tools._base import Tool
+    from tether.tools._declares import Declares
 
 PUBLIC: Literal["public"] = "public"
 WHERE_ARGS_SAY: Literal["args"] = "args"  # an undeclared effect: whoever its arguments name
@@ -48,10 +49,11 @@ def readers_in(value: Any) -> set[str]:
     return {reader(x) for x in items if isinstance(x, str) and x.strip()}
 
 
-def declared_readers(tool: Tool) -> frozenset[str] | tuple[str, ...] | None:
+def declared_readers(tool: Tool, declared: Declares | None = None) -> frozenset[str] | tuple[str, ...] | None:
     """The readers a tool's output has by declaration: None (public), a set (`{USER}`, or the empty
-    set: secret), or the output's fields that name readers besides the user."""
-    d = tool.declared
+    set: secret), or the output's fields that name readers besides the user. `declared`: `tool.declared`,
+    if the caller has read it already."""
+    d = tool.declared if declared is None else declared
     decl = d.output_readers
     if isinstance(decl, tuple):
         return decl

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tether._types import CallDecision
+from tether._types import CallDecision, Effect
 from tether.policy._guard import BaseGuard, CallView, Stop
 
 
@@ -12,6 +12,10 @@ class EffectGuard(BaseGuard):
 
     def check(self, c: CallView, /) -> Stop | None:
         """The call's effect class (it may depend on the arguments)."""
+        spec = c.cap.effect if c.cap.effect is not None else c.tool.effect
+        if isinstance(spec, Effect):  # `effect_for`'s usual case, without its frame
+            c.effect, c.effect_known = spec, True
+            return None
         try:
             c.effect, c.effect_known = c.cap.effect_for(c.tool, c.raw_args), True
         except Exception as exc:

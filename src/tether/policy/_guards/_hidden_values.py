@@ -48,9 +48,10 @@ class HiddenValuesGuard(BaseGuard):
         return None
 
     def check(self, c: CallView, /) -> Stop | None:
-        if (stop := self.check_shown(c)) is not None:
+        values = c.state.values
+        if values.shown and (stop := self.check_shown(c)) is not None:  # (nothing shown: no frame for it)
             return stop
-        binding = c.state.values.binding(c.call.id)
+        binding = values.bindings.get(c.call.id)
         if binding is None or not binding.used:
             return None
         c.prov.update(hidden.argument_origins(binding))
