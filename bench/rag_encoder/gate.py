@@ -51,6 +51,8 @@ FEATURES = {  # feature -> thresholds; "known-item" when feature >= threshold
     "agree": (0.5,),
     "agree_gap": (0.05, 0.1, 0.2, 0.3, 0.5),
     "short": (0.0, 1 / 2, 1 / 3, 1 / 4, 1 / 6, 1 / 8),  # 1 / indexed query terms
+    "overlap": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7),  # share of BM25's first-pass top 10 in dense's top 10
+    "dzmax": (3.0, 4.0, 5.0, 6.0, 7.0, 8.0),  # z-score of dense's top passage
 }
 KNOWN = ((False, False, 0.3), (False, False, 0.4), (False, False, 0.5), (True, False, 0.3), (False, True, 0.3))
 
@@ -87,7 +89,10 @@ class Parts:
         sd = self.first.std(axis=1)
         agree = (self.first.argmax(axis=1) == self.dense.argmax(axis=1)) & (s1 > 0)
         gap = np.where(s1 > 0, (s1 - s2) / np.maximum(s1, 1e-9), 0.0)
-        self.features = {"gap": gap, "zmax": np.where(sd > 0, (s1 - self.first.mean(axis=1)) / np.maximum(sd, 1e-9), 0),
+        t10 = lambda m: np.argsort(-m, axis=1, kind="stable")[:, :10]  # noqa: E731
+        overlap = np.array([len(set(a) & set(b)) / 10 for a, b in zip(t10(self.first), t10(self.dense), strict=True)])
+        dz = (self.dense.max(axis=1) - self.dense.mean(axis=1)) / np.maximum(self.dense.std(axis=1), 1e-9)
+        self.features = {"overlap": overlap, "dzmax": dz,"gap": gap, "zmax": np.where(sd > 0, (s1 - self.first.mean(axis=1)) / np.maximum(sd, 1e-9), 0),
                          "agree": agree.astype(float), "agree_gap": np.where(agree, gap, 0.0),
                          "short": np.where(np.array(qlen) > 0, 1 / np.maximum(np.array(qlen), 1), 0.0)}
         self.cache: dict = {}
