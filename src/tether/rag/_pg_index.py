@@ -268,25 +268,26 @@ class PostgresIndex(Index):
         if complete and m.get("vectors_generation") != gen:
             return None
         order = self._rowcache.order(self._db.conn, gen)
-        pairs = list(zip(order.slots.tolist(), order.ids, strict=True))
-        live = len(pairs)
-        if self._dead is not None and self._dead[0] == gen:  # this change's removed slots: their rows are kept
-            pairs = sorted(pairs + list(self._dead[1].items()))
-        vectors, windows, owner, have = self._rowcache.vectors(self._db.conn, [c for _, c in pairs], self._vec_key(),
-                                                               self.embedder.dim)
-        if live and not have.any():  # an index written before vectors were rows keeps them in `files` till its next change
+        extra = self._dead[1] if self._dead is not None and self._dead[0] == gen else {}  # (their rows are kept)
+        laid = self._rowcache.lay_out(self._db.conn, order, extra, self._vec_key(), self.embedder.dim)
+        if laid is None:  # an index written before vectors were rows keeps them in `files` till its next change
             return super()._load_vectors(complete)
-        slots = np.asarray([s for s, _ in pairs], dtype=np.int64)
-        missing = slots[~have].tolist()  # (a removed slot without its row too: `_embed_missing` would reuse it)
-        if complete and missing:
+        if complete and laid.n < order.total:  # (a removed slot without its row too: `_embed_missing` would reuse it)
             return None
-        n = missing[0] if missing else order.total
-        got = slots[have]
-        keep = got < n
-        out = np.zeros((n, self.embedder.dim), dtype=np.float32)
-        out[got[keep]] = vectors[keep]
-        wkeep = keep[owner]
-        return _Vectors(out, windows[wkeep], got[owner[wkeep]])
+        return _Vectors(*laid.views())
+
+    def _joined(self, have: _Vectors | None, new: _Vectors, generation: str) -> _Vectors:
+        """As `Index._joined`, by adding `new` to this process's layout of `have` in place when
+        `have` is that (a change then costs its own slots, not the store's)."""
+        laid = self._rowcache.laid
+        if have is None or laid is None or laid.n != len(have.vectors) or not np.shares_memory(have.vectors, laid.vecs):
+            return super()._joined(have, new, generation)
+        order = self._rowcache.order(self._db.conn, generation)
+        start = int(np.searchsorted(order.slots, laid.n))
+        ids = dict(zip(order.slots[start:].tolist(), order.ids[start:], strict=True))
+        got = self._rowcache.laid_after(self._vec_key(), self.embedder.dim, len(have.vectors), ids, new.vectors,
+                                        new.windows, new.owner)
+        return _Vectors(*got.views()) if got is not None else super()._joined(have, new, generation)
 
     def _write_arrays(self, v: _Vectors) -> list[Path]:
         return []  # the rows are written in `_switch_vectors`, in the transaction that swaps them in
