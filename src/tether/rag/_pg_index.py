@@ -233,10 +233,12 @@ class PostgresIndex(Index):
     # Slots as in SQLite (chunks.row): a change's chunks take new slots at the end, a removed
     # chunk's slot goes dead, a compaction renumbers. Rows are kept by chunk id, so a slot is only a
     # place in the arrays handed to `Index`: `_load_vectors` lays the vector rows of a generation's
-    # ids out at their slots (a dead slot holds zeros: nothing reads it, except the slots this
-    # object's own change just removed, whose rows are kept until its vectors are committed, for
-    # `_embed_missing` to reuse), and the neighbour state is translated between slots and ids the
-    # same way. Renumbering changes no row.
+    # ids out at their slots, keeping the layout in the process (tether.rag._pg_rows.Laid) and adding
+    # only the slots after it that a later generation brings (a change's own, also added by `_joined`
+    # as it stores them); a dead slot keeps what it held, as in SQLite's appended files: nothing
+    # reads it, except the slots this object's own change just removed, for `_embed_missing` to
+    # reuse. The neighbour state is translated between slots and ids the same way. Renumbering
+    # changes no row (the layout is made anew).
 
     def chunks(self) -> list[Chunk]:
         with self._lock:
@@ -272,22 +274,22 @@ class PostgresIndex(Index):
         laid = self._rowcache.lay_out(self._db.conn, order, extra, self._vec_key(), self.embedder.dim)
         if laid is None:  # an index written before vectors were rows keeps them in `files` till its next change
             return super()._load_vectors(complete)
-        if complete and laid.n < order.total:  # (a removed slot without its row too: `_embed_missing` would reuse it)
+        if complete and len(laid[0]) < order.total:  # (a removed slot without its row too: `_embed_missing` would reuse it)
             return None
-        return _Vectors(*laid.views())
+        return _Vectors(*laid)
 
     def _joined(self, have: _Vectors | None, new: _Vectors, generation: str) -> _Vectors:
         """As `Index._joined`, by adding `new` to this process's layout of `have` in place when
         `have` is that (a change then costs its own slots, not the store's)."""
         laid = self._rowcache.laid
-        if have is None or laid is None or laid.n != len(have.vectors) or not np.shares_memory(have.vectors, laid.vecs):
+        if have is None or laid is None or not np.may_share_memory(have.vectors, laid.vecs):
             return super()._joined(have, new, generation)
         order = self._rowcache.order(self._db.conn, generation)
-        start = int(np.searchsorted(order.slots, laid.n))
+        start = int(np.searchsorted(order.slots, len(have.vectors)))
         ids = dict(zip(order.slots[start:].tolist(), order.ids[start:], strict=True))
         got = self._rowcache.laid_after(self._vec_key(), self.embedder.dim, len(have.vectors), ids, new.vectors,
                                         new.windows, new.owner)
-        return _Vectors(*got.views()) if got is not None else super()._joined(have, new, generation)
+        return _Vectors(*got) if got is not None else super()._joined(have, new, generation)
 
     def _write_arrays(self, v: _Vectors) -> list[Path]:
         return []  # the rows are written in `_switch_vectors`, in the transaction that swaps them in

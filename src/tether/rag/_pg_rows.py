@@ -9,8 +9,9 @@ A change writes the rows of its own chunks (and the graph rows it changed), neve
 
 `RowCache` is what a process holds: chunk texts and vectors by chunk id (an id names its text, so
 a cached one never goes stale), the graph by id with the last stamp read, and the chunk order of
-the last two generations (ids and slots, `Order`). A new generation costs the ids and slots in slot
-order (one short row each) plus the rows the process has not seen. One cache per server and index, shared by the Index objects of a
+the last two generations (ids and slots, `Order`), and the vectors of the last generation laid out
+per slot (`Laid`, what the search uses). A new generation costs the ids and slots in slot order (one
+short row each) plus the rows the process has not seen, and laying out only the slots it adds. One cache per server and index, shared by the Index objects of a
 process (`cache_for`).
 """
 
@@ -121,7 +122,7 @@ class Laid:
         below = slots < self.n
         return bool(np.array_equal(self.ids[slots[below]], ids[below]))
 
-    def append(self, upto: int, at: np.ndarray, ids: Sequence[str], vectors: np.ndarray, windows: np.ndarray,
+    def append(self, upto: int, at: np.ndarray, ids: Sequence[str | None], vectors: np.ndarray, windows: np.ndarray,
                owner: np.ndarray) -> None:
         """Lay out the slots from `n` to `upto`: `ids` with their `vectors` at slots `at` (ascending,
         from `n` on), `windows` owned by those slots (`owner`, ascending); the other slots zeros."""
@@ -234,9 +235,10 @@ class RowCache:
         return (*pool.gather([c for c in ids if c in pool.slot]), have)
 
     @_locked
-    def lay_out(self, db: Any, order: Order, extra: dict[int, str], key: str, dim: int) -> Laid | None:
-        """The vectors of `order`'s ids (and `extra`'s: slot -> id) per slot, up to its first slot
-        without a vector row (None when its first live slot has none): the last layout with only the
+    def lay_out(self, db: Any, order: Order, extra: dict[int, str], key: str,
+                dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(vectors, windows, owner) of `order`'s ids (and `extra`'s: slot -> id) per slot, up to its
+        first slot without a vector row (None when no id has one): the last layout with only the
         slots after it added when its slots hold the same ids, else laid out anew."""
         slots, ids = order.slots, order.ids
         if extra:
@@ -261,11 +263,11 @@ class RowCache:
         laid.append(max(upto, laid.n), at, ids[start:stop], vectors[:took], windows[wkeep], at[owner[wkeep]])
         self.laid_slots += len(at)
         self.laid = laid
-        return laid
+        return laid.views()  # (taken under the lock: another thread may add slots next)
 
     @_locked
     def laid_after(self, key: str, dim: int, n: int, ids: dict[int, str], vectors: np.ndarray, windows: np.ndarray,
-                   owner: np.ndarray) -> Laid | None:
+                   owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The last layout (of `key`, `n` slots) with a change's vectors of the slots from `n` on
         added in place (`ids`: the ids of those slots that have one), or None without such a layout."""
         laid = self.laid
@@ -274,7 +276,7 @@ class RowCache:
         at = np.arange(n, n + len(vectors), dtype=np.int64)
         laid.append(n + len(vectors), at, [ids.get(int(s)) for s in at], vectors, windows, owner)
         self.laid_slots += len(at)
-        return laid
+        return laid.views()
 
     @_locked
     def use_key(self, key: str, dim: int) -> None:
