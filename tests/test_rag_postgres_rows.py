@@ -181,7 +181,8 @@ def test_a_one_file_change_writes_only_that_files_vector_rows(tmp_path: Path, pg
 
 def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url: str) -> None:
     """The change and the search after it add the file's slots to the process's arrays per slot,
-    not the whole store's; they rank as a process that lays out the store anew, and as SQLite."""
+    not the whole store's, and format only the neighbour rows the change touched; they rank as a
+    process that lays out the store anew, and as SQLite."""
     docs = corpus(tmp_path)
     url = pg_url + "#laid"
     with Index(tmp_path / "ix", retriever="best", embedder=BagEmbedder(), **SETTINGS) as lite, \
@@ -190,7 +191,7 @@ def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url:
             ix.ingest(docs)
             ix.search(QUERIES[0], 5)
         cache = idx._rowcache  # type: ignore[attr-defined]
-        before = cache.laid_slots
+        before, made = cache.laid_slots, cache.graph_rows_made
         assert before >= len(idx)
         old = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
         write_file(docs / "f12.txt", random.Random(5))
@@ -199,6 +200,7 @@ def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url:
         idx.search(QUERIES[1], 5)
         new = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()} - old
         assert new and cache.laid_slots - before == len(new)  # the change's slots, laid out once
+        assert len(new) <= cache.graph_rows_made - made < len(idx) // 2  # the rows `update` changed
         assert_same_ranking(idx, lite)
         _fresh_process_cache()
         with Index.open(url, embedder=BagEmbedder()) as reader:

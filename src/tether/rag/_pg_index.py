@@ -404,6 +404,7 @@ class PostgresIndex(Index):
                 self._held = held
             self._graph_from = gen
             state = Neighbours(rows, sims, held.ann if held is not None else None)
+            state.touched = np.zeros(0, dtype=np.int64)  # (as stored)
             state.base, state.log = ann_name, list(held.log) if held is not None else []
         self._graph = (key, state)
         return state
@@ -432,8 +433,16 @@ class PostgresIndex(Index):
                 prev = self._rowcache.orders.get(str(int(generation) - 1)) if self._graph_from == str(
                     int(generation) - 1) else None
                 slots = order.slots
-                rows = self._rowcache.graph_rows(order.ids, state.positions(slots), state.sims[slots],
-                                                 state.ann.labels[slots] if state.ann is not None else None)
+                positions = state.positions(slots)
+                labels = state.ann.labels[slots] if state.ann is not None else None
+                if prev is not None and state.touched is not None:  # carried: only the rows `update` changed
+                    at = np.searchsorted(slots, state.touched)
+                    at = at[(at < len(slots)) & (slots[np.minimum(at, len(slots) - 1)] == state.touched)]
+                    rows = self._rowcache.graph_rows([order.ids[i] for i in at.tolist()], positions[at],
+                                                     state.sims[slots[at]], labels[at] if labels is not None else None,
+                                                     names=order.ids)
+                else:
+                    rows = self._rowcache.graph_rows(order.ids, positions, state.sims[slots], labels)
                 with self._db:
                     ann_name, seq = "", 0
                     if state.ann is not None and rebase:
@@ -472,6 +481,7 @@ class PostgresIndex(Index):
                         self._rowcache.graph[cid] = (nbrs, sims, label)
                     self._rowcache.graph_stamp = max(self._rowcache.graph_stamp, stamp)
                 self._graph_from = generation
+                state.touched = np.zeros(0, dtype=np.int64)  # (as stored now)
                 self._drop_files("ann-", keep=ann_name)
                 held = None  # (stored: what this object holds now is below)
                 if state.ann is None or not rebase:

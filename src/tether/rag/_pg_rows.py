@@ -170,6 +170,7 @@ class RowCache:
         self.downloaded = {"orders": 0, "chunks": 0, "vectors": 0, "graph": 0}  # rows read, for tests and benches
         self.laid: Laid | None = None  # the vectors of the last generation read or written, per slot
         self.laid_slots = 0  # slots laid out (copied into the arrays per slot), for tests and benches
+        self.graph_rows_made = 0  # neighbour rows formatted to compare or store, for tests
 
     # -- chunk order and texts ------------------------------------------------------------------
 
@@ -323,12 +324,15 @@ class RowCache:
             labels[i] = got[2]
         return rows, sims, labels
 
-    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray,
-                   labels: np.ndarray | None) -> list[tuple[str, str, bytes, int]]:
-        """The graph rows of a state over `ids`, as stored: (id, neighbour ids, cosines, label)."""
+    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray, labels: np.ndarray | None,
+                   names: list[str] | None = None) -> list[tuple[str, str, bytes, int]]:
+        """The graph rows of `ids` (neighbours: positions in `names`, default `ids`), as stored: (id,
+        neighbour ids, cosines, label)."""
+        names = ids if names is None else names
+        self.graph_rows_made += len(ids)
         out = []
         for i, cid in enumerate(ids):
-            nbrs = ",".join(ids[j] for j in rows[i].tolist())
+            nbrs = ",".join(names[j] for j in rows[i].tolist())
             out.append((cid, nbrs, np.asarray(sims[i], dtype=np.float32).tobytes(),
                         int(labels[i]) if labels is not None else -1))
         return out
