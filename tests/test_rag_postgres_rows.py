@@ -179,6 +179,35 @@ def test_a_one_file_change_writes_only_that_files_vector_rows(tmp_path: Path, pg
         assert not idx._db.execute("SELECT name FROM files").fetchall()  # no arrays stored whole
 
 
+def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url: str) -> None:
+    """The change and the search after it add the file's slots to the process's arrays per slot,
+    not the whole store's, and format only the neighbour rows the change touched; they rank as a
+    process that lays out the store anew, and as SQLite."""
+    docs = corpus(tmp_path)
+    url = pg_url + "#laid"
+    with Index(tmp_path / "ix", retriever="best", embedder=BagEmbedder(), **SETTINGS) as lite, \
+            Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as idx:
+        for ix in (lite, idx):
+            ix.ingest(docs)
+            ix.search(QUERIES[0], 5)
+        cache = idx._rowcache  # type: ignore[attr-defined]
+        before, made = cache.laid_slots, cache.graph_rows_made
+        assert before >= len(idx)
+        old = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
+        write_file(docs / "f12.txt", random.Random(5))
+        for ix in (lite, idx):
+            ix.ingest(docs / "f12.txt")
+        idx.search(QUERIES[1], 5)
+        new = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()} - old
+        assert new and cache.laid_slots - before == len(new)  # the change's slots, laid out once
+        assert len(new) <= cache.graph_rows_made - made < len(idx) // 2  # the rows `update` changed
+        assert_same_ranking(idx, lite)
+        _fresh_process_cache()
+        with Index.open(url, embedder=BagEmbedder()) as reader:
+            assert_same_ranking(reader, lite)
+            assert reader._rowcache.laid_slots == len(reader)  # laid out anew: every live passage once  # type: ignore[attr-defined]
+
+
 CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[2])

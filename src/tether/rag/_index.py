@@ -697,7 +697,7 @@ class Index:
         anew (returns them)."""
         if have is not None and len(have.vectors) and self._appends_in_place() and self._append_vectors(new, have, generation):
             return None
-        whole = new if have is None else _Vectors(*(np.concatenate([np.asarray(a), b]) for a, b in zip(have, new, strict=True)))
+        whole = self._joined(have, new, generation)
         tmps = self._write_arrays(whole)
         try:
             with self._flock("swap.lock", fcntl.LOCK_EX), self._db:
@@ -709,6 +709,10 @@ class Index:
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
         return whole
+
+    def _joined(self, have: _Vectors | None, new: _Vectors, generation: str) -> _Vectors:
+        """The vectors `have` followed by `new` (the slots after them) of `generation`."""
+        return new if have is None else _Vectors(*(np.concatenate([np.asarray(a), b]) for a, b in zip(have, new, strict=True)))
 
     def _append_vectors(self, new: _Vectors, have: _Vectors, generation: str) -> bool:
         """Append `new` after `have` in the current files: the rows written past the stored ones

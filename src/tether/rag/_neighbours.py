@@ -153,6 +153,7 @@ class Neighbours:
         self.rows, self.sims, self.ann = rows.astype(np.int32), sims.astype(np.float32), ann
         self.base = ""  # the stored HNSW file the log applies to ("": none yet)
         self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (deleted labels, added slots, their labels)
+        self.touched: np.ndarray | None = None  # slots whose row `update` changed since it was stored (None: unknown)
 
     @property
     def rebase_due(self) -> bool:
@@ -241,11 +242,12 @@ class Neighbours:
             return
         if min(k, int(mask.sum()) - 1) < k:  # a store that shrank below k + 1 passages: rebuild (tiny)
             fresh = Neighbours.build(vectors, k, False, np.flatnonzero(mask))
-            self.rows, self.sims = fresh.rows, fresh.sims
+            self.rows, self.sims, self.touched = fresh.rows, fresh.sims, None
             return
         rows = np.concatenate([self.rows.astype(np.int64), np.repeat(np.arange(old_n, n)[:, None], k, axis=1)])
         sims = np.concatenate([self.sims, np.zeros((n - old_n, k), dtype=np.float32)])
         kept = np.flatnonzero(mask[:old_n])
+        changed: list[int] = []
         lost = np.zeros(n, dtype=bool)
         if len(dropped):
             lost[kept] = np.isin(rows[kept], dropped).any(axis=1)
@@ -260,9 +262,12 @@ class Neighbours:
                     cand_sims = np.concatenate([sims[i], cross[j][better[j]]])
                     order = np.argsort(-cand_sims, kind="stable")[:k]
                     rows[i], sims[i] = cand_rows[order], cand_sims[order]
+                    changed.append(i)
         redo = np.concatenate([np.flatnonzero(lost), new])
         self.rows, self.sims = rows.astype(np.int32), sims
         self.rows[redo], self.sims[redo] = self._search(vectors, redo, k, mask)
+        if self.touched is not None:
+            self.touched = np.union1d(self.touched, np.concatenate([np.asarray(changed, dtype=np.int64), redo]))
 
     def compact(self, live: np.ndarray) -> None:
         """Renumber the slots `live` to 0..len(live)-1 (the store was compacted)."""
@@ -270,6 +275,7 @@ class Neighbours:
         new_slot = np.full(len(self.rows), -1, dtype=np.int64)
         new_slot[live] = np.arange(len(live))
         self.rows, self.sims = new_slot[self.rows[live]].astype(np.int32), self.sims[live]
+        self.touched = None
         if self.ann is not None:
             self.ann.compact(live)
             self.base, self.log = "", []  # the log names slots: write the file with the next save

@@ -233,10 +233,12 @@ class PostgresIndex(Index):
     # Slots as in SQLite (chunks.row): a change's chunks take new slots at the end, a removed
     # chunk's slot goes dead, a compaction renumbers. Rows are kept by chunk id, so a slot is only a
     # place in the arrays handed to `Index`: `_load_vectors` lays the vector rows of a generation's
-    # ids out at their slots (a dead slot holds zeros: nothing reads it, except the slots this
-    # object's own change just removed, whose rows are kept until its vectors are committed, for
-    # `_embed_missing` to reuse), and the neighbour state is translated between slots and ids the
-    # same way. Renumbering changes no row.
+    # ids out at their slots, keeping the layout in the process (tether.rag._pg_rows.Laid) and adding
+    # only the slots after it that a later generation brings (a change's own, also added by `_joined`
+    # as it stores them); a dead slot keeps what it held, as in SQLite's appended files: nothing
+    # reads it, except the slots this object's own change just removed, for `_embed_missing` to
+    # reuse. The neighbour state is translated between slots and ids the same way. Renumbering
+    # changes no row (the layout is made anew).
 
     def chunks(self) -> list[Chunk]:
         with self._lock:
@@ -268,25 +270,26 @@ class PostgresIndex(Index):
         if complete and m.get("vectors_generation") != gen:
             return None
         order = self._rowcache.order(self._db.conn, gen)
-        pairs = list(zip(order.slots.tolist(), order.ids, strict=True))
-        live = len(pairs)
-        if self._dead is not None and self._dead[0] == gen:  # this change's removed slots: their rows are kept
-            pairs = sorted(pairs + list(self._dead[1].items()))
-        vectors, windows, owner, have = self._rowcache.vectors(self._db.conn, [c for _, c in pairs], self._vec_key(),
-                                                               self.embedder.dim)
-        if live and not have.any():  # an index written before vectors were rows keeps them in `files` till its next change
+        extra = self._dead[1] if self._dead is not None and self._dead[0] == gen else {}  # (their rows are kept)
+        laid = self._rowcache.lay_out(self._db.conn, order, extra, self._vec_key(), self.embedder.dim)
+        if laid is None:  # an index written before vectors were rows keeps them in `files` till its next change
             return super()._load_vectors(complete)
-        slots = np.asarray([s for s, _ in pairs], dtype=np.int64)
-        missing = slots[~have].tolist()  # (a removed slot without its row too: `_embed_missing` would reuse it)
-        if complete and missing:
+        if complete and len(laid[0]) < order.total:  # (a removed slot without its row too: `_embed_missing` would reuse it)
             return None
-        n = missing[0] if missing else order.total
-        got = slots[have]
-        keep = got < n
-        out = np.zeros((n, self.embedder.dim), dtype=np.float32)
-        out[got[keep]] = vectors[keep]
-        wkeep = keep[owner]
-        return _Vectors(out, windows[wkeep], got[owner[wkeep]])
+        return _Vectors(*laid)
+
+    def _joined(self, have: _Vectors | None, new: _Vectors, generation: str) -> _Vectors:
+        """As `Index._joined`, by adding `new` to this process's layout of `have` in place when
+        `have` is that (a change then costs its own slots, not the store's)."""
+        laid = self._rowcache.laid
+        if have is None or laid is None or not np.may_share_memory(have.vectors, laid.vecs):
+            return super()._joined(have, new, generation)
+        order = self._rowcache.order(self._db.conn, generation)
+        start = int(np.searchsorted(order.slots, len(have.vectors)))
+        ids = dict(zip(order.slots[start:].tolist(), order.ids[start:], strict=True))
+        got = self._rowcache.laid_after(self._vec_key(), self.embedder.dim, len(have.vectors), ids, new.vectors,
+                                        new.windows, new.owner)
+        return _Vectors(*got) if got is not None else super()._joined(have, new, generation)
 
     def _write_arrays(self, v: _Vectors) -> list[Path]:
         return []  # the rows are written in `_switch_vectors`, in the transaction that swaps them in
@@ -401,6 +404,7 @@ class PostgresIndex(Index):
                 self._held = held
             self._graph_from = gen
             state = Neighbours(rows, sims, held.ann if held is not None else None)
+            state.touched = np.zeros(0, dtype=np.int64)  # (as stored)
             state.base, state.log = ann_name, list(held.log) if held is not None else []
         self._graph = (key, state)
         return state
@@ -429,8 +433,16 @@ class PostgresIndex(Index):
                 prev = self._rowcache.orders.get(str(int(generation) - 1)) if self._graph_from == str(
                     int(generation) - 1) else None
                 slots = order.slots
-                rows = self._rowcache.graph_rows(order.ids, state.positions(slots), state.sims[slots],
-                                                 state.ann.labels[slots] if state.ann is not None else None)
+                positions = state.positions(slots)
+                labels = state.ann.labels[slots] if state.ann is not None else None
+                if prev is not None and state.touched is not None:  # carried: only the rows `update` changed
+                    at = np.searchsorted(slots, state.touched)
+                    at = at[(at < len(slots)) & (slots[np.minimum(at, len(slots) - 1)] == state.touched)]
+                    rows = self._rowcache.graph_rows([order.ids[i] for i in at.tolist()], positions[at],
+                                                     state.sims[slots[at]], labels[at] if labels is not None else None,
+                                                     names=order.ids)
+                else:
+                    rows = self._rowcache.graph_rows(order.ids, positions, state.sims[slots], labels)
                 with self._db:
                     ann_name, seq = "", 0
                     if state.ann is not None and rebase:
@@ -469,6 +481,7 @@ class PostgresIndex(Index):
                         self._rowcache.graph[cid] = (nbrs, sims, label)
                     self._rowcache.graph_stamp = max(self._rowcache.graph_stamp, stamp)
                 self._graph_from = generation
+                state.touched = np.zeros(0, dtype=np.int64)  # (as stored now)
                 self._drop_files("ann-", keep=ann_name)
                 held = None  # (stored: what this object holds now is below)
                 if state.ann is None or not rebase:

@@ -9,8 +9,9 @@ A change writes the rows of its own chunks (and the graph rows it changed), neve
 
 `RowCache` is what a process holds: chunk texts and vectors by chunk id (an id names its text, so
 a cached one never goes stale), the graph by id with the last stamp read, and the chunk order of
-the last two generations (ids and slots, `Order`). A new generation costs the ids and slots in slot
-order (one short row each) plus the rows the process has not seen. One cache per server and index, shared by the Index objects of a
+the last two generations (ids and slots, `Order`), and the vectors of the last generation laid out
+per slot (`Laid`, what the search uses). A new generation costs the ids and slots in slot order (one
+short row each) plus the rows the process has not seen, and laying out only the slots it adds. One cache per server and index, shared by the Index objects of a
 process (`cache_for`).
 """
 
@@ -93,6 +94,58 @@ class _Pool:
         return out
 
 
+class Laid:
+    """The vectors and windows of the slots below `n` laid out per slot (a slot without a live id:
+    whatever it held, or zeros), in buffers that grow: rows below `n` (windows below `nw`) are never
+    written again, so the arrays handed out, views of them, stay valid while later slots are added."""
+
+    def __init__(self, key: str, dim: int) -> None:
+        self.key = key
+        self.vecs = np.zeros((0, dim), dtype=np.float32)
+        self.wins = np.zeros((0, dim), dtype=np.float32)
+        self.owner = np.zeros(0, dtype=np.int64)
+        self.ids = np.zeros(0, dtype=object)  # slot -> the id laid out there (None: none)
+        self.n = self.nw = 0
+
+    @staticmethod
+    def _grow(arr: np.ndarray, used: int, need: int) -> np.ndarray:
+        """`arr`, or a copy of its first `used` rows with room for `need` and a sixteenth more (the
+        next changes fit without a copy; doubling would double the memory of a large store)."""
+        if need <= len(arr):
+            return arr
+        out = np.zeros((need + need // 16 + 1024, *arr.shape[1:]), dtype=arr.dtype)
+        out[:used] = arr[:used]
+        return out
+
+    def matches(self, slots: np.ndarray, ids: np.ndarray) -> bool:
+        """Whether the ids at `slots` (those below `n`) are the ones laid out there."""
+        below = slots < self.n
+        return bool(np.array_equal(self.ids[slots[below]], ids[below]))
+
+    def append(self, upto: int, at: np.ndarray, ids: Sequence[str | None], vectors: np.ndarray, windows: np.ndarray,
+               owner: np.ndarray) -> None:
+        """Lay out the slots from `n` to `upto`: `ids` with their `vectors` at slots `at` (ascending,
+        from `n` on), `windows` owned by those slots (`owner`, ascending); the other slots zeros."""
+        self.vecs = self._grow(self.vecs, self.n, upto)
+        self.wins = self._grow(self.wins, self.nw, self.nw + len(windows))
+        self.ids = self._grow(self.ids, self.n, upto)
+        self.owner = self._grow(self.owner, self.nw, self.nw + len(windows))
+        self.vecs[self.n : upto] = 0
+        self.ids[self.n : upto] = None
+        self.vecs[at] = vectors
+        self.ids[at] = np.asarray(ids, dtype=object)
+        self.wins[self.nw : self.nw + len(windows)] = windows
+        self.owner[self.nw : self.nw + len(windows)] = owner
+        self.n, self.nw = upto, self.nw + len(windows)
+
+    def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, windows, owner) of the slots laid out, read-only."""
+        out = self.vecs[: self.n], self.wins[: self.nw], self.owner[: self.nw]
+        for arr in out:
+            arr.flags.writeable = False
+        return out
+
+
 class Order(NamedTuple):
     """The live chunks of a generation: their ids in slot order, their slots (ascending; search
     position i is `ids[i]` at `slots[i]`) and how many slots the store has, dead ones included."""
@@ -115,6 +168,9 @@ class RowCache:
         self.graph_stamp = 0
         self.graph: dict[str, tuple[str, bytes, int]] = {}  # id -> (neighbour ids, cosines, label)
         self.downloaded = {"orders": 0, "chunks": 0, "vectors": 0, "graph": 0}  # rows read, for tests and benches
+        self.laid: Laid | None = None  # the vectors of the last generation read or written, per slot
+        self.laid_slots = 0  # slots laid out (copied into the arrays per slot), for tests and benches
+        self.graph_rows_made = 0  # neighbour rows formatted to compare or store, for tests
 
     # -- chunk order and texts ------------------------------------------------------------------
 
@@ -156,26 +212,72 @@ class RowCache:
     # -- vectors ------------------------------------------------------------------------------------
 
     @_locked
-    def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def vectors(self, db: Any, ids: Sequence[str], key: str, dim: int,
+                keep: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(vectors, windows, owner, have) of those `ids` that have a vector row for the vector key
         `key` (embedder and windows): `have` marks them among `ids`, owner numbers the windows by
-        their id's place among the ones had."""
+        their id's place among the ones had. `keep` (default `ids`): the ids still in use."""
+        keep = ids if keep is None else keep
         self.use_key(key, dim)
         pool = self.pool
         assert pool is not None
         missing = [c for c in ids if c not in pool.slot]
         if missing:
             sql = "SELECT id, vec, windows FROM chunk_vectors"  # (binary: bytea is not sent as hex)
-            rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(ids)
+            rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(keep)
                     else db.execute(sql + " WHERE id = ANY(%s)", (missing,), binary=True).fetchall())
             self.downloaded["vectors"] += len(rows)
             for cid, vec, wins in rows:
                 self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
                                 np.frombuffer(wins, dtype=np.float32).reshape(-1, dim))
-        if pool.n > 2 * max(len(ids), 1000):
-            self.pool = pool = pool.compacted([c for c in ids if c in pool.slot])
+        if pool.n > 2 * max(len(keep), 1000):
+            self.pool = pool = pool.compacted([c for c in keep if c in pool.slot])
         have = np.fromiter((c in pool.slot for c in ids), dtype=bool, count=len(ids))
         return (*pool.gather([c for c in ids if c in pool.slot]), have)
+
+    @_locked
+    def lay_out(self, db: Any, order: Order, extra: dict[int, str], key: str,
+                dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(vectors, windows, owner) of `order`'s ids (and `extra`'s: slot -> id) per slot, up to its
+        first slot without a vector row (None when no id has one): the last layout with only the
+        slots after it added when its slots hold the same ids, else laid out anew."""
+        slots, ids = order.slots, order.ids
+        if extra:
+            pairs = sorted([*zip(slots.tolist(), ids, strict=True), *extra.items()])
+            slots = np.asarray([s for s, _ in pairs], dtype=np.int64)
+            ids = [c for _, c in pairs]
+        id_arr = np.asarray(ids, dtype=object).reshape(len(ids))
+        laid = self.laid
+        if (laid is None or laid.key != key or laid.vecs.shape[1] != dim or laid.n > order.total
+                or not laid.matches(slots, id_arr)):
+            laid = Laid(key, dim)
+        start = int(np.searchsorted(slots, laid.n))
+        vectors, windows, owner, have = self.vectors(db, ids[start:], key, dim, keep=ids)
+        if start == 0 and len(ids) and not have.any():
+            return None  # (an index written before vectors were rows)
+        missing = np.flatnonzero(~have)
+        stop = start + (int(missing[0]) if len(missing) else len(have))
+        upto = int(slots[stop]) if stop < len(slots) else order.total
+        at = slots[start:stop]
+        took = stop - start  # (the ids had are the first ones: `vectors` and `owner` are of them)
+        wkeep = owner < took
+        laid.append(max(upto, laid.n), at, ids[start:stop], vectors[:took], windows[wkeep], at[owner[wkeep]])
+        self.laid_slots += len(at)
+        self.laid = laid
+        return laid.views()  # (taken under the lock: another thread may add slots next)
+
+    @_locked
+    def laid_after(self, key: str, dim: int, n: int, ids: dict[int, str], vectors: np.ndarray, windows: np.ndarray,
+                   owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The last layout (of `key`, `n` slots) with a change's vectors of the slots from `n` on
+        added in place (`ids`: the ids of those slots that have one), or None without such a layout."""
+        laid = self.laid
+        if laid is None or laid.key != key or laid.vecs.shape[1] != dim or laid.n != n:
+            return None
+        at = np.arange(n, n + len(vectors), dtype=np.int64)
+        laid.append(n + len(vectors), at, [ids.get(int(s)) for s in at], vectors, windows, owner)
+        self.laid_slots += len(at)
+        return laid.views()
 
     @_locked
     def use_key(self, key: str, dim: int) -> None:
@@ -222,12 +324,15 @@ class RowCache:
             labels[i] = got[2]
         return rows, sims, labels
 
-    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray,
-                   labels: np.ndarray | None) -> list[tuple[str, str, bytes, int]]:
-        """The graph rows of a state over `ids`, as stored: (id, neighbour ids, cosines, label)."""
+    def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray, labels: np.ndarray | None,
+                   names: list[str] | None = None) -> list[tuple[str, str, bytes, int]]:
+        """The graph rows of `ids` (neighbours: positions in `names`, default `ids`), as stored: (id,
+        neighbour ids, cosines, label)."""
+        names = ids if names is None else names
+        self.graph_rows_made += len(ids)
         out = []
         for i, cid in enumerate(ids):
-            nbrs = ",".join(ids[j] for j in rows[i].tolist())
+            nbrs = ",".join(names[j] for j in rows[i].tolist())
             out.append((cid, nbrs, np.asarray(sims[i], dtype=np.float32).tobytes(),
                         int(labels[i]) if labels is not None else -1))
         return out
