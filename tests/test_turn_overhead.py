@@ -149,3 +149,39 @@ def test_a_subclass_is_untrusted_source_hook_still_judges_outputs_after_the_call
         assert result.completed
         notes = [m for m in result.messages if "data from outside this conversation" in m.content]
         assert bool(notes) is labelled
+
+
+def test_a_call_carrying_no_hidden_value_skips_the_hidden_values_bookkeeping() -> None:
+    """A call with no handle in its arguments, of a tool declaring nothing private, ran all of the
+    hidden-values bookkeeping (`bind_data`, `values_of`, `came_back`, `output_label`, `note_shown`, ...;
+    16 frames a call) and two executor coroutines; each of those frames returned at once."""
+    import sys
+    from types import FrameType
+
+    frames: dict[str, int] = {}
+
+    def count(frame: FrameType, event: str, arg: Any) -> None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and ("tether/values/" in name or "tether/tools/_executor" in name):
+            key = frame.f_code.co_name
+            frames[key] = frames.get(key, 0) + 1
+
+    def frames_in_a_run(calls: int) -> dict[str, int]:
+        frames.clear()
+        script: list[Any] = [call("lookup", key=str(i)) for i in range(calls)]
+        agent = Agent(ScriptedModel([*script, "done"]), tools=[lookup], limits=Limits(max_steps=calls + 2))
+        sys.setprofile(count)
+        try:
+            result = agent.run("look the keys up")
+        finally:
+            sys.setprofile(None)
+        assert result.completed and result.output == "done"
+        return dict(frames)
+
+    one, five = frames_in_a_run(1), frames_in_a_run(5)
+    per_call = {k: (five.get(k, 0) - one.get(k, 0)) / 4 for k in five.keys() | one.keys()}
+    per_call = {k: n for k, n in per_call.items() if n}
+    assert "execute" in per_call and "_execute" not in per_call  # one coroutine a call
+    skipped = {"bind_data", "values_of", "binding", "quotes_hidden", "came_back", "output_label", "note_shown",
+               "declared_readers", "take", "is_conditional"}
+    assert not skipped & per_call.keys(), per_call

@@ -59,6 +59,7 @@ from tether.tools._base import Tool
 from tether.tools._declares import Declares
 from tether.tools._executor import CallContext, Verdict
 from tether.values import _decide as hidden
+from tether.values._labels import TRUSTED
 from tether.values._store import ValueStore
 
 NOTE_PREFIX = "[tether] "  # how the label note after a turn's results begins
@@ -617,7 +618,7 @@ class SafetyPolicy:
             exact = result.untrusted is False and bool(declared.exact_provenance)
             if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
                 untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
-            elif not untrusted and hidden.came_back(state.values, result.content):
+            elif not untrusted and state.values.written and hidden.came_back(state.values, result.content):
                 untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
             if not untrusted and looks_injected(result.content):
                 # declared trusted, but it speaks to the assistant: someone else wrote into it
@@ -633,15 +634,20 @@ class SafetyPolicy:
             concealed = False
             if binding is not None:
                 hidden.note_sent(state.values, tool, binding)
-                label = hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
+                # `output_label` inline for a trusted output whose arguments carried nothing
+                label = TRUSTED if not untrusted and secret_from is None and binding.label is TRUSTED else \
+                    hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
                 # the model sees the handle's line only (built from trusted facts): its context stays as it was
                 concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label,
                                               declared)
             if not concealed:
                 state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                       private=bool(declared.private_output))
-                hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error,
-                                  declared=declared)
+                # (nothing private to follow: no declared readers, none carried in; `note_shown` returns at once)
+                if (declared.output_readers is not None or declared.secret_output or declared.private_output
+                        or (binding is not None and binding.label.readers is not None)):
+                    hidden.note_shown(state.values, tool, binding, result.content, is_error=result.is_error,
+                                      declared=declared)
             if result.handle and not untrusted:
                 state.trusted_handles.add(result.handle)
             if pend is not None:

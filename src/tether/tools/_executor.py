@@ -38,7 +38,7 @@ from tether.tools._results import (
 )
 from tether.tools._schema import ArgumentError
 from tether.values._code import HandleInCode, bind_data
-from tether.values._conditional import DISPATCH, INNER_INDEX, Dispatch, bind_condition, is_conditional
+from tether.values._conditional import CONDITIONAL_KEY, DISPATCH, INNER_INDEX, Dispatch, bind_condition
 from tether.values._decide import job_hides
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._labels import TRUSTED
@@ -437,112 +437,110 @@ class Executor:
         call's place in its turn (the idempotency key is `run_id:step:index`); `step` runs the tool
         itself (the durable runner checkpoints it there). Handles of hidden values in the arguments
         (tether.values) are replaced by their values first; the policy reads their labels."""
-        store = values_of(ctx.policy_state)
-        if store is None:
-            return await self._execute(call, ctx, index, step, None)
-        store.reader = self._query  # a handle's line names the query tool only when the model has it
-        try:
-            return await self._execute(call, ctx, index, step, store)
-        finally:
-            store.take(call.id)  # the binding of a call that ended before its result was checked
-
-    async def _execute(self, call: ToolCall, ctx: CallContext, index: int, step: ToolStepFn,
-                       store: ValueStore | None) -> ToolResult:
-        checked = self._checked_call(call, ctx, store, index)
-        if isinstance(checked, ToolResult):
-            return checked
-        if ctx.bounds:
-            checked = await self._within_bounds(call, ctx, *checked)
+        store = getattr(ctx.policy_state, "values", None)  # `values_of`, inline
+        if not isinstance(store, ValueStore) or not store.enabled:
+            store = None
+        else:
+            store.reader = self._query  # a handle's line names the query tool only when the model has it
+        try:  # one coroutine a call (the body was a second one, `_execute`)
+            checked = self._checked_call(call, ctx, store, index)
             if isinstance(checked, ToolResult):
                 return checked
-        tool, args = checked
-        binding = store.binding(call.id) if store is not None else None
-        quotes_hidden = binding is not None and binding.quotes_hidden  # (fixed once bound)
-        try:
-            verdict = await self.policy.before_call(tool, args, call, ctx)
-        except asyncio.CancelledError:  # e.g. while a person was being asked
-            raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
-                                            CallDecision.CANCELLED)) from None
-        except Exception as exc:  # fail closed: a policy that cannot decide refuses
-            return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
-                               f"{exc}", f"{CallDecision.REFUSED}:policy_error")
-        if quotes_hidden and verdict.action != "allow" and binding is not None:
-            # The reason may quote the hidden values in forms no mask can list (a host the egress check
-            # parsed out of one, a held action's line): the model is told the decision and the handles only.
-            refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
-            known = _VALUE_FREE_REASONS.get(verdict.decision or "")
-            verdict = dataclasses.replace(verdict, reason=(
-                f"{verdict.decision or verdict.action} with the hidden values put in ({refs}): "
-                + (known or "the policy's reason is not shown to you because it could quote those values")))
-        if verdict.action == "refuse":
-            return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
-        if verdict.action == "await_approval":
-            return ToolResult(call.id, call.name, f"PENDING: '{call.name}' awaits approval: {verdict.reason}",
-                              is_error=True, decision=CallDecision.AWAITING_APPROVAL)
-        if verdict.arguments is not None:
-            args = verdict.arguments
-        jobs = ctx.run.jobs if ctx.run.jobs is not None and is_job(tool) else None  # (a run with no job tool: None)
-        if jobs is not None:  # its run goes on in the background; the call is answered at once
-            # a job given untrusted hidden values delivers a result computed from them: untrusted
-            from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
-            untrusted_job = from_source or (binding is not None and binding.label.untrusted)
-            # hidden once delivered when the call would hide in the foreground (kept whole until then)
-            reads = getattr(self.policy, "secret_source", None)  # a secret-bearing source it reads (.env)
-            read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
-            secret = read if isinstance(read, str) else None
-            hidden = job_hides(store, tool, args, binding, untrusted=from_source, secret_from=secret)
-            return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
-                              functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
-                                                hidden is not None), step, hidden=hidden, secret=secret)
-        # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
-        # returns is late), else the answer of a call that did not finish
-        cancelled: list[ToolResult | None] = []
-        # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
-        limit = tool.max_result_chars or self.max_result_chars
-        hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
-        token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
-                                      binding.label if binding is not None else TRUSTED)) \
-            if is_conditional(tool) else None  # call_if runs its one call through every check (values._conditional)
-        try:
-            if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
-                result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
-            else:
-                result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled, hiding))
-        except asyncio.CancelledError:
-            if cancelled and cancelled[0] is not None:
-                raise ToolCancelled(cancelled[0]) from None
-            if step is _direct:  # _run did not start the tool
-                raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
-                                                "started", CallDecision.CANCELLED)) from None
-            raise  # cancelled in the step runner: whether the tool ran is not known here
-        finally:
-            if token is not None:
-                DISPATCH.reset(token)
-        if not result.is_error:
-            result.decision = verdict.decision
-        if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
-            _own(ctx, result.handle)
-        if result.job is not None and (jobs := ctx.run.jobs) is not None:
-            jobs.note(result.job)  # from the recorded result: a replay knows what the model was given
-            if result.job.get("handle"):  # a job's capped result, now the run's to read back
-                _own(ctx, result.job["handle"])
-        try:
-            result = self.policy.after_call(tool, result, ctx)
-        except Exception as exc:  # fail closed: an unchecked result is not shown to the model
-            result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
-                                 f"{type(exc).__name__}: {exc}", f"{CallDecision.WITHHELD}:policy_error")
-        if quotes_hidden and result.is_error and binding is not None:  # a tool's error quoting them
-            result.content = binding.mask(result.content)
-        if hiding and len(result.content) > limit:  # shown after all: capped now
-            result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
-            if result.handle is not None:
+            if ctx.bounds:
+                checked = await self._within_bounds(call, ctx, *checked)
+                if isinstance(checked, ToolResult):
+                    return checked
+            tool, args = checked
+            binding = store.bindings.get(call.id) if store is not None else None
+            quotes_hidden = binding is not None and bool(binding.guarded)  # `quotes_hidden`, fixed once bound
+            try:
+                verdict = await self.policy.before_call(tool, args, call, ctx)
+            except asyncio.CancelledError:  # e.g. while a person was being asked
+                raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it started",
+                                                CallDecision.CANCELLED)) from None
+            except Exception as exc:  # fail closed: a policy that cannot decide refuses
+                return self._error(call, f"'{call.name}' was not run: the policy check failed - {type(exc).__name__}: "
+                                   f"{exc}", f"{CallDecision.REFUSED}:policy_error")
+            if quotes_hidden and verdict.action != "allow" and binding is not None:
+                # The reason may quote the hidden values in forms no mask can list (a host the egress check
+                # parsed out of one, a held action's line): the model is told the decision and the handles only.
+                refs = ", ".join(f"{p} = {' '.join(r)}" for p, r in binding.used.items())
+                known = _VALUE_FREE_REASONS.get(verdict.decision or "")
+                verdict = dataclasses.replace(verdict, reason=(
+                    f"{verdict.decision or verdict.action} with the hidden values put in ({refs}): "
+                    + (known or "the policy's reason is not shown to you because it could quote those values")))
+            if verdict.action == "refuse":
+                return self._error(call, f"'{call.name}' was not run: {verdict.reason}", verdict.decision)
+            if verdict.action == "await_approval":
+                return ToolResult(call.id, call.name, f"PENDING: '{call.name}' awaits approval: {verdict.reason}",
+                                  is_error=True, decision=CallDecision.AWAITING_APPROVAL)
+            if verdict.arguments is not None:
+                args = verdict.arguments
+            jobs = ctx.run.jobs if ctx.run.jobs is not None and is_job(tool) else None  # (a run with no job tool: None)
+            if jobs is not None:  # its run goes on in the background; the call is answered at once
+                # a job given untrusted hidden values delivers a result computed from them: untrusted
+                from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
+                untrusted_job = from_source or (binding is not None and binding.label.untrusted)
+                # hidden once delivered when the call would hide in the foreground (kept whole until then)
+                reads = getattr(self.policy, "secret_source", None)  # a secret-bearing source it reads (.env)
+                read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+                secret = read if isinstance(read, str) else None
+                hidden = job_hides(store, tool, args, binding, untrusted=from_source, secret_from=secret)
+                return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
+                                  functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
+                                                    hidden is not None), step, hidden=hidden, secret=secret)
+            # _run's note on a cancelled call: None when its tool ended after the cancel (the result it
+            # returns is late), else the answer of a call that did not finish
+            cancelled: list[ToolResult | None] = []
+            # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
+            limit = tool.max_result_chars or self.max_result_chars
+            hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
+            token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
+                                          binding.label if binding is not None else TRUSTED)) \
+                if tool.metadata.get(CONDITIONAL_KEY) else None  # call_if runs its one call through every check
+            try:
+                if step is _direct:  # nothing checkpoints the tool: run it without the step wrapper
+                    result = await self._run(tool, args, call, ctx, index, cancelled, hiding)
+                else:
+                    result = await step(functools.partial(self._run, tool, args, call, ctx, index, cancelled, hiding))
+            except asyncio.CancelledError:
+                if cancelled and cancelled[0] is not None:
+                    raise ToolCancelled(cancelled[0]) from None
+                if step is _direct:  # _run did not start the tool
+                    raise ToolCancelled(self._error(call, f"'{call.name}' was not run: it was cancelled before it "
+                                                    "started", CallDecision.CANCELLED)) from None
+                raise  # cancelled in the step runner: whether the tool ran is not known here
+            finally:
+                if token is not None:
+                    DISPATCH.reset(token)
+            if not result.is_error:
+                result.decision = verdict.decision
+            if result.handle is not None:  # recorded in the workflow, so a replayed run owns it too
                 _own(ctx, result.handle)
-        if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
-            result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
-                              f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
-                              f"'{call.name}' finished after it was cancelled: {result.content}")
-            raise ToolCancelled(result)
-        return result
+            if result.job is not None and (jobs := ctx.run.jobs) is not None:
+                jobs.note(result.job)  # from the recorded result: a replay knows what the model was given
+                if result.job.get("handle"):  # a job's capped result, now the run's to read back
+                    _own(ctx, result.job["handle"])
+            try:
+                result = self.policy.after_call(tool, result, ctx)
+            except Exception as exc:  # fail closed: an unchecked result is not shown to the model
+                result = self._error(call, f"'{call.name}' ran, but its result could not be checked by the policy - "
+                                     f"{type(exc).__name__}: {exc}", f"{CallDecision.WITHHELD}:policy_error")
+            if quotes_hidden and result.is_error and binding is not None:  # a tool's error quoting them
+                result.content = binding.mask(result.content)
+            if hiding and len(result.content) > limit:  # shown after all: capped now
+                result.content, result.handle = cap(result.content, limit, self.results, ctx.user)
+                if result.handle is not None:
+                    _own(ctx, result.handle)
+            if cancelled:  # its tool ended after the call was cancelled: said after the policy's check
+                result.content = (f"ERROR: '{call.name}' was cancelled while it ran, then ended with an error: "
+                                  f"{result.content.removeprefix('ERROR: ')}" if result.is_error else
+                                  f"'{call.name}' finished after it was cancelled: {result.content}")
+                raise ToolCancelled(result)
+            return result
+        finally:
+            if store is not None:
+                store.bindings.pop(call.id, None)  # the binding of a call that ended before its result was checked
 
     async def _inner(self, call: ToolCall, *, ctx: CallContext, index: int) -> ToolResult:
         """The one call a call_if runs: every check, as if the model had made it; its result goes only
@@ -581,8 +579,12 @@ class Executor:
         arguments = call.arguments
         if store is not None:
             try:  # never into a code argument (Bash's command): tether.values._code
-                arguments = (bind_condition(store, call.id, ctx.step, index, call.arguments) if is_conditional(tool)
-                             else bind_data(store, tool, call.id, ctx.step, index, call.arguments))
+                if not tool.metadata and not tool.declares.code_args:  # `bind_data` with no code argument
+                    arguments = store.bind(call.id, ctx.step, index, call.arguments)
+                else:
+                    arguments = (bind_condition(store, call.id, ctx.step, index, call.arguments)
+                                 if tool.metadata.get(CONDITIONAL_KEY)  # call_if (is_conditional)
+                                 else bind_data(store, tool, call.id, ctx.step, index, call.arguments))
             except (UnknownHandle, HandleInCode) as exc:
                 return self._error(call, f"'{call.name}' was not run: {exc}.", CallDecision.INVALID_ARGUMENTS)
         try:
