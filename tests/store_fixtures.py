@@ -12,12 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 
-def fresh_postgres_database() -> Iterator[str]:
-    url = os.environ.get("TETHER_TEST_POSTGRES")
+def fresh_postgres_database(env: str = "TETHER_TEST_POSTGRES") -> Iterator[str]:
+    """A new database on the server `$env` names (TETHER_TEST_PGVECTOR: the one with pgvector), dropped after."""
+    url = os.environ.get(env)
     if not url:
         if os.environ.get("CI") == "true":
-            pytest.fail("TETHER_TEST_POSTGRES is not set: .ci/run must start PostgreSQL for these tests")
-        pytest.skip("TETHER_TEST_POSTGRES (a postgresql:// URL) is not set")
+            pytest.fail(f"{env} is not set: .ci/run must start PostgreSQL for these tests")
+        pytest.skip(f"{env} (a postgresql:// URL) is not set")
     import psycopg
 
     name = f"tether_test_{uuid.uuid4().hex[:10]}"

