@@ -55,6 +55,20 @@ def test_origins_of_values() -> None:
     assert p.origin("2024-05-13 12:00") is Origin.USER
 
 
+def test_a_host_ending_a_sentence_with_no_space_is_the_users() -> None:
+    # AgentDojo slack user task 4: "...to our website www.our-company.com.They sent their hobbies..."
+    p = Provenance()
+    p.add_user("Post hobbies to our website www.our-company.com.They sent them to Bob.")
+    assert p.origin("www.our-company.com") is Origin.USER
+    assert p.origin("www.our-company.com.they") is Origin.USER  # what the user wrote stays theirs
+    # the next word is a top-level domain ("it"): www.x.com.it may be the host, so www.x.com is not the user's
+    q = Provenance()
+    q.add_user("Post it on www.x.com.It is ours. Also www.y.com.THEY and www.z.com.then and a@b.com.Then.")
+    assert q.origin("www.x.com.it") is Origin.USER
+    for host in ("www.x.com", "www.y.com", "www.z.com", "b.com"):
+        assert q.origin(host) is Origin.MODEL, host
+
+
 def test_numbers_inside_dates_and_short_ids_do_not_match() -> None:
     p = Provenance()
     p.add_user("What are we doing on June 13? The party is on 2024-05-13.")

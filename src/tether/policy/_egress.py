@@ -123,6 +123,39 @@ def _public_suffixes() -> Any:
     return PublicSuffixList()
 
 
+@functools.cache
+def _known_suffixes() -> Any:
+    from publicsuffixlist import PublicSuffixList
+
+    return PublicSuffixList(accept_unknown=False)  # an unlisted label is no top-level domain
+
+
+def is_tld(label: str) -> bool:
+    """Whether `label` is a top-level domain on the Public Suffix List (`com`, `it`, `shop`; not `they`)."""
+    return "." not in label and bool(_known_suffixes().is_public(ascii_lower(label)))
+
+
+# a host, a period, then a capitalised word not glued to more host characters: "www.x.com.They"
+_SENTENCE_END = re.compile(r"(?<![\w@.\-])((?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+([a-z]{2,24}))\.([A-Z][a-z]*)"
+                           r"(?![\w@.\-/])", re.IGNORECASE)
+
+
+def split_sentence_ends(text: str) -> str:
+    """`text` with a space after a host that ends a sentence with no space before the next one
+    ("visit www.x.com.They said" -> "www.x.com. They"), as a reader reads it. Only when the host's
+    last label is a top-level domain and the next word is not one (by the Public Suffix List): in
+    "www.x.com.It" the host may be www.x.com.it, so nothing is split (reading fewer hosts as the
+    user's is the safe side)."""
+    def split(m: re.Match[str]) -> str:
+        word = m.group(3)
+        capitalised = word[0].isupper() and (len(word) == 1 or word[1:].islower())
+        if not capitalised or not is_tld(m.group(2)) or is_tld(word):
+            return m.group()
+        return f"{m.group(1)}. {word}"
+
+    return _SENTENCE_END.sub(split, text) if "." in text else text
+
+
 def is_public_suffix(domain: str) -> bool:
     """Whether anyone may register names under `domain` (`com`, `co.uk`, `github.io`), by the Public
     Suffix List (ICANN and private sections)."""

@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tether.policy._canonical import leaves
+from tether.policy._egress import split_sentence_ends
 
 
 class Origin(enum.StrEnum):
@@ -300,6 +301,9 @@ class Provenance:
 
     def add_user(self, text: str) -> None:
         self.user.add(text)
+        split = split_sentence_ends(text)  # "our site www.x.com.They..." also gives www.x.com
+        if split != text:
+            self.user.add(split)
 
     def add_output(self, text: str, *, trusted: bool, source: str, private: bool = False) -> None:
         """Record a tool output; an untrusted one taints the run for good. Identifiers in a
