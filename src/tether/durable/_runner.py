@@ -193,11 +193,13 @@ class EventBuffer:
         self.store = store
         self.text = TextDeltaWriter(self.store, run_id) if store_text else None
         self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None  # the run's task, when the timer was armed
 
     def __call__(self, event: TraceEvent) -> None:
         if event.kind != "text_delta":
             self.events.append(event)
             if event.kind == TOOL_STARTED and self._timer is None:
+                self._task = asyncio.current_task()
                 self._timer = asyncio.get_running_loop().call_later(LIVE_AFTER, self._flush_later)
         elif self.text is not None:
             self.text.add(self.base + len(self.events), str(event.data.get("text", "")))
@@ -210,7 +212,16 @@ class EventBuffer:
 
     def _flush_later(self) -> None:
         self._timer = None
+        if self._task is not None and self._task.cancelling():
+            return  # the process is stopping the run: what it emits while ending is not the run's (abandon)
         self.flush()
+
+    def abandon(self) -> None:
+        """The process stopped the run (it stays pending, to be recovered): nothing more is written."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        del self.events[self.flushed:]
 
     def flush(self) -> None:
         if self._timer is not None:

@@ -213,6 +213,7 @@ async def run_workflow(job: dict[str, Any]) -> dict[str, Any]:
     if task is not None and task.cancelling() and result.stop_reason is StopReason.CANCELLED:
         # the process is shutting down (DBOS cancels its tasks), not the run: leave it pending, so the
         # next process recovers it, and record nothing
+        events.abandon()
         raise asyncio.CancelledError
     if result.stop_reason is StopReason.CANCELLED:  # its sub-agents too: marked first, so a late one stops
         rt.store.set_status(run_id, "cancelled")

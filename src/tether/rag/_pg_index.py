@@ -608,12 +608,12 @@ class PostgresIndex(Index):
             if retriever is None or (self._server is None and self._dense_server is None) or self.vectors_pending:
                 try:
                     return super().search(query, k)
-                except _pgvector.Stale:  # the vectors moved on between the check and the statement
+                except _pgvector._Stale:  # the vectors moved on between the check and the statement
                     self._retriever = None
                     return super().search(query, k)
             try:
                 found = retriever.search(query, k)
-            except (_pg_lexical._Stale, _pgvector.Stale):
+            except (_pg_lexical._Stale, _pgvector._Stale):
                 self._retriever = None
                 return super().search(query, k)
             return [Hit(pos, score, c.id, c.source, c.heading, c.text)

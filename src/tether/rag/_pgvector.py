@@ -131,14 +131,14 @@ UNION ALL SELECT id, max(score) FROM (SELECT id, -(vec <#> %(q)s::vector)::float
     ORDER BY vec <#> %(q)s::vector LIMIT %(rows)s) x GROUP BY id"""
 
 
-class Stale(Exception):
+class _Stale(Exception):
     """The server's vectors are of another generation than the client's chunk order."""
 
 
 class ServerDense:
     """The dense scores of the passages `ids` (in position order, of vectors generation
     `generation`) for a query vector, computed by the server; `DenseRetriever.remote` is set to
-    this object's `scores`. Raises `Stale` when the store has moved on."""
+    this object's `scores`. Raises `_Stale` when the store has moved on."""
 
     def __init__(self, conn: Any, ids: Sequence[str], generation: str, *, exact_below: int | None = None) -> None:
         self.conn, self.generation = conn, generation
@@ -153,7 +153,7 @@ class ServerDense:
         rows = self.conn.execute(sql, params).fetchall()
         generation = next((str(int(score or 0)) for cid, score in rows if cid is None), None)
         if generation != self.generation:
-            raise Stale
+            raise _Stale
         return [(cid, score) for cid, score in rows if cid is not None]
 
     def scores(self, qv: np.ndarray) -> np.ndarray:

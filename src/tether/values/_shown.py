@@ -39,7 +39,7 @@ def norm(text: str) -> str:
 
 
 @dataclass(slots=True)
-class Shown:
+class ShownText:
     """One private text the model saw, normalised, with its label and an index of its grams."""
 
     text: str
@@ -109,16 +109,16 @@ def private_texts(tool: Any, content: str, label: Label) -> list[tuple[str, Labe
     return [(content, label)]
 
 
-def note(shown: list[Shown], texts: list[tuple[str, Label]]) -> None:
+def note(shown: list[ShownText], texts: list[tuple[str, Label]]) -> None:
     """Remember private texts the model was shown (the latest `MAX_SHOWN`)."""
     for text, label in texts:
         t = norm(text[:MAX_TEXT])
         if t and not any(s.text == t and s.label == label for s in shown):
-            shown.append(Shown(t, label))
+            shown.append(ShownText(t, label))
     del shown[:-MAX_SHOWN]
 
 
-def copied_labels(shown: list[Shown], args: dict[str, Any], skip: set[str]) -> dict[str, Label]:
+def copied_labels(shown: list[ShownText], args: dict[str, Any], skip: set[str]) -> dict[str, Label]:
     """Top-level argument -> the join of the readers of every shown private text a value under it was
     copied from (arguments copying none are left out). `skip`: top-level arguments not to look in."""
     out: dict[str, Label] = {}

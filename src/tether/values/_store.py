@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from tether._errors import InvalidInput
 from tether.values._labels import TRUSTED, Label, join_all
-from tether.values._shown import Shown
+from tether.values._shown import ShownText
 
 HANDLE = re.compile(r"\$v(\d+)_(\d+)((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)")
 _PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
@@ -105,7 +105,7 @@ class ValueStore:
         self.written: list[str] = []  # untrusted hidden texts passed to a call: seen again, they taint
         # private texts the model was shown (not hidden), with their readers (tether.values._shown); kept in
         # the visible mode too
-        self.shown: list[Shown] = []
+        self.shown: list[ShownText] = []
 
     # -- hiding --------------------------------------------------------------------------------
 
@@ -257,7 +257,7 @@ class ValueStore:
                                f" are not supported (expected {STORE_VERSION})")
         store = cls(bool(data.get("enabled", True)))
         store.written = [str(w) for w in data.get("written") or ()]
-        store.shown = [Shown(str(s["text"]), Label.from_dict(s["label"])) for s in data.get("shown") or ()]
+        store.shown = [ShownText(str(s["text"]), Label.from_dict(s["label"])) for s in data.get("shown") or ()]
         for h, v in dict(data.get("values") or {}).items():
             store.values[str(h)] = Hidden(str(v["value"]), Label.from_dict(v["label"]), str(v["description"]))
         return store
