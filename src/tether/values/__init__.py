@@ -58,7 +58,8 @@ State: `ValueStore` (values, labels, descriptions) lives in the policy's per-run
 from tether.values._conditional import CONDITIONAL_TOOL, conditional_tool
 from tether.values._declare import HANDLE_ANSWERS, HIDDEN_SOURCES, QUERY_KEY, SHOWN_ANSWERS, hides
 from tether.values._labels import TRUSTED, USER, Integrity, Label, join_all, secret, untrusted
-from tether.values._query import QUERY_TOOL, AnswerType, query_tool, validate_answer, with_query_tool
+from tether.values._query import QUERY_TOOL, AnswerType, query_tool, validate_answer
+from tether.values._query_tools import with_query_tool
 from tether.values._store import HANDLE, Binding, Hidden, UnknownHandle, ValueStore, handle_for
 
 __all__ = ["CONDITIONAL_TOOL", "HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",

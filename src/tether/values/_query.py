@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -17,7 +16,7 @@ from tether._errors import InvalidInput, OperationFailed
 from tether._types import Effect, Message, ModelRequest, Usage
 from tether.models._base import Model
 from tether.tools._base import Tool, ToolContext, tool
-from tether.values._declare import QUERY_KEY, hides
+from tether.values._declare import QUERY_KEY
 
 QUERY_TOOL = "inspect_value"
 AnswerType = Literal["boolean", "enum", "number", "date", "email", "iban", "url", "regex", "string"]
@@ -93,11 +92,8 @@ async def ask_reader(model: Model, handle: Any, question: str, answer_type: str,
 
 def _charge(context: ToolContext, used: Usage) -> None:
     """The reader's tokens go on the run's bill, as a sub-agent's do."""
-    # imported here: the loop imports the executor, which imports this package
-    from tether._loop import ParentRun
-
-    parent = context.run.parent
-    if isinstance(parent, ParentRun):
+    parent = context.run.parent  # a tether._loop.ParentRun (RunFacts types it; no import: the loop imports this)
+    if parent is not None:
         used = used.copy()
         used.model_calls = max(used.model_calls, 1)
         parent.budget.settle(None, None, used)
@@ -187,20 +183,3 @@ def _fit(reply: str, kind: str, options: list[str] | None, pattern: str | None, 
 def _iban_checks(iban: str) -> bool:
     digits = "".join(str(int(c, 36)) for c in iban[4:] + iban[:4])
     return int(digits) % 97 == 1
-
-
-def with_query_tool(tools: Sequence[Tool], policy: object, model: Model) -> list[Tool]:
-    """`tools`, plus the query tool (and call_if, with `SafetyPolicy(conditional_calls=True)`, the default)
-    when the policy hides values and one of the tools may hide its output (answering with the policy's
-    `query_model`, else `model`)."""
-    if not getattr(policy, "hidden_values", False) or any(t.name == QUERY_TOOL for t in tools) \
-            or not any(hides(t) for t in tools):
-        return list(tools)
-    reader = getattr(policy, "query_model", None) or model
-    extra = [query_tool(reader)]
-    if getattr(policy, "conditional_calls", False):  # call_if (tether.values._conditional)
-        from tether.values._conditional import CONDITIONAL_TOOL, conditional_tool
-
-        if not any(t.name == CONDITIONAL_TOOL for t in tools):
-            extra.append(conditional_tool(reader))
-    return [*tools, *extra]
