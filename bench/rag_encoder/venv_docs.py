@@ -13,12 +13,11 @@ listed in `describe`.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sysconfig
 from pathlib import Path
 
-from bench.rag_encoder import stdlib_docs
+from bench.rag_encoder import known_items, stdlib_docs
 from tether.rag._evaluate import Collection
 
 HERE = Path(__file__).resolve().parent
@@ -36,17 +35,11 @@ def docstrings() -> list[tuple[str, str, str]]:
 
 
 def build_data(step: int = 3) -> int:
-    items = docstrings()[::step]
-    DATA.parent.mkdir(parents=True, exist_ok=True)
-    lines = "".join(json.dumps({"id": i, "query": q, "text": b}) + "\n" for i, q, b in items)
-    DATA.write_bytes(gzip.compress(lines.encode(), mtime=0))
-    return len(items)
+    return known_items.write(DATA, docstrings()[::step])
 
 
 def build(query_step: int = 3) -> Collection:
-    rows = [json.loads(line) for line in gzip.decompress(DATA.read_bytes()).decode().splitlines()]
-    queries = {r["id"]: r["query"] for n, r in enumerate(rows) if n % query_step == 0}
-    return Collection([r["id"] for r in rows], [r["text"] for r in rows], queries, {q: {q: 1} for q in queries})
+    return known_items.read(DATA, query_step)
 
 
 def describe(col: Collection) -> dict:
