@@ -48,12 +48,13 @@ from tether.policy._leaks import (
     environment_secrets,
     redact,
     secret_file,
-    secret_files_named,
     secrets_in,
     values_in,
 )
 from tether.policy._output_filter import Finding, filter_output, fold
 from tether.policy._provenance import Origin
+from tether.policy._sources import READS as _READS
+from tether.policy._sources import may_read_secrets, secret_sources_named
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
 from tether.tools._declares import Declares
@@ -380,6 +381,12 @@ class SafetyPolicy:
         job when it starts, so the job's output is labelled and read as that source's once delivered."""
         return secret_bearer(tool, args)
 
+    @staticmethod
+    def may_read_secrets(tool: Tool) -> bool:
+        """Whether some call of `tool` may read a secret-bearing source (its output is then hidden, so the
+        agent gets the query tool: `with_query_tool`)."""
+        return may_read_secrets(tool)
+
     def _reads_untrusted_handle(self, tool: Tool, state: PolicyState, pend: _Pending | None) -> bool:
         """read_result is trusted only for a handle this run got from a trusted output: the store is
         shared by every run of an executor, so a handle from another run (or an unknown one) may hold
@@ -639,7 +646,7 @@ class SafetyPolicy:
                     hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
                 # the model sees the handle's line only (built from trusted facts): its context stays as it was
                 concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label,
-                                              declared)
+                                              declared, secret_from=secret_from)
             if not concealed:
                 state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                       private=bool(declared.private_output))
@@ -685,8 +692,6 @@ class SafetyPolicy:
 
 _REDACTED = re.compile(r"\[(?:secret from [^\]]*|redacted [a-z ]+)\]")  # the placeholders the answer filter writes
 _FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secrets only
-# arguments naming what a call reads: a file's path, a command line
-_READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
 
 
 def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = None) -> str | None:
@@ -700,7 +705,8 @@ def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = 
         return tool.name
     if declared.writes_path or _READS.isdisjoint(args):
         return None
-    return next((n for k, v in args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)), None)
+    return next((n for k, v in args.items() if k in _READS and isinstance(v, str) for n in secret_sources_named(k, v)),
+                None)
 
 
 def _delivered_secret(ctx: CallContext, result: ToolResult) -> tuple[str, str] | None:
