@@ -50,6 +50,8 @@ def _run(tmp_path: Path, first: Any, answer: str, *, hidden_values: bool = True)
     call("Bash", command='cat .e""nv'), call("Bash", command="sh -c 'cat .env'"), call("Bash", command="cat .en?"),
     call("Bash", command="cat $(echo .env)"), call("Bash", command="cp .env x && cat x"),
     call("Bash", command="base64 .env"), call("Read", file_path=".env"),
+    # a search whose hits include lines of .env: known from its output (`path:text` lines), not its text
+    call("Bash", command="grep -r PASS ."), call("Bash", command="grep -rn PASS ."), call("Grep", pattern="PASS"),
 ], ids=lambda c: f"{c.name}:{next(iter(c.arguments.values()))}")
 def test_a_foreground_read_of_dotenv_is_a_secret_handle_and_its_values_are_redacted(tmp_path: Path,
                                                                                     first: Any) -> None:
@@ -63,9 +65,11 @@ def test_a_foreground_read_of_dotenv_is_a_secret_handle_and_its_values_are_redac
         assert re.fullmatch(r"DB_PASS is \[secret from [^\]]+ redacted\]\.", answer), answer
 
 
-def test_a_command_reading_no_secret_source_is_shown_as_before(tmp_path: Path) -> None:
-    model, answer = _run(tmp_path, call("Bash", command="cat notes.txt"), "It says plain notes.")
-    assert _tool_texts(model) == [f"plain notes {DB_PASS}\n"]
+@pytest.mark.parametrize(("command", "shown"), [
+    ("cat notes.txt", f"plain notes {DB_PASS}\n"), ("grep -r notes .", f"./notes.txt:plain notes {DB_PASS}\n")])
+def test_a_command_reading_no_secret_source_is_shown_as_before(tmp_path: Path, command: str, shown: str) -> None:
+    model, answer = _run(tmp_path, call("Bash", command=command), "It says plain notes.")
+    assert _tool_texts(model) == [shown]
     assert answer == "It says plain notes."
 
 

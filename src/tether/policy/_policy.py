@@ -120,8 +120,9 @@ def wrap_untrusted(text: str, source: str) -> str:
 
 
 MAX_SECRETS = 500  # secret values kept per run (each is hunted for in the answer and in arguments)
-# `path:line:text`, a line of Grep's output (or grep's): the file it came from says if it is secret
-_GREP_LINE = re.compile(r"^([^:\n]+):\d+:(.*)$", re.MULTILINE)
+# `path:line:text` or `path:text`, a line of Grep's output (or grep's, `grep -r KEY .`): the file it came
+# from says if it is secret
+_GREP_LINE = re.compile(r"^([^:\n]+):(?:\d+:)?(.*)$", re.MULTILINE)
 
 
 class SafetyPolicy:
@@ -727,7 +728,7 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
     source: its words are the tool's, not the file's. Returns the secret-bearing source the whole output
-    came from (its label is secret), if any."""
+    came from, or that lines of it came from (a search's hits in `.env`): its label is secret, if any."""
     if error:
         return None
     content = result.content
@@ -739,19 +740,21 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
     if delivered is not None:  # a background job's output, read from a secret-bearing source: its own values
         bearer, content = delivered
     file_name = secret_file(bearer) if bearer is not None else None
+    # lines of a secret file in a search's output (`grep -r KEY .`, Grep): the output holds that file's text
+    lines = [(name, m.group(2)) for m in _GREP_LINE.finditer(content)
+             if (name := secret_file(m.group(1))) is not None] if ":" in content else []
     if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
-        return bearer
+        return bearer or (lines[0][0] if lines else None)
     found: dict[str, str] = {}
     if bearer is not None:
         found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
-    for m in _GREP_LINE.finditer(content) if ":" in content else ():  # (each line it matches holds a colon)
-        if (name := secret_file(m.group(1))) is not None:
-            for value in values_in(m.group(2), name):
-                found.setdefault(value, name)
+    for name, text in lines:
+        for value in values_in(text, name):
+            found.setdefault(value, name)
     for value in sorted(secrets_in(content)):
         found.setdefault(value, tool.name)
     for value, source in found.items():
         if len(state.secrets) >= MAX_SECRETS:
             break
         state.secrets.setdefault(value, source)
-    return bearer
+    return bearer or (lines[0][0] if lines else None)

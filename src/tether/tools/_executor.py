@@ -499,7 +499,8 @@ class Executor:
             cancelled: list[ToolResult | None] = []
             # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
             limit = tool.max_result_chars or self.max_result_chars
-            hiding = store is not None and limit < MAX_VALUE_CHARS and (hides(tool, args) or self._reads_secret(tool, args))
+            hiding = store is not None and limit < MAX_VALUE_CHARS and (
+                hides(tool, args) or self._reads_secret(tool, args) is not None)
             token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
                                           binding.label if binding is not None else TRUSTED)) \
                 if tool.metadata.get(CONDITIONAL_KEY) else None  # call_if runs its one call through every check
