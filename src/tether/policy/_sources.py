@@ -5,7 +5,8 @@ passes on as it is (`cat ./.env`, `sh -c 'cat .env'`, `base64 .env`, `cp .env x 
 through quote removal (`cat .e""nv`) and a glob with two literal characters or more that matches a secret
 file's name (`cat .en?`, `cat config/*.env`). It cannot see a name the shell computes (`cat $(printf
 '\\x2eenv')`, `f=.e; cat ${f}nv`), a bare glob (`cat config/*`), nor a directory read whole (`tar c .`;
-`grep -r KEY .` is known by its output's `.env:` lines instead): those are named in docs/safety.md ("Secrets by value"), with what still guards them.
+`grep -r KEY .` is known by its output's `.env:` lines instead): docs/safety.md ("Secrets by value")
+names them, with what still guards them.
 """
 
 from __future__ import annotations
