@@ -30,6 +30,7 @@ YES = CallbackApprover(lambda request: True)  # unconfined Bash asks before ever
 def _tools(tmp_path: Path) -> list[Any]:
     (tmp_path / ".env").write_text(DOTENV)
     (tmp_path / "notes.txt").write_text(f"plain notes {DB_PASS}\n")
+    (tmp_path / "settings.yaml").write_text("db_password: not-a-path\nserver: x\n")  # a key, not a grep hit
     # unconfined: the rule is on the command's text (the sandbox's own tests run bubblewrap)
     return [*file_tools(tmp_path), shell_tool(tmp_path, sandbox=Unconfined())]
 
@@ -66,7 +67,8 @@ def test_a_foreground_read_of_dotenv_is_a_secret_handle_and_its_values_are_redac
 
 
 @pytest.mark.parametrize(("command", "shown"), [
-    ("cat notes.txt", f"plain notes {DB_PASS}\n"), ("grep -r notes .", f"./notes.txt:plain notes {DB_PASS}\n")])
+    ("cat notes.txt", f"plain notes {DB_PASS}\n"), ("grep -r notes .", f"./notes.txt:plain notes {DB_PASS}\n"),
+    ("cat settings.yaml", "db_password: not-a-path\nserver: x\n")])
 def test_a_command_reading_no_secret_source_is_shown_as_before(tmp_path: Path, command: str, shown: str) -> None:
     model, answer = _run(tmp_path, call("Bash", command=command), "It says plain notes.")
     assert _tool_texts(model) == [shown]

@@ -120,9 +120,9 @@ def wrap_untrusted(text: str, source: str) -> str:
 
 
 MAX_SECRETS = 500  # secret values kept per run (each is hunted for in the answer and in arguments)
-# `path:line:text` or `path:text`, a line of Grep's output (or grep's, `grep -r KEY .`): the file it came
-# from says if it is secret
-_GREP_LINE = re.compile(r"^([^:\n]+):(?:\d+:)?(.*)$", re.MULTILINE)
+# `path:line:text`, or `path:text` with a path (a `/` or `.` in it, not `db_password: x`), a line of Grep's
+# output (or grep's, `grep -r KEY .`): the file it came from says if it is secret
+_GREP_LINE = re.compile(r"^(?:([^:\n]+):\d+:|([^:\s]*[./][^:\s]*):)(.*)$", re.MULTILINE)
 
 
 class SafetyPolicy:
@@ -741,8 +741,8 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
         bearer, content = delivered
     file_name = secret_file(bearer) if bearer is not None else None
     # lines of a secret file in a search's output (`grep -r KEY .`, Grep): the output holds that file's text
-    lines = [(name, m.group(2)) for m in _GREP_LINE.finditer(content)
-             if (name := secret_file(m.group(1))) is not None] if ":" in content else []
+    lines = [(name, m.group(3)) for m in _GREP_LINE.finditer(content)
+             if (name := secret_file(m.group(1) or m.group(2))) is not None] if ":" in content else []
     if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
         return bearer or (lines[0][0] if lines else None)
     found: dict[str, str] = {}
