@@ -149,7 +149,7 @@ def test_an_agent_with_a_tool_that_may_read_a_secret_gets_the_query_tool(tmp_pat
     assert {t.name: may_read_secrets(t) for t in tools} == {
         "Read": True, "Write": False, "Edit": False, "Glob": True, "Grep": True, "Bash": True}
     agent = Agent(ScriptedModel(["hi"]), tools=tools, policy=SafetyPolicy())
-    assert "inspect_value" in agent.executor.tools
+    assert "inspect_value" in agent.executor.tools and "call_if" not in agent.executor.tools  # (for untrusted data)
 
 
 def test_a_yes_no_about_a_secret_is_shown_to_the_user_and_nothing_longer() -> None:
