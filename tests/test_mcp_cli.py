@@ -138,3 +138,19 @@ def test_chat_keeps_one_session_across_turns(tmp_path: Path) -> None:
     pids = [[m for m in r.body["messages"] if m["role"] == "tool"][-1]["content"].strip().split("\n")[0]
             for r in model.requests[1::2]]
     assert len(pids) == 2 and pids[0].isdigit() and pids[0] == pids[1]  # the same server process served both
+
+
+def test_a_tool_left_out_by_its_declaration_is_one_stderr_line_of_the_run(tmp_path: Path) -> None:
+    """`tether --mcp`: a declaration naming an argument the tool lacks leaves the tool out, and says so once
+    on stderr (not only in `tether mcp-tools`); the run goes on with the other tools."""
+    config = write_config(tmp_path / "mcp.json", {
+        "ok": flaky("ok", connectTimeout=60, declare={"echo": {"codeArgs": ["command"]}})})
+    with FakeOpenAIServer([chat_completion("done")]) as model:
+        proc = tether(["-p", "hi", "--tools", "none", "--mcp", str(config)], tmp_path,
+                      OPENROUTER_API_KEY="sk-test", OPENROUTER_BASE_URL=model.base_url)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "left out" in line]
+    assert lines == ["mcp: tool 'echo' of server 'ok' is left out: its declared code_args names 'command', "
+                     "not among its arguments (text)"], proc.stderr
+    names = {t["function"]["name"] for t in model.requests[0].body["tools"]}
+    assert "ok__echo" not in names and "ok__hang" in names

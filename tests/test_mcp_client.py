@@ -5,6 +5,7 @@ tether's executor and default SafetyPolicy."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -433,3 +434,23 @@ def test_bad_declarations_are_one_error_line(declare: object, error: str) -> Non
     with pytest.raises(MCPConfigError) as info:
         parse_config({"mcpServers": {"ev": {"command": "x", "tether": {"declare": declare}}}})
     assert error in str(info.value), str(info.value)
+
+
+def test_a_tool_left_out_is_logged_once_for_a_service(caplog: pytest.LogCaptureFixture) -> None:
+    """No CLI to print it: the toolset says it once in the log (a service's log)."""
+    with caplog.at_level(logging.WARNING, logger="tether.mcp"), toolset(
+            {"ok": flaky("ok", connectTimeout=SLOW_START, declare={"echo": {"codeArgs": ["command"]}})}) as ts:
+        assert "ok__echo" not in {t.name for t in ts.tools} and "ok__hang" in {t.name for t in ts.tools}
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and "tool 'echo' of server 'ok' is left out: its declared code_args names 'command'" \
+        in said[0], said
+    assert said[0].removeprefix("MCP: ") == ts.warnings[0]
+
+
+def test_each_warning_goes_to_the_given_printer_once() -> None:
+    told: list[str] = []
+    servers = parse_config({"mcpServers": {"ok": flaky("ok", connectTimeout=SLOW_START,
+                                                         declare={"echo": {"codeArgs": ["command"]}})}})
+    with MCPToolset(servers, warn=told.append) as ts:
+        ts._wrap(ts._connections["ok"])  # a tool-list change lists the same tools again
+    assert told == ts.warnings and len(told) == 1, told

@@ -26,13 +26,12 @@ def open_mcp(path: Path, announce: Callable[[str], None] | None = None) -> MCPTo
         servers = load_config(path)
     except MCPConfigError as exc:
         raise CliError(str(exc)) from exc
-    toolset = MCPToolset(servers).start()
+    # each tool left out is one line on stderr, once (also when a tool-list change lists it again)
+    toolset = MCPToolset(servers, warn=None if announce is None else lambda text: announce(f"mcp: {text}")).start()
     atexit.register(toolset.close)  # a safety net; close_mcp closes it first
     if announce is not None:
         for name, why in toolset.failures.items():
             announce(f"mcp: {why}; the tools of '{name}' are not available")
-        for warning in toolset.warnings:
-            announce(f"mcp: {warning}")
     return toolset
 
 

@@ -350,12 +350,15 @@ def _version() -> str:
 
 class MCPToolset:
     """The tools of several MCP servers, as tether tools. Use as a context manager (sync or async);
-    `start()` / `close()` do the same by hand."""
+    `start()` / `close()` do the same by hand. A tool left out (`warnings`) is told once to `warn`
+    (default: a warning in the `tether.mcp` log)."""
 
-    def __init__(self, servers: Iterable[ServerConfig]) -> None:
+    def __init__(self, servers: Iterable[ServerConfig], *, warn: Callable[[str], None] | None = None) -> None:
         self.servers = list(servers)
         self.failures: dict[str, str] = {}  # server name -> why it is not available
         self.warnings: list[str] = []  # tools left out (name clashes, declarations naming no argument)
+        # each new warning, once, as one line: the CLI prints it on stderr; by default the log (a service's)
+        self._warn = warn if warn is not None else (lambda text: log.warning("MCP: %s", text))
         self._portal: _Portal | None = None
         self._connections: dict[str, _Connection] = {}
         self._tools: dict[str, Tool] = {}
@@ -383,8 +386,8 @@ class MCPToolset:
             else:
                 for t in self._wrap(conn):
                     if t.name in self._tools:  # two servers with the same prefix: the first one keeps it
-                        self.warnings.append(f"tool '{t.name}' of server '{conn.name}' is left out: the name is "
-                                             f"taken by server '{self._tools[t.name].metadata['mcp_server']}'")
+                        self._warning(f"tool '{t.name}' of server '{conn.name}' is left out: the name is "
+                                      f"taken by server '{self._tools[t.name].metadata['mcp_server']}'")
                     else:
                         self._tools[t.name] = t
 
@@ -394,9 +397,16 @@ class MCPToolset:
             try:
                 tools.append(mcp_tool(conn.config, t, self._caller(conn, t.name)))
             except MCPConfigError as exc:  # a declaration that cannot hold: the tool is left out (fail closed)
-                if str(exc) not in self.warnings:
-                    self.warnings.append(str(exc))
+                self._warning(str(exc))
         return tools
+
+    def _warning(self, text: str) -> None:
+        """Note a tool left out, and tell it once (a tool-list change lists the same tools again)."""
+        if text in self.warnings:
+            return
+        self.warnings.append(text)
+        with contextlib.suppress(Exception):  # a failing printer must not stop the servers starting
+            self._warn(" ".join(text.split()))
 
     def _caller(self, conn: _Connection, name: str) -> Callable[..., Awaitable[str]]:
         portal = self._portal

@@ -48,12 +48,13 @@ from tether.policy._leaks import (
     environment_secrets,
     redact,
     secret_file,
-    secret_files_named,
     secrets_in,
     values_in,
 )
 from tether.policy._output_filter import Finding, filter_output, fold
 from tether.policy._provenance import Origin
+from tether.policy._sources import READS as _READS
+from tether.policy._sources import may_read_secrets, secret_sources_named
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
 from tether.tools._base import Tool
 from tether.tools._declares import Declares
@@ -119,8 +120,9 @@ def wrap_untrusted(text: str, source: str) -> str:
 
 
 MAX_SECRETS = 500  # secret values kept per run (each is hunted for in the answer and in arguments)
-# `path:line:text`, a line of Grep's output (or grep's): the file it came from says if it is secret
-_GREP_LINE = re.compile(r"^([^:\n]+):\d+:(.*)$", re.MULTILINE)
+# `path:line:text`, or `path:text` with a path (a `/` or `.` in it, not `db_password: x`), a line of Grep's
+# output (or grep's, `grep -r KEY .`): the file it came from says if it is secret
+_GREP_LINE = re.compile(r"^(?:([^:\n]+):\d+:|([^:\s]*[./][^:\s]*):)(.*)$", re.MULTILINE)
 
 
 class SafetyPolicy:
@@ -379,6 +381,12 @@ class SafetyPolicy:
         """The secret-bearing source a call reads (`secret_bearer`): the executor asks it of a background
         job when it starts, so the job's output is labelled and read as that source's once delivered."""
         return secret_bearer(tool, args)
+
+    @staticmethod
+    def may_read_secrets(tool: Tool) -> bool:
+        """Whether some call of `tool` may read a secret-bearing source (its output is then hidden, so the
+        agent gets the query tool: `with_query_tool`)."""
+        return may_read_secrets(tool)
 
     def _reads_untrusted_handle(self, tool: Tool, state: PolicyState, pend: _Pending | None) -> bool:
         """read_result is trusted only for a handle this run got from a trusted output: the store is
@@ -639,7 +647,7 @@ class SafetyPolicy:
                     hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
                 # the model sees the handle's line only (built from trusted facts): its context stays as it was
                 concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label,
-                                              declared)
+                                              declared, secret_from=secret_from)
             if not concealed:
                 state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                       private=bool(declared.private_output))
@@ -685,8 +693,6 @@ class SafetyPolicy:
 
 _REDACTED = re.compile(r"\[(?:secret from [^\]]*|redacted [a-z ]+)\]")  # the placeholders the answer filter writes
 _FILLER = " \t\r\n.,;:!?-*`'\"()[]{}"  # what is left of an answer made of secrets only
-# arguments naming what a call reads: a file's path, a command line
-_READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "script"})
 
 
 def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = None) -> str | None:
@@ -700,7 +706,8 @@ def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = 
         return tool.name
     if declared.writes_path or _READS.isdisjoint(args):
         return None
-    return next((n for k, v in args.items() if k in _READS and isinstance(v, str) for n in secret_files_named(v)), None)
+    return next((n for k, v in args.items() if k in _READS and isinstance(v, str) for n in secret_sources_named(k, v)),
+                None)
 
 
 def _delivered_secret(ctx: CallContext, result: ToolResult) -> tuple[str, str] | None:
@@ -721,7 +728,7 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
     whatever its key is called (a secret file the call names, Grep lines from one, a tool declared
     `secret_output`), then the secret-looking values of any output. An error (`.env` not found) is no
     source: its words are the tool's, not the file's. Returns the secret-bearing source the whole output
-    came from (its label is secret), if any."""
+    came from, or that lines of it came from (a search's hits in `.env`): its label is secret, if any."""
     if error:
         return None
     content = result.content
@@ -733,19 +740,21 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
     if delivered is not None:  # a background job's output, read from a secret-bearing source: its own values
         bearer, content = delivered
     file_name = secret_file(bearer) if bearer is not None else None
+    # lines of a secret file in a search's output (`grep -r KEY .`, Grep): the output holds that file's text
+    lines = [(name, m.group(3)) for m in _GREP_LINE.finditer(content)
+             if (name := secret_file(m.group(1) or m.group(2))) is not None] if ":" in content else []
     if len(state.secrets) >= MAX_SECRETS:  # full: only where the output came from is told
-        return bearer
+        return bearer or (lines[0][0] if lines else None)
     found: dict[str, str] = {}
     if bearer is not None:
         found.update(dict.fromkeys(values_in(content, file_name or ""), bearer))
-    for m in _GREP_LINE.finditer(content) if ":" in content else ():  # (each line it matches holds a colon)
-        if (name := secret_file(m.group(1))) is not None:
-            for value in values_in(m.group(2), name):
-                found.setdefault(value, name)
+    for name, text in lines:
+        for value in values_in(text, name):
+            found.setdefault(value, name)
     for value in sorted(secrets_in(content)):
         found.setdefault(value, tool.name)
     for value, source in found.items():
         if len(state.secrets) >= MAX_SECRETS:
             break
         state.secrets.setdefault(value, source)
-    return bearer
+    return bearer or (lines[0][0] if lines else None)

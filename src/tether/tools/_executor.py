@@ -428,6 +428,13 @@ class Executor:
         cancelled.append(None)
         return future.result()
 
+    def _reads_secret(self, tool: Tool, args: dict[str, Any]) -> str | None:
+        """The secret-bearing source (a `.env` its command names) the policy says this call reads: its
+        output is then hidden whole, as a background job's is once delivered."""
+        reads = getattr(self.policy, "secret_source", None)
+        read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+        return read if isinstance(read, str) else None
+
     def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
         return ToolResult(call.id, call.name, "ERROR: " + text, is_error=True, full_chars=len(text) + 7,
                           decision=decision)
@@ -482,9 +489,7 @@ class Executor:
                 from_source = self.policy.is_untrusted_source(tool, ctx.policy_state)
                 untrusted_job = from_source or (binding is not None and binding.label.untrusted)
                 # hidden once delivered when the call would hide in the foreground (kept whole until then)
-                reads = getattr(self.policy, "secret_source", None)  # a secret-bearing source it reads (.env)
-                read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
-                secret = read if isinstance(read, str) else None
+                secret = self._reads_secret(tool, args)  # a secret-bearing source it reads (.env)
                 hidden = job_hides(store, tool, args, binding, untrusted=from_source, secret_from=secret)
                 return jobs.start(call, ctx.step, index, f"{ctx.run_id}:{ctx.step}:{index}", untrusted_job,
                                   functools.partial(self._run_job, tool, args, call, dataclasses.replace(ctx), index,
@@ -494,7 +499,8 @@ class Executor:
             cancelled: list[ToolResult | None] = []
             # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
             limit = tool.max_result_chars or self.max_result_chars
-            hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
+            hiding = store is not None and limit < MAX_VALUE_CHARS and (
+                hides(tool, args) or self._reads_secret(tool, args) is not None)
             token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
                                           binding.label if binding is not None else TRUSTED)) \
                 if tool.metadata.get(CONDITIONAL_KEY) else None  # call_if runs its one call through every check

@@ -34,11 +34,13 @@ def output_label(tool: Tool, binding: Binding | None, *, is_untrusted: bool, sec
 
 
 def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None, binding: Binding | None,
-               result: ToolResult, label: Label, declared: Declares | None = None) -> bool:
+               result: ToolResult, label: Label, declared: Declares | None = None, *,
+               secret_from: str | None = None) -> bool:
     """Keep the output behind a handle when hiding is on, the call hides (declared, or the query's free
-    text), the output is untrusted or secret, and it is not an error (whose text is the tool's own).
-    Replaces `result.content` with the handle's line; True when it did. `declared`: `tool.declared`, if
-    the caller has read it already."""
+    text; or it read `secret_from`, a secret-bearing source such as `.env`, whatever the tool), the output
+    is untrusted or secret, and it is not an error (whose text is the tool's own). Replaces
+    `result.content` with the handle's line; True when it did. `declared`: `tool.declared`, if the caller
+    has read it already."""
     if store is None or not store.enabled or binding is None or result.is_error:
         return False
     job = result.job if isinstance(result.job, dict) and isinstance(result.job.get("label"), dict) else None
@@ -54,7 +56,8 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     if not (label.untrusted or label.secret or private):
         return False
     # any answer about a secret stays a handle: even a boolean shown would tell the model a bit of it
-    if job is None and not hides(tool, args) and not (label.secret and tool.metadata.get(QUERY_KEY)):
+    if job is None and secret_from is None and not hides(tool, args) and not (
+            label.secret and tool.metadata.get(QUERY_KEY)):
         return False
     handle = handle_for(binding.step, binding.index)
     if job is not None:

@@ -220,7 +220,8 @@ class ValueStore:
 
     def render(self, text: str) -> tuple[str, list[str]]:
         """The answer with each handle replaced by its value for the user (who may read their own
-        data), except secret ones, replaced by a placeholder; returns (text, the handles withheld)."""
+        data), except secret ones (but a yes/no about one), replaced by a placeholder; returns (text, the
+        handles withheld)."""
         if "$v" not in text or not self.values:
             return text, []
         withheld: list[str] = []
@@ -230,7 +231,9 @@ class ValueStore:
                 value, label = self._resolve(m)
             except UnknownHandle:
                 return m.group()
-            if label.secret or not label.may_read("user"):
+            # a yes/no about a secret (the query's boolean answer: "is DB_HOST set in .env?") is one bit the
+            # user asked for; the secret itself, or any longer answer about it, stays withheld
+            if not (label.secret and _yes_no(value)) and (label.secret or not label.may_read("user")):
                 withheld.append(m.group())
                 return f"[{m.group()}: a secret value, not shown]"
             return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
@@ -301,3 +304,8 @@ def values_of(state: Any) -> ValueStore | None:
     """The hidden values of a run's policy state, when it keeps them and hiding is on."""
     store = getattr(state, "values", None)
     return store if isinstance(store, ValueStore) and store.enabled else None
+
+
+def _yes_no(value: Any) -> bool:
+    """A boolean answer, as the query stores it (True, or its JSON text)."""
+    return isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
