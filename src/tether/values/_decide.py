@@ -15,6 +15,7 @@ from tether.tools._declares import Declares
 from tether.values import _shown as shown
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
+from tether.values._fields import NOTHING, split_fields, trusted_fields_of
 from tether.values._labels import TRUSTED, Label, join_all, untrusted
 from tether.values._readers import audience, declared_readers, leak
 from tether.values._readers import output_label as readers_label
@@ -62,7 +63,15 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     else:
         what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name,
                                                                                               binding.model_args)
-    result.content = store.hide(handle, result.content, label, what)
+    parts = NOTHING
+    fields = trusted_fields_of(declared) if job is None and not tool.metadata.get(QUERY_KEY) else None
+    # split only an output the tool itself made untrusted: one computed from an untrusted argument (which
+    # records a search returns, say) or a secret one keeps a single label
+    if fields is not None and not label.secret and not binding.label.untrusted:
+        parts = split_fields(result.content, fields, handle)
+        if parts.shown and label.readers is not None:  # private: what it shows is followed by its readers
+            shown.note(store.shown, [(parts.shown, Label(readers=label.readers))])
+    result.content = store.hide(handle, result.content, label, what, parts.shown, parts.paths)
     result.handle = None
     return True
 
