@@ -305,7 +305,7 @@ class Deriver:
     def _in_fields(self, v: Any) -> int | None:
         """The latest call whose shown fields hold exactly `v` (a number equal to one, a text the same)."""
         for j in sorted(self.shown_values, reverse=True):
-            if any(x == v and type(x) is type(v) or (isinstance(x, int | float) and isinstance(v, int | float)
+            if any((x == v and type(x) is type(v)) or (isinstance(x, int | float) and isinstance(v, int | float)
                    and not isinstance(x, bool) and x == v) for x in self.shown_values[j]):
                 return j
         return None
