@@ -148,3 +148,49 @@ def test_without_the_declaration_nothing_is_shown_and_the_field_by_handle_asks()
     bank = Bank(fields=None)
     asked, line = run(bank, lambda line: {"recipient": handle_in(line) + "[0].sender", "amount": 1, "subject": "x"})
     assert FRIEND not in line and len(asked) == 1
+
+
+def test_records_an_untrusted_argument_selected_keep_one_untrusted_label() -> None:
+    """A search whose query came from hidden text: which records come back is the text's author's choice."""
+    bank, asked, lines = Bank(), [], []
+
+    @tool(untrusted_output=True, hide_output=True, effect="read_only", trusted_fields=FIELDS)
+    def search(query: str) -> str:
+        """Transactions matching `query`."""
+        return json.dumps(TRANSACTIONS[:1])
+
+    def step(request: Any) -> Any:
+        tools = [m for m in request.messages if m.role == "tool"]
+        lines.extend(m.content for m in tools[len(lines):])
+        if not tools:
+            return call("transactions")
+        if len(tools) == 1:
+            return call("search", query=handle_in(tools[0].content) + "[0].subject")
+        if len(tools) == 2:
+            return call("send_money", recipient=handle_in(tools[1].content) + "[0].sender", amount=1.0, subject="x")
+        return "done"
+
+    policy = SafetyPolicy(approver=CallbackApprover(lambda r: asked.append(r) or True), query_model=ScriptedModel([]))
+    Agent(ScriptedModel(step), tools=[*bank.tools(), search], policy=policy, limits=Limits(max_steps=6)).run("pay")
+    assert FRIEND not in lines[1] and "vouches" not in lines[1]
+    assert len(asked) == 1 and bank.paid[0]["recipient"] == FRIEND
+
+
+def test_an_attacker_who_creates_a_record_is_paid_back_unasked_what_they_sent() -> None:
+    """The documented residual (docs/hidden_values.md): the attacker sent money, so their IBAN and amount are
+    the bank's record; "refund the last payment I received" reads only vouched fields and asks nobody."""
+    attacker_tx = {"id": 10, "sender": ATTACKER, "amount": 3.0, "date": "2024-03-09", "subject": INJECTED}
+    TRANSACTIONS.append(attacker_tx)
+    try:
+        bank = Bank()
+
+        def latest(line: str) -> dict[str, Any]:
+            rows = json.loads(line.split("hidden): ", 1)[1].split("]. The value", 1)[0] + "]")
+            last = max((r for r in rows if "sender" in r), key=lambda r: r["date"])
+            return {"recipient": last["sender"], "amount": last["amount"], "subject": "refund"}
+
+        asked, line = run(bank, latest)
+    finally:
+        TRANSACTIONS.remove(attacker_tx)
+    assert "INFORMATION" not in line
+    assert asked == [] and bank.paid == [{"recipient": ATTACKER, "amount": 3.0, "subject": "refund"}]
