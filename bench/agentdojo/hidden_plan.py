@@ -5,6 +5,9 @@ calls when every untrusted output reaches it as a handle only.
 for every argument value, how a model that has seen only the prompt, trusted outputs, handles and
 its own query answers obtains it:
 - the value is in the user's prompt or in an output it saw (trusted, hence visible): written literally;
+- it is a field the service vouches for, shown beside a handle (the classification's `FIELDS`), and the
+  task selects that record by such fields or the prompt (`FIELDS_USED`): written literally, at run time
+  only if a message the planner got shows it (`Shown`);
 - it is a whole hidden output, or a field of a JSON output whose place the planner knows without
   reading it (only dict keys and the first item of one-item lists): passed by handle (`$v3_1.id`);
 - it is inside hidden text: one `inspect_value` query of the narrowest type (date, number, e-mail,
