@@ -101,3 +101,31 @@ def effect_of(suite: str, tool: str) -> str:
     if tool in REVERSIBLE.get(suite, set()):
         return "reversible"
     return "read_only"
+
+
+# Fields of untrusted outputs that the service itself sets (tether.values._fields: shown beside the handle,
+# trusted by handle; each must fit its shape, else it stays hidden). Only what no outsider writes: the bank
+# sets a transaction's id, parties, amount, date and recurrence (its sender writes the subject); the slack
+# workspace sets a message's sender and recipient (its author writes the body) and lists the channel names;
+# the calendar and the drive assign event and file ids, the drive a file's owner and size. Not an e-mail's
+# sender (mail can be forged), not an event's times or participants (whoever sent the invitation chose them).
+_FILE = {"id_": "id", "owner": "email", "size": "number"}
+FIELDS: dict[str, dict[str, dict[str, str]]] = {
+    "workspace": {
+        "search_calendar_events": {"id_": "id"}, "get_day_calendar_events": {"id_": "id"},
+        "create_calendar_event": {"id_": "id"},
+        "list_files": _FILE, "search_files": _FILE, "search_files_by_filename": _FILE, "get_file_by_id": _FILE,
+        "create_file": _FILE, "append_to_file": _FILE,
+        "get_received_emails": {"id_": "id"}, "search_emails": {"id_": "id"}, "get_unread_emails": {"id_": "id"},
+    },
+    "travel": {},
+    "banking": {
+        "get_most_recent_transactions": {"id": "id", "sender": "iban", "recipient": "iban", "amount": "number",
+                                         "date": "date", "recurring": "boolean"},
+    },
+    "slack": {
+        "get_channels": {"*": "name"},
+        "read_channel_messages": {"sender": "name", "recipient": "name"},
+        "read_inbox": {"sender": "name", "recipient": "name"},
+    },
+}

@@ -72,3 +72,26 @@ RISK_FREE: dict[str, dict[str, tuple[str, ...]]] = {
                 "update_scheduled_transaction": ("subject",)},
     "slack": {"send_direct_message": ("body",), "send_channel_message": ("body",)},
 }
+
+# Fields of an untrusted output the service itself sets, written from the tools' return types and their
+# field titles alone ("ID of the transaction", "IBAN of the sender", "Sender of the message"): ids the
+# service assigns, the bank's parties, amount and date, the workspace's sender of a message. Left out:
+# anything a person types (subjects, bodies, titles, descriptions, file names and contents), an e-mail's
+# addresses, an event's times and participants, a file's sharing.
+FIELDS: dict[str, dict[str, dict[str, str]]] = {
+    "workspace": {
+        "search_calendar_events": {"id_": "id"}, "get_day_calendar_events": {"id_": "id"},
+        "list_files": {"id_": "id"}, "search_files": {"id_": "id"}, "search_files_by_filename": {"id_": "id"},
+        "get_file_by_id": {"id_": "id"}, "create_file": {"id_": "id"}, "append_to_file": {"id_": "id"},
+        "get_received_emails": {"id_": "id"}, "search_emails": {"id_": "id"}, "get_unread_emails": {"id_": "id"},
+    },
+    "travel": {},
+    "banking": {
+        "get_most_recent_transactions": {"id": "id", "sender": "iban", "recipient": "iban", "amount": "number",
+                                         "date": "date"},
+    },
+    "slack": {
+        "read_channel_messages": {"sender": "name"},
+        "read_inbox": {"sender": "name"},
+    },
+}

@@ -23,6 +23,7 @@ AgentDojo's injection placed in every vector), run by `bench.agentdojo.__main__.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any
 
 from agentdojo.functions_runtime import FunctionCall
 
-from bench.agentdojo.hidden_plan import Ans, Call, Join, Lit, Plan, Query, Ref
+from bench.agentdojo.hidden_plan import Ans, Call, Join, Lit, Plan, Query, Ref, Shown
 from tether._types import ModelRequest, ToolCall
 from tether.values import QUERY_TOOL
 from tether.values._conditional import CONDITIONAL_TOOL
@@ -204,6 +205,7 @@ class HiddenPlanner:
         self.handles: dict[int, str] = {}  # plan call -> the handle of its hidden output
         self.answers: dict[int, str | None] = {}  # query -> its handle or shown answer (None: failed)
         self.pending: dict[str, tuple[str, Any]] = {}  # call id -> (kind, the step)
+        self.shown: list[str] = []  # every tool message it was sent (a handle's line with its vouched fields)
         self.injected = False
         self.how = ""  # how injected text reached the planner
         self.attacker_ids: set[str] = set()
@@ -220,6 +222,8 @@ class HiddenPlanner:
         first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), -1)
         for i in range(self._seen, len(msgs)):
             m = msgs[i]
+            if m.role == "tool":
+                self.shown.append(m.content)
             if m.role == "tool" and m.tool_call_id in self.pending:
                 kind, step = self.pending.pop(m.tool_call_id)
                 self._result(kind, step, m.content, m.tool_call_id)
@@ -396,6 +400,11 @@ class HiddenPlanner:
             return [self._resolve(x, used) for x in t]
         if isinstance(t, Lit):
             return t.value
+        if isinstance(t, Shown):  # only a value the context really shows (a vouched field beside a handle)
+            text = json.dumps(t.value, ensure_ascii=False)
+            if not any(text in m for m in self.shown):
+                raise _Missing
+            return t.value
         if isinstance(t, Ref):
             h = self.handles.get(t.call)
             if h is None:
@@ -498,7 +507,7 @@ def _refers(t: Any, calls: set[int]) -> bool:
         return any(_refers(x, calls) for x in t.values())
     if isinstance(t, list):
         return any(_refers(x, calls) for x in t)
-    if isinstance(t, Ref):
+    if isinstance(t, Ref | Shown):
         return t.call in calls
     if isinstance(t, Join):
         return any(_refers(x, calls) for x in t.parts)

@@ -51,6 +51,10 @@ class Declares:
       e-mail readable by the user and its correspondents). Undeclared: `secret_output` is secret,
       `private_output` the user's, anything else public.
     - `exact_provenance`: its `ToolOutput.untrusted` says exactly whether each output is untrusted.
+    - `trusted_fields`: the fields of an untrusted output's records that the service itself sets (a
+      transaction's amount, a file's id), each with its shape (`{"id": "id", "amount": "number"}`; a list
+      of names means shape `id` each): when the output is hidden, they are shown and carry a trusted
+      label; the rest stays hidden (tether.values._fields, docs/hidden_values.md).
 
     The approval prompt: `describe(args)` a one-line description, `dry_run(args)` what the call would
     do (either may be async).
@@ -76,6 +80,7 @@ class Declares:
     secret_output: bool = False
     output_readers: Literal["public", "user", "secret"] | tuple[str, ...] | None = None
     exact_provenance: bool = False
+    trusted_fields: Mapping[str, str] | None = None
     describe: Callable[[dict[str, Any]], Any] | None = None
     dry_run: Callable[[dict[str, Any]], Any] | None = None
     effect_of: Effect | str | Callable[[dict[str, Any]], Effect | str] | None = None
@@ -93,6 +98,11 @@ class Declares:
             value = getattr(self, name)
             if isinstance(value, (list, set, frozenset)):
                 object.__setattr__(self, name, tuple(value))  # pyright: ignore[reportUnknownArgumentType]
+        fields = self.trusted_fields
+        if isinstance(fields, (list, tuple, set, frozenset)):  # names alone: each of shape `id`
+            object.__setattr__(self, "trusted_fields", {str(f): "id" for f in fields})  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+        elif fields is not None:
+            object.__setattr__(self, "trusted_fields", dict(fields))
 
 
 class DeclaresKeywords(TypedDict, total=False):
@@ -113,6 +123,7 @@ class DeclaresKeywords(TypedDict, total=False):
     secret_output: bool
     output_readers: Literal["public", "user", "secret"] | tuple[str, ...] | list[str] | None
     exact_provenance: bool
+    trusted_fields: Mapping[str, str] | tuple[str, ...] | list[str] | None
     describe: Callable[[dict[str, Any]], Any] | None
     dry_run: Callable[[dict[str, Any]], Any] | None
     effect_of: Effect | str | Callable[[dict[str, Any]], Effect | str] | None

@@ -25,6 +25,14 @@ that is exactly a handle (`"$v3_1"`, or a part of a JSON value: `"$v3_1.body"`, 
 replaced by the value; handles inside longer text are replaced in place. The call's arguments carry the
 join of the substituted labels. An unknown handle: the call is not run, one error text.
 
+Per-field integrity (tether.values._fields): the fields of an untrusted output the service itself sets::
+
+    @tool(hide_output=True, trusted_fields={"id": "id", "amount": "number", "sender": "iban", "date": "date"})
+    # shapes: id, name, number, boolean, date, datetime, email, iban, list[S]; "*": the items of a list output
+    # shown beside the handle: the records' declared fields that fit their shape (nothing else of them);
+    # "$v3_1[0].amount" then carries a trusted label; "$v3_1", "$v3_1[0]", "$v3_1[0].subject" the untrusted one
+    split_fields(content, fields, handle) -> Split(shown: str, paths: frozenset[str]);  fits_shape(value, shape)
+
 The quarantined query (added by `Agent` when a tool may hide; `query_tool(model)` to add it yourself)::
 
     inspect_value(handle: str, question: str,
@@ -57,12 +65,13 @@ State: `ValueStore` (values, labels, descriptions) lives in the policy's per-run
 
 from tether.values._conditional import CONDITIONAL_TOOL, conditional_tool
 from tether.values._declare import HANDLE_ANSWERS, HIDDEN_SOURCES, QUERY_KEY, SHOWN_ANSWERS, hides
+from tether.values._fields import FIELD_SHAPES, Split, fits_shape, split_fields
 from tether.values._labels import TRUSTED, USER, Integrity, Label, join_all, secret, untrusted
 from tether.values._query import QUERY_TOOL, AnswerType, query_tool, validate_answer
 from tether.values._query_tools import with_query_tool
 from tether.values._store import HANDLE, Binding, Hidden, UnknownHandle, ValueStore, handle_for
 
-__all__ = ["CONDITIONAL_TOOL", "HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",
-           "USER", "AnswerType", "Binding", "Hidden", "Integrity", "Label", "UnknownHandle", "ValueStore",
-           "conditional_tool", "handle_for", "hides", "join_all", "query_tool", "secret", "untrusted", "validate_answer",
+__all__ = ["CONDITIONAL_TOOL", "FIELD_SHAPES", "HANDLE", "HANDLE_ANSWERS", "HIDDEN_SOURCES", "QUERY_KEY", "QUERY_TOOL", "SHOWN_ANSWERS", "TRUSTED",
+           "USER", "AnswerType", "Binding", "Hidden", "Integrity", "Label", "Split", "UnknownHandle", "ValueStore",
+           "conditional_tool", "fits_shape", "handle_for", "hides", "join_all", "query_tool", "secret", "split_fields", "untrusted", "validate_answer",
            "with_query_tool"]

@@ -15,6 +15,7 @@ from tether.tools._declares import Declares
 from tether.values import _shown as shown
 from tether.values._declare import QUERY_KEY, hides
 from tether.values._defang import defang
+from tether.values._fields import NOTHING, split_fields, trusted_fields_of
 from tether.values._labels import TRUSTED, Label, join_all, untrusted
 from tether.values._readers import audience, declared_readers, leak
 from tether.values._readers import output_label as readers_label
@@ -65,9 +66,27 @@ def maybe_hide(store: ValueStore | None, tool: Tool, args: dict[str, Any] | None
     else:
         what = ("answer of " if tool.metadata.get(QUERY_KEY) else "output of ") + describe_call(tool.name,
                                                                                               binding.model_args)
-    result.content = store.hide(handle, result.content, label, what)
+    parts = NOTHING
+    fields = trusted_fields_of(declared) if job is None and not tool.metadata.get(QUERY_KEY) else None
+    # split only an output the tool itself made untrusted, or one whose untrusted arguments are all payload
+    # (a new file's content: which record comes back is not theirs to choose); one an untrusted argument
+    # selected (the records a search returns) or a secret one keeps a single label
+    if fields is not None and not label.secret and _selected_by_trusted(tool, declared, args, binding):
+        parts = split_fields(result.content, fields, handle)
+        if parts.shown and label.readers is not None:  # private: what it shows is followed by its readers
+            shown.note(store.shown, [(parts.shown, Label(readers=label.readers))])
+    result.content = store.hide(handle, result.content, label, what, parts.shown, parts.paths)
     result.handle = None
     return True
+
+
+def _selected_by_trusted(tool: Tool, declared: Declares, args: dict[str, Any] | None, binding: Binding) -> bool:
+    """Whether no untrusted value chose which records a call returns: none was substituted into it, or
+    only into its declared payload arguments."""
+    if not binding.label.untrusted:
+        return True
+    payload = payload_args(tool, declared.risk_free_args, declared.guarded_args, args or binding.model_args)
+    return bool(payload) and not checked_untrusted(binding, payload)
 
 
 def note_shown(store: ValueStore | None, tool: Tool, binding: Binding | None, content: str, *,

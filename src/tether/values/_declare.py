@@ -3,7 +3,8 @@
 A tool declares it with `@tool(hide_output=True)` / `Tool(..., hide_output=True)` (False: always
 visible). Undeclared, a tool hides when it is an untrusted source of other people's text (its
 `source` is web, browser, email, mail, messages or mcp), declared `secret_output`, or its output names
-its readers (`output_readers=("sender", ...)`: a labelled value keeps them only behind a handle); files read in a
+its readers (`output_readers=("sender", ...)`: a labelled value keeps them only behind a handle), or declares
+`trusted_fields` (its untrusted output is split: those fields shown, the rest behind a handle); files read in a
 coding run, shell output and retrieval stay visible. The query tool hides the answers that are free
 text (`string` and the patterns), so an answer that could carry instructions comes back as a new
 handle; booleans, enums, numbers and dates are shown.
@@ -31,4 +32,5 @@ def hides(tool: Tool, args: dict[str, Any] | None = None) -> bool:
         return bool(tool.hide_output)
     declared = tool.declared
     source = str(declared.source or "").lower()
-    return source in HIDDEN_SOURCES or bool(declared.secret_output) or isinstance(declared.output_readers, tuple)
+    return source in HIDDEN_SOURCES or bool(declared.secret_output) or isinstance(declared.output_readers, tuple) \
+        or bool(declared.trusted_fields)  # declared fields to split off (tether.values._fields)

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tether._errors import InvalidInput
+from tether.values._fields import view_line
 from tether.values._labels import TRUSTED, Label, join_all
 from tether.values._shown import ShownText
 
@@ -41,6 +42,9 @@ class Hidden:
     value: str
     label: Label
     description: str
+    # JSON paths of parts the service vouches for (`[0].amount`): by handle they carry a trusted label
+    # (tether.values._fields); any other part, and the whole, carries `label`
+    trusted: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -109,12 +113,16 @@ class ValueStore:
 
     # -- hiding --------------------------------------------------------------------------------
 
-    def hide(self, handle: str, value: str, label: Label, what: str) -> str:
+    def hide(self, handle: str, value: str, label: Label, what: str, shown: str = "",
+             trusted: frozenset[str] = frozenset()) -> str:
         """Keep `value` behind `handle`; returns the line the model sees instead (built from `what`,
-        the value's size and shape and its label: never from its content)."""
+        the value's size and shape and its label: never from its content), and `shown`: the parts of it
+        the service vouches for, whose `trusted` paths then carry a trusted label (tether.values._fields)."""
         line = f"{handle}: {what}, {describe_shape(value)}, {label.describe()}"
-        self.values[handle] = Hidden(value[:MAX_VALUE_CHARS], label, line)
-        return f"{line}. {hidden_advice(handle, self.reader)}"
+        cut = len(value) > MAX_VALUE_CHARS
+        self.values[handle] = Hidden(value[:MAX_VALUE_CHARS], label, line, frozenset() if cut else trusted)
+        view = view_line(shown) if shown and trusted and not cut else ""
+        return f"{line}.{view} {hidden_advice(handle, self.reader)}"
 
     def get(self, handle: str) -> Hidden | None:
         return self.values.get(handle)
@@ -203,7 +211,7 @@ class ValueStore:
         except ValueError:
             raise UnknownHandle(f"{handle} is text, not JSON: it has no part {m.group(3)}; pass {handle} "
                                 "whole") from None
-        walked = handle
+        walked, at, vouched = handle, "", False
         for key, idx in _PART.findall(m.group(3)):
             if key and isinstance(value, dict) and key in value:
                 value = value[key]
@@ -214,6 +222,10 @@ class ValueStore:
                 raise UnknownHandle(f"{walked} has no part {part}; " + (
                     f"ask {self.reader} about {handle} instead" if self.reader else f"pass {handle} whole"))
             walked += f".{key}" if key else f"[{idx}]"
+            at += f".{key}" if key else f"[{idx}]"
+            vouched = vouched or at in hidden.trusted  # a part of a vouched part (a list field's item) too
+        if vouched and not hidden.label.secret:  # a part the service vouches for: its readers only
+            return value, Label(readers=hidden.label.readers)
         return value, hidden.label
 
     # -- the answer ----------------------------------------------------------------------------
@@ -249,7 +261,8 @@ class ValueStore:
 
     def dump(self) -> dict[str, Any]:
         return {"version": STORE_VERSION, "enabled": self.enabled, "written": list(self.written),
-                "values": {h: {"value": v.value, "label": v.label.to_dict(), "description": v.description}
+                "values": {h: {"value": v.value, "label": v.label.to_dict(), "description": v.description,
+                               **({"trusted": sorted(v.trusted)} if v.trusted else {})}
                            for h, v in self.values.items()},
                 **({"shown": [{"text": s.text, "label": s.label.to_dict()} for s in self.shown]} if self.shown else {})}
 
@@ -262,7 +275,8 @@ class ValueStore:
         store.written = [str(w) for w in data.get("written") or ()]
         store.shown = [ShownText(str(s["text"]), Label.from_dict(s["label"])) for s in data.get("shown") or ()]
         for h, v in dict(data.get("values") or {}).items():
-            store.values[str(h)] = Hidden(str(v["value"]), Label.from_dict(v["label"]), str(v["description"]))
+            store.values[str(h)] = Hidden(str(v["value"]), Label.from_dict(v["label"]), str(v["description"]),
+                                          frozenset(str(p) for p in v.get("trusted") or ()))
         return store
 
 
