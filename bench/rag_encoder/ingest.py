@@ -11,29 +11,28 @@ and why). Writes `first_ingest` into bench/rag_encoder/results.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
-def main(argv: list[str] | None = None) -> int:
+def first_ingest(collection: str, documents: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Ingest the collection's first `documents` in a child with an empty TETHER_HOME and TETHER_CACHE
+    (and `extra_env`, e.g. bench.rag_encoder.avx2_native's LD_PRELOAD): its CPU s, peak RSS, first line."""
     from bench.retrieval.__main__ import data_dir
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--collection", default="cisi")
-    ap.add_argument("--documents", type=int, default=1400)
-    args = ap.parse_args(argv)
-    corpus = data_dir() / args.collection / "corpus.jsonl"
-    docs = [json.loads(line) for line in corpus.read_text().splitlines()[: args.documents]]
+    corpus = data_dir() / collection / "corpus.jsonl"
+    docs = [json.loads(line) for line in corpus.read_text().splitlines()[:documents]]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "docs"
         folder.mkdir()
@@ -42,29 +41,45 @@ def main(argv: list[str] | None = None) -> int:
             (folder / f"{re.sub(r'[^A-Za-z0-9_-]', '_', str(d['_id'] if '_id' in d else d['id']))}.txt").write_text(
                 (title + "\n\n" if title else "") + d["text"])
         env = {**os.environ, "TETHER_HOME": str(Path(tmp) / "home"), "TETHER_CACHE": str(Path(tmp) / "cache"),
-               "PYTHONPATH": str(REPO / "src")}
+               "PYTHONPATH": str(REPO / "src"), **(extra_env or {})}
         for k in ("TETHER_EMBED_MODEL", "TETHER_EMBED_INT8"):
             env.pop(k, None)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load_before = round(os.getloadavg()[0], 2)
         wall = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "tether", "ingest", str(folder), "--index", "bench"],
-                             env=env, capture_output=True, text=True, check=False)
+        with open(Path(tmp) / "out", "w+") as so, open(Path(tmp) / "err", "w+") as se:
+            child = subprocess.Popen([sys.executable, "-m", "tether", "ingest", str(folder), "--index", "bench"],
+                                     env=env, stdout=so, stderr=se, text=True)
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage, not the max over all children
+            child.returncode = os.waitstatus_to_exitcode(status)
+            so.seek(0)
+            se.seek(0)
+            out = subprocess.CompletedProcess(child.args, child.returncode, so.read(), se.read())
         wall = time.perf_counter() - wall
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if out.returncode:
             raise SystemExit(out.stderr[-2000:])
         found = next(Path(tmp, "cache", "models").glob("path-*.json"), None)
         decision = json.loads(found.read_text()) if found else None
-    first = out.stderr.strip().splitlines()[0] if out.stderr.strip() else ""
-    row = {"collection": args.collection, "documents": len(docs),
-           "command": f"python -m bench.rag_encoder.ingest --collection {args.collection} --documents {args.documents}",
-           "cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
-           "peak_rss_mb": round(after.ru_maxrss / 1024, 1), "wall_seconds": round(wall, 1),
+    lines = out.stderr.strip().splitlines()
+    first = " ".join([lines[0], *(x.strip() for x in itertools.takewhile(lambda x: x.startswith("  "), lines[1:]))]) \
+        if lines else ""  # the first message, unwrapped
+    row = {"collection": collection, "documents": len(docs),
+           "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "wall_seconds": round(wall, 1),
            "first_line": first, "result": out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "",
            "decision": decision,
-           "load_average_1m": round(os.getloadavg()[0], 2),
+           "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],
            "bars": {}}
     row["bars"] = {"<= 60 CPU s": row["cpu_seconds"] <= 60, "<= 400 MB": row["peak_rss_mb"] <= 400}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--collection", default="cisi")
+    ap.add_argument("--documents", type=int, default=1400)
+    args = ap.parse_args(argv)
+    row = {"command": f"python -m bench.rag_encoder.ingest --collection {args.collection} --documents {args.documents}",
+           **first_ingest(args.collection, args.documents)}
     path = HERE / "results.json"
     stored = json.loads(path.read_text()) if path.exists() else {}
     stored["first_ingest"] = row
