@@ -616,7 +616,8 @@ class SafetyPolicy:
                 untrusted = result.untrusted  # what the tool knew of this very output (tether.tools.ToolOutput)
             source = tool.name
             exact = result.untrusted is False and bool(declared.exact_provenance)
-            if binding is not None and binding.label.untrusted and not exact:  # computed from a value someone else wrote
+            if binding is not None and binding.label is not TRUSTED and binding.label.untrusted and not exact:
+                # computed from a value someone else wrote
                 untrusted, source = True, f"{tool.name} (from {', '.join(sorted(binding.label.sources))})"
             elif not untrusted and state.values.written and hidden.came_back(state.values, result.content):
                 untrusted, source = True, f"{tool.name} (it holds a hidden value a call sent out)"
@@ -633,13 +634,18 @@ class SafetyPolicy:
             secret_from = _note_secrets(state, ctx, tool, declared, pend, result, error=result.is_error)
             concealed = False
             if binding is not None:
-                hidden.note_sent(state.values, tool, binding)
+                if binding.values or len(state.values.written) > hidden.MAX_FOLLOWED:  # (else `note_sent` does nothing)
+                    hidden.note_sent(state.values, tool, binding)
                 # `output_label` inline for a trusted output whose arguments carried nothing
-                label = TRUSTED if not untrusted and secret_from is None and binding.label is TRUSTED else \
+                plain = not untrusted and secret_from is None and binding.label is TRUSTED
+                label = TRUSTED if plain else \
                     hidden.output_label(tool, binding, is_untrusted=untrusted, secret_from=secret_from)
-                # the model sees the handle's line only (built from trusted facts): its context stays as it was
-                concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result, label,
-                                              declared)
+                # the model sees the handle's line only (built from trusted facts): its context stays as it was;
+                # `maybe_hide` keeps a trusted public output visible whatever the call (no frame for it when
+                # no job's label or declared readers could make it otherwise)
+                if not (plain and result.job is None and declared.output_readers is None):
+                    concealed = hidden.maybe_hide(state.values, tool, pend.args if pend else None, binding, result,
+                                                  label, declared)
             if not concealed:
                 state.prov.add_output(result.content, trusted=not untrusted, source=source,
                                       private=bool(declared.private_output))
