@@ -889,7 +889,12 @@ async def _run_tools(
             emit(_tool_call_ended(call, cancelled.result), started)
             raise
         results[i] = result
-        emit_data(ToolCallEnded, "tool_call", _tool_call_data(call, result), started)
+        content = result.content  # `_tool_call_ended(call, result)`'s payload, as its envelope's data
+        emit_data(ToolCallEnded, "tool_call", {
+            "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
+            "is_error": result.is_error, "result_chars": result.full_chars or len(content),
+            "truncated": result.handle is not None, "preview": content[:PREVIEW_CHARS], "handle": result.handle,
+        }, started)
         if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
@@ -1213,13 +1218,6 @@ def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
                          is_error=result.is_error, result_chars=result.full_chars or len(result.content),
                          truncated=result.handle is not None, preview=result.content[:PREVIEW_CHARS],
                          handle=result.handle)
-
-
-def _tool_call_data(call: ToolCall, result: ToolResult) -> dict[str, Any]:
-    """`_tool_call_ended(call, result)`'s payload, for `emit_data`."""
-    return {"name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
-            "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
-            "truncated": result.handle is not None, "preview": result.content[:PREVIEW_CHARS], "handle": result.handle}
 
 
 def _observe(run_id: str, event: BaseEvent) -> None:

@@ -788,10 +788,12 @@ def _note_secrets(state: PolicyState, ctx: CallContext, tool: Tool, declared: De
         if (name := secret_file(m.group(1))) is not None:
             for value in values_in(m.group(2), name):
                 found.setdefault(value, name)
-    for value in sorted(secrets_in(content)):
-        found.setdefault(value, tool.name)
-    for value, source in found.items():
-        if len(state.secrets) >= MAX_SECRETS:
-            break
-        state.secrets.setdefault(value, source)
+    if (looking := secrets_in(content)):
+        for value in sorted(looking):
+            found.setdefault(value, tool.name)
+    if found:
+        for value, source in found.items():
+            if len(state.secrets) >= MAX_SECRETS:
+                break
+            state.secrets.setdefault(value, source)
     return bearer

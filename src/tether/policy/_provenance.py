@@ -381,7 +381,12 @@ class Provenance:
         if only is not None:
             args = {k: v for k, v in args.items() if k in only}
         origin = self.origin
-        return {path: origin(v) for path, v in leaves(args)}
+        out: dict[str, Origin] = {}
+        for k, v in args.items():  # flat arguments (the usual case) without `leaves`' list of pairs
+            if isinstance(v, (dict, list, tuple)):
+                return {path: origin(v) for path, v in leaves(args)}
+            out[str(k)] = origin(v)
+        return out
 
     def private_in(self, args: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
         """Private data found inside `args` (not under the `skip` paths): {what: source}. Identifiers

@@ -379,6 +379,15 @@ class Executor:
         self._max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
         self._hooks: _Hooks | None = None
+        self._hiding: dict[str, tuple[Tool, bool]] = {}  # tool name -> (tool, whether its calls hide); see _hides
+
+    def _hides(self, tool: Tool, args: dict[str, Any]) -> bool:
+        """`hides(tool, args)`, kept per tool (its declarations do not change) unless the arguments decide."""
+        if tool.metadata.get(QUERY_KEY):
+            return hides(tool, args)
+        hiding = hides(tool)
+        self._hiding[tool.name] = (tool, hiding)
+        return hiding
 
     def hooks(self) -> _Hooks:
         """The policy's optional hooks, looked up once per policy (not on every turn or call); again
@@ -517,7 +526,12 @@ class Executor:
             cancelled: list[ToolResult | None] = []
             # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
             limit = tool.max_result_chars or self.max_result_chars
-            hiding = store is not None and hides(tool, args) and limit < MAX_VALUE_CHARS
+            if store is None:
+                hiding = False
+            else:  # `hides(tool, args)`: fixed per tool but for the query's (its answer type decides)
+                known = self._hiding.get(call.name)
+                hiding = (known[1] if known is not None and known[0] is tool else self._hides(tool, args)) \
+                    and limit < MAX_VALUE_CHARS
             token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
                                           binding.label if binding is not None else TRUSTED)) \
                 if tool.metadata.get(CONDITIONAL_KEY) else None  # call_if runs its one call through every check
