@@ -183,5 +183,161 @@ def test_a_call_carrying_no_hidden_value_skips_the_hidden_values_bookkeeping() -
     per_call = {k: n for k, n in per_call.items() if n}
     assert "execute" in per_call and "_execute" not in per_call  # one coroutine a call
     skipped = {"bind_data", "values_of", "binding", "quotes_hidden", "came_back", "output_label", "note_shown",
-               "declared_readers", "take", "is_conditional"}
+               "declared_readers", "take", "is_conditional", "note_sent", "maybe_hide", "hides"}
     assert not skipped & per_call.keys(), per_call
+
+
+def test_a_short_text_is_counted_once_per_class_string(monkeypatch: Any) -> None:
+    """The estimate of a short ASCII text depends only on its characters' classes ("value-12" and
+    "value-37" are both letters, a dash, digits): it is counted once per class string, with the same result."""
+    from tether._tokens import EstimateCounter
+
+    texts = ["value-12", "value-37", "value-99", '{"key": "12"}', '{"key": "40"}', "done", "an answer, in words."]
+    expected = [EstimateCounter()._count_ascii(t) for t in texts]  # pyright: ignore[reportPrivateUsage]
+    counter = EstimateCounter()
+    counted = 0
+    real = EstimateCounter._count_ascii  # pyright: ignore[reportPrivateUsage]
+
+    def counting(self: EstimateCounter, text: str, classes: str | None = None) -> int:
+        nonlocal counted
+        counted += 1
+        return real(self, text, classes)
+
+    monkeypatch.setattr(EstimateCounter, "_count_ascii", counting)
+    assert [counter.count(t) for t in texts] == expected
+    assert counted == 4  # value-NN, {"key": "NN"}, done, the sentence
+    assert [counter.count(t) for t in texts] == expected and counted == 4
+
+
+def test_an_output_is_indexed_when_its_corpus_is_next_searched() -> None:
+    """Adding a tool output to the run's provenance keeps its normalised text; its tokens and numbers are
+    indexed when that corpus is next searched (the trusted side is rarely searched), finding the same."""
+    from tether.policy._provenance import Corpus, Provenance
+
+    corpus = Corpus()
+    corpus.add("Invoice INV-2024 for 1,250.00 USD")
+    assert corpus._index == {} and not corpus._nums  # pyright: ignore[reportPrivateUsage]
+    assert corpus.has("INV-2024") and corpus.has("1250") and corpus.has_number(1250.0) and not corpus.has("INV-2025")
+    assert corpus._index  # pyright: ignore[reportPrivateUsage]
+    prov = Provenance()
+    prov.add_output("Meet at 14:30 in room B12", trusted=True, source="calendar")
+    prov.add_output("wire to GB29 NWBK 6016", trusted=False, source="email")
+    again = Provenance.load(prov.dump())
+    for value in ("room B12", "GB29NWBK6016", "14:30", "nowhere"):
+        assert prov.origin(value) == again.origin(value)
+    assert prov.origin("room B12").value == "trusted" and prov.origin("GB29NWBK6016").value == "untrusted"
+
+
+def test_an_untainted_run_skips_the_checks_that_act_after_taint_only(monkeypatch: Any) -> None:
+    """Before the run has read untrusted content, the taint rule cannot act, nor can the egress check and
+    the argument scan on a read-only tool with no URL argument: the policy's plan for an untainted run
+    leaves them out, and runs them again once it is tainted. With a guard of your own in the list, every
+    check runs (it may set what they read)."""
+    from tether.policy import default_guards
+    from tether.policy._guards import ArgumentScanGuard, EgressGuard, TaintGuard
+
+    ran: dict[str, int] = {}
+
+    def spy(cls: Any) -> None:
+        real = cls.check
+
+        def check(self: Any, c: Any, /) -> Any:
+            ran[cls.__name__] = ran.get(cls.__name__, 0) + 1
+            return real(self, c)
+
+        monkeypatch.setattr(cls, "check", check)
+
+    for cls in (TaintGuard, EgressGuard, ArgumentScanGuard):
+        spy(cls)
+
+    @tool(effect="read_only")
+    async def fetch(key: str) -> str:
+        """Fetch a key."""
+        return "got " + key
+
+    @tool(untrusted_output=True, effect="read_only", hide_output=False)
+    async def browse(key: str) -> str:
+        """Read a page."""
+        return "page " + key
+
+    def run(policy: SafetyPolicy, calls: list[Any]) -> None:
+        agent = Agent(ScriptedModel([*calls, "done"]), tools=[fetch, browse], policy=policy,
+                      limits=Limits(max_steps=len(calls) + 2))
+        assert agent.run("fetch").completed
+
+    run(SafetyPolicy(), [call("fetch", key="a"), call("fetch", key="b")])
+    assert ran == {}
+    run(SafetyPolicy(), [call("browse", key="a"), call("fetch", key="b")])
+    assert ran == {"TaintGuard": 1, "EgressGuard": 1, "ArgumentScanGuard": 1}  # fetch, after taint
+
+    class Mine:
+        def check(self, c: Any, /) -> None:
+            return None
+
+    ran.clear()
+    run(SafetyPolicy(guards=[*default_guards(), Mine()]), [call("fetch", key="a")])
+    assert ran == {"TaintGuard": 1, "EgressGuard": 1, "ArgumentScanGuard": 1}
+
+
+def test_a_policys_optional_hooks_are_looked_up_once_not_every_turn() -> None:
+    """The executor looked the policy's optional hooks (`announce_turn`, `announce_min_calls`) up by name
+    on every turn; it now does once per policy, and again when the executor's policy is replaced."""
+    from tether.tools._executor import BasePolicy
+
+    looked: list[str] = []
+
+    class Announcing(BasePolicy):
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("announce_turn", "announce_min_calls"):
+                looked.append(name)
+            return super().__getattribute__(name)
+
+        async def announce_turn(self, items: list[Any], ctx: CallContext) -> list[dict[str, Any]]:
+            return []
+
+    policy = Announcing()
+    agent = Agent(ScriptedModel([call("lookup", key=str(i)) for i in range(4)] + ["done"]), tools=[lookup],
+                  policy=policy, limits=Limits(max_steps=6))
+    assert agent.run("look them up").completed
+    assert sorted(looked) == ["announce_min_calls", "announce_turn"]
+    assert agent.executor is not None
+    agent.executor.policy = Announcing()
+    agent.model = ScriptedModel([call("lookup", key=str(i)) for i in range(4)] + ["done"])
+    looked.clear()
+    assert agent.run("look them up").completed and sorted(looked) == ["announce_min_calls", "announce_turn"]
+
+
+def test_planning_and_observing_a_turn_make_no_coroutine() -> None:
+    """`run_loop` calls the two steps that never await (planning the calls, observing their results)
+    as plain functions; `agent.iter()` still steps through the same nodes."""
+    import sys
+    from types import FrameType
+
+    names: list[str] = []
+
+    def count(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.replace("\\", "/").endswith("tether/_loop.py"):
+            names.append(frame.f_code.co_name)
+
+    agent = Agent(ScriptedModel([call("lookup", key="a"), "done"]), tools=[lookup], limits=Limits(max_steps=4))
+    sys.setprofile(count)
+    try:
+        result = agent.run("look a up")
+    finally:
+        sys.setprofile(None)
+    assert result.completed
+    assert "plan_calls" not in names and "observe" not in names and names.count("planned") == 2
+
+    agent = Agent(ScriptedModel([call("lookup", key="a"), "done"]), tools=[lookup], limits=Limits(max_steps=4))
+
+    async def stepped() -> list[str]:
+        kinds = []
+        async with agent.iter("look a up") as run:
+            async for node in run:
+                kinds.append(type(node).__name__)
+        return kinds
+
+    import asyncio as _asyncio
+
+    assert _asyncio.run(stepped()) == ["Start", "Admit", "CallModel", "PlanCalls", "Execute", "Observe", "Admit",
+                                       "CallModel", "PlanCalls", "StopRun", "End"]

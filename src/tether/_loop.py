@@ -359,13 +359,19 @@ async def run_loop(spec: RunSpec, state: RunState | list[Message], *, usage: Usa
     run = LoopRun(spec, state, usage=usage, steps=steps)
     node: Step = Start()
     steps_of = _STEPS
-    # `run.next`, without its coroutine frame per step (five a turn): the same steps, the same handling
+    # `run.next`, without its coroutine frame per step (five a turn): the same steps, the same handling;
+    # a step that never awaits (planning the calls, observing their results) is called, not awaited
     while (kind := type(node)) is not End:
         if kind is StopRun:
             node = await run.stop(node)  # type: ignore[arg-type]
             continue
         try:
-            node = await steps_of[kind](run, node)
+            if kind is PlanCalls:
+                node = run.planned(node)  # type: ignore[arg-type]
+            elif kind is Observe:
+                node = run.observed(node)  # type: ignore[arg-type]
+            else:
+                node = await steps_of[kind](run, node)
         except (_Cancelled, asyncio.CancelledError):
             node = run.cancelled()
         except Exception as exc:
@@ -590,6 +596,10 @@ class LoopRun:
         return PlanCalls(reply)
 
     async def plan_calls(self, node: PlanCalls) -> Step:
+        """3. and 4. (see `planned`)."""
+        return self.planned(node)
+
+    def planned(self, node: PlanCalls) -> Step:
         """3. No tool calls: the model has answered. With an output type the answer must validate
         (tether._output): an invalid one goes back to the model with its errors, a bounded number of
         times, each retry a model call within the budget. But while a job the model has not seen is
@@ -637,6 +647,10 @@ class LoopRun:
         return Observe(calls, results, stop)
 
     async def observe(self, node: Observe) -> Step:
+        """6. (see `observed`)."""
+        return self.observed(node)
+
+    def observed(self, node: Observe) -> Step:
         """6. Each call answered in the transcript, in call order; the policy's note on the turn."""
         calls, results = node.calls, node.results
         _answer_turn(self.messages, calls, results, "not run: the run is stopping")
@@ -875,7 +889,12 @@ async def _run_tools(
             emit(_tool_call_ended(call, cancelled.result), started)
             raise
         results[i] = result
-        emit_data(ToolCallEnded, "tool_call", _tool_call_data(call, result), started)
+        content = result.content  # `_tool_call_ended(call, result)`'s payload, as its envelope's data
+        emit_data(ToolCallEnded, "tool_call", {
+            "name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
+            "is_error": result.is_error, "result_chars": result.full_chars or len(content),
+            "truncated": result.handle is not None, "preview": content[:PREVIEW_CHARS], "handle": result.handle,
+        }, started)
         if result.decision == CallDecision.AWAITING_APPROVAL:
             if result.parked is not None:  # a sub-agent waits: kept in the run's state, by this call
                 _children(ctx)[call.id] = result.parked
@@ -1199,13 +1218,6 @@ def _tool_call_ended(call: ToolCall, result: ToolResult) -> ToolCallEnded:
                          is_error=result.is_error, result_chars=result.full_chars or len(result.content),
                          truncated=result.handle is not None, preview=result.content[:PREVIEW_CHARS],
                          handle=result.handle)
-
-
-def _tool_call_data(call: ToolCall, result: ToolResult) -> dict[str, Any]:
-    """`_tool_call_ended(call, result)`'s payload, for `emit_data`."""
-    return {"name": call.name, "call_id": call.id, "arguments": call.arguments, "decision": result.decision,
-            "is_error": result.is_error, "result_chars": result.full_chars or len(result.content),
-            "truncated": result.handle is not None, "preview": result.content[:PREVIEW_CHARS], "handle": result.handle}
 
 
 def _observe(run_id: str, event: BaseEvent) -> None:

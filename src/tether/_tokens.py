@@ -82,16 +82,29 @@ class EstimateCounter:
     weighted by a least-squares fit to o200k_base counts (prose, logs, JSON, code: mean error under
     8%, worst sample 16%; bytes / 3.6 was off by -24% to +56% on the same samples)."""
 
-    __slots__ = ("name", "weights")
+    __slots__ = ("_by_classes", "name", "weights")
 
     def __init__(self, weights: tuple[float, float, float, float] = ESTIMATE_WEIGHTS) -> None:
         self.weights = weights
         self.name = "estimate"
+        # a short ASCII text's count depends only on its characters' classes ("value-12" and "value-37"
+        # are both "aaaaapdd"): counted once per class string, read back from here after
+        self._by_classes: dict[str, int] = {}
 
     def count(self, text: str) -> int:
         if not text:
             return 0
-        return self._count_ascii(text) if text.isascii() else self._count_pieces(text)
+        if not text.isascii():
+            return self._count_pieces(text)
+        if len(text) > _CACHED:
+            return self._count_ascii(text)
+        classes = text.translate(_ASCII_CLASSES)
+        n = self._by_classes.get(classes)
+        if n is None:
+            if len(self._by_classes) >= _CACHED_CLASSES:  # bounded: a stream of unusual texts does not grow it
+                self._by_classes.clear()
+            n = self._by_classes[classes] = self._count_ascii(text, classes)
+        return n
 
     def _count_pieces(self, text: str) -> int:
         words = digits = punct = breaks = 0.0
@@ -109,12 +122,13 @@ class EstimateCounter:
         w = self.weights
         return max(1, round(words * w[0] + digits * w[1] + punct * w[2] + breaks * w[3]))
 
-    def _count_ascii(self, text: str) -> int:
+    def _count_ascii(self, text: str, classes: str | None = None) -> int:
         """`count` for ASCII text, the same figure: each character mapped to its piece's class (a letter,
         digit, newline, other space, other). A short text's words and digit runs are listed by a regex (a
         few calls); a longer one's sums are read from string and big-int counts (`_count_long`, linear
         time without a Python loop). Words are summed in `_count_pieces`' order, so the float sum is the same."""
-        classes = text.translate(_ASCII_CLASSES)
+        if classes is None:
+            classes = text.translate(_ASCII_CLASSES)
         if len(classes) > _SHORT:
             return self._count_long(text, classes)
         runs = _ASCII_WORDS.findall(classes)
@@ -191,6 +205,8 @@ _ASCII_CLASSES = {i: _ascii_class(chr(i)) for i in range(128)}
 _ASCII_WORDS = re.compile("a+")
 _ASCII_DIGITS = re.compile("d+")
 _SHORT = 256  # characters: up to this, a regex's list of words costs fewer calls than building the int
+_CACHED = 64  # characters: a text up to this long is counted by its class string, once (EstimateCounter.count)
+_CACHED_CLASSES = 4096  # class strings kept per counter
 _LETTER_BYTES = bytes(int(_ASCII_CLASSES.get(i) == "a") for i in range(256))  # (an ASCII text has no byte over 127)
 _DIGIT_RUNS = str.maketrans("ansp", "bbbb")  # a digit stays "d", every other class becomes "b"
 _ASCII_GAPS = re.compile("(?<![sn])s{2,}(?![sn])")  # a run of spaces with no line break counts as one break

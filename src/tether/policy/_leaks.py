@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from tether.policy._output_filter import secret_patterns_for
+from tether.policy._output_filter import ANY_SECRET, SECRET_PATTERNS, SHORT_TEXT, secret_patterns_for
 
 # 8+ characters: shorter values (`true`, `1`, `8080`, `admin`) are too common to hunt for, and their
 # encodings too short to match exactly. Under 16 characters a value must also have a run of letters
@@ -62,7 +62,11 @@ def secrets_in(text: str) -> set[str]:
     """The secret-looking values in a text, by pattern (whitespace inside them removed)."""
     out: set[str] = set()
     plain = text.translate(_ASCII_INVISIBLE) if text.isascii() else normalise(text)  # (`normalise`'s ASCII case)
-    for label, pattern in secret_patterns_for(plain):
+    if len(plain) <= SHORT_TEXT:  # `secret_patterns_for`'s short case, without its frame
+        patterns = SECRET_PATTERNS if ANY_SECRET.search(plain) is not None else ()
+    else:
+        patterns = secret_patterns_for(plain)
+    for label, pattern in patterns:
         for m in pattern.finditer(plain):
             found = m.group()
             value = _VALUE.search(found) if label.startswith("password") else None

@@ -61,6 +61,7 @@ _SECRET_CHECKS = [(label, pattern, *_SECRET_LITERALS[label]) for label, pattern 
 _ANY_SECRET = re.compile("|".join(  # a match of any pattern (an alternation matches where one of them does)
     f"(?i:{p.pattern.removeprefix('(?i)')})" if p.pattern.startswith("(?i)") else f"(?:{p.pattern})"
     for _, p in SECRET_PATTERNS))
+ANY_SECRET = _ANY_SECRET  # (read by tether.policy._leaks.secrets_in for a short text, without a frame)
 SHORT_TEXT = 256  # up to this many characters, one search of `_ANY_SECRET` costs less than the literal tests
 
 # The only characters case-insensitive matching equates with ASCII letters besides ASCII's own, mapped

@@ -139,10 +139,12 @@ class Corpus:
 
     A token -> texts index keeps a lookup proportional to the texts that hold every token of the
     value, not to everything the run has read: a match on token boundaries always covers whole
-    tokens, so a text lacking one of the value's tokens cannot match.
+    tokens, so a text lacking one of the value's tokens cannot match. Texts are indexed when the
+    corpus is next searched, not as they are added: a run that never looks a value up in one origin
+    (the usual trusted side: short arguments are only looked for in untrusted text) never indexes it.
     """
 
-    __slots__ = ("_index", "_loose", "_nums", "_squashed", "_texts")
+    __slots__ = ("_index", "_loose", "_nums", "_squashed", "_texts", "_unindexed")
 
     def __init__(self, *, loose: bool = False) -> None:
         self._texts: list[str] = []
@@ -152,24 +154,31 @@ class Corpus:
         # those forms, UTF-8, one after another with NUL between (a needle holds no NUL, so a match
         # never spans two texts): one C substring search per lookup, not a Python loop over texts
         self._squashed = bytearray()
+        # texts added since the last search, as (place in `_texts`, the text numbers are read from)
+        self._unindexed: list[tuple[int, str]] = []
 
     def add(self, text: str) -> None:
         if text:
-            index = self._index
+            texts, unindexed = self._texts, self._unindexed
             for variant in decodings(text) if self._loose else (text,):
-                norm = _norm(variant)
-                i = len(self._texts)
-                self._texts.append(norm)
-                self._nums |= _numbers(variant)
-                tokens = _TOKEN.findall(norm)
-                for token in set(tokens):
-                    ids = index.get(token)
-                    if ids is None:
-                        index[token] = {i}
-                    else:
-                        ids.add(i)
-                if self._loose:  # squash(variant), from the tokens at hand: the letter-and-digit runs, joined
-                    self._add_squashed("".join(tokens))
+                unindexed.append((len(texts), variant))
+                texts.append(_norm(variant))
+
+    def _index_new(self) -> None:
+        """Index the texts added since the last search (their tokens, numbers, letters-and-digits form)."""
+        index, texts = self._index, self._texts
+        for i, variant in self._unindexed:
+            self._nums |= _numbers(variant)
+            tokens = _TOKEN.findall(texts[i])
+            for token in set(tokens):
+                ids = index.get(token)
+                if ids is None:
+                    index[token] = {i}
+                else:
+                    ids.add(i)
+            if self._loose:  # squash(variant), from the tokens at hand: the letter-and-digit runs, joined
+                self._add_squashed("".join(tokens))
+        self._unindexed = []
 
     def _add_squashed(self, flat: str) -> None:
         if flat:
@@ -177,6 +186,8 @@ class Corpus:
 
     def has_squashed(self, value: str) -> bool:
         """`value` found when only letters and digits count (re-spaced, re-punctuated)."""
+        if self._unindexed:
+            self._index_new()
         if not self._squashed:
             return False
         needle = squash(value)
@@ -194,21 +205,20 @@ class Corpus:
 
     def add_normalised(self, norm: str) -> None:
         """Re-add a text from `texts` (already normalised and decoded): used by `Provenance.load`."""
-        i = len(self._texts)
+        self._unindexed.append((len(self._texts), norm))
         self._texts.append(norm)
-        self._nums |= _numbers(norm)
-        for token in set(_TOKEN.findall(norm)):
-            self._index.setdefault(token, set()).add(i)
-        if self._loose:
-            self._add_squashed("".join(_TOKEN.findall(norm)))  # squash(norm): norm is normalised already
 
     def has_number(self, value: float) -> bool:
+        if self._unindexed:
+            self._index_new()
         try:
             return float(value) in self._nums
         except OverflowError:  # an int too large for a float matches no number read
             return False
 
     def _candidates(self, needle: str) -> list[str]:
+        if self._unindexed:
+            self._index_new()
         tokens = set(_TOKEN.findall(needle))
         if not tokens:
             return self._texts
@@ -371,7 +381,12 @@ class Provenance:
         if only is not None:
             args = {k: v for k, v in args.items() if k in only}
         origin = self.origin
-        return {path: origin(v) for path, v in leaves(args)}
+        out: dict[str, Origin] = {}
+        for k, v in args.items():  # flat arguments (the usual case) without `leaves`' list of pairs
+            if isinstance(v, (dict, list, tuple)):
+                return {path: origin(v) for path, v in leaves(args)}
+            out[str(k)] = origin(v)
+        return out
 
     def private_in(self, args: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
         """Private data found inside `args` (not under the `skip` paths): {what: source}. Identifiers

@@ -324,6 +324,20 @@ _VALUE_FREE_REASONS = {
 }
 
 
+class _Hooks:
+    """A policy's optional hooks, each looked up by name once (`Executor.hooks`): None when it has none."""
+
+    __slots__ = ("announce_min_calls", "announce_turn", "asks_for_bounds", "policy", "secret_source")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.announce_turn: Any = getattr(policy, "announce_turn", None)
+        self.announce_min_calls: int = getattr(policy, "announce_min_calls", 0)
+        self.asks_for_bounds = bool(getattr(policy, "asks_for_bounds", False))
+        reads = getattr(policy, "secret_source", None)
+        self.secret_source: Callable[[Tool, dict[str, Any]], Any] | None = reads if callable(reads) else None
+
+
 class Executor:
     """Runs tool calls. Sync tools go to a bounded thread pool; async tools run on the loop.
 
@@ -364,6 +378,24 @@ class Executor:
             self._specs_with_reader = [*self._specs, reader.spec]
         self._max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
+        self._hooks: _Hooks | None = None
+        self._hiding: dict[str, tuple[Tool, bool]] = {}  # tool name -> (tool, whether its calls hide); see _hides
+
+    def _hides(self, tool: Tool, args: dict[str, Any]) -> bool:
+        """`hides(tool, args)`, kept per tool (its declarations do not change) unless the arguments decide."""
+        if tool.metadata.get(QUERY_KEY):
+            return hides(tool, args)
+        hiding = hides(tool)
+        self._hiding[tool.name] = (tool, hiding)
+        return hiding
+
+    def hooks(self) -> _Hooks:
+        """The policy's optional hooks, looked up once per policy (not on every turn or call); again
+        when `policy` is replaced."""
+        hooks = self._hooks
+        if hooks is None or hooks.policy is not self.policy:
+            hooks = self._hooks = _Hooks(self.policy)
+        return hooks
 
     def _abandon_pool(self) -> None:
         """A timed-out sync tool keeps its thread (Python cannot stop it): leave that pool to finish
@@ -431,8 +463,8 @@ class Executor:
     def _reads_secret(self, tool: Tool, args: dict[str, Any]) -> str | None:
         """The secret-bearing source (a `.env` its command names) the policy says this call reads: its
         output is then hidden whole, as a background job's is once delivered."""
-        reads = getattr(self.policy, "secret_source", None)
-        read = reads(tool, args) if callable(reads) else (tool.name if tool.declared.secret_output else None)
+        reads = self.hooks().secret_source
+        read = reads(tool, args) if reads is not None else (tool.name if tool.declared.secret_output else None)
         return read if isinstance(read, str) else None
 
     def _error(self, call: ToolCall, text: str, decision: str) -> ToolResult:
@@ -499,8 +531,12 @@ class Executor:
             cancelled: list[ToolResult | None] = []
             # an output the policy may hide is kept whole (up to MAX_VALUE_CHARS); capped after, if shown
             limit = tool.max_result_chars or self.max_result_chars
-            hiding = store is not None and limit < MAX_VALUE_CHARS and (
-                hides(tool, args) or self._reads_secret(tool, args) is not None)
+            if store is None or limit >= MAX_VALUE_CHARS:
+                hiding = False
+            else:  # `hides(tool, args)`: fixed per tool but for the query's (its answer type decides)
+                known = self._hiding.get(call.name)
+                hiding = (known[1] if known is not None and known[0] is tool else self._hides(tool, args)) \
+                    or self._reads_secret(tool, args) is not None
             token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
                                           binding.label if binding is not None else TRUSTED)) \
                 if tool.metadata.get(CONDITIONAL_KEY) else None  # call_if runs its one call through every check
@@ -620,7 +656,7 @@ class Executor:
                 reason = bound.refusal(tool, args, ctx.user)
                 if not isinstance(reason, str | None):  # a coroutine (PolicyBound)
                     reason = await reason
-                if reason is None and bound.requires_approval(tool) and not getattr(self.policy, "asks_for_bounds", False):
+                if reason is None and bound.requires_approval(tool) and not self.hooks().asks_for_bounds:
                     reason = (f"the task that delegated this one requires a person's approval for '{call.name}', "
                               "which this agent's policy cannot ask for")
             except Exception as exc:  # fail closed
@@ -633,13 +669,16 @@ class Executor:
         """Tell the policy the calls one model turn announced, before any runs (`announce_turn`: it may
         ask one question for those that need approval). Returns the decisions it took now; never raises
         (a failure leaves each call to ask on its own)."""
-        hook: Any = getattr(self.policy, "announce_turn", None)
+        hooks = self._hooks
+        if hooks is None or hooks.policy is not self.policy:  # (`hooks()`, one frame less a turn)
+            hooks = self.hooks()
+        hook = hooks.announce_turn
         if hook is None:
             return []
         items = []
         # a policy that only ever groups `announce_min_calls` or more (SafetyPolicy: 2) is told of a
         # smaller turn without its calls, which it would not read: each is checked once, when it runs
-        if len(calls) >= getattr(self.policy, "announce_min_calls", 0):
+        if len(calls) >= hooks.announce_min_calls:
             store = values_of(ctx.policy_state)
             for index, call in enumerate(calls):
                 # hidden values put in as when the call runs, so the question judges the values' labels too

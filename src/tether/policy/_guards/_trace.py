@@ -14,7 +14,7 @@ class TraceGuard(BaseGuard):
         """Not a check: what the remaining guards read (where every argument value came from, the taint)."""
         c.trace = c.state.prov.trace(c.args)
         c.prov = {p: o._value_ for p, o in c.trace.items()}  # _value_: the plain str, without enum's descriptor
-        c.tainted = c.state.prov.tainted
+        c.tainted = c.state.prov._tainted  # (`Provenance.tainted`, without its property frame)
         # a tool that did not declare its effect is checked like a reversible one (fail closed)
         c.checked_effect = c.effect if not c.tainted or c.tool.effect_declared or c.cap.effect is not None \
             else Effect.REVERSIBLE
