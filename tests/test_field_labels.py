@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tether._agent import Agent
+from tether._errors import InvalidInput
 from tether._limits import Limits
 from tether.models._scripted import ScriptedModel, call
 from tether.policy import ApprovalRequest, CallbackApprover, SafetyPolicy
 from tether.tools._base import Tool, tool
+from tether.tools._declares import Declares
 from tether.values import HANDLE, TRUSTED, ValueStore, fits_shape, split_fields, untrusted
 
 ATTACKER = "US203000000121212121212"  # valid check digits
@@ -194,3 +198,27 @@ def test_an_attacker_who_creates_a_record_is_paid_back_unasked_what_they_sent() 
         TRANSACTIONS.remove(attacker_tx)
     assert "INFORMATION" not in line
     assert asked == [] and bank.paid == [{"recipient": ATTACKER, "amount": 3.0, "subject": "refund"}]
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"x": "sentence"}, ["'x'", "'sentence'", "does not exist", "id, name, number", "list[S]"]),
+    ({"x": "list[sentence]"}, ["'x'", "'list[sentence]'", "does not exist"]),
+    ({"amount": 3}, ["'amount'", "3", "does not exist"]),
+    ("amount", ["must map field names to shapes", "'amount'"]),
+    ({"sender-name": "name"}, ["'sender-name'", "not a field name"]),
+])
+def test_a_declaration_that_cannot_work_is_one_error_when_the_tool_is_declared(
+        fields: Any, words: list[str]) -> None:
+    with pytest.raises(InvalidInput) as err:
+        @tool(untrusted_output=True, hide_output=True, trusted_fields=fields)
+        def transactions() -> str:
+            """The account's transactions."""
+            return "[]"
+    assert all(w in str(err.value) for w in words), str(err.value)
+    with pytest.raises(InvalidInput):
+        Declares(trusted_fields=fields)
+
+
+def test_a_list_of_names_declares_each_of_shape_id() -> None:
+    assert Declares(trusted_fields=["id", "channel"]).trusted_fields == {"id": "id", "channel": "id"}
+    assert Declares(trusted_fields={"*": "name", "at": "list[date]"}).trusted_fields == {"*": "name", "at": "list[date]"}

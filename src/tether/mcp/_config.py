@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether._errors import TetherError
+from tether._errors import InvalidInput, TetherError
 from tether._types import Effect
+from tether.values._fields import checked_fields
 
 DEFAULT_CONNECT_TIMEOUT = 20.0
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -49,7 +50,7 @@ class TetherSettings:
     - `prefix`: what tether tool names start with (default: the server's name; "" for none).
     - `connectTimeout`, `callTimeout`: seconds (defaults 20 and 60).
     - `declare`: tool name -> what the user declares of it for the safety policy (`DECLARE_KEYS`:
-      `codeArgs`, `urlArgs`, `sendsTo`, `outputReaders`, `hideOutput`, `untrusted`, ...), read as the
+      `codeArgs`, `urlArgs`, `sendsTo`, `outputReaders`, `hideOutput`, `untrusted`, `trustedFields`, ...), read as the
       tool's `Declares` (tether.tools); kept here with their `Declares` names.
     """
 
@@ -200,6 +201,8 @@ DECLARE_KEYS: dict[str, tuple[str, str]] = {
     "requiresApproval": ("requires_approval", "true or false"),
     "onUntrusted": ("on_untrusted", '"approve", "refuse" or "summarize"'),
     "hideOutput": ("hide_output", "true or false"), "untrusted": ("untrusted", "true or false"),
+    "trustedFields": ("trusted_fields", 'an object of output field names to shapes, such as {"id": "id", '
+                      '"amount": "number"}'),
 }
 _WORDS = {"sendsTo": ("user", "public"), "onLeak": ("approve", "refuse"), "outputReaders": ("public", "user", "secret"),
           "onUntrusted": ("approve", "refuse", "summarize")}
@@ -223,6 +226,9 @@ def _declare(raw: Any, where: str) -> dict[str, dict[str, Any]]:
                 ok = isinstance(value, bool)
             elif key in _WORDS:
                 ok = value in _WORDS[key] or (names and key in ("sendsTo", "outputReaders"))
+            elif key == "trustedFields":
+                value = _trusted_fields(value, f"{what}.{key}")
+                ok = True
             elif kind == _NAMES:
                 ok = names
             else:
@@ -231,6 +237,16 @@ def _declare(raw: Any, where: str) -> dict[str, dict[str, Any]]:
             fields[name] = tuple(value) if isinstance(value, list) else value
         out[tool] = fields
     return out
+
+
+def _trusted_fields(value: Any, what: str) -> dict[str, str]:
+    """A `trustedFields` object checked as `Declares.trusted_fields` is (tether.values._fields), its error one line."""
+    _check(isinstance(value, dict), f"{what} must be an object of output field names to shapes, such as "
+           '{"id": "id", "amount": "number"}')
+    try:
+        return checked_fields(value)
+    except InvalidInput as e:
+        raise MCPConfigError(f"{what}: {str(e).removeprefix('trusted_fields: ')}") from None
 
 
 def _names_or_bool(value: Any, what: str) -> bool | frozenset[str]:

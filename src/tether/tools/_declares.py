@@ -54,7 +54,8 @@ class Declares:
     - `trusted_fields`: the fields of an untrusted output's records that the service itself sets (a
       transaction's amount, a file's id), each with its shape (`{"id": "id", "amount": "number"}`; a list
       of names means shape `id` each): when the output is hidden, they are shown and carry a trusted
-      label; the rest stays hidden (tether.values._fields, docs/hidden_values.md).
+      label; the rest stays hidden (tether.values._fields, docs/hidden_values.md). A shape that does not
+      exist is an `InvalidInput` here.
 
     The approval prompt: `describe(args)` a one-line description, `dry_run(args)` what the call would
     do (either may be async).
@@ -98,11 +99,11 @@ class Declares:
             value = getattr(self, name)
             if isinstance(value, (list, set, frozenset)):
                 object.__setattr__(self, name, tuple(value))  # pyright: ignore[reportUnknownArgumentType]
-        fields = self.trusted_fields
-        if isinstance(fields, (list, tuple, set, frozenset)):  # names alone: each of shape `id`
-            object.__setattr__(self, "trusted_fields", {str(f): "id" for f in fields})  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
-        elif fields is not None:
-            object.__setattr__(self, "trusted_fields", dict(fields))
+        if self.trusted_fields is not None:
+            # a shape that does not exist would show nothing, silently: refused here instead
+            from tether.values._fields import checked_fields  # tether.values imports tether.tools
+
+            object.__setattr__(self, "trusted_fields", checked_fields(self.trusted_fields))
 
 
 class DeclaresKeywords(TypedDict, total=False):

@@ -16,7 +16,9 @@ Shapes admit no free text, so a trusted field cannot carry instructions: `id` (a
 letters, digits and `_.:@+/-` without spaces, at most 64 characters), `name` (the same, at most 40),
 `number`, `boolean`, `date` (YYYY-MM-DD), `datetime` (YYYY-MM-DD HH:MM[:SS], `T` allowed), `email`, `iban`
 (check digits valid), and `list[S]` (a list of at most 100 values of shape S). The field `*` declares the
-items of an output that is a JSON list of values (channel names) instead of records.
+items of an output that is a JSON list of values (channel names) instead of records. A declaration
+naming a shape that does not exist, or a field that is not a plain name, is refused when the tool is
+declared (`checked_fields`), rather than silently showing nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from tether._errors import InvalidInput
 
 ITEMS = "*"  # the items of a list output themselves
 FIELD_SHAPES = SHAPES = frozenset({"id", "name", "number", "boolean", "date", "datetime", "email", "iban"})
@@ -47,6 +51,35 @@ def valid_shape(shape: object) -> bool:
     if shape.startswith("list[") and shape.endswith("]"):
         return shape[5:-1] in SHAPES
     return shape in SHAPES
+
+
+_SHAPE_NAMES = "id, name, number, boolean, date, datetime, email, iban, or list[S] of one of these"
+
+
+def checked_fields(fields: object) -> dict[str, str]:
+    """`fields` as a `trusted_fields` declaration (field name -> shape; a list of names: shape `id` each),
+    or one `InvalidInput` naming the first field or shape that cannot work, and what may be declared."""
+    if isinstance(fields, list | tuple | set | frozenset):
+        names: list[Any] = list(fields)  # pyright: ignore[reportUnknownArgumentType]
+        fields = dict.fromkeys(names, "id")
+    if not isinstance(fields, Mapping):
+        raise InvalidInput(f"trusted_fields must map field names to shapes, such as {{\"amount\": \"number\"}}, "
+                           f"or list field names; got {type(fields).__name__} {_short(fields)}")
+    out: dict[str, str] = {}
+    for name, shape in fields.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(name, str) or (name != ITEMS and _FIELD.fullmatch(name) is None):
+            raise InvalidInput(f"trusted_fields: field {_short(name)} is not a field name (letters, digits and _, "
+                               f"not starting with a digit; or {ITEMS!r} for the items of a list output)")
+        if not valid_shape(shape):
+            raise InvalidInput(f"trusted_fields: field {name!r} has shape {_short(shape)}, which does not exist; "
+                               f"the shapes are {_SHAPE_NAMES}")
+        out[name] = shape  # pyright: ignore[reportArgumentType]
+    return out
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _iban_ok(text: str) -> bool:
