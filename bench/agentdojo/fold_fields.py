@@ -1,7 +1,7 @@
 """`python -m bench.agentdojo.fold_fields --into bench/agentdojo/results.json --parts DIR`: the per-field runs
 (issue 44, `Declares.trusted_fields`) folded into the results file's `ask_fewer`, the figures before kept beside.
 
-DIR holds the per-suite `--out` files of these runs (the commands are written into `ask_fewer.commands.per_field`):
+DIR holds the per-suite `--out` files of these runs (the committed ones: bench/agentdojo/per_field_runs; the commands are written into `ask_fewer.commands.per_field`):
 
 - `clean_S.json`: `python -m bench.agentdojo --suites S --modes hidden --timings immediate --no-undefended
   --no-attack-utility --injections 0 --out clean_S.json` (workspace, banking, slack; travel declares no field
