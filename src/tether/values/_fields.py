@@ -12,7 +12,9 @@ and the same parts, substituted by handle (`$v3_1[0].amount`), carry a trusted l
 records) stays hidden and untrusted, as the whole output was. A value built from trusted and untrusted
 parts (a whole record, `$v3_1`) carries the untrusted label: labels join.
 
-Shapes admit no free text, so a trusted field cannot carry instructions: `id` (an integer, or a token of
+Shapes admit no free text (no spaces, no sentence), though a token an outsider picks (a user name) is
+still text the model reads: declare a field only where the service assigns it or everyone who can choose
+it is trusted (docs/hidden_values.md). The shapes: `id` (an integer, or a token of
 letters, digits and `_.:@+/-` without spaces, at most 64 characters), `name` (the same, at most 40),
 `number`, `boolean`, `date` (YYYY-MM-DD), `datetime` (YYYY-MM-DD HH:MM[:SS], `T` allowed), `email`, `iban`
 (check digits valid), and `list[S]` (a list of at most 100 values of shape S). The field `*` declares the
