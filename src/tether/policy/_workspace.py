@@ -14,7 +14,6 @@ symbolic link is read only when it points inside the workspace.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -81,8 +80,13 @@ def workspace_secrets(root: Path) -> dict[str, str]:
 
 
 class SecretMatcher:
-    """One compiled search for a set of secret values and all their encodings (`encodings`), made once
-    per set: an output is searched once, whatever the number of values or turns."""
+    """One precomputed index of a set of secret values and all their encodings (`encodings`), made once
+    per set: an output is searched once, whatever the number of values or turns.
+
+    A found encoding is at least 8 characters long (`MIN_SECRET`), so any place it occurs covers a
+    whole 8-character block of the text at a multiple of 8 when it is 15 characters or more, and a whole
+    4-character block at a multiple of 4 otherwise: the text's blocks are looked up in a table of the
+    encodings' blocks (set operations, n/8 + n/4 slices), and only a hit is compared in full."""
 
     def __init__(self, secrets: Mapping[str, str]) -> None:
         self.secrets = dict(secrets)
@@ -90,22 +94,41 @@ class SecretMatcher:
         for value, source in self.secrets.items():
             for key, _how in encodings(value):
                 source_of.setdefault(key, source)
+        # block -> (encoding, where the block starts in it)
+        self._long: dict[str, list[tuple[str, int]]] = {}
+        self._short: dict[str, list[tuple[str, int]]] = {}
+        for key in source_of:
+            size, table = (8, self._long) if len(key) >= 15 else (4, self._short)
+            for j in range(min(size, len(key) - size + 1)):
+                table.setdefault(key[j:j + size], []).append((key, j))
         self._source_of = source_of
-        # longest first: at one position the longest encoding wins (a prefix of another is no other match)
-        keys = sorted(source_of, key=lambda k: (-len(k), k))
-        self._pattern = re.compile("|".join(map(re.escape, keys))) if keys else None
 
     def source_in(self, text: str) -> str | None:
         """The file a value in `text` (or an encoding of it) was read from; None: it holds none."""
-        if self._pattern is None or not text:
+        if not text:
             return None
         # the skeleton `find_leaks` searches (whitespace and invisible characters gone, lower-cased)
         skel = text.translate(_ASCII_DROP).lower() if text.isascii() else _skeleton(text)[0]
-        m = self._pattern.search(skel)
-        return None if m is None else self._source_of[m.group()]
+        for size, table in ((8, self._long), (4, self._short)):
+            if not table:
+                continue
+            for block in table.keys() & {skel[p:p + size] for p in range(0, len(skel) - size + 1, size)}:
+                for p in _starts(skel, block, size):
+                    for key, j in table[block]:
+                        if p >= j and skel.startswith(key, p - j):
+                            return self._source_of[key]
+        return None
 
 
-
+def _starts(text: str, block: str, size: int) -> list[int]:
+    """Where `block` occurs in `text` at a multiple of `size`."""
+    out = []
+    at = text.find(block)
+    while at != -1:
+        if at % size == 0:
+            out.append(at)
+        at = text.find(block, at + 1)
+    return out
 
 
 def matcher_for(root: Path, last: SecretMatcher | None) -> SecretMatcher | None:
