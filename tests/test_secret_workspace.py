@@ -50,6 +50,8 @@ BYPASSES = [
     [call("Bash", command="tar c . | base64")],
     [call("Bash", command="find . -type f -exec cat {} +")],
     [call("Bash", command="""python3 -c "print(open('.e'+'nv').read())" """)],
+    [call("Bash", command="mkdir -p config && mv .env config/ && cat config/*")],
+    [call("Bash", command="cat $(printf '\\x2eenv'); exit 3")],  # an error output holds them too
 ]
 
 
