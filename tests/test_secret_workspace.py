@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import need_bubblewrap
+from fake_openai_server import FakeOpenAIServer, chat_completion, tool_call
+from test_cli import openrouter_env, tether  # the course tests' harness: a real process, a fake model server
 
 from tether import Agent
 from tether._limits import Limits
@@ -110,3 +113,16 @@ def test_the_matcher_finds_a_value_and_its_encodings_once_per_output() -> None:
     assert matcher.source_in(base64.b64encode(f"A={DB_PASS}\n".encode()).decode()) == ".env"
     assert matcher.source_in(DB_PASS.encode().hex().upper()) == ".env"
     assert matcher.source_in("nothing here " * 100) is None
+
+
+def test_the_cli_knows_the_workspace_secret_files_from_the_start(tmp_path: Path) -> None:
+    need_bubblewrap()  # the CLI's Bash runs in the sandbox
+    _workspace(tmp_path)
+    script = [chat_completion(None, [tool_call("Bash", {"command": "cat $(printf '\\x2eenv')"})]),
+              chat_completion(f"DB_PASS is {DB_PASS}.")]
+    with FakeOpenAIServer(script) as server:
+        proc = tether(["--yes", "-p", "what is configured here?"], cwd=tmp_path, env=openrouter_env(server))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "DB_PASS is [secret from .env redacted].\n"
+    tool_msg = next(m for m in server.requests[1].body["messages"] if m["role"] == "tool")
+    assert HANDLE.search(tool_msg["content"]) and DB_PASS not in tool_msg["content"], tool_msg
