@@ -126,3 +126,12 @@ def test_the_cli_knows_the_workspace_secret_files_from_the_start(tmp_path: Path)
     assert proc.stdout == "DB_PASS is [secret from .env redacted].\n"
     tool_msg = next(m for m in server.requests[1].body["messages"] if m["role"] == "tool")
     assert HANDLE.search(tool_msg["content"]) and DB_PASS not in tool_msg["content"], tool_msg
+
+
+def test_a_resumed_run_knows_the_workspace_secret_files(tmp_path: Path) -> None:
+    root = _workspace(tmp_path)
+    first = SafetyPolicy(environment={}, workspace=root)
+    data = first.dump_state(first.start_run("r", None))
+    again = SafetyPolicy(environment={}, workspace=root)
+    state = again.load_state(data)
+    assert again.secrets_of(state) == {DB_PASS: ".env", TOKEN: ".env"}

@@ -258,6 +258,8 @@ class SafetyPolicy:
 
     def load_state(self, data: dict[str, Any]) -> PolicyState:
         """A state from `dump_state` output; behaves exactly as the dumped one."""
+        if self.workspace is not None:  # a resumed run knows the workspace's secret files as a new one does
+            self._workspace_secrets = matcher_for(self.workspace, self._workspace_secrets)
         return PolicyState.load(data)
 
     def pending(self, state: PolicyState) -> list[dict[str, Any]]:
