@@ -266,7 +266,8 @@ def build_policy(opts: RunOptions, pause: Pause | None = None) -> Policy:
         raise CliError("--show-outputs does not apply to plan mode (its reader keeps untrusted text from the "
                        "planner): drop --plan or --show-outputs", exit_code=2)
     # --show-outputs: the visible mode, every output in the model's context (docs/hidden_values.md)
-    return SafetyPolicy(approver=approver, hidden_values=not opts.show_outputs)
+    # the workspace's secret files (.env, key files) are known by value from the run's start
+    return SafetyPolicy(approver=approver, hidden_values=not opts.show_outputs, workspace=workspace_of(opts))
 
 
 NO_TERMINAL = "no-terminal"  # who denied a call that needed approval when nobody could be asked

@@ -23,6 +23,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tether._errors import InvalidInput, InvalidType
@@ -69,6 +70,7 @@ from tether.policy._provenance import Origin
 from tether.policy._sources import READS as _READS
 from tether.policy._sources import may_read_secrets, secret_sources_named
 from tether.policy._state import Awaiting, Decided, PolicyState, _Pending
+from tether.policy._workspace import SecretMatcher, matcher_for
 from tether.tools._base import Tool
 from tether.tools._declares import Declares
 from tether.tools._executor import CallContext, Verdict
@@ -182,6 +184,7 @@ class SafetyPolicy:
         payload_labels: bool = True,
         query_model: Any = None,
         conditional_calls: bool = True,
+        workspace: str | os.PathLike[str] | None = None,
     ) -> None:
         if capabilities is None:
             capabilities = Capabilities(unlisted="inherit")
@@ -214,6 +217,9 @@ class SafetyPolicy:
         self.query_model = query_model  # answers inspect_value (None: the agent's own model)
         # the agent also gets call_if: a call run only when a hidden value says so, the model never told
         self.conditional_calls = conditional_calls
+        # a directory whose secret files' values are known from each run's start (tether.policy._workspace)
+        self.workspace = None if workspace is None else Path(workspace)
+        self._workspace_secrets: SecretMatcher | None = None
         self._per_user: dict[tuple[str | None, str], deque[float]] = {}
         self.guards: tuple[Guard | Check, ...] = tuple(default_guards() if guards is None else guards)
         # per tool name: (tool, capability, the checks that apply, those that can act before taint); see _plan
@@ -230,6 +236,8 @@ class SafetyPolicy:
         saw where they came from. To drive the executor by hand, start a state here and pass it as
         `CallContext(policy_state=...)`: a call without one is refused."""
         state = PolicyState(run_id, user, values=ValueStore(enabled=self.hidden_values))
+        if self.workspace is not None:
+            self._workspace_secrets = matcher_for(self.workspace, self._workspace_secrets)
         for text in user_texts:
             if text:
                 state.prov.add_user(text)
@@ -250,6 +258,8 @@ class SafetyPolicy:
 
     def load_state(self, data: dict[str, Any]) -> PolicyState:
         """A state from `dump_state` output; behaves exactly as the dumped one."""
+        if self.workspace is not None:  # a resumed run knows the workspace's secret files as a new one does
+            self._workspace_secrets = matcher_for(self.workspace, self._workspace_secrets)
         return PolicyState.load(data)
 
     def pending(self, state: PolicyState) -> list[dict[str, Any]]:
@@ -354,6 +364,8 @@ class SafetyPolicy:
         tools read; not those the user wrote in the request (the user has them)."""
         env = self.environment if self.environment is not None else os.environ
         known = dict.fromkeys(environment_secrets(env), "the environment")
+        if self._workspace_secrets is not None:
+            known.update(self._workspace_secrets.secrets)
         if state is None:
             return known
         known.update(state.secrets)
@@ -661,6 +673,8 @@ class SafetyPolicy:
             # the exact values the answer filter then looks for (at most MAX_SECRETS), and whether the whole
             # output came from a secret-bearing source (its hidden value's label is secret)
             secret_from = _note_secrets(state, ctx, tool, declared, pend, result, error=result.is_error)
+            if secret_from is None and self._workspace_secrets is not None:  # a workspace secret file's value in it
+                secret_from = self._workspace_secrets.source_in(result.content)
             concealed = False
             if binding is not None:
                 if binding.values or len(state.values.written) > hidden.MAX_FOLLOWED:  # (else `note_sent` does nothing)

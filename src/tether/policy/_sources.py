@@ -5,8 +5,9 @@ passes on as it is (`cat ./.env`, `sh -c 'cat .env'`, `base64 .env`, `cp .env x 
 through quote removal (`cat .e""nv`) and a glob with two literal characters or more that matches a secret
 file's name (`cat .en?`, `cat config/*.env`). It cannot see a name the shell computes (`cat $(printf
 '\\x2eenv')`, `f=.e; cat ${f}nv`), a bare glob (`cat config/*`), nor a directory read whole (`tar c .`;
-`grep -r KEY .` is known by its output's `.env:` lines instead): docs/safety.md ("Secrets by value")
-names them, with what still guards them.
+`grep -r KEY .` is known by its output's `.env:` lines instead). With a workspace
+(`SafetyPolicy(workspace=)`, tether.policy._workspace) those reads of its secret files are known by
+their output's values instead: docs/safety.md ("Secrets by value").
 """
 
 from __future__ import annotations
