@@ -23,10 +23,11 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from math import ceil
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
-from tether._admission import Admission
+from tether._admission import MIN_STEP_OUTPUT, Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
 from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
@@ -542,7 +543,8 @@ class LoopRun:
         if admission is None:
             return CallModel(request)
         counted = admission.count(request.messages, request.tools)
-        stop, cap = admission.admit(budget, counted)
+        # `admission.admit(budget, counted)`, its frame less a step
+        stop, cap = budget.admit(ceil(counted * admission.factor), admission.rates, min_output=MIN_STEP_OUTPUT)
         if stop is not None:
             self.emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
             return StopRun(stop)
