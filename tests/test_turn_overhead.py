@@ -413,3 +413,16 @@ def test_a_plain_tools_call_reads_no_declarations_property_and_no_hooks_frame() 
     per_call = _frames_per_call(agent_for, ("tether/tools/_base.py", "tether/tools/_executor.py"))
     assert per_call.get("hooks", 0) == 0
     assert per_call.get("declared", 0) <= 1  # the hidden-values binding's (tether.values)
+
+
+def test_a_lone_calls_turn_forgets_no_batches_and_findings_resume_no_generator() -> None:
+    """A lone call's turn announced empty called `forget_batches` with no batch to forget; the run's
+    findings were gathered by a generator resumed once per call. Neither frame now (the last turn's batch
+    answers are still forgotten: test_an_empty_announcement_still_ends_the_last_turns_batch_answers)."""
+    def agent_for(calls: int) -> Agent:
+        return Agent(ScriptedModel([*[call("lookup", key=str(i)) for i in range(calls)], "done"]), tools=[lookup],
+                     limits=Limits(max_steps=calls + 2))
+
+    per_call = _frames_per_call(agent_for, ("tether/policy/_batch.py", "tether/_loop.py"))
+    assert per_call.get("forget_batches", 0) == 0
+    assert per_call.get("<genexpr>", 0) == 0 and per_call.get("_finding") == 1

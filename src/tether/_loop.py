@@ -702,7 +702,7 @@ class LoopRun:
             answer, stop, error, output = _screen_output(spec, answer, stop, error, output, budget, emit)
 
         # Everything the run knows goes back into its state.
-        state.findings.extend(_finding(c, r) for c, r in found)
+        state.findings.extend([_finding(c, r) for c, r in found])  # (a generator: one resume per call)
         state.usage, state.steps = budget.finish(), budget.steps
         state.loop_warned = sorted(self.loops.warned)
         state.handles = sorted(self.handles)

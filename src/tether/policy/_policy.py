@@ -288,7 +288,10 @@ class SafetyPolicy:
         asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
         if not calls:  # a lone call's turn (`announce_min_calls`), or none that passed the executor's checks
             state = ctx.policy_state
-            forget_batches(state if type(state) is PolicyState else self._state(ctx))
+            if type(state) is not PolicyState:
+                state = self._state(ctx)
+            if state.batched or state.decisions:  # (else `forget_batches` has nothing to forget: no frame)
+                forget_batches(state)
             return []
         return await announce_turn(self, calls, ctx)
 
