@@ -341,3 +341,88 @@ def test_planning_and_observing_a_turn_make_no_coroutine() -> None:
 
     assert _asyncio.run(stepped()) == ["Start", "Admit", "CallModel", "PlanCalls", "Execute", "Observe", "Admit",
                                        "CallModel", "PlanCalls", "StopRun", "End"]
+
+
+def _frames_per_call(agent_for: Any, files: tuple[str, ...]) -> dict[str, float]:
+    """Frames (function name -> count) a call adds in `files`: a 5-call run's less a 1-call run's, over 4."""
+    import sys
+    from collections import Counter
+    from types import FrameType
+
+    def frames(calls: int) -> Counter[str]:
+        names: Counter[str] = Counter()
+
+        def count(frame: FrameType, event: str, arg: Any) -> None:
+            if event == "call" and frame.f_code.co_filename.replace("\\", "/").endswith(files):
+                names[frame.f_code.co_name] += 1
+
+        agent = agent_for(calls)
+        sys.setprofile(count)
+        try:
+            result = agent.run("look the keys up")
+        finally:
+            sys.setprofile(None)
+        assert result.completed and result.output == "done"
+        return names
+
+    one, five = frames(1), frames(5)
+    return {name: (five[name] - one[name]) / 4 for name in five | one}
+
+
+def _priced_agent(calls: int) -> Agent:
+    from tether.models import Pricing
+
+    model = ScriptedModel([*[call("lookup", key=str(i)) for i in range(calls)], "done"])
+    return Agent(model, tools=[lookup], pricing=Pricing().with_prices({model.name: (3.0, 15.0)}),
+                 limits=Limits(max_steps=calls + 2, max_tokens=10**6, max_cost_usd=100.0))
+
+
+def test_a_reply_is_priced_and_admitted_without_helper_frames() -> None:
+    """Pricing a reply called `lookup`, `declared_price` and `usage_cost` besides `charge`; admitting a
+    step called `Admission.admit` between the loop and `Budget.admit`. Now: one frame each, the same
+    charge (`usage_cost` still prices cached tokens) and the same output cap."""
+    per_call = _frames_per_call(_priced_agent, ("tether/models/_pricing.py", "tether/_admission.py"))
+    assert per_call.get("charge") == 1
+    assert per_call.get("lookup", 0) == per_call.get("declared_price", 0) == per_call.get("usage_cost", 0) == 0
+    assert per_call.get("admit", 0) == 0 and per_call.get("count") == 1
+
+
+def test_a_reply_costs_what_usage_cost_says() -> None:
+    from tether._types import ModelReply, Usage
+    from tether.models import Pricing
+    from tether.models._pricing import charge
+
+    model = ScriptedModel(["done"])
+    pricing = Pricing().with_prices({model.name: (3.0, 15.0)})
+    for usage in (Usage(1200, 80), Usage(0, 0), Usage(1000, 50, cached_input_tokens=600),
+                  Usage(1000, 50, cache_write_tokens=300)):
+        reply = ModelReply(text="done", usage=usage)
+        assert charge(pricing, model, reply) == pricing.usage_cost(model.name, usage, (3.0, 15.0))
+    declared = ScriptedModel(["done"])
+    declared.price = (1.0, 2.0)  # pyright: ignore[reportAttributeAccessIssue]
+    assert charge(Pricing(), declared, ModelReply(text="x", usage=Usage(10**6, 10**6))) == 3.0
+
+
+def test_a_plain_tools_call_reads_no_declarations_property_and_no_hooks_frame() -> None:
+    """A tool without metadata has no deprecated keys to apply: the policy and the executor read its
+    `declares` as they are (no `Tool.declared` frame), and the executor's hooks with no `hooks()` frame."""
+    def agent_for(calls: int) -> Agent:
+        return Agent(ScriptedModel([*[call("lookup", key=str(i)) for i in range(calls)], "done"]), tools=[lookup],
+                     limits=Limits(max_steps=calls + 2))
+
+    per_call = _frames_per_call(agent_for, ("tether/tools/_base.py", "tether/tools/_executor.py"))
+    assert per_call.get("hooks", 0) == 0
+    assert per_call.get("declared", 0) <= 1  # the hidden-values binding's (tether.values)
+
+
+def test_a_lone_calls_turn_forgets_no_batches_and_findings_resume_no_generator() -> None:
+    """A lone call's turn announced empty called `forget_batches` with no batch to forget; the run's
+    findings were gathered by a generator resumed once per call. Neither frame now (the last turn's batch
+    answers are still forgotten: test_an_empty_announcement_still_ends_the_last_turns_batch_answers)."""
+    def agent_for(calls: int) -> Agent:
+        return Agent(ScriptedModel([*[call("lookup", key=str(i)) for i in range(calls)], "done"]), tools=[lookup],
+                     limits=Limits(max_steps=calls + 2))
+
+    per_call = _frames_per_call(agent_for, ("tether/policy/_batch.py", "tether/_loop.py"))
+    assert per_call.get("forget_batches", 0) == 0
+    assert per_call.get("<genexpr>", 0) == 0 and per_call.get("_finding") == 1

@@ -23,10 +23,11 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from math import ceil
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
-from tether._admission import Admission
+from tether._admission import MIN_STEP_OUTPUT, Admission
 from tether._errors import InvalidInput, OperationFailed, TetherError
 from tether._json import dumps_fn
 from tether._limits import LOST_CALL, Budget, Clock, Limits, LoopDetector, MonotonicClock
@@ -542,7 +543,8 @@ class LoopRun:
         if admission is None:
             return CallModel(request)
         counted = admission.count(request.messages, request.tools)
-        stop, cap = admission.admit(budget, counted)
+        # `admission.admit(budget, counted)`, its frame less a step
+        stop, cap = budget.admit(ceil(counted * admission.factor), admission.rates, min_output=MIN_STEP_OUTPUT)
         if stop is not None:
             self.emit(Notice(notice={"not_sent": stop.value, "input_tokens": counted}))
             return StopRun(stop)
@@ -700,7 +702,7 @@ class LoopRun:
             answer, stop, error, output = _screen_output(spec, answer, stop, error, output, budget, emit)
 
         # Everything the run knows goes back into its state.
-        state.findings.extend(_finding(c, r) for c, r in found)
+        state.findings.extend([_finding(c, r) for c, r in found])  # (a generator: one resume per call)
         state.usage, state.steps = budget.finish(), budget.steps
         state.loop_warned = sorted(self.loops.warned)
         state.handles = sorted(self.handles)

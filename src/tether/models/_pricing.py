@@ -175,13 +175,19 @@ def charge(pricing: Pricing, model: Any, reply: ModelReply) -> float:
         asked, name = _answered_by(model, reply), reply.requested
     else:  # every step: no more calls than the one lookup and the one price
         asked, name = model, model.name
-    price = pricing.lookup(name)
+    price = pricing.prices.get(name)  # `lookup`, its frame only for a name not in the table
     if price is None:
-        price = declared_price(asked)
-        if price is None:
+        price = pricing.lookup(name)
+    if price is None:  # `declared_price(asked)`, inline
+        price = getattr(asked, "price", None)
+        if not (isinstance(price, tuple) and len(price) == 2):
             price = pricing.unpriced
     if price is not None:
-        at = pricing.usage_cost(name, usage, price)
+        if usage.cached_input_tokens or usage.cache_write_tokens:
+            at = pricing.usage_cost(name, usage, price)
+        else:  # `usage_cost` without cached tokens: every input token at the input price
+            fresh = usage.input_tokens if usage.input_tokens > 0 else 0
+            at = (fresh * price[0] + usage.output_tokens * price[1]) / 1_000_000
         if at > cost:
             cost = at
     named = reply.model

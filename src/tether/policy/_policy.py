@@ -298,7 +298,10 @@ class SafetyPolicy:
         asked about as one group (see `tether.policy._batch`). Returns the decisions taken now."""
         if not calls:  # a lone call's turn (`announce_min_calls`), or none that passed the executor's checks
             state = ctx.policy_state
-            forget_batches(state if type(state) is PolicyState else self._state(ctx))
+            if type(state) is not PolicyState:
+                state = self._state(ctx)
+            if state.batched or state.decisions:  # (else `forget_batches` has nothing to forget: no frame)
+                forget_batches(state)
             return []
         return await announce_turn(self, calls, ctx)
 
@@ -456,7 +459,7 @@ class SafetyPolicy:
         cap = self.capabilities.get(tool)
         if cap is None:
             return Stop(f"{CallDecision.REFUSED}:capability", f"'{tool.name}' is not permitted in this task")
-        c.cap, c.declares = cap, tool.declared
+        c.cap, c.declares = cap, tool.declared if tool.metadata else tool.declares  # (no property frame)
         known = self._plans.get(tool.name)
         if known is None or known[0] is not tool or known[1] is not cap:
             self._plan(c)
@@ -570,7 +573,7 @@ class SafetyPolicy:
         # wherever it comes back from (a record written and read back, an echo, a file)
         written = [v for p, v in leaves(c.args) if c.trace.get(p) in (Origin.MODEL, Origin.UNTRUSTED)] \
             if c.tainted else []
-        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(c.ask),
+        state.pending[c.call.id] = _Pending(c.args, c.prov, c.effect._value_, decision, by, "; ".join(c.ask) if c.ask else "",
                                             c.ctx.step, written, c.batch)
         return Verdict("allow", "", decision, c.arguments)
 
@@ -636,7 +639,7 @@ class SafetyPolicy:
         is left exactly as the tool returned it; untrusted results are labelled outside it (see
         `label_turn`). Never raises: on a failure the output is treated as untrusted."""
         try:
-            declared = tool.declared
+            declared = tool.declared if tool.metadata else tool.declares  # (no property frame: no legacy keys)
             state = ctx.policy_state
             if type(state) is not PolicyState:
                 state = self._state(ctx)
@@ -761,7 +764,7 @@ def secret_bearer(tool: Tool, args: dict[str, Any], declared: Declares | None = 
     path or command names. None: it reads none (its output is searched for secret-looking values only).
     `declared`: `tool.declared`, when the caller has read it already."""
     if declared is None:
-        declared = tool.declared
+        declared = tool.declared if tool.metadata else tool.declares  # (no property frame: no legacy keys)
     if declared.secret_output:
         return tool.name
     if declared.writes_path or _READS.isdisjoint(args):

@@ -463,7 +463,8 @@ class Executor:
     def _reads_secret(self, tool: Tool, args: dict[str, Any]) -> str | None:
         """The secret-bearing source (a `.env` its command names) the policy says this call reads: its
         output is then hidden whole, as a background job's is once delivered."""
-        reads = self.hooks().secret_source
+        hooks = self._hooks  # `self.hooks()`, its frame only when the policy changed
+        reads = (hooks if hooks is not None and hooks.policy is self.policy else self.hooks()).secret_source
         read = reads(tool, args) if reads is not None else (tool.name if tool.declared.secret_output else None)
         return read if isinstance(read, str) else None
 
