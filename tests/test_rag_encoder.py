@@ -24,6 +24,8 @@ TEXTS = [
     "Parcels ship to Norway and Sweden within a week.",
     "The eighteenth edition of the Dewey Decimal Classification was published in 1971 " * 12,
     "x",
+    "ok",
+    "yes",
 ]
 
 
@@ -69,6 +71,24 @@ def test_the_graph_the_decision_picks_for_accuracy_agrees_with_the_shipped_graph
     slow = MiniLMEncoder(source, threads=1)
     cos = (fast.embed(texts) * slow.embed(texts)).sum(axis=1)
     assert cos.min() > enc_mod.MIN_CHECK_COSINE and cos.mean() > 0.997, (fast.path.recipe, cos)
+
+
+def test_short_texts_are_embedded_by_the_float_graph_which_loads_only_when_one_comes(source, cache):
+    # int8 loses most on texts of a few tokens ("x" at .9896 with the 7-bit graph): they run in float
+    fast = MiniLMEncoder(threads=2)
+    assert fast.float_path == source and f"float<={enc_mod.SHORT_TOKENS}" in fast.name
+    assert f"texts of at most {enc_mod.SHORT_TOKENS} tokens: the float graph" in fast.path.line()  # type: ignore[union-attr]
+    long_texts = TEXTS[:4]
+    alone = fast.embed(long_texts)
+    assert fast._float_session is None  # nothing short yet: no second session in memory
+    slow = MiniLMEncoder(source, threads=1)
+    int8_only = MiniLMEncoder(fast.model_path, threads=1)
+    short = ["x", "ok", "a refund", "what is bm25"]
+    assert all(len(e.ids) <= enc_mod.SHORT_TOKENS for e in fast._tok.encode_batch(short))
+    mixed = fast.embed([short[0], *long_texts, *short[1:]])
+    assert np.allclose(mixed[[0, 5, 6, 7]], slow.embed(short), atol=1e-5)
+    assert np.allclose(mixed[1:5], alone, atol=1e-5) and np.allclose(alone, int8_only.embed(long_texts), atol=1e-5)
+    assert fast._float_session is not None
 
 
 def test_a_texts_vector_does_not_depend_on_the_texts_batched_with_it(source, tmp_path):
@@ -222,5 +242,6 @@ def test_ingest_says_first_which_graph_embeds_here_and_doctor_says_the_same(sour
     assert r.exit_code == 0, r.stderr
     first = " ".join(r.stderr.split("tether: ")[1].split())  # the first message, unwrapped
     assert first.startswith("encoder: int8 (") and "on this CPU (" in first and "the float graph's speed" in first
+    assert "texts of at most 8 tokens: the float graph" in first
     shown = encoder_check(probe=False)
     assert shown.state == "ok" and " ".join(shown.detail.split()) in first, (shown, first)

@@ -9,7 +9,9 @@ use tether derives from it graphs that compute its weight products in int8 on th
 each token's input quantised over its own range (tether.rag._int8), measures them on this CPU
 against the shipped graph and their exact integer result, and keeps the fastest that is right here
 (tether.rag._encoder_path: 8-bit inputs where the CPU has VNNI or AMX, 7-bit ones where its 16-bit
-sums would saturate, else the shipped graph, said loudly). Graphs and the decision are kept under $TETHER_CACHE (default ~/.cache/tether)/models.
+sums would saturate, else the shipped graph, said loudly). Texts of at most SHORT_TOKENS tokens
+(queries, mostly) are embedded by the shipped graph on every CPU: int8 loses most on them (mean
+pooling over three or four tokens), and they cost little in float. Graphs and the decision are kept under $TETHER_CACHE (default ~/.cache/tether)/models.
 Set TETHER_EMBED_MODEL to another all-MiniLM-L6-v2 ONNX export to use that instead (as is), or
 TETHER_EMBED_INT8=0 to keep the shipped graph.
 """
@@ -21,6 +23,7 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+import threading
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +41,7 @@ CHECK_TEXTS = _path.CHECK_TEXTS
 cache_root = _path.cache_root
 MIN_CHECK_COSINE = _path.MIN_CHECK_COSINE
 CHECK_VECTORS = VOCAB_PATH.with_name("minilm-check.npz")  # the packaged graph's vectors of CHECK_TEXTS
+SHORT_TOKENS = _path.SHORT_TOKENS
 
 
 class EmbedderUnavailable(TetherError, RuntimeError):
@@ -140,6 +144,7 @@ class MiniLMEncoder:
         from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
         self.path: _path.EncoderPath | None = None  # why this graph (None: a graph given by path or TETHER_EMBED_MODEL)
+        self.float_path: Path | None = None  # the shipped graph, for texts of at most SHORT_TOKENS tokens
         if model_path:
             self.model_path = Path(model_path)
         else:
@@ -147,9 +152,13 @@ class MiniLMEncoder:
             if int8 and not os.environ.get("TETHER_EMBED_MODEL"):
                 self.path = encoder_path(source)
                 self.model_path = Path(self.path.graph)
+                if self.model_path != source:
+                    self.float_path = source
             else:
                 self.model_path = source
         self.name = f"all-MiniLM-L6-v2:{self.model_path.name}:{self.model_path.stat().st_size}"
+        if self.float_path is not None:  # short texts' vectors differ from the int8 graph's: another index key
+            self.name += f":float<={SHORT_TOKENS}"
         # Activations grow with the padded tokens of a batch (about 0.3 MB a token here, 900 MB for
         # 16 texts of 256): a token budget bounds memory, and small batches run no slower.
         self.batch_tokens = max(batch_tokens, max_length)
@@ -163,7 +172,10 @@ class MiniLMEncoder:
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.enable_mem_pattern = False  # a plan per input shape costs memory and saves nothing here
+        self._opts = opts
         self._session = _session(ort, self.model_path, opts)
+        self._float_session: Any = None  # loaded when a short text first comes (about 90 MB more)
+        self._float_lock = threading.Lock()
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._pool: ThreadPoolExecutor | None = None
 
@@ -173,16 +185,32 @@ class MiniLMEncoder:
             return out
         encoded = self._tok.encode_batch([t or " " for t in texts])
         ids = [e.ids for e in encoded]
-        batches = self._batches(np.array([len(x) for x in ids]))
-        if self.threads > 1 and len(batches) > 1:
+        lengths = np.array([len(x) for x in ids])
+        # A text goes to one graph by its own length alone: its vector never depends on its batch.
+        short = lengths <= SHORT_TOKENS if self.float_path is not None else np.zeros(len(ids), dtype=bool)
+        work: list[tuple[Any, np.ndarray]] = []
+        for session, rows in ((self._session, np.flatnonzero(~short)), (None, np.flatnonzero(short))):
+            if len(rows):
+                work += [(session or self._short_session(), rows[idx]) for idx in self._batches(lengths[rows])]
+        if self.threads > 1 and len(work) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tether-embed")
-            results = self._pool.map(lambda idx: self._embed_batch([ids[i] for i in idx]), batches)
+            results = self._pool.map(lambda w: self._embed_batch([ids[i] for i in w[1]], w[0]), work)
         else:
-            results = (self._embed_batch([ids[i] for i in idx]) for idx in batches)
-        for idx, vecs in zip(batches, results, strict=True):
-            out[idx] = vecs
+            results = (self._embed_batch([ids[i] for i in rows], session) for session, rows in work)
+        for (_, rows), vecs in zip(work, results, strict=True):
+            out[rows] = vecs
         return out
+
+    def _short_session(self) -> Any:
+        """The shipped float graph's session, loaded on first use."""
+        with self._float_lock:
+            if self._float_session is None:
+                import onnxruntime as ort
+
+                assert self.float_path is not None
+                self._float_session = _session(ort, self.float_path, self._opts)
+            return self._float_session
 
     def _batches(self, lengths: np.ndarray) -> list[np.ndarray]:
         """Rows in length order (similar lengths pad less), cut so that no batch holds more than
@@ -203,7 +231,7 @@ class MiniLMEncoder:
             self._pieces = BertWordPieceTokenizer(str(VOCAB_PATH), lowercase=True)
         return list(self._pieces.encode(text, add_special_tokens=False).offsets)
 
-    def _embed_batch(self, rows: list[list[int]]) -> np.ndarray:
+    def _embed_batch(self, rows: list[list[int]], session: Any = None) -> np.ndarray:
         ids = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int64)  # 0 is [PAD]
         mask = np.zeros_like(ids)
         for i, r in enumerate(rows):
@@ -212,7 +240,7 @@ class MiniLMEncoder:
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+        hidden = np.asarray((session or self._session).run(None, feeds)[0], dtype=np.float32)
         m = mask[..., None].astype(np.float32)
         vec = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         return (vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)).astype(np.float32)

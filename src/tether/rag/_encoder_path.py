@@ -52,6 +52,12 @@ LABELS = {ROW8.name: "int8 (8-bit inputs per token)", ROW7.name: "int8 (7-bit in
 # probed directly (`products_exact`).
 EXACT_COSINE = 0.995
 MIN_CHECK_COSINE = 0.99  # to the float graph's vectors (the recipes measure .995+ on abstracts)
+# Texts of at most this many tokens ([CLS] and [SEP] included) are embedded by the float graph on
+# every CPU (tether.rag._encoder): the 7-bit graph put 18 of 43 texts of 1-3 tokens below .99 of the
+# float graph's vectors ("x" .9896, "yes" .980), 8 of 34 of 4 tokens, 2 of 35 of 5; none from 6 up
+# (worst .9912 over 402 texts of 6-300 tokens; bench/rag_encoder/short_texts.py). 8 leaves a margin,
+# and no window of an ordinary document is that short (the shortest of 1,400 CISI abstracts: 14).
+SHORT_TOKENS = 8
 MIN_SPEEDUP = 1.1  # an int8 graph must beat the float one by this much to be worth it
 TIMING_TEXTS = 16  # CHECK_TEXTS repeated: one batch per call, as an ingest embeds them
 
@@ -94,7 +100,8 @@ class EncoderPath:
         return LABELS.get(self.recipe, self.recipe)
 
     def line(self) -> str:
-        return f"encoder: {self.label} on this CPU ({self.cpu}): {self.reason}"
+        short = "" if self.recipe == "float" else f"; texts of at most {SHORT_TOKENS} tokens: the float graph"
+        return f"encoder: {self.label} on this CPU ({self.cpu}): {self.reason}{short}"
 
 
 def cpu_summary() -> tuple[str, str]:
