@@ -535,8 +535,8 @@ class Executor:
             if store is None or limit >= MAX_VALUE_CHARS:
                 hiding = False
             else:  # `hides(tool, args)`: fixed per tool but for the query's (its answer type decides)
-                known = self._hiding.get(call.name)
-                hiding = (known[1] if known is not None and known[0] is tool else self._hides(tool, args)) \
+                cached = self._hiding.get(call.name)
+                hiding = (cached[1] if cached is not None and cached[0] is tool else self._hides(tool, args)) \
                     or self._reads_secret(tool, args) is not None
             token = DISPATCH.set(Dispatch(self.tools, functools.partial(self._inner, ctx=ctx, index=index),
                                           binding.label if binding is not None else TRUSTED)) \
