@@ -91,7 +91,6 @@ _SECRET_NAMES = re.compile(
     r"credentials(?:\.json|\.ya?ml|\.toml|\.ini)?|secrets?(?:\.json|\.ya?ml|\.toml|\.ini|\.txt)?|"
     r"[\w.-]*[._-](?:token|api_?key|password|passwd)(?:\.txt)?|(?:token|api_?key|password|passwd)\.txt)$")
 _PUBLIC = re.compile(r"(?i)\.(?:pub|crt|cer|csr)$")
-_TOKEN = re.compile(r"""[^\s'"`<>|;&()=]+""")  # a path-like word in a command line or an argument
 
 
 def secret_file(path: str) -> str | None:
@@ -101,11 +100,6 @@ def secret_file(path: str) -> str | None:
     if not name or _PUBLIC.search(name) or not _SECRET_NAMES.match(name):
         return None
     return name
-
-
-def secret_files_named(text: str) -> list[str]:
-    """The secret files a command line or an argument names (`cat .env | base64` -> ['.env'])."""
-    return list(dict.fromkeys(n for w in _TOKEN.findall(text) if (n := secret_file(w)) is not None))
 
 
 def is_secret_value(value: str) -> bool:

@@ -41,8 +41,8 @@ _ID = re.compile(r"[A-Za-z0-9_.:@+/-]{1,64}")
 _NAME = re.compile(r"[A-Za-z0-9_.:@+/-]{1,40}")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?")
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}")
-_IBAN = re.compile(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}")
+EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}")
+IBAN = re.compile(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}")
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -84,7 +84,8 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _iban_ok(text: str) -> bool:
+def iban_checks(text: str) -> bool:
+    """Whether an IBAN's check digits are right (ISO 13616: the rearranged number mod 97 is 1)."""
     digits = "".join(str(int(c, 36)) for c in text[4:] + text[:4])
     return int(digits) % 97 == 1
 
@@ -106,11 +107,11 @@ def fits_shape(value: Any, shape: str) -> bool:
         return abs(value) < 10 ** 18
     if not isinstance(value, str):
         return False
-    pattern = {"id": _ID, "name": _NAME, "date": _DATE, "datetime": _DATETIME, "email": _EMAIL,
-               "iban": _IBAN}.get(shape)
+    pattern = {"id": _ID, "name": _NAME, "date": _DATE, "datetime": _DATETIME, "email": EMAIL,
+               "iban": IBAN}.get(shape)
     if pattern is None or pattern.fullmatch(value) is None:
         return False
-    return shape != "iban" or _iban_ok(value)
+    return shape != "iban" or iban_checks(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from tether._types import Effect, Message, ModelRequest, Usage
 from tether.models._base import Model
 from tether.tools._base import Tool, ToolContext, tool
 from tether.values._declare import QUERY_KEY
+from tether.values._fields import EMAIL, IBAN, iban_checks
 
 QUERY_TOOL = "inspect_value"
 AnswerType = Literal["boolean", "enum", "number", "date", "email", "iban", "url", "regex", "string"]
@@ -26,8 +27,6 @@ MAX_REPLY = 1_000  # a longer reply fits no type
 MAX_VALUE_CHARS = 60_000  # of the value, what the reader is shown
 
 _NUMBER = re.compile(r"[-+]?\d{1,18}(?:\.\d{1,12})?")
-_EMAIL = re.compile(r"[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9\-]{1,63}(?:\.[A-Za-z0-9\-]{1,63})*\.[A-Za-z]{2,24}")
-_IBAN = re.compile(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}")
 _URL_CHARS = re.compile(r"[^\s<>\"'`\\\x00-\x1f\x7f]{1,2000}")
 
 _SHAPES = {
@@ -165,10 +164,10 @@ def _fit(reply: str, kind: str, options: list[str] | None, pattern: str | None, 
         except ValueError:
             return None
     if kind == "email":
-        return reply if _EMAIL.fullmatch(reply) else None
+        return reply if EMAIL.fullmatch(reply) else None
     if kind == "iban":
         iban = reply.replace(" ", "").upper()
-        return iban if _IBAN.fullmatch(iban) and _iban_checks(iban) else None
+        return iban if IBAN.fullmatch(iban) and iban_checks(iban) else None
     if kind == "url":
         parts = urlsplit(reply) if _URL_CHARS.fullmatch(reply) else None
         return reply if parts is not None and parts.scheme in ("http", "https") and parts.hostname else None
@@ -178,8 +177,3 @@ def _fit(reply: str, kind: str, options: list[str] | None, pattern: str | None, 
     if kind == "string":
         return reply if reply and len(reply) <= max_chars and reply.isprintable() else None
     return None
-
-
-def _iban_checks(iban: str) -> bool:
-    digits = "".join(str(int(c, 36)) for c in iban[4:] + iban[:4])
-    return int(digits) % 97 == 1
