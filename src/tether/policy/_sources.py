@@ -24,7 +24,7 @@ READS = frozenset({"file_path", "path", "file", "filename", "command", "cmd", "s
 # arguments holding a command line (the rest that name what a call reads hold a path)
 COMMAND_ARGS = frozenset({"command", "cmd", "script"})
 
-_TOKEN = re.compile(r"""[^\s'"`<>|;&()=]+""")  # a path-like word (as tether.policy._leaks)
+_TOKEN = re.compile(r"""[^\s'"`<>|;&()=]+""")  # a path-like word in a command line or an argument
 _QUOTES = re.compile(r"""["'\\]""")
 _GLOB = re.compile(r"[*?\[]")
 # names a glob is tried against: one of each kind secret_file knows
