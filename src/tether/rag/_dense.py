@@ -161,8 +161,9 @@ def embed_long(embedder: Embedder, texts: Sequence[str], window: int, stride: in
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Of the texts with windows only: their rows, their own vectors, their window vectors and the
     row each belongs to, as embed_passages makes them (the other texts are not embedded)."""
-    rows = np.asarray([i for i, t in enumerate(texts) if has_windows(embedder, t, window)], dtype=np.int64)
-    vectors, windows, owner = embed_passages(embedder, [texts[i] for i in rows.tolist()], window, stride)
+    keep = [i for i, t in enumerate(texts) if has_windows(embedder, t, window)]
+    vectors, windows, owner = embed_passages(embedder, [texts[i] for i in keep], window, stride)
+    rows = np.asarray(keep, dtype=np.int64)
     return rows, vectors, windows, rows[owner]
 
 

@@ -169,7 +169,10 @@ class MiniLMEncoder:
         tok.enable_truncation(max_length)
         self._tok = tok
         self.max_pieces = max_length - 2  # pieces a pass reads, besides [CLS] and [SEP]
-        self._cls, self._sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        if cls is None or sep is None:
+            raise EmbedderUnavailable(f"{VOCAB_PATH} has no [CLS] or [SEP]; reinstall tether")
+        self._cls, self._sep = cls, sep
         self._pieces: Any = None  # an untruncated tokenizer for piece_offsets, made on first use
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
