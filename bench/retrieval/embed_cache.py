@@ -3,7 +3,8 @@
 Cache: $TETHER_BENCH_CACHE or ~/.cache/tether-bench, one .npz per (collection texts, model,
 window scheme), holding whole-document vectors, window vectors with their owners, query vectors,
 and the seconds each took to embed. Document vectors are handed out as an index stores them: a
-document with windows has its first window's vector (dense.pool_windows).
+document with windows has its first pass's vector (contextual windows, MiniLM) or its first
+window's (dense.pool_windows).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tether.rag._dense import DenseRetriever, pool_windows
+from tether.rag._dense import DenseRetriever, contextual, pool_windows
 from tether.rag._evaluate import Collection
 
 
@@ -68,15 +69,18 @@ def collection_vectors(name: str, col: Collection, dense: DenseRetriever, *, use
         empty = np.zeros((0, docs.shape[1]), dtype=np.float32)
         return Vectors(docs, empty, np.zeros(0, dtype=np.int64), qv, doc_seconds, 0.0, cached)
     fw = cache_dir() / f"{name}-{base}-w{dense.windows_key.replace(':', '-')}.npz"
+    # a windowed document's own vector: its first pass's, i.e. its whole-text one (contextual windows),
+    # else its first window's
+    pool = (lambda d, w, o: d) if contextual(dense.embedder) else pool_windows
     if use_cache and fw.exists():
         z = np.load(fw)
-        return Vectors(pool_windows(docs, z["windows"], z["owner"]), z["windows"], z["owner"], qv, doc_seconds,
+        return Vectors(pool(docs, z["windows"], z["owner"]), z["windows"], z["owner"], qv, doc_seconds,
                        float(z["window_seconds"]), cached)
     t = time.perf_counter()
     windows, owner = dense.embed_windows(col.doc_texts)
     window_seconds = time.perf_counter() - t
     _save(fw, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
-    return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, False)
+    return Vectors(pool(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, False)
 
 
 def _pooled(name: str, base: str, col: Collection, dense: DenseRetriever, queries: list[str],
@@ -86,11 +90,17 @@ def _pooled(name: str, base: str, col: Collection, dense: DenseRetriever, querie
     if use_cache and f.exists():
         z = np.load(f)
         windows, owner, window_seconds = z["windows"], z["owner"], float(z["window_seconds"])
+        heads = (z["rows"], z["heads"]) if "heads" in z.files else None
     else:
         t = time.perf_counter()
-        windows, owner = dense.embed_windows(col.doc_texts)
+        if contextual(dense.embedder):  # the windowed texts' own vectors come from the same pass
+            rows, own, windows, owner = dense.embed_long(col.doc_texts)
+            heads = (rows, own)
+        else:
+            (windows, owner), heads = dense.embed_windows(col.doc_texts), None
         window_seconds = time.perf_counter() - t
-        _save(f, windows=windows, owner=owner, window_seconds=np.array(window_seconds))
+        _save(f, windows=windows, owner=owner, window_seconds=np.array(window_seconds),
+              **({"rows": heads[0], "heads": heads[1]} if heads is not None else {}))
     cached = use_cache and fp.exists()
     if cached:
         z = np.load(fp)
@@ -104,7 +114,11 @@ def _pooled(name: str, base: str, col: Collection, dense: DenseRetriever, querie
         doc_seconds = time.perf_counter() - t
         qv = dense.embedder.embed(queries)
         _save(fp, docs=docs, queries=qv, doc_seconds=np.array(doc_seconds))
-    return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, cached)
+    if heads is None:
+        return Vectors(pool_windows(docs, windows, owner), windows, owner, qv, doc_seconds, window_seconds, cached)
+    docs = np.array(docs, dtype=np.float32)
+    docs[heads[0]] = heads[1]
+    return Vectors(docs, windows, owner, qv, doc_seconds, window_seconds, cached)
 
 
 def _key(*parts: str) -> str:

@@ -1,10 +1,13 @@
 """Dense retrieval: cosine over sentence embeddings, brute force or IVF when the store is large.
 
-A text longer than `window` word pieces is also embedded as overlapping windows of `window`
+A text longer than `window` word pieces also gets vectors for overlapping windows of `window`
 pieces (stride `stride`), and scores as the best of its whole-text vector and its window vectors
 (MaxP). MiniLM reads at most 256 pieces and was trained on 128, so without windows the end of a
 long text is invisible and its middle diluted. 126 pieces (128 with [CLS] and [SEP]) was chosen
 on CISI over 254; whether `best` uses windows at all is chosen across collections (rag/settings.py).
+With MiniLM the windows are contextual: each is the mean of its pieces' token states in one pass
+over the text (MiniLMEncoder.embed_with_windows), so no piece is read twice; an embedder without
+token states embeds each window as a text of its own.
 Optional Rocchio feedback moves the query vector towards its top passages.
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 from tether._errors import InvalidInput, OperationFailed
 from tether.rag._ann import Candidates, IVFIndex
 from tether.rag._base import top_k
-from tether.rag._encoder import Embedder, MiniLMEncoder
+from tether.rag._encoder import Embedder, MiniLMEncoder, window_spans
 
 # Above this many vectors, search probes an IVF partition instead of scanning every vector.
 ANN_THRESHOLD = 50_000
@@ -47,20 +50,22 @@ def piece_offsets(embedder: Embedder, text: str) -> list[tuple[int, int]]:
     return [m.span() for m in _WORD.finditer(text)]
 
 
+def contextual(embedder: Embedder | type) -> bool:
+    """Whether the embedder makes window vectors from one pass over a text (`embed_with_windows`)."""
+    return callable(getattr(embedder, "embed_with_windows", None))
+
+
 def split_windows(embedder: Embedder, text: str, window: int, stride: int) -> list[str]:
     """Overlapping windows of `window` pieces every `stride` pieces, or [] when the text fits in one."""
     if window <= 0:
         return []
     offs = piece_offsets(embedder, text)
-    if len(offs) <= window:
-        return []
-    out, start = [], 0
-    while True:
-        end = min(start + window, len(offs))
-        out.append(text[offs[start][0] : offs[end - 1][1]])
-        if end == len(offs):
-            return out
-        start += stride
+    return [text[offs[s][0] : offs[e - 1][1]] for s, e in window_spans(len(offs), window, stride)]
+
+
+def has_windows(embedder: Embedder, text: str, window: int) -> bool:
+    """Whether `text` gets windows (is longer than `window` pieces)."""
+    return window > 0 and len(piece_offsets(embedder, text)) > window
 
 
 def count_windows(embedder: Embedder, texts: Sequence[str], window: int, stride: int) -> int:
@@ -91,12 +96,15 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], window: int = WINDO
     """One vector per text, the window vectors of texts longer than `window` pieces, and the text
     each window belongs to (plus `offset`, ascending), in one call to the embedder.
 
-    A text with windows is embedded only as its windows: its own vector is its first window's (the
-    text cut at `window` pieces instead of at the model's 256). A separate pass would read its first
-    256 pieces a third time, a third of all the work on CISI, for a vector that only the neighbour
-    graph and IVF use; a passage scores the max over its vector and its windows either way.
-    (Through the index on CISI, the windows' mean instead cost .013 nDCG@10 with the shipped
-    graph; the first window with the int8 graph cost .0097 in all: bench/retrieval/ingest.py.)"""
+    A contextual embedder (MiniLM) reads each text once: its vector is its first pass's (the text
+    cut at the model's 256 pieces) and each window's the mean of its pieces' states in a pass.
+    Otherwise a text with windows is embedded only as its windows: its own vector is its first
+    window's (the text cut at `window` pieces). A separate pass would read its first 256 pieces a
+    third time for a vector that only the neighbour graph and IVF use; a passage scores the max
+    over its vector and its windows either way."""
+    if window and contextual(embedder):
+        vectors, windows, owners = embedder.embed_with_windows(texts, window, stride)  # pyright: ignore[reportAttributeAccessIssue]
+        return vectors, windows, owners + offset
     pieces, owner = window_pieces(embedder, texts, window, stride)
     has_windows = np.zeros(len(texts), dtype=bool)
     has_windows[np.asarray(owner, dtype=np.int64)] = True
@@ -140,10 +148,23 @@ def embed_windows(
     embedder: Embedder, texts: Sequence[str], window: int = WINDOW, stride: int = STRIDE
 ) -> tuple[np.ndarray, np.ndarray]:
     """Window vectors of every text longer than `window` pieces, and the text each belongs to
-    (`owner`, ascending)."""
+    (`owner`, ascending), under the embedder's scheme (embed_passages)."""
+    if window and contextual(embedder):
+        _, _, windows, owners = embed_long(embedder, texts, window, stride)
+        return windows, owners
     pieces, owner = window_pieces(embedder, texts, window, stride)
     vectors = embedder.embed(pieces) if pieces else np.zeros((0, embedder.dim), dtype=np.float32)
     return np.asarray(vectors, dtype=np.float32), np.asarray(owner, dtype=np.int64)
+
+
+def embed_long(embedder: Embedder, texts: Sequence[str], window: int, stride: int,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Of the texts with windows only: their rows, their own vectors, their window vectors and the
+    row each belongs to, as embed_passages makes them (the other texts are not embedded)."""
+    keep = [i for i, t in enumerate(texts) if has_windows(embedder, t, window)]
+    vectors, windows, owner = embed_passages(embedder, [texts[i] for i in keep], window, stride)
+    rows = np.asarray(keep, dtype=np.int64)
+    return rows, vectors, windows, rows[owner]
 
 
 class DenseRetriever:
@@ -192,9 +213,12 @@ class DenseRetriever:
 
     @property
     def windows_key(self) -> str:
-        """Identifies the window scheme (stored vectors are valid only for the same one); `first`:
-        a windowed passage's vector is its first window's (embed_passages)."""
-        return f"{self.window}:{self.stride}:first" if self.window else "none"
+        """Identifies the window scheme (stored vectors are valid only for the same one): `pass`,
+        windows pooled from one pass over each text (a contextual embedder); `first`, windows
+        embedded as texts and a windowed passage's vector its first window's (embed_passages)."""
+        if not self.window:
+            return "none"
+        return f"{self.window}:{self.stride}:{'pass' if contextual(self._embedder or MiniLMEncoder) else 'first'}"
 
     @property
     def vectors(self) -> np.ndarray:
@@ -224,6 +248,10 @@ class DenseRetriever:
     def embed_windows(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Window vectors and owners for `texts` under this retriever's window scheme."""
         return embed_windows(self.embedder, texts, self.window, self.stride)
+
+    def embed_long(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`embed_long` under this retriever's window scheme."""
+        return embed_long(self.embedder, texts, self.window, self.stride)
 
     def set_vectors(
         self,

@@ -66,7 +66,14 @@ import numpy as np
 from tether._errors import InvalidInput, MissingFile, OperationFailed
 from tether.rag._base import Hit, Retriever
 from tether.rag._chunking import Chunk, chunk_sections
-from tether.rag._dense import ANN_THRESHOLD, DenseRetriever, count_windows, embed_in_batches, piece_offsets
+from tether.rag._dense import (
+    ANN_THRESHOLD,
+    DenseRetriever,
+    contextual,
+    count_windows,
+    embed_in_batches,
+    piece_offsets,
+)
 from tether.rag._encoder import Embedder
 from tether.rag._lexical import BM25Retriever, _Segment
 from tether.rag._loaders import SUPPORTED, Section, load_file, read_regular, refuse_special
@@ -1175,11 +1182,7 @@ class _EmbedCache:
 
     def embed(self, embedder: Embedder, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha256(f"{embedder.name}\0{t}".encode()).digest()[:16] for t in texts]
-        found: dict[bytes, bytes] = {}
-        for start in range(0, len(keys), 500):
-            part = keys[start : start + 500]
-            found.update(self.db.execute(f"SELECT key, vec FROM embed_cache WHERE key IN ({','.join('?' * len(part))})",
-                                         part).fetchall())
+        found = self._found(keys)
         out = np.zeros((len(texts), embedder.dim), dtype=np.float32)
         missing: list[int] = []
         for i, key in enumerate(keys):
@@ -1191,10 +1194,46 @@ class _EmbedCache:
         if missing:
             new = np.asarray(embedder.embed([texts[i] for i in missing]), dtype=np.float32)
             out[missing] = new
-            with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO embed_cache(key, vec) VALUES (?, ?)",
-                                    [(keys[i], new[j].tobytes()) for j, i in enumerate(missing)])
+            self._store([(keys[i], new[j].tobytes()) for j, i in enumerate(missing)])
         return out
+
+    def embed_with_windows(self, embedder: Any, texts: list[str], window: int, stride: int,
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """embedder.embed_with_windows through the cache: per text one entry, its vector then its windows'."""
+        dim = embedder.dim
+        keys = [hashlib.sha256(f"{embedder.name}\0pass:{window}:{stride}\0{t}".encode()).digest()[:16] for t in texts]
+        found = self._found(keys)
+        out = np.zeros((len(texts), dim), dtype=np.float32)
+        parts: list[np.ndarray] = [np.zeros((0, dim), dtype=np.float32)] * len(texts)
+        missing: list[int] = []
+        for i, key in enumerate(keys):
+            vec = found.get(key)
+            if vec is not None and len(vec) and len(vec) % (dim * 4) == 0:
+                rows = np.frombuffer(vec, dtype=np.float32).reshape(-1, dim)
+                out[i], parts[i] = rows[0], rows[1:]
+            else:
+                missing.append(i)
+        if missing:
+            vectors, windows, owner = embedder.embed_with_windows([texts[i] for i in missing], window, stride)
+            ptr = np.searchsorted(owner, np.arange(len(missing) + 1))
+            for j, i in enumerate(missing):
+                out[i], parts[i] = vectors[j], np.asarray(windows[ptr[j] : ptr[j + 1]], dtype=np.float32)
+            self._store([(keys[i], np.vstack([out[i][None], parts[i]]).tobytes()) for i in missing])
+        lens = [len(x) for x in parts]
+        return out, np.vstack(parts) if parts else np.zeros((0, dim), dtype=np.float32), \
+            np.repeat(np.arange(len(texts), dtype=np.int64), lens)
+
+    def _found(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        found: dict[bytes, bytes] = {}
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            found.update(self.db.execute(f"SELECT key, vec FROM embed_cache WHERE key IN ({','.join('?' * len(part))})",
+                                         part).fetchall())
+        return found
+
+    def _store(self, rows: list[tuple[bytes, bytes]]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO embed_cache(key, vec) VALUES (?, ?)", rows)
 
 
 class _CachedEmbedder:
@@ -1203,6 +1242,10 @@ class _CachedEmbedder:
     def __init__(self, cache: _EmbedCache, embedder: Embedder) -> None:
         self.cache, self.inner = cache, embedder
         self.name, self.dim = embedder.name, embedder.dim
+        # contextual windows (dense.contextual) exactly when the inner embedder has them
+        self.embed_with_windows: Callable[[Sequence[str], int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = (
+            (lambda texts, window, stride: cache.embed_with_windows(embedder, list(texts), window, stride))
+            if contextual(embedder) else None)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.cache.embed(self.inner, list(texts))
