@@ -174,7 +174,7 @@ def rewrite(source: Path, target: Path, *, unsigned: bool = False, keep_float: f
             *((f"tether_i8_inv{top}", 1 / top, np.float32) for top in (63, 127, 255)))]
     nodes = [n for n in nodes if not (n.op_type in ("Mul", "Cast") and n.output[0] in dead)]
     del graph.node[:]
-    graph.node.extend(_without_nan_guards(nodes))
+    graph.node.extend(_gelu_fusable(_without_nan_guards(nodes), graph.initializer))
     graph.initializer.extend(added)
     used = {name for n in graph.node for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]
@@ -250,6 +250,46 @@ def _row_product(helper: Any, x: str, weights: str, out: str, top: int) -> list[
         n("Mul", [f"{x}__m{top}", o("colsum")], "yc"),
         helper.make_node("Add", [o("ys"), o("yc")], [out], f"{out}__out"),
     ]
+
+
+def _gelu_fusable(nodes: list[Any], initializers: Any) -> list[Any]:
+    """`nodes` with each GELU `x * (0.5 * (1 + erf(x / sqrt 2)))` reordered as
+    `(x * (1 + erf(x / sqrt 2))) * 0.5`, the order onnxruntime's GeluFusion recognises: it then runs
+    as one BiasGelu kernel with the bias Add before it, where the shipped order leaves six passes
+    over (tokens x 1536) per layer (Add, Div, Erf, Add, Mul, Mul). The same function; rounding differs
+    in the last bits."""
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in initializers if not i.dims or list(i.dims) == [1]}
+    producer = {out: n for n in nodes for out in n.output}
+    users: dict[str, list[Any]] = {}
+    for n in nodes:
+        for name in n.input:
+            users.setdefault(name, []).append(n)
+
+    def only_user(name: str, op: str) -> Any:
+        found = users.get(name, [])
+        return found[0] if len(found) == 1 and found[0].op_type == op else None
+
+    def is_const(name: str, value: float) -> bool:
+        return name in consts and abs(float(consts[name].reshape(-1)[0]) - value) < 1e-4
+
+    for erf in [n for n in nodes if n.op_type == "Erf"]:
+        div = producer.get(erf.input[0])
+        if div is None or div.op_type != "Div" or not is_const(div.input[1], 2 ** 0.5):
+            continue
+        x = div.input[0]
+        add = only_user(erf.output[0], "Add")
+        half = only_user(add.output[0], "Mul") if add is not None else None
+        outer = only_user(half.output[0], "Mul") if half is not None else None
+        if add is None or half is None or outer is None or not any(is_const(i, 1.0) for i in add.input):
+            continue
+        half_const = next((i for i in half.input if is_const(i, 0.5)), None)
+        if half_const is None or sorted(outer.input) != sorted([x, half.output[0]]):
+            continue
+        half.input[:] = [x, add.output[0]]  # x * (1 + erf)
+        outer.input[:] = [half.output[0], half_const]  # ... * 0.5
+    return nodes
 
 
 def _without_nan_guards(nodes: list[Any]) -> list[Any]:
