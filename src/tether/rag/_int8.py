@@ -225,16 +225,17 @@ def _row_quantised_symmetric(helper: Any, x: str, top: int) -> list[Any]:
     ]
 
 
+# onnxruntime's MatMulIntegerToFloat (com.microsoft) computes (A - a_zero) @ (B - b_zero) * a_scale * b_scale
+# with the scales applied as it writes the product: one op where MatMulInteger, Cast and two Muls made
+# three passes over (tokens x width). Its a_scale may be one per row (shape (..., 1)), its zero points
+# only single values. Its bias input is not used: with a per-row a_scale, onnxruntime 1.32 multiplies
+# the bias by it too (measured), so the graph's own bias Add stays.
+
+
 def _row_product_symmetric(helper: Any, x: str, weights: str, out: str, top: int) -> list[Any]:
     """Nodes computing `out` = x @ (W * scale) from x quantised by `_row_quantised_symmetric`."""
-    o = lambda name: f"{out}__{name}"  # noqa: E731
-    n = lambda op, ins, name, **kw: helper.make_node(op, ins, [o(name)], o(name), **kw)  # noqa: E731
-    return [
-        n("MatMulInteger", [f"{x}__p{top}", weights, f"tether_i8_{top + 1}u", o("zero")], "yi"),
-        n("Cast", [o("yi")], "yf", to=1),  # float
-        n("Mul", [o("yf"), f"{x}__t{top}"], "yr"),
-        helper.make_node("Mul", [o("yr"), o("scale")], [out], f"{out}__out"),
-    ]
+    ins = [f"{x}__p{top}", weights, f"{x}__t{top}", f"{out}__scale", f"tether_i8_{top + 1}u", f"{out}__zero"]
+    return [helper.make_node("MatMulIntegerToFloat", ins, [out], f"{out}__y", domain="com.microsoft")]
 
 
 def _row_product(helper: Any, x: str, weights: str, out: str, top: int) -> list[Any]:
@@ -242,11 +243,9 @@ def _row_product(helper: Any, x: str, weights: str, out: str, top: int) -> list[
     x @ W = s * (q @ W) + min * colsum(W) (`{out}__colsum` holds colsum(W) * scale)."""
     o = lambda name: f"{out}__{name}"  # noqa: E731
     n = lambda op, ins, name, **kw: helper.make_node(op, ins, [o(name)], o(name), **kw)  # noqa: E731
+    ins = [f"{x}__q{top}", weights, f"{x}__s{top}", o("scale"), "tether_i8_0u", o("zero")]
     return [
-        n("MatMulInteger", [f"{x}__q{top}", weights, "tether_i8_0u", o("zero")], "yi"),
-        n("Cast", [o("yi")], "yf", to=1),  # float
-        n("Mul", [o("yf"), f"{x}__s{top}"], "yr"),
-        n("Mul", [o("yr"), o("scale")], "ys"),
+        helper.make_node("MatMulIntegerToFloat", ins, [o("ys")], o("ys"), domain="com.microsoft"),
         n("Mul", [f"{x}__m{top}", o("colsum")], "yc"),
         helper.make_node("Add", [o("ys"), o("yc")], [out], f"{out}__out"),
     ]
