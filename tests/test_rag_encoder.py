@@ -52,7 +52,8 @@ def test_the_default_encoder_computes_in_int8_and_agrees_with_the_shipped_graph(
     assert fast.path is not None and fast.path.recipe in (path_mod.ROW8.name, path_mod.ROW7.name), fast.path
     assert fast.model_path.parent == cache / "models" and fast.path.recipe in fast.name
     ops = [n.op_type for n in onnx.load(str(fast.model_path)).graph.node]
-    assert ops.count("MatMulInteger") == 36  # the weight products of the 6 layers
+    # the weight products of the 6 layers, scaled as onnxruntime writes them (no Cast, no Mul after)
+    assert ops.count("MatMulIntegerToFloat") == 36 and "MatMulInteger" not in ops
     assert ops.count("MatMul") == 12  # attention's two products per layer stay float
     again = MiniLMEncoder()
     assert again.model_path == fast.model_path and again.path == fast.path  # decided once, then read back
@@ -101,6 +102,53 @@ def test_a_texts_vector_does_not_depend_on_the_texts_batched_with_it(source, tmp
     odd = ["#### 0x7f3a9c " * 40, "ZZZZ " * 100]
     together = enc.embed(TEXTS[:3] + odd)
     assert np.abs(together[:3] - alone).max() < 1e-4
+
+
+def _optimised(source: Path, tmp_path: Path) -> list[str]:
+    """The op types of `source` as the encoder's session runs it (after onnxruntime's fusions)."""
+    import onnx
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    enc_mod._session(ort, source, opts)
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimised.onnx")).graph.node]
+
+
+def test_the_derived_graphs_gelu_is_fused_and_its_layer_norms_are_not(source, tmp_path):
+    # the shipped GELU order, x * (0.5 * (1 + erf)), is one onnxruntime does not fuse (six passes over
+    # tokens x 1536 a layer); reordered it runs as one BiasGelu. SkipLayerNormalization ran 4x slower
+    # than the Add, Add and LayerNormalization it fuses: the session leaves them unfused
+    graph = tmp_path / "r7.onnx"
+    path_mod.ROW7.rewrite(source, graph)
+    ops = _optimised(graph, tmp_path)
+    assert "Erf" not in ops and ops.count("BiasGelu") == 6, sorted(set(ops))
+    assert "SkipLayerNormalization" not in ops and ops.count("LayerNormalization") == 13, sorted(set(ops))
+
+
+def test_the_7_bit_graph_multiplies_centred_inputs_symmetrically_and_never_above_127(source, tmp_path):
+    # attention output and feed-forward in: inputs in 1..127 around a zero of 64 (no correction term
+    # after the product); every uint8 input of every product stays <= 127, so 2 x 127 x 128 < 32768
+    # and no pair of vpmaddubsw products can saturate on a CPU without VNNI
+    import onnx
+    import onnxruntime as ort
+
+    graph = tmp_path / "r7.onnx"
+    path_mod.ROW7.rewrite(source, graph)
+    model = onnx.load(str(graph))
+    products = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"]
+    assert sum(n.input[4] == "tether_i8_64u" for n in products) == 12  # 2 of the 6 products in each layer
+    assert sum(n.op_type == "Add" and n.name.endswith("__out") for n in model.graph.node) == 24  # their correction
+    inputs = sorted({n.input[0] for n in products})
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(x, onnx.TensorProto.UINT8, None) for x in inputs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    enc = MiniLMEncoder(source, threads=1)
+    ids = np.array([enc._tok.encode("#### 0x7f3a9c ZZZZ " * 20 + TEXTS[3]).ids], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    feeds = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+    got = session.run(inputs, feeds)
+    assert max(int(g.max()) for g in got) == 127 and min(int(g.min()) for g in got) == 0
 
 
 def test_the_decision_is_remembered_per_cpu_and_not_measured_again(source, cache, monkeypatch):

@@ -174,7 +174,7 @@ def rewrite(source: Path, target: Path, *, unsigned: bool = False, keep_float: f
             *((f"tether_i8_inv{top}", 1 / top, np.float32) for top in (63, 127, 255)))]
     nodes = [n for n in nodes if not (n.op_type in ("Mul", "Cast") and n.output[0] in dead)]
     del graph.node[:]
-    graph.node.extend(_without_nan_guards(nodes))
+    graph.node.extend(_gelu_fusable(_without_nan_guards(nodes), graph.initializer))
     graph.initializer.extend(added)
     used = {name for n in graph.node for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]
@@ -225,16 +225,17 @@ def _row_quantised_symmetric(helper: Any, x: str, top: int) -> list[Any]:
     ]
 
 
+# onnxruntime's MatMulIntegerToFloat (com.microsoft) computes (A - a_zero) @ (B - b_zero) * a_scale * b_scale
+# with the scales applied as it writes the product: one op where MatMulInteger, Cast and two Muls made
+# three passes over (tokens x width). Its a_scale may be one per row (shape (..., 1)), its zero points
+# only single values. Its bias input is not used: with a per-row a_scale, onnxruntime 1.32 multiplies
+# the bias by it too (measured), so the graph's own bias Add stays.
+
+
 def _row_product_symmetric(helper: Any, x: str, weights: str, out: str, top: int) -> list[Any]:
     """Nodes computing `out` = x @ (W * scale) from x quantised by `_row_quantised_symmetric`."""
-    o = lambda name: f"{out}__{name}"  # noqa: E731
-    n = lambda op, ins, name, **kw: helper.make_node(op, ins, [o(name)], o(name), **kw)  # noqa: E731
-    return [
-        n("MatMulInteger", [f"{x}__p{top}", weights, f"tether_i8_{top + 1}u", o("zero")], "yi"),
-        n("Cast", [o("yi")], "yf", to=1),  # float
-        n("Mul", [o("yf"), f"{x}__t{top}"], "yr"),
-        helper.make_node("Mul", [o("yr"), o("scale")], [out], f"{out}__out"),
-    ]
+    ins = [f"{x}__p{top}", weights, f"{x}__t{top}", f"{out}__scale", f"tether_i8_{top + 1}u", f"{out}__zero"]
+    return [helper.make_node("MatMulIntegerToFloat", ins, [out], f"{out}__y", domain="com.microsoft")]
 
 
 def _row_product(helper: Any, x: str, weights: str, out: str, top: int) -> list[Any]:
@@ -242,14 +243,52 @@ def _row_product(helper: Any, x: str, weights: str, out: str, top: int) -> list[
     x @ W = s * (q @ W) + min * colsum(W) (`{out}__colsum` holds colsum(W) * scale)."""
     o = lambda name: f"{out}__{name}"  # noqa: E731
     n = lambda op, ins, name, **kw: helper.make_node(op, ins, [o(name)], o(name), **kw)  # noqa: E731
+    ins = [f"{x}__q{top}", weights, f"{x}__s{top}", o("scale"), "tether_i8_0u", o("zero")]
     return [
-        n("MatMulInteger", [f"{x}__q{top}", weights, "tether_i8_0u", o("zero")], "yi"),
-        n("Cast", [o("yi")], "yf", to=1),  # float
-        n("Mul", [o("yf"), f"{x}__s{top}"], "yr"),
-        n("Mul", [o("yr"), o("scale")], "ys"),
+        helper.make_node("MatMulIntegerToFloat", ins, [o("ys")], o("ys"), domain="com.microsoft"),
         n("Mul", [f"{x}__m{top}", o("colsum")], "yc"),
         helper.make_node("Add", [o("ys"), o("yc")], [out], f"{out}__out"),
     ]
+
+
+def _gelu_fusable(nodes: list[Any], initializers: Any) -> list[Any]:
+    """`nodes` with each GELU `x * (0.5 * (1 + erf(x / sqrt 2)))` reordered as
+    `(x * (1 + erf(x / sqrt 2))) * 0.5`, the order onnxruntime's GeluFusion recognises: it then runs
+    as one BiasGelu kernel with the bias Add before it, where the shipped order leaves six passes
+    over (tokens x 1536) per layer (Add, Div, Erf, Add, Mul, Mul). The same function; rounding differs
+    in the last bits."""
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in initializers if not i.dims or list(i.dims) == [1]}
+    producer = {out: n for n in nodes for out in n.output}
+    users: dict[str, list[Any]] = {}
+    for n in nodes:
+        for name in n.input:
+            users.setdefault(name, []).append(n)
+
+    def only_user(name: str, op: str) -> Any:
+        found = users.get(name, [])
+        return found[0] if len(found) == 1 and found[0].op_type == op else None
+
+    def is_const(name: str, value: float) -> bool:
+        return name in consts and abs(float(consts[name].reshape(-1)[0]) - value) < 1e-4
+
+    for erf in [n for n in nodes if n.op_type == "Erf"]:
+        div = producer.get(erf.input[0])
+        if div is None or div.op_type != "Div" or not is_const(div.input[1], 2 ** 0.5):
+            continue
+        x = div.input[0]
+        add = only_user(erf.output[0], "Add")
+        half = only_user(add.output[0], "Mul") if add is not None else None
+        outer = only_user(half.output[0], "Mul") if half is not None else None
+        if add is None or half is None or outer is None or not any(is_const(i, 1.0) for i in add.input):
+            continue
+        half_const = next((i for i in half.input if is_const(i, 0.5)), None)
+        if half_const is None or sorted(outer.input) != sorted([x, half.output[0]]):
+            continue
+        half.input[:] = [x, add.output[0]]  # x * (1 + erf)
+        outer.input[:] = [half.output[0], half_const]  # ... * 0.5
+    return nodes
 
 
 def _without_nan_guards(nodes: list[Any]) -> list[Any]:
