@@ -167,7 +167,7 @@ class Neighbours:
 
     @classmethod
     def build(cls, vectors: np.ndarray, k: int, use_ann: bool, live: np.ndarray | None = None) -> Neighbours:
-        """Everything from the vectors of the `live` slots (default: all); a first search, another
+        """Everything from the vectors of the `live` slots (default: all); a first ingest, another
         embedder, a crossed threshold."""
         vectors = np.asarray(vectors, dtype=np.float32)
         n = len(vectors)
