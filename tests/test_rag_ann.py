@@ -146,6 +146,30 @@ def test_a_change_of_most_of_the_store_rebuilds_the_state_in_the_ingest(location
         assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))
 
 
+def test_an_ingest_stopped_while_it_builds_the_neighbour_state_keeps_the_index_and_the_next_finishes(
+        location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for src, text in TEXTS:
+        (docs / f"{src}.txt").write_text(text)
+
+    def stopped(*args: Any) -> Neighbours:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Neighbours, "build", classmethod(stopped))
+        with pytest.raises(KeyboardInterrupt), Index.open(location, retriever="best", embedder=RandomEmbedder()) as idx:
+            idx.ingest(docs)
+    assert Index.exists(location)  # its embeddings were checkpointed: kept, not discarded
+    calls = builds(monkeypatch)
+    with Index.open(location, retriever="best", embedder=RandomEmbedder()) as idx:
+        report = idx.ingest(docs)  # nothing changed: it builds the state the stopped one did not store
+        assert not report.changed and calls == [150]
+        assert [h.source for h in idx.search("topic1", 3)]
+        idx.ingest(docs)
+        assert calls == [150]  # stored now: neither the search nor another ingest builds it again
+
+
 def test_a_graph_of_another_generation_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer stopped after committing its vectors, before carrying the graph: the stored graph is of
     the last generation (same size, as a file was only rewritten) and the next search rebuilds it."""

@@ -654,10 +654,9 @@ class Index:
     def _complete_vectors(self) -> None:
         """Embed and store the vectors of the slots that have none (an ingest stopped between its
         two commits, another embedder or window scheme). The caller holds write.lock."""
-        if self._load_vectors() is None:
-            gen = self._meta("generation") or "0"
-            stored = self._embed_missing(gen)
-            self._update_neighbours([], -1, gen, stored)  # (-1: no earlier state fits, build it whole)
+        gen = self._meta("generation") or "0"
+        stored = self._embed_missing(gen) if self._load_vectors() is None else None
+        self._update_neighbours([], -1, gen, stored)  # (-1: none carried; built unless stored for `gen`)
 
     def _embed_missing(self, gen: str, reuse: dict[str, int] | None = None, changed: int = 0) -> _Vectors | None:
         """Store vectors for every slot after the last one that has them (all, when none are usable):
@@ -1066,6 +1065,12 @@ class Index:
         self._save_neighbours(state, self._neighbours_key(generation, use_ann, k), generation)
         return state
 
+    def _stored_neighbours_key(self) -> str | None:
+        """The key the stored neighbour state was saved for (None: none stored)."""
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            f = self._file("neighbours.npz")
+            return Neighbours.stored_key(f)[0] if f is not None else None
+
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
         its generation first (when due: else the state's log of changes since the last one is kept),
@@ -1102,12 +1107,14 @@ class Index:
         from tether.rag._evaluate import make_retriever
 
         k = self._graph_k(make_retriever(self.retriever_name))
-        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
-        if stored is None:
-            return
         live = self._live_slots()
         use_ann = len(live) > self.ann_threshold
         if not k and not use_ann:
+            return
+        if old_slots < 0 and self._stored_neighbours_key() == self._neighbours_key(generation, use_ann, k):
+            return  # (a stopped ingest run again: its state was stored)
+        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
+        if stored is None:
             return
         prev = None if old_slots < 0 else self._load_neighbours(
             self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors)
