@@ -20,6 +20,7 @@ from store_fixtures import fresh_postgres_database
 from tether.rag import _index
 from tether.rag._dense import knn_graph
 from tether.rag._index import Index
+from tether.rag._lexical import BM25Retriever
 from tether.rag._neighbours import HNSW, Neighbours
 
 
@@ -114,6 +115,9 @@ def test_an_ingest_builds_the_neighbour_state_so_the_first_search_builds_none(
     """`tether ingest` then `tether search`: the ingest pays for the graph (and the HNSW index), says
     so on a large store, and the first search, in this process or another, only loads it."""
     calls = builds(monkeypatch)
+    fits: list[int] = []
+    fit = BM25Retriever.fit
+    monkeypatch.setattr(BM25Retriever, "fit", lambda self, texts, *a, **kw: (fits.append(len(texts)), fit(self, texts, *a, **kw)))
     monkeypatch.setattr(_index, "_SAY_BUILD", 100)
     said: list[str] = []
     with Index.open(location, retriever="best", embedder=RandomEmbedder(), ann_threshold=ann_threshold,
@@ -121,11 +125,12 @@ def test_an_ingest_builds_the_neighbour_state_so_the_first_search_builds_none(
         idx.add_texts(TEXTS)
         assert calls == [150] and idx.neighbour_builds == 1
         assert any("neighbour graph of 150 passages" in line for line in said)
+        fitted = list(fits)  # SQLite: BM25 fitted by the ingest too ([150]); PostgreSQL: its server's terms
         ids = [h.id for h in idx.search("topic1 theme2", 5)]
-        assert calls == [150] and idx.neighbour_builds == 1
+        assert calls == [150] and idx.neighbour_builds == 1 and fits == fitted
     with Index.open(location, retriever="best", embedder=RandomEmbedder(), ann_threshold=ann_threshold) as reader:
         assert [h.id for h in reader.search("topic1 theme2", 5)] == ids
-        assert reader.neighbour_builds == 0 and calls == [150]
+        assert reader.neighbour_builds == 0 and calls == [150] and fits == fitted
         retriever: Any = reader._retriever
         if ann_threshold > len(TEXTS):
             assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))

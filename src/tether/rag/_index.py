@@ -564,14 +564,18 @@ class Index:
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Carry a stored lexical state (BM25's) from the last generation to `gen`: the slots
         `dropped` dead, the `new` chunks tokenized into one new segment. Without a state for the last
-        generation the next search fits one."""
+        generation (a first ingest) it fits one on all chunks, so the first search only loads it."""
         from tether.rag._evaluate import make_retriever
 
         for part in retriever_parts(make_retriever(self.retriever_name)):
-            if not isinstance(part, BM25Retriever) or not self._restore_bm25(part, str(int(gen) - 1)):
+            if not isinstance(part, BM25Retriever):
                 continue
-            if part.slots != self._slot_count() - len(new):
-                continue  # not the slots the rows were given: the next search fits
+            if not self._restore_bm25(part, str(int(gen) - 1)) or part.slots != self._slot_count() - len(new):
+                by_slot = [(r, Chunk(*c)) for r, *c in self._db.execute(
+                    "SELECT row, id, source, position, heading, text FROM chunks ORDER BY row")]
+                part.fit([c.indexed_text for _, c in by_slot], slots=np.asarray([r for r, _ in by_slot], dtype=np.int64))
+                self._save_bm25(part, gen, None)
+                continue
             before = {seg.name for seg in part.segments}
             part.update(dropped, [c.indexed_text for c in new])
             self._save_bm25(part, gen, before)
