@@ -17,8 +17,10 @@ pytest.importorskip("Stemmer")
 
 from store_fixtures import fresh_postgres_database
 
+from tether.rag import _index
 from tether.rag._dense import knn_graph
 from tether.rag._index import Index
+from tether.rag._lexical import BM25Retriever
 from tether.rag._neighbours import HNSW, Neighbours
 
 
@@ -105,6 +107,72 @@ def test_a_change_carries_the_graph_to_the_next_search_without_a_rebuild(locatio
         assert calls == [150]  # carried through four generations, never rebuilt
         retriever: Any = idx._retriever
         assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))
+
+
+@pytest.mark.parametrize("ann_threshold", [50, 50_000])
+def test_an_ingest_builds_the_neighbour_state_so_the_first_search_builds_none(
+        location: str, monkeypatch: pytest.MonkeyPatch, ann_threshold: int) -> None:
+    """`tether ingest` then `tether search`: the ingest pays for the graph (and the HNSW index), says
+    so on a large store, and the first search, in this process or another, only loads it."""
+    calls = builds(monkeypatch)
+    fits: list[int] = []
+    fit = BM25Retriever.fit
+    monkeypatch.setattr(BM25Retriever, "fit", lambda self, texts, *a, **kw: (fits.append(len(texts)), fit(self, texts, *a, **kw)))
+    monkeypatch.setattr(_index, "_SAY_BUILD", 100)
+    said: list[str] = []
+    with Index.open(location, retriever="best", embedder=RandomEmbedder(), ann_threshold=ann_threshold,
+                    notify=said.append) as idx:
+        idx.add_texts(TEXTS)
+        assert calls == [150] and idx.neighbour_builds == 1
+        assert any("neighbour graph of 150 passages" in line for line in said)
+        fitted = list(fits)  # SQLite: BM25 fitted by the ingest too ([150]); PostgreSQL: its server's terms
+        ids = [h.id for h in idx.search("topic1 theme2", 5)]
+        assert calls == [150] and idx.neighbour_builds == 1 and fits == fitted
+    with Index.open(location, retriever="best", embedder=RandomEmbedder(), ann_threshold=ann_threshold) as reader:
+        assert [h.id for h in reader.search("topic1 theme2", 5)] == ids
+        assert reader.neighbour_builds == 0 and calls == [150] and fits == fitted
+        retriever: Any = reader._retriever
+        if ann_threshold > len(TEXTS):
+            assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))
+        else:
+            assert isinstance(retriever.dense.ivf, HNSW)
+
+
+def test_a_change_of_most_of_the_store_rebuilds_the_state_in_the_ingest(location: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = builds(monkeypatch)
+    with Index.open(location, retriever="best", embedder=RandomEmbedder()) as idx:
+        idx.add_texts(TEXTS[:20])
+        idx.add_texts(TEXTS[20:])  # 130 new next to 20: built whole, not carried
+        assert calls == [20, 150]
+        idx.search("topic1", 3)
+        assert calls == [20, 150]
+        retriever: Any = idx._retriever
+        assert np.array_equal(retriever.graph, knn_graph(np.asarray(retriever.dense.vectors), 10))
+
+
+def test_an_ingest_stopped_while_it_builds_the_neighbour_state_keeps_the_index_and_the_next_finishes(
+        location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for src, text in TEXTS:
+        (docs / f"{src}.txt").write_text(text)
+
+    def stopped(*args: Any) -> Neighbours:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Neighbours, "build", classmethod(stopped))
+        with pytest.raises(KeyboardInterrupt), Index.open(location, retriever="best", embedder=RandomEmbedder()) as idx:
+            idx.ingest(docs)
+    assert Index.exists(location)  # its embeddings were checkpointed: kept, not discarded
+    calls = builds(monkeypatch)
+    with Index.open(location, retriever="best", embedder=RandomEmbedder()) as idx:
+        report = idx.ingest(docs)  # nothing changed: it builds the state the stopped one did not store
+        assert not report.changed and calls == [150]
+        assert [h.source for h in idx.search("topic1", 3)]
+        idx.ingest(docs)
+        assert calls == [150]  # stored now: neither the search nor another ingest builds it again
 
 
 def test_a_graph_of_another_generation_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

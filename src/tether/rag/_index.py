@@ -34,7 +34,9 @@ then, once embedded, its vectors. A search in between, from another process, is 
 lexical part of the retriever and says so (`answered_by`, `vectors_pending`); an ingest stopped in
 between leaves slots without vectors, which the next ingest or search computes (only those: the
 slots before them keep theirs). The BM25 state and the neighbour state follow each change at its
-cost; without one for the last generation the next search builds it.
+cost; without one for the last generation (a first ingest, a change of most of the store) the ingest
+builds it whole, so the first search only loads it (the search builds it when a stopped ingest left
+none).
 
 Several processes may share an index. Writers (ingest, add, remove, a re-embedding) take
 `write.lock` for their whole run, so they go one at a time and each reads what the last one
@@ -87,6 +89,7 @@ Notify = Callable[[str], None]
 
 RETRIEVER_NAMES = ("tfidf", "bm25", "dense", "hybrid", "best")
 DENSE_RETRIEVERS = frozenset({"dense", "hybrid", "best"})
+_SAY_BUILD = 20_000  # a neighbour state built for this many passages or more is announced (it takes seconds)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -202,6 +205,7 @@ class Index:
         self._slots = np.zeros(0, dtype=np.int64)  # the live slots the retriever was built on
         self._chunk_cache: list[Chunk] | None = None
         self._graph: tuple[str, Neighbours] | None = None  # the neighbour state this object saved or loaded last
+        self.neighbour_builds = 0  # neighbour states this object built whole (not carried from the last generation)
         self._closed = False
         self.answered_by: str | None = None  # the retriever that ranked the last search's passages
         self.vectors_pending: str | None = None  # why that was not this index's own retriever
@@ -567,14 +571,18 @@ class Index:
     def _update_lexical(self, dropped: list[int], new: list[Chunk], gen: str) -> None:
         """Carry a stored lexical state (BM25's) from the last generation to `gen`: the slots
         `dropped` dead, the `new` chunks tokenized into one new segment. Without a state for the last
-        generation the next search fits one."""
+        generation (a first ingest) it fits one on all chunks, so the first search only loads it."""
         from tether.rag._evaluate import make_retriever
 
         for part in retriever_parts(make_retriever(self.retriever_name)):
-            if not isinstance(part, BM25Retriever) or not self._restore_bm25(part, str(int(gen) - 1)):
+            if not isinstance(part, BM25Retriever):
                 continue
-            if part.slots != self._slot_count() - len(new):
-                continue  # not the slots the rows were given: the next search fits
+            if not self._restore_bm25(part, str(int(gen) - 1)) or part.slots != self._slot_count() - len(new):
+                by_slot = [(r, Chunk(*c)) for r, *c in self._db.execute(
+                    "SELECT row, id, source, position, heading, text FROM chunks ORDER BY row")]
+                part.fit([c.indexed_text for _, c in by_slot], slots=np.asarray([r for r, _ in by_slot], dtype=np.int64))
+                self._save_bm25(part, gen, None)
+                continue
             before = {seg.name for seg in part.segments}
             part.update(dropped, [c.indexed_text for c in new])
             self._save_bm25(part, gen, before)
@@ -657,8 +665,9 @@ class Index:
     def _complete_vectors(self) -> None:
         """Embed and store the vectors of the slots that have none (an ingest stopped between its
         two commits, another embedder or window scheme). The caller holds write.lock."""
-        if self._load_vectors() is None:
-            self._embed_missing(self._meta("generation") or "0")
+        gen = self._meta("generation") or "0"
+        stored = self._embed_missing(gen) if self._load_vectors() is None else None
+        self._update_neighbours([], -1, gen, stored)  # (-1: none carried; built unless stored for `gen`)
 
     def _embed_missing(self, gen: str, reuse: dict[str, int] | None = None, changed: int = 0) -> _Vectors | None:
         """Store vectors for every slot after the last one that has them (all, when none are usable):
@@ -1053,9 +1062,25 @@ class Index:
         state = self._load_neighbours(key, vectors)
         if state is not None and len(state.rows) == len(vectors):
             return state
-        state = Neighbours.build(vectors, k, use_ann, live)
-        self._save_neighbours(state, key, self._built_generation or "0")
+        state = self._build_neighbours(vectors, k, use_ann, live, self._built_generation or "0")
         return self._load_neighbours(key, vectors) or state
+
+    def _build_neighbours(self, vectors: np.ndarray, k: int, use_ann: bool, live: np.ndarray, generation: str) -> Neighbours:
+        """Build the neighbour state of `generation` whole and store it (a first ingest, a large
+        change, a search that finds none); says so first when it takes a while."""
+        if self.notify is not None and len(live) >= _SAY_BUILD:
+            self.notify(f"building the neighbour graph of {len(live)} passages"
+                        + (" and its HNSW index" if use_ann else "") + " (once per large change)")
+        self.neighbour_builds += 1
+        state = Neighbours.build(vectors, k, use_ann, live)
+        self._save_neighbours(state, self._neighbours_key(generation, use_ann, k), generation)
+        return state
+
+    def _stored_neighbours_key(self) -> str | None:
+        """The key the stored neighbour state was saved for (None: none stored)."""
+        with self._flock("swap.lock", fcntl.LOCK_SH):
+            f = self._file("neighbours.npz")
+            return Neighbours.stored_key(f)[0] if f is not None else None
 
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the HNSW file under a name of
@@ -1087,25 +1112,28 @@ class Index:
 
     def _update_neighbours(self, dropped: list[int], old_slots: int, generation: str, stored: _Vectors | None = None) -> None:
         """Carry the neighbour state of the last generation to `generation` (slots `dropped` dead,
-        the slots from `old_slots` on new), if there is one for the same settings; a change of more
-        than half the store is left to the next search's full build."""
+        the slots from `old_slots` on new), if there is one for the same settings; else (a first
+        ingest, a change of more than half the store) build it whole here, so that the ingest pays
+        for it and not the first search."""
         from tether.rag._evaluate import make_retriever
 
         k = self._graph_k(make_retriever(self.retriever_name))
-        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
-        if stored is None:
-            return
         live = self._live_slots()
         use_ann = len(live) > self.ann_threshold
         if not k and not use_ann:
             return
-        prev = self._load_neighbours(self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors)
-        if prev is None or len(prev.rows) != old_slots:
+        if old_slots < 0 and self._stored_neighbours_key() == self._neighbours_key(generation, use_ann, k):
+            return  # (a stopped ingest run again: its state was stored)
+        stored = stored if stored is not None else self._load_vectors()  # (appended: memory-mapped again)
+        if stored is None:
             return
-        if prev.k < min(k, len(live) - 1):  # built when the store had fewer than k + 1 passages: build it whole
-            return
+        prev = None if old_slots < 0 else self._load_neighbours(
+            self._neighbours_key(str(int(generation) - 1), use_ann, k), stored.vectors)
         added = len(stored.vectors) - old_slots
-        if 2 * (added + 2 * len(dropped)) > len(live) - added + len(dropped):  # (dropped ones count at both ends)
+        if (prev is None or len(prev.rows) != old_slots
+                or prev.k < min(k, len(live) - 1)  # built when the store had fewer than k + 1 passages
+                or 2 * (added + 2 * len(dropped)) > len(live) - added + len(dropped)):  # (dropped ones count at both ends)
+            self._build_neighbours(stored.vectors, k, use_ann, live, generation)
             return
         self._graph = None  # changed in place below: not the last generation's any more
         prev.update(stored.vectors, np.asarray(dropped, dtype=np.int64), live)

@@ -91,7 +91,12 @@ class HNSW:
         if k == 0 or not len(vectors):
             return np.zeros((len(vectors), 0), dtype=np.int64), np.zeros((len(vectors), 0), dtype=np.float32)
         self.index.set_ef(max(2 * k, 128))  # 64 gave recall@10 .92 on 8,000 unstructured vectors, 128 .97
-        labels, dist = self.index.knn_query(np.asarray(vectors, dtype=np.float32), k=k)
+        # Queries only read the graph: on all cores for many (the same answers, in a fraction of the wall time).
+        self.index.set_num_threads(os.cpu_count() or 1 if len(vectors) > _BULK else 1)
+        try:
+            labels, dist = self.index.knn_query(np.asarray(vectors, dtype=np.float32), k=k)
+        finally:
+            self.index.set_num_threads(1)
         return self.rows(labels), (1.0 - dist).astype(np.float32)
 
     def candidates(self, query: np.ndarray) -> np.ndarray:
@@ -167,7 +172,7 @@ class Neighbours:
 
     @classmethod
     def build(cls, vectors: np.ndarray, k: int, use_ann: bool, live: np.ndarray | None = None) -> Neighbours:
-        """Everything from the vectors of the `live` slots (default: all); a first search, another
+        """Everything from the vectors of the `live` slots (default: all); a first ingest, another
         embedder, a crossed threshold."""
         vectors = np.asarray(vectors, dtype=np.float32)
         n = len(vectors)
@@ -199,11 +204,13 @@ class Neighbours:
             return out_rows, out_sims
         if self.ann is not None:
             found, sims = self.ann.query(vectors[rows], k + 1)
-            for i, row in enumerate(rows.tolist()):
-                keep = found[i] != row
-                got = found[i][keep][:k]
-                out_rows[i, : len(got)], out_sims[i, : len(got)] = got, sims[i][keep][:k]
-                out_rows[i, len(got) :] = row  # too few found: point at itself (as knn_graph does)
+            order = np.argsort(found == rows[:, None], axis=1, kind="stable")  # each slot itself last
+            found = np.take_along_axis(found, order, axis=1)[:, :k]
+            sims = np.take_along_axis(sims, order, axis=1)[:, :k]
+            own = found == rows[:, None]  # too few found: point at itself (as knn_graph does)
+            out_rows[:, : found.shape[1]] = np.where(own, rows[:, None], found)
+            out_sims[:, : found.shape[1]] = np.where(own, -np.inf, sims)
+            out_rows[:, found.shape[1] :] = rows[:, None]
             return out_rows, out_sims
         dead = np.flatnonzero(~live)
         for start in range(0, len(rows), 256):

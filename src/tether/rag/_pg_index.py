@@ -409,6 +409,9 @@ class PostgresIndex(Index):
         self._graph = (key, state)
         return state
 
+    def _stored_neighbours_key(self) -> str | None:
+        return self._meta("neighbours_key")
+
     def _save_neighbours(self, state: Neighbours, key: str, generation: str) -> None:
         """Store `state` for `generation` if the store is still at it: the graph rows that differ
         from the last generation's (all of them when it was built whole) and, above the ANN
