@@ -107,3 +107,11 @@ def test_windows_through_the_ingest_checkpoint_are_the_same(encoder, tmp_path):
         assert len(direct[2])
         stored = [np.load(next(Path(tmp_path / "ix").glob(f"{kind}*.npy"))) for kind in ("windows", "window_owner")]
     assert np.allclose(stored[0], direct[1], atol=1e-5) and stored[1].tolist() == direct[2].tolist()
+
+
+def test_the_ingest_line_says_windows_are_pooled_not_embedded(encoder, tmp_path):
+    said: list[str] = []
+    with Index(tmp_path / "ix", retriever="dense", embedder=encoder, notify=said.append) as idx:
+        idx.add_texts([("long", SENTENCE * 8 + TOPICS[0]), ("short", TOPICS[1])], markdown=False)
+    line = next(s for s in said if "documents changed" in s)
+    assert "2 passages to embed (their 3 window vectors pooled from the same pass)" in line, line

@@ -683,8 +683,9 @@ class Index:
         fresh = [(r, c) for r, c in todo if c.indexed_text not in reuse]
         if self.notify is not None and fresh and changed:
             windows = count_windows(self.embedder, [c.indexed_text for _, c in fresh], self.window, self.stride)
-            self.notify(f"{changed} documents changed: {len(fresh)} passages and {windows} windows to "
-                        f"embed; searches answer from their words meanwhile")
+            what = (f"{len(fresh)} passages to embed (their {windows} window vectors pooled from the same pass)"
+                    if contextual(self.embedder) else f"{len(fresh)} passages and {windows} windows to embed")
+            self.notify(f"{changed} documents changed: {what}; searches answer from their words meanwhile")
         more = _embed(self._dense(), [c.indexed_text for _, c in fresh], progress=self._progress(), cache=self._cache())
         dim = self.embedder.dim
         vectors = np.zeros((total - first, dim), dtype=np.float32)
