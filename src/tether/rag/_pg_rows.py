@@ -77,6 +77,22 @@ class _Pool:
         self.n += 1
         self.nw += len(wins)
 
+    def add_many(self, ids: Sequence[str], vecs: np.ndarray, wins: np.ndarray, lens: np.ndarray) -> None:
+        """Append `ids` with their `vecs` and windows (`wins`, `lens` of each id, in order) at once
+        (taken as they are when the pool is empty)."""
+        firsts = self.nw + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        if self.n == 0 and self.nw == 0:
+            self.vecs, self.wins = vecs, wins
+        else:
+            self.vecs = self._grow(self.vecs, self.n + len(ids))
+            self.wins = self._grow(self.wins, self.nw + len(wins))
+            self.vecs[self.n : self.n + len(ids)] = vecs
+            self.wins[self.nw : self.nw + len(wins)] = wins
+        self.slot.update(zip(ids, zip(range(self.n, self.n + len(ids)), firsts.tolist(), lens.tolist(),
+                                      strict=True), strict=True))
+        self.n += len(ids)
+        self.nw += len(wins)
+
     def compacted(self, live: Sequence[str]) -> _Pool:
         """A pool of the `live` ids only (the rest were laid out or deleted from the index)."""
         out = _Pool(self.dim)
@@ -228,9 +244,12 @@ class RowCache:
             rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(keep)
                     else db.execute(sql + " WHERE id = ANY(%s)", (missing,), binary=True).fetchall())
             self.downloaded["vectors"] += len(rows)
-            for cid, vec, wins in rows:
-                self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
-                                np.frombuffer(wins, dtype=np.float32).reshape(-1, dim))
+            rows = [r for r in rows if r[0] not in where and r[0] not in pool.slot]
+            if rows:  # (decoded at once: one join of the rows' bytes, not an array per row)
+                vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+                lens = np.fromiter((len(r[2]) // (4 * dim) for r in rows), dtype=np.int64, count=len(rows))
+                wins = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
+                pool.add_many([str(r[0]) for r in rows], vecs, wins, lens)
         if pool.n > 2 * max(len(keep), 1000):
             self.pool = pool = pool.compacted([c for c in keep if c in pool.slot])
         have = np.fromiter((c in where or c in pool.slot for c in ids), dtype=bool, count=len(ids))
@@ -327,6 +346,20 @@ class RowCache:
         return laid.views()
 
     @_locked
+    def adopt(self, key: str, ids: Sequence[str | None], vectors: np.ndarray, windows: np.ndarray,
+              owner: np.ndarray) -> None:
+        """Take a change's arrays per slot (`ids`: the id of each slot, None for none) as the layout,
+        without a copy (a whole ingest: the first search then lays out nothing)."""
+        self.use_key(key, vectors.shape[1])
+        laid = Laid(key, vectors.shape[1])
+        laid.vecs, laid.wins, laid.owner = vectors, windows, np.asarray(owner, dtype=np.int64)
+        laid.ids = np.asarray(list(ids), dtype=object).reshape(len(ids))
+        laid.where = {c: s for s, c in enumerate(ids) if c is not None}
+        laid.n, laid.nw = len(vectors), len(windows)
+        self.laid = laid
+        self._drop_laid_from_pool()
+
+    @_locked
     def use_key(self, key: str, dim: int) -> None:
         """Vectors of `key` (embedder and windows) from now on: another key empties the copy."""
         if self.vec_key != key or self.pool is None or self.pool.dim != dim:
@@ -356,20 +389,19 @@ class RowCache:
         """(rows, sims, labels) of `ids` (rows: n x k neighbour rows), or None when a row is missing
         or names a passage not among `ids`."""
         row_of = {c: i for i, c in enumerate(ids)}
-        rows = np.zeros((len(ids), k), dtype=np.int32)
-        sims = np.zeros((len(ids), k), dtype=np.float32)
-        labels = np.zeros(len(ids), dtype=np.int64)
-        for i, cid in enumerate(ids):
-            got = self.graph.get(cid)
-            if got is None:
-                return None
-            nbrs = got[0].split(",") if got[0] else []
-            if len(nbrs) != k or any(n not in row_of for n in nbrs):
-                return None
-            rows[i] = [row_of[n] for n in nbrs]
-            sims[i] = np.frombuffer(got[1], dtype=np.float32)
-            labels[i] = got[2]
-        return rows, sims, labels
+        n = len(ids)
+        got = [self.graph.get(c) for c in ids]
+        if any(g is None or len(g[1]) != 4 * k or (g[0].count(",") + 1 if g[0] else 0) != k
+               for g in got):
+            return None
+        rows_got: list[tuple[str, bytes, int]] = got  # type: ignore[assignment]
+        names = ",".join(g[0] for g in rows_got if g[0]).split(",") if k else []
+        rows = np.fromiter((row_of.get(c, -1) for c in names), dtype=np.int64, count=len(names))
+        if (rows < 0).any():
+            return None
+        sims = np.frombuffer(b"".join(g[1] for g in rows_got), dtype=np.float32).reshape(n, k).copy()
+        labels = np.fromiter((g[2] for g in rows_got), dtype=np.int64, count=n)
+        return rows.astype(np.int32).reshape(n, k), sims, labels
 
     def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray, labels: np.ndarray | None,
                    names: list[str] | None = None) -> list[tuple[str, str, bytes, int]]:
