@@ -249,7 +249,9 @@ class RowCache:
                 vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
                 lens = np.fromiter((len(r[2]) // (4 * dim) for r in rows), dtype=np.int64, count=len(rows))
                 wins = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
-                pool.add_many([str(r[0]) for r in rows], vecs, wins, lens)
+                got = [str(r[0]) for r in rows]
+                del rows  # (the rows' bytes: the arrays are copies)
+                pool.add_many(got, vecs, wins, lens)
         if pool.n > 2 * max(len(keep), 1000):
             self.pool = pool = pool.compacted([c for c in keep if c in pool.slot])
         have = np.fromiter((c in where or c in pool.slot for c in ids), dtype=bool, count=len(ids))
