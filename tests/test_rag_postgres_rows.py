@@ -225,7 +225,7 @@ def test_the_cache_holds_each_vector_once(tmp_path: Path, pg_url: str) -> None:
         cache = idx._rowcache  # type: ignore[attr-defined]
         n = len(idx)
         assert cache.laid is not None and held_vectors(cache) == n
-        # the whole ingest's arrays are the layout: its first search copies and reads no vector
+        # the whole ingest laid its arrays out: its first search lays out and reads no vector
         assert cache.laid_slots == 0 and cache.downloaded["vectors"] == 0
         assert cache.pool is None or cache.pool.n == 0
         old = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}

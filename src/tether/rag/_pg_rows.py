@@ -350,14 +350,12 @@ class RowCache:
     @_locked
     def adopt(self, key: str, ids: Sequence[str | None], vectors: np.ndarray, windows: np.ndarray,
               owner: np.ndarray) -> None:
-        """Take a change's arrays per slot (`ids`: the id of each slot, None for none) as the layout,
-        without a copy (a whole ingest: the first search then lays out nothing)."""
+        """Lay out a change's arrays per slot (`ids`: the id of each slot, None for none) as they are,
+        with room for the next changes (a whole ingest: its first search then lays out nothing)."""
         self.use_key(key, vectors.shape[1])
         laid = Laid(key, vectors.shape[1])
-        laid.vecs, laid.wins, laid.owner = vectors, windows, np.asarray(owner, dtype=np.int64)
-        laid.ids = np.asarray(list(ids), dtype=object).reshape(len(ids))
-        laid.where = {c: s for s, c in enumerate(ids) if c is not None}
-        laid.n, laid.nw = len(vectors), len(windows)
+        laid.append(len(vectors), np.arange(len(vectors), dtype=np.int64), ids, vectors, windows,
+                    np.asarray(owner, dtype=np.int64))
         self.laid = laid
         self._drop_laid_from_pool()
 
