@@ -192,7 +192,7 @@ def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url:
             ix.search(QUERIES[0], 5)
         cache = idx._rowcache  # type: ignore[attr-defined]
         before, made = cache.laid_slots, cache.graph_rows_made
-        assert before >= len(idx)
+        assert cache.laid is not None and cache.laid.n >= len(idx)
         old = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
         write_file(docs / "f12.txt", random.Random(5))
         for ix in (lite, idx):
@@ -206,6 +206,42 @@ def test_a_one_file_change_lays_out_only_its_own_vectors(tmp_path: Path, pg_url:
         with Index.open(url, embedder=BagEmbedder()) as reader:
             assert_same_ranking(reader, lite)
             assert reader._rowcache.laid_slots == len(reader)  # laid out anew: every live passage once  # type: ignore[attr-defined]
+
+
+def held_vectors(cache: Any) -> int:
+    """Vectors the process's cache holds: those laid out per slot and those kept by id beside them."""
+    laid = sum(c is not None for c in cache.laid.ids[: cache.laid.n]) if cache.laid is not None else 0
+    return laid + (cache.pool.n if cache.pool is not None else 0)
+
+
+def test_the_cache_holds_each_vector_once(tmp_path: Path, pg_url: str) -> None:
+    """The ingesting process and a reader keep each passage's vector (and windows) once: laid out
+    per slot, with no second copy by id; a change adds only its own."""
+    docs = corpus(tmp_path)
+    url = pg_url + "#once"
+    with Index.open(url, retriever="best", embedder=BagEmbedder(), **SETTINGS) as idx:
+        idx.ingest(docs)
+        idx.search(QUERIES[0], 5)
+        cache = idx._rowcache  # type: ignore[attr-defined]
+        n = len(idx)
+        assert cache.laid is not None and held_vectors(cache) == n
+        # the whole ingest laid its arrays out: its first search lays out and reads no vector
+        assert cache.laid_slots == 0 and cache.downloaded["vectors"] == 0
+        assert cache.pool is None or cache.pool.n == 0
+        old = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
+        write_file(docs / "f12.txt", random.Random(5))
+        idx.ingest(docs / "f12.txt")
+        idx.search(QUERIES[1], 5)
+        now = {r[0] for r in idx._db.execute("SELECT id FROM chunks").fetchall()}
+        removed, added = old - now, now - old
+        assert removed and held_vectors(cache) == n + len(added)  # (removed ones stay in their dead slots)
+        assert cache.pool is None or cache.pool.n == 0
+        _fresh_process_cache()
+        with Index.open(url, embedder=BagEmbedder()) as reader:
+            reader.search(QUERIES[2], 5)
+            fresh = reader._rowcache  # type: ignore[attr-defined]
+            assert held_vectors(fresh) == len(reader)
+            assert fresh.pool is None or fresh.pool.n == 0
 
 
 CHILD = """

@@ -324,9 +324,16 @@ class PostgresIndex(Index):
         if self.pgvector.schema is not None:
             self._switch_server_vectors(v, ptr, dead)
         with self._rowcache.lock:
-            self._rowcache.use_key(self._vec_key(), self.embedder.dim)
-            for r, c in need:
-                self._rowcache.add_vector(c, vectors[r], windows[ptr[r] : ptr[r + 1]])
+            laid = self._rowcache.laid
+            if len(need) == len(vectors) and (laid is None or not np.may_share_memory(vectors, laid.vecs)):
+                ids: list[str | None] = [None] * len(vectors)  # every slot written now: `v` is the layout
+                for r, c in need:
+                    ids[r] = c
+                self._rowcache.adopt(self._vec_key(), ids, vectors, windows, np.asarray(v.owner))
+            else:
+                self._rowcache.use_key(self._vec_key(), self.embedder.dim)
+                for r, c in need:
+                    self._rowcache.add_vector(c, vectors[r], windows[ptr[r] : ptr[r + 1]])
         for prefix in ("vectors.", "windows.", "window_owner.", "neighbours.npz"):  # arrays kept before vectors were rows
             self._drop_files(prefix)
         self._db.execute("DELETE FROM meta WHERE key = 'vectors_epoch'")

@@ -10,9 +10,11 @@ A change writes the rows of its own chunks (and the graph rows it changed), neve
 `RowCache` is what a process holds: chunk texts and vectors by chunk id (an id names its text, so
 a cached one never goes stale), the graph by id with the last stamp read, and the chunk order of
 the last two generations (ids and slots, `Order`), and the vectors of the last generation laid out
-per slot (`Laid`, what the search uses). A new generation costs the ids and slots in slot order (one
-short row each) plus the rows the process has not seen, and laying out only the slots it adds. One cache per server and index, shared by the Index objects of a
-process (`cache_for`).
+per slot (`Laid`, what the search uses). Each vector is held once: by slot when laid out, else by
+id in a pool (read or written, not laid out yet); a layout made anew takes the vectors it had from
+the one before. A new generation costs the ids and slots in slot order (one short row each) plus
+the rows the process has not seen, and laying out only the slots it adds. One cache per server and
+index, shared by the Index objects of a process (`cache_for`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def _locked(method: _F) -> _F:
 
 
 class _Pool:
-    """Vectors appended by id into one growing array (and windows into another): a generation's
-    arrays are gathered from it by fancy indexing."""
+    """Vectors appended by id into one growing array (and windows into another): those read or
+    written that are not laid out yet (`Laid` holds the rest, once)."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
@@ -75,22 +77,28 @@ class _Pool:
         self.n += 1
         self.nw += len(wins)
 
-    def gather(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(vectors, windows, owner) of `ids`, in that order (owner: the position of each window's id)."""
-        got = np.array([self.slot[c] for c in ids], dtype=np.int64).reshape(len(ids), 3)
-        vectors = self.vecs[got[:, 0]]
-        lens = got[:, 2]
-        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-        take = np.repeat(got[:, 1] - offsets, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        return vectors, self.wins[take], np.repeat(np.arange(len(ids), dtype=np.int64), lens)
+    def add_many(self, ids: Sequence[str], vecs: np.ndarray, wins: np.ndarray, lens: np.ndarray) -> None:
+        """Append `ids` with their `vecs` and windows (`wins`, `lens` of each id, in order) at once
+        (taken as they are when the pool is empty)."""
+        firsts = self.nw + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        if self.n == 0 and self.nw == 0:
+            self.vecs, self.wins = vecs, wins
+        else:
+            self.vecs = self._grow(self.vecs, self.n + len(ids))
+            self.wins = self._grow(self.wins, self.nw + len(wins))
+            self.vecs[self.n : self.n + len(ids)] = vecs
+            self.wins[self.nw : self.nw + len(wins)] = wins
+        self.slot.update(zip(ids, zip(range(self.n, self.n + len(ids)), firsts.tolist(), lens.tolist(),
+                                      strict=True), strict=True))
+        self.n += len(ids)
+        self.nw += len(wins)
 
     def compacted(self, live: Sequence[str]) -> _Pool:
-        """A pool of the `live` ids only (the rest were deleted from the index)."""
+        """A pool of the `live` ids only (the rest were laid out or deleted from the index)."""
         out = _Pool(self.dim)
-        vectors, windows, owner = self.gather(live)
-        ptr = np.searchsorted(owner, np.arange(len(live) + 1))
-        for i, cid in enumerate(live):
-            out.add(cid, vectors[i], windows[ptr[i] : ptr[i + 1]])
+        for cid in live:
+            at, first, n = self.slot[cid]
+            out.add(cid, self.vecs[at], self.wins[first : first + n])
         return out
 
 
@@ -105,6 +113,7 @@ class Laid:
         self.wins = np.zeros((0, dim), dtype=np.float32)
         self.owner = np.zeros(0, dtype=np.int64)
         self.ids = np.zeros(0, dtype=object)  # slot -> the id laid out there (None: none)
+        self.where: dict[str, int] = {}  # id -> the slot it is laid out at (the last one)
         self.n = self.nw = 0
 
     @staticmethod
@@ -134,9 +143,16 @@ class Laid:
         self.ids[self.n : upto] = None
         self.vecs[at] = vectors
         self.ids[at] = np.asarray(ids, dtype=object)
+        self.where.update((c, s) for c, s in zip(ids, at.tolist(), strict=True) if c is not None)
         self.wins[self.nw : self.nw + len(windows)] = windows
         self.owner[self.nw : self.nw + len(windows)] = owner
         self.n, self.nw = upto, self.nw + len(windows)
+
+    def windows_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first window, number of windows) of each of `slots` (laid out ones)."""
+        owner = self.owner[: self.nw]
+        first = np.searchsorted(owner, slots)
+        return first, np.searchsorted(owner, slots + 1) - first
 
     def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(vectors, windows, owner) of the slots laid out, read-only."""
@@ -221,19 +237,69 @@ class RowCache:
         self.use_key(key, dim)
         pool = self.pool
         assert pool is not None
-        missing = [c for c in ids if c not in pool.slot]
+        where = self._laid_where()
+        missing = [c for c in ids if c not in where and c not in pool.slot]
         if missing:
             sql = "SELECT id, vec, windows FROM chunk_vectors"  # (binary: bytea is not sent as hex)
             rows = (db.execute(sql, binary=True).fetchall() if len(missing) == len(keep)
                     else db.execute(sql + " WHERE id = ANY(%s)", (missing,), binary=True).fetchall())
             self.downloaded["vectors"] += len(rows)
-            for cid, vec, wins in rows:
-                self.add_vector(cid, np.frombuffer(vec, dtype=np.float32),
-                                np.frombuffer(wins, dtype=np.float32).reshape(-1, dim))
+            rows = [r for r in rows if r[0] not in where and r[0] not in pool.slot]
+            if rows:  # (decoded at once: one join of the rows' bytes, not an array per row)
+                vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+                lens = np.fromiter((len(r[2]) // (4 * dim) for r in rows), dtype=np.int64, count=len(rows))
+                wins = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
+                got = [str(r[0]) for r in rows]
+                del rows  # (the rows' bytes: the arrays are copies)
+                pool.add_many(got, vecs, wins, lens)
         if pool.n > 2 * max(len(keep), 1000):
             self.pool = pool = pool.compacted([c for c in keep if c in pool.slot])
-        have = np.fromiter((c in pool.slot for c in ids), dtype=bool, count=len(ids))
-        return (*pool.gather([c for c in ids if c in pool.slot]), have)
+        have = np.fromiter((c in where or c in pool.slot for c in ids), dtype=bool, count=len(ids))
+        return (*self._gather([c for c in ids if c in where or c in pool.slot]), have)
+
+    def _laid_where(self) -> dict[str, int]:
+        """id -> slot of the last layout when it is of the current vector key, else empty."""
+        laid = self.laid
+        ok = laid is not None and self.pool is not None and laid.key == self.vec_key and \
+            laid.vecs.shape[1] == self.pool.dim
+        return laid.where if ok and laid is not None else {}
+
+    def _gather(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, windows, owner) of `ids` (each laid out or in the pool), in that order (owner:
+        the position of each window's id)."""
+        pool, laid, where = self.pool, self.laid, self._laid_where()
+        assert pool is not None
+        m = len(ids)
+        in_laid = np.zeros(m, dtype=bool)
+        row, first, lens = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+        for i, cid in enumerate(ids):
+            s = where.get(cid)
+            if s is not None:
+                in_laid[i], row[i] = True, s
+            else:
+                row[i], first[i], lens[i] = pool.slot[cid]
+        vectors = np.empty((m, pool.dim), dtype=np.float32)
+        vectors[~in_laid] = pool.vecs[row[~in_laid]]
+        if in_laid.any():
+            assert laid is not None
+            first[in_laid], lens[in_laid] = laid.windows_of(row[in_laid])
+            vectors[in_laid] = laid.vecs[row[in_laid]]
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        total = int(lens.sum())
+        take = np.repeat(first - offsets, lens) + np.arange(total, dtype=np.int64)
+        from_laid = np.repeat(in_laid, lens)
+        windows = np.empty((total, pool.dim), dtype=np.float32)
+        windows[~from_laid] = pool.wins[take[~from_laid]]
+        if from_laid.any():
+            assert laid is not None
+            windows[from_laid] = laid.wins[take[from_laid]]
+        return vectors, windows, np.repeat(np.arange(m, dtype=np.int64), lens)
+
+    def _drop_laid_from_pool(self) -> None:
+        """Keep in the pool only the vectors not laid out (each vector is held once)."""
+        pool, where = self.pool, self._laid_where()
+        if pool is not None and pool.n and any(c in where for c in pool.slot):
+            self.pool = pool.compacted([c for c in pool.slot if c not in where])
 
     @_locked
     def lay_out(self, db: Any, order: Order, extra: dict[int, str], key: str,
@@ -263,7 +329,8 @@ class RowCache:
         wkeep = owner < took
         laid.append(max(upto, laid.n), at, ids[start:stop], vectors[:took], windows[wkeep], at[owner[wkeep]])
         self.laid_slots += len(at)
-        self.laid = laid
+        self.laid = laid  # (the one before, if any, is let go: the pool has no copy of it)
+        self._drop_laid_from_pool()
         return laid.views()  # (taken under the lock: another thread may add slots next)
 
     @_locked
@@ -277,7 +344,20 @@ class RowCache:
         at = np.arange(n, n + len(vectors), dtype=np.int64)
         laid.append(n + len(vectors), at, [ids.get(int(s)) for s in at], vectors, windows, owner)
         self.laid_slots += len(at)
+        self._drop_laid_from_pool()
         return laid.views()
+
+    @_locked
+    def adopt(self, key: str, ids: Sequence[str | None], vectors: np.ndarray, windows: np.ndarray,
+              owner: np.ndarray) -> None:
+        """Lay out a change's arrays per slot (`ids`: the id of each slot, None for none) as they are,
+        with room for the next changes (a whole ingest: its first search then lays out nothing)."""
+        self.use_key(key, vectors.shape[1])
+        laid = Laid(key, vectors.shape[1])
+        laid.append(len(vectors), np.arange(len(vectors), dtype=np.int64), ids, vectors, windows,
+                    np.asarray(owner, dtype=np.int64))
+        self.laid = laid
+        self._drop_laid_from_pool()
 
     @_locked
     def use_key(self, key: str, dim: int) -> None:
@@ -288,7 +368,7 @@ class RowCache:
     @_locked
     def add_vector(self, cid: str, vec: np.ndarray, wins: np.ndarray) -> None:
         assert self.pool is not None
-        if cid not in self.pool.slot:
+        if cid not in self.pool.slot and cid not in self._laid_where():
             self.pool.add(cid, vec, wins)
 
     # -- the neighbour graph ----------------------------------------------------------------------
@@ -309,20 +389,19 @@ class RowCache:
         """(rows, sims, labels) of `ids` (rows: n x k neighbour rows), or None when a row is missing
         or names a passage not among `ids`."""
         row_of = {c: i for i, c in enumerate(ids)}
-        rows = np.zeros((len(ids), k), dtype=np.int32)
-        sims = np.zeros((len(ids), k), dtype=np.float32)
-        labels = np.zeros(len(ids), dtype=np.int64)
-        for i, cid in enumerate(ids):
-            got = self.graph.get(cid)
-            if got is None:
-                return None
-            nbrs = got[0].split(",") if got[0] else []
-            if len(nbrs) != k or any(n not in row_of for n in nbrs):
-                return None
-            rows[i] = [row_of[n] for n in nbrs]
-            sims[i] = np.frombuffer(got[1], dtype=np.float32)
-            labels[i] = got[2]
-        return rows, sims, labels
+        n = len(ids)
+        got = [self.graph.get(c) for c in ids]
+        if any(g is None or len(g[1]) != 4 * k or (g[0].count(",") + 1 if g[0] else 0) != k
+               for g in got):
+            return None
+        rows_got: list[tuple[str, bytes, int]] = got  # type: ignore[assignment]
+        names = ",".join(g[0] for g in rows_got if g[0]).split(",") if k else []
+        rows = np.fromiter((row_of.get(c, -1) for c in names), dtype=np.int64, count=len(names))
+        if (rows < 0).any():
+            return None
+        sims = np.frombuffer(b"".join(g[1] for g in rows_got), dtype=np.float32).reshape(n, k).copy()
+        labels = np.fromiter((g[2] for g in rows_got), dtype=np.int64, count=n)
+        return rows.astype(np.int32).reshape(n, k), sims, labels
 
     def graph_rows(self, ids: list[str], rows: np.ndarray, sims: np.ndarray, labels: np.ndarray | None,
                    names: list[str] | None = None) -> list[tuple[str, str, bytes, int]]:
