@@ -64,7 +64,7 @@ class HNSW:
         index = hnswlib.Index(space="ip", dim=dim)
         index.init_index(max_elements=max(len(live), 1) * 2, M=M, ef_construction=EF_CONSTRUCTION, random_seed=0,
                          allow_replace_deleted=True)
-        index.set_num_threads(os.cpu_count() or 1 if len(live) > _BULK else 1)
+        index.set_num_threads((os.cpu_count() or 1) if len(live) > _BULK else 1)
         if len(live):
             index.add_items(np.asarray(vectors[live], dtype=np.float32), live)
         index.set_num_threads(1)
@@ -92,7 +92,7 @@ class HNSW:
             return np.zeros((len(vectors), 0), dtype=np.int64), np.zeros((len(vectors), 0), dtype=np.float32)
         self.index.set_ef(max(2 * k, 128))  # 64 gave recall@10 .92 on 8,000 unstructured vectors, 128 .97
         # Queries only read the graph: on all cores for many (the same answers, in a fraction of the wall time).
-        self.index.set_num_threads(os.cpu_count() or 1 if len(vectors) > _BULK else 1)
+        self.index.set_num_threads((os.cpu_count() or 1) if len(vectors) > _BULK else 1)
         try:
             labels, dist = self.index.knn_query(np.asarray(vectors, dtype=np.float32), k=k)
         finally:
